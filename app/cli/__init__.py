@@ -1,0 +1,26 @@
+"""The `pipeboard` command line.
+
+Each module registers its own commands; heavy imports (torch, the web stack) happen inside the
+commands that need them, so that e.g. `pipeboard plan` starts without importing torch.
+"""
+
+from __future__ import annotations
+
+import typer
+
+from app.cli import jobs, plan, profile, server, simulate, train
+
+cli = typer.Typer(
+    name="pipeboard",
+    help="Profile a model, plan its pipeline, simulate and run it, and serve the dashboard.",
+    no_args_is_help=True,
+    add_completion=False,
+    pretty_exceptions_enable=False,
+)
+
+for module in (profile, plan, simulate, train, server, jobs):
+    module.register(cli)
+
+
+def main() -> None:
+    cli()

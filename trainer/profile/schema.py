@@ -1,0 +1,138 @@
+"""The Profile: per-layer measurements that the planner and simulator consume.
+
+A profile is plain data with a versioned JSON form (see ``docs/profile-format.md``). Times are
+milliseconds per minibatch of ``batch_size`` samples, sizes are bytes, exactly as PipeDream's
+graph.txt records them, so importing a published profile loses nothing.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+SCHEMA_VERSION = 1
+FORMAT_NAME = "pipeboard.profile"
+
+
+class ProfileError(ValueError):
+    """A profile (JSON or graph.txt) that cannot be read; the message names where and what."""
+
+
+@dataclass
+class Layer:
+    """One node of the layer graph.
+
+    ``activation_bytes`` is a float, or a list of floats for a node with several outputs (as in
+    graph.txt's ``[a; b]``); ``activation_total`` is what the planner uses.
+    """
+
+    name: str
+    desc: str = ""
+    forward_ms: float = 0.0
+    backward_ms: float = 0.0
+    activation_bytes: float | list[float] = 0.0
+    parameter_bytes: float = 0.0
+    optimizer_bytes: float = 0.0
+    forward_spread_ms: float = 0.0
+    backward_spread_ms: float = 0.0
+    stage_id: int | None = None
+
+    @property
+    def activation_total(self) -> float:
+        a = self.activation_bytes
+        return float(sum(a)) if isinstance(a, list) else float(a)
+
+    @property
+    def compute_ms(self) -> float:
+        return self.forward_ms + self.backward_ms
+
+
+@dataclass
+class Profile:
+    """Layers in topological order plus the edges of their DAG (by layer name)."""
+
+    layers: list[Layer]
+    edges: list[tuple[str, str]] = field(default_factory=list)
+    model: str = ""
+    batch_size: int | None = None
+    device: str = "cpu"
+    meta: dict[str, Any] = field(default_factory=dict)
+
+    def layer_names(self) -> list[str]:
+        return [layer.name for layer in self.layers]
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "format": FORMAT_NAME,
+            "version": SCHEMA_VERSION,
+            "model": self.model,
+            "batch_size": self.batch_size,
+            "device": self.device,
+            "meta": self.meta,
+            "layers": [asdict(layer) for layer in self.layers],
+            "edges": [list(e) for e in self.edges],
+        }
+
+    @classmethod
+    def from_dict(cls, data: Any) -> Profile:
+        if not isinstance(data, dict):
+            raise ProfileError("profile JSON: the top level must be an object")
+        if data.get("format") != FORMAT_NAME:
+            raise ProfileError(f"profile JSON: field 'format' must be {FORMAT_NAME!r}")
+        version = data.get("version")
+        if version != SCHEMA_VERSION:
+            raise ProfileError(f"profile JSON: unsupported 'version' {version!r} (expected {SCHEMA_VERSION})")
+        raw_layers = data.get("layers")
+        if not isinstance(raw_layers, list) or not raw_layers:
+            raise ProfileError("profile JSON: field 'layers' must be a non-empty list")
+        known = set(Layer.__dataclass_fields__)
+        layers = []
+        for i, raw in enumerate(raw_layers):
+            if not isinstance(raw, dict) or "name" not in raw:
+                raise ProfileError(f"profile JSON: layers[{i}] must be an object with a 'name'")
+            unknown = set(raw) - known
+            if unknown:
+                raise ProfileError(f"profile JSON: layers[{i}] has unknown field(s) {sorted(unknown)}")
+            layers.append(Layer(**raw))
+        names = {layer.name for layer in layers}
+        if len(names) != len(layers):
+            raise ProfileError("profile JSON: layer names must be unique")
+        edges = []
+        for i, e in enumerate(data.get("edges", [])):
+            if not (isinstance(e, (list, tuple)) and len(e) == 2 and e[0] in names and e[1] in names):
+                raise ProfileError(f"profile JSON: edges[{i}] must be [src, dst] naming known layers")
+            edges.append((e[0], e[1]))
+        return cls(
+            layers=layers,
+            edges=edges,
+            model=data.get("model", ""),
+            batch_size=data.get("batch_size"),
+            device=data.get("device", "cpu"),
+            meta=data.get("meta", {}) or {},
+        )
+
+    def to_json(self, indent: int | None = 1) -> str:
+        return json.dumps(self.to_dict(), indent=indent)
+
+    @classmethod
+    def from_json(cls, text: str) -> Profile:
+        try:
+            data = json.loads(text)
+        except json.JSONDecodeError as exc:
+            raise ProfileError(f"profile JSON: line {exc.lineno}: {exc.msg}") from None
+        return cls.from_dict(data)
+
+    def save(self, path: str | Path) -> None:
+        Path(path).write_text(self.to_json())
+
+    @classmethod
+    def load(cls, path: str | Path) -> Profile:
+        """Read a profile JSON or a PipeDream graph.txt (chosen by content, not by name)."""
+        text = Path(path).read_text()
+        if text.lstrip().startswith("{"):
+            return cls.from_json(text)
+        from trainer.profile.graphtxt import parse_graph_txt
+
+        return parse_graph_txt(text, model=Path(path).parent.name)

@@ -1,0 +1,1 @@
+"""Pipeline schedules as data, their validator, simulator and Chrome-trace export."""

@@ -1,0 +1,146 @@
+"""A pipeline schedule as data: an ordered list of actions per worker.
+
+This is the one representation that three consumers share: the simulator gives each action a
+predicted start and end, the runtime executes the same actions in the same order, and the
+dashboard draws the resulting timelines. A new schedule is one function that returns a
+``Schedule``; nothing else changes.
+
+Conventions
+- A *worker* is one process (one stage replica). ``Schedule.workers[w]`` says which stage(s) it
+  holds and which replica of them it is. With interleaving a worker holds several model chunks,
+  so actions carry the *virtual* stage they belong to (``stage``), 0 ... num_stages-1.
+- ``microbatch`` numbers microbatches within an iteration (sync schedules) or minibatches
+  globally (``pipedream``, ``dp``); -1 for actions not tied to one (``STEP``, ``ALLREDUCE``).
+- ``version`` is the weight version the action uses: for ``F``/``B``/``W`` the version it runs
+  against (weight stashing: a backward names the version its forward used), for ``STEP`` the
+  version it produces.
+- Communication actions name the peer worker. A ``SEND_*`` is posted asynchronously; the matching
+  ``RECV_*`` on the peer completes when the data has arrived. ``ALLREDUCE`` is collective over
+  ``group`` (the workers holding replicas of ``stage``).
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass, field
+from enum import Enum
+from typing import Any
+
+
+class Kind(str, Enum):
+    FORWARD = "F"
+    BACKWARD = "B"  # full backward: input and weight gradients together
+    BACKWARD_INPUT = "BI"  # zero bubble: gradient w.r.t. the stage input only
+    BACKWARD_WEIGHT = "W"  # zero bubble: gradient w.r.t. the weights, deferred
+    SEND_ACT = "send_act"
+    RECV_ACT = "recv_act"
+    SEND_GRAD = "send_grad"
+    RECV_GRAD = "recv_grad"
+    ALLREDUCE = "allreduce"
+    STEP = "step"  # optimizer step (weight update)
+
+    @property
+    def is_compute(self) -> bool:
+        return self in (Kind.FORWARD, Kind.BACKWARD, Kind.BACKWARD_INPUT, Kind.BACKWARD_WEIGHT)
+
+    @property
+    def is_comm(self) -> bool:
+        return self in (Kind.SEND_ACT, Kind.RECV_ACT, Kind.SEND_GRAD, Kind.RECV_GRAD, Kind.ALLREDUCE)
+
+
+@dataclass(frozen=True, slots=True)
+class Action:
+    kind: Kind
+    stage: int
+    microbatch: int = -1
+    version: int = 0
+    peer: int | None = None
+    group: tuple[int, ...] | None = None
+
+    def to_dict(self) -> dict[str, Any]:
+        d = {"kind": self.kind.value, "stage": self.stage, "microbatch": self.microbatch, "version": self.version}
+        if self.peer is not None:
+            d["peer"] = self.peer
+        if self.group is not None:
+            d["group"] = list(self.group)
+        return d
+
+    @classmethod
+    def from_dict(cls, d: dict[str, Any]) -> Action:
+        group = d.get("group")
+        return cls(
+            kind=Kind(d["kind"]),
+            stage=int(d["stage"]),
+            microbatch=int(d.get("microbatch", -1)),
+            version=int(d.get("version", 0)),
+            peer=d.get("peer"),
+            group=tuple(group) if group is not None else None,
+        )
+
+    def __str__(self) -> str:  # compact, for logs and test failures: "F3@s1v2"
+        mb = "" if self.microbatch < 0 else str(self.microbatch)
+        return f"{self.kind.value}{mb}@s{self.stage}v{self.version}"
+
+
+@dataclass(frozen=True, slots=True)
+class WorkerSpec:
+    """Worker ``rank`` holds virtual stages ``stages`` (one unless interleaved) as replica ``replica``."""
+
+    rank: int
+    stages: tuple[int, ...]
+    replica: int = 0
+
+
+@dataclass
+class Schedule:
+    name: str
+    num_stages: int  # virtual stages (= physical stages x chunks when interleaved)
+    microbatches: int  # per iteration (sync) or minibatches in total (async)
+    workers: list[WorkerSpec]
+    actions: list[list[Action]]  # actions[w] runs on worker w, in order
+    meta: dict[str, Any] = field(default_factory=dict)
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "name": self.name,
+            "num_stages": self.num_stages,
+            "microbatches": self.microbatches,
+            "workers": [asdict(w) | {"stages": list(w.stages)} for w in self.workers],
+            "actions": [[a.to_dict() for a in acts] for acts in self.actions],
+            "meta": self.meta,
+        }
+
+    @classmethod
+    def from_dict(cls, d: dict[str, Any]) -> Schedule:
+        return cls(
+            name=d["name"],
+            num_stages=int(d["num_stages"]),
+            microbatches=int(d["microbatches"]),
+            workers=[WorkerSpec(rank=w["rank"], stages=tuple(w["stages"]), replica=w.get("replica", 0)) for w in d["workers"]],
+            actions=[[Action.from_dict(a) for a in acts] for acts in d["actions"]],
+            meta=d.get("meta", {}),
+        )
+
+
+@dataclass(frozen=True, slots=True)
+class TimelineEvent:
+    """One executed (or predicted) action: the same record for simulator and runtime.
+
+    Times are seconds on a common clock (the run's start, or the simulation's zero).
+    ``step`` is the iteration (sync) or minibatch (async) the action belongs to.
+    """
+
+    worker: int
+    stage: int
+    replica: int
+    microbatch: int
+    kind: str  # a Kind value
+    start: float
+    end: float
+    step: int = 0
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+    @classmethod
+    def from_dict(cls, d: dict[str, Any]) -> TimelineEvent:
+        return cls(**{k: d[k] for k in cls.__dataclass_fields__ if k in d})
