@@ -1,0 +1,74 @@
+"""The database engine and sessions, built from the settings.
+
+SQLite gets what a multi-process service needs: WAL (readers never block the writer), foreign
+keys enforced, and a busy timeout so that the API, the worker and training processes writing
+at once wait for each other instead of failing with "database is locked".
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from functools import lru_cache
+from pathlib import Path
+from typing import Any
+
+from sqlalchemy import Engine, create_engine, event, make_url, text
+from sqlalchemy.orm import Session, sessionmaker
+
+from app.core.config import get_settings
+
+SQLITE_BUSY_TIMEOUT_MS = 30_000
+
+
+def make_engine(url: str, **kwargs: Any) -> Engine:
+    """An engine for `url`; for file SQLite it creates the folder and sets the pragmas."""
+    parsed = make_url(url)
+    if parsed.get_backend_name() != "sqlite":
+        return create_engine(url, pool_pre_ping=True, **kwargs)
+    if parsed.database and parsed.database != ":memory:":
+        Path(parsed.database).parent.mkdir(parents=True, exist_ok=True)
+    # FastAPI runs sync endpoints in a thread pool, so connections move between threads.
+    connect_args = {"check_same_thread": False, "timeout": SQLITE_BUSY_TIMEOUT_MS / 1000}
+    engine = create_engine(url, connect_args=connect_args, **kwargs)
+    event.listen(engine, "connect", _sqlite_pragmas)
+    return engine
+
+
+def _sqlite_pragmas(dbapi_connection: Any, _record: Any) -> None:
+    cursor = dbapi_connection.cursor()
+    cursor.execute("PRAGMA journal_mode=WAL")
+    cursor.execute("PRAGMA foreign_keys=ON")
+    cursor.execute(f"PRAGMA busy_timeout={SQLITE_BUSY_TIMEOUT_MS}")
+    cursor.execute("PRAGMA synchronous=NORMAL")  # safe with WAL, and far fewer fsyncs
+    cursor.close()
+
+
+@lru_cache
+def get_engine() -> Engine:
+    """The process's engine for the configured database (cached; see `reset_engine`)."""
+    return make_engine(get_settings().database_url)
+
+
+@lru_cache
+def get_sessionmaker() -> sessionmaker[Session]:
+    return sessionmaker(bind=get_engine(), expire_on_commit=False)
+
+
+def reset_engine() -> None:
+    """Forget the cached engine (after the settings changed, or in a forked child)."""
+    if get_engine.cache_info().currsize:
+        get_engine().dispose()
+    get_engine.cache_clear()
+    get_sessionmaker.cache_clear()
+
+
+def get_session() -> Iterator[Session]:
+    """One session per request (the FastAPI dependency behind `SessionDep`)."""
+    with get_sessionmaker()() as session:
+        yield session
+
+
+def check_database(engine: Engine | None = None) -> None:
+    """Raise when the database cannot answer a trivial query."""
+    with (engine or get_engine()).connect() as connection:
+        connection.execute(text("SELECT 1"))
