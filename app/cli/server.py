@@ -1,9 +1,211 @@
-"""`pipeboard` commands of this area (filled in by its issue)."""
+"""`pipeboard up`, `pipeboard worker`, `pipeboard migrate`: running the service.
+
+`up` checks the configuration first and stops with ONE line naming the bad setting (exit code 2),
+migrates the database, then runs uvicorn and a Celery worker as child processes, each in its own
+process group, and stops both on Ctrl-C or SIGTERM.
+"""
 
 from __future__ import annotations
 
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+import urllib.request
+from pathlib import Path
+
 import typer
+
+SETUP_ERROR = 2  # bad configuration: nothing was started
+STOP_TIMEOUT_S = 15.0
 
 
 def register(cli: typer.Typer) -> None:
     """Add this module's commands to the `pipeboard` app."""
+    cli.command("up")(up)
+    cli.command("worker")(worker)
+    cli.command("migrate")(migrate)
+
+
+def fail(message: str, code: int = SETUP_ERROR) -> None:
+    typer.echo(f"pipeboard: {message}", err=True)
+    raise typer.Exit(code)
+
+
+def checked_settings():
+    """The settings, or exit with one line naming what is wrong with them."""
+    from pydantic import ValidationError
+
+    from app.core.config import get_settings
+
+    try:
+        settings = get_settings()
+    except ValidationError as exc:
+        error = exc.errors()[0]
+        name = "PIPEBOARD_" + "_".join(str(p) for p in error["loc"]).upper()
+        fail(f"{name}: {error['msg']}")
+    problems = settings.problems()
+    if problems:
+        fail(problems[0])
+    return settings
+
+
+def check_reachable(settings, broker: bool = True) -> None:
+    """Exit with one line when the database (or the broker) cannot be reached."""
+    from app.core.probes import check_broker, check_database_url, describe_failure, redacted
+
+    timeout_s = max(settings.health_timeout_seconds, 3.0)
+    try:
+        check_database_url(settings.database_url, timeout_s)
+    except Exception as exc:
+        fail(f"PIPEBOARD_DATABASE_URL: {redacted(settings.database_url)} is {describe_failure(exc)}")
+    if not broker:
+        return
+    try:
+        check_broker(settings, timeout_s)
+    except Exception as exc:
+        fail(f"PIPEBOARD_BROKER_URL: {redacted(settings.broker_url)} is {describe_failure(exc)}")
+
+
+def alembic_config():
+    from alembic.config import Config
+
+    root = Path(__file__).resolve().parents[2]
+    config = Config(str(root / "alembic.ini"))
+    config.set_main_option("script_location", str(root / "migrations"))
+    config.attributes["configure_logger"] = False  # keep our own logging as it is
+    return config
+
+
+def run_migrations(revision: str = "head") -> None:
+    from alembic import command
+
+    command.upgrade(alembic_config(), revision)
+
+
+def port_free(host: str, port: int) -> bool:
+    with socket.socket(socket.AF_INET6 if ":" in host else socket.AF_INET) as probe:
+        probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        try:
+            probe.bind((host, port))
+        except OSError:
+            return False
+    return True
+
+
+def wait_for_http(url: str, child: subprocess.Popen, timeout_s: float = 60.0) -> bool:
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline and child.poll() is None:
+        try:
+            with urllib.request.urlopen(url, timeout=2):
+                return True
+        except urllib.error.HTTPError:
+            return True  # it answered (503 = something unreachable, still up)
+        except OSError:
+            time.sleep(0.2)
+    return False
+
+
+def stop_group(child: subprocess.Popen, timeout_s: float = STOP_TIMEOUT_S) -> None:
+    """SIGTERM the child's process group, then SIGKILL whatever is left after `timeout_s`."""
+    if child.poll() is not None:
+        return
+    try:
+        os.killpg(child.pid, signal.SIGTERM)
+        child.wait(timeout=timeout_s)
+    except subprocess.TimeoutExpired:
+        os.killpg(child.pid, signal.SIGKILL)
+        child.wait()
+    except ProcessLookupError:
+        pass
+
+
+def worker_command(concurrency: int, pool: str, hostname: str | None, loglevel: str) -> list[str]:
+    from app.worker import worker_argv
+
+    argv = worker_argv(concurrency=concurrency, pool=pool, hostname=hostname, loglevel=loglevel)
+    return [sys.executable, "-m", "celery", "-A", "app.worker:celery_app", *argv]
+
+
+def up(
+    host: str = typer.Option("127.0.0.1", help="Address the API listens on."),
+    port: int = typer.Option(8000, min=1, max=65535, help="Port the API listens on."),
+    workers: int = typer.Option(1, "--workers", min=0, help="Celery worker processes to start (0: none)."),
+    concurrency: int = typer.Option(0, min=0, help="Tasks per worker at once (0: PIPEBOARD_WORKER_CONCURRENCY)."),
+) -> None:
+    """Migrate the database, then serve the API and dashboard with a Celery worker until Ctrl-C."""
+    settings = checked_settings()
+    check_reachable(settings)
+    if not port_free(host, port):
+        fail(f"--port {port}: address {host}:{port} is already in use")
+    try:
+        run_migrations()
+    except Exception as exc:
+        from app.core.probes import describe_failure
+
+        fail(f"PIPEBOARD_DATABASE_URL: migration failed, {describe_failure(exc).removeprefix('unreachable: ')}")
+
+    children: list[subprocess.Popen] = []
+    stopping = False
+
+    def request_stop(signum: int, _frame: object) -> None:
+        nonlocal stopping
+        stopping = True
+
+    signal.signal(signal.SIGTERM, request_stop)
+    signal.signal(signal.SIGINT, request_stop)
+    loglevel = settings.log_level
+    api = subprocess.Popen(
+        [sys.executable, "-m", "uvicorn", "app.main:app", "--host", host, "--port", str(port), "--log-level", loglevel],
+        start_new_session=True,
+    )
+    children.append(api)
+    for index in range(workers):
+        command = worker_command(concurrency or settings.worker_concurrency, "threads", f"pipeboard{index + 1}@%h", loglevel)
+        children.append(subprocess.Popen(command, start_new_session=True))
+    shown_host = f"[{host}]" if ":" in host else host
+    base = f"http://{shown_host}:{port}"
+    exit_code = 0
+    try:
+        if wait_for_http(f"{base}/api/v1/health", api):
+            typer.echo(f"pipeboard is up at {base}  (API docs {base}/docs; Ctrl-C stops)")
+        while not stopping:
+            ended = [c for c in children if c.poll() is not None]
+            if ended:
+                what = "the API server" if ended[0] is api else "a worker"
+                typer.echo(f"pipeboard: {what} exited with code {ended[0].returncode}; stopping", err=True)
+                exit_code = 1
+                break
+            time.sleep(0.2)
+    finally:
+        for child in reversed(children):  # workers first: they finish or hand back their tasks
+            stop_group(child)
+    if exit_code:
+        raise typer.Exit(exit_code)
+    typer.echo("pipeboard stopped")
+
+
+def worker(
+    concurrency: int = typer.Option(0, min=0, help="Tasks at once (0: PIPEBOARD_WORKER_CONCURRENCY)."),
+    pool: str = typer.Option("threads", help="Celery pool: threads or solo (both let tasks start process groups)."),
+    hostname: str = typer.Option("", help="Worker node name (default pipeboard@<host>)."),
+) -> None:
+    """Run one Celery worker in the foreground."""
+    if pool not in ("threads", "solo"):
+        fail(f"--pool: {pool!r} is not supported (use threads or solo)")
+    settings = checked_settings()
+    check_reachable(settings)
+    command = worker_command(concurrency or settings.worker_concurrency, pool, hostname or "pipeboard@%h", settings.log_level)
+    os.execv(command[0], command)
+
+
+def migrate(revision: str = typer.Argument("head", help="Alembic revision to upgrade to.")) -> None:
+    """Upgrade the database schema (`alembic upgrade`)."""
+    check_reachable(checked_settings(), broker=False)
+    try:
+        run_migrations(revision)
+    except Exception as exc:
+        fail(f"migrate {revision}: {str(exc).splitlines()[0] if str(exc) else type(exc).__name__}", code=1)
+    typer.echo(f"database at {revision}")

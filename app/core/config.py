@@ -9,11 +9,17 @@ all under `DATA_DIR`. Point `DATABASE_URL` at `postgresql+psycopg://...` and `BR
 from __future__ import annotations
 
 from functools import lru_cache
+from importlib import metadata
 from pathlib import Path
 from urllib.parse import urlsplit
 
 from pydantic import Field, field_validator, model_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
+
+try:  # the installed distribution's version, as pyproject.toml declares it
+    VERSION = metadata.version("pipeboard")
+except metadata.PackageNotFoundError:  # running from a tree that was never installed
+    VERSION = "0+unknown"
 
 # Broker schemes the worker and the health check know how to talk to.
 BROKER_SCHEMES = ("sqlalchemy+sqlite", "sqla+sqlite", "redis", "rediss", "amqp", "pyamqp", "memory")
@@ -29,6 +35,7 @@ class Settings(BaseSettings):
     broker_url: str = Field("", description="Celery broker; default kombu's SQLAlchemy transport on SQLite under DATA_DIR.")
     result_backend: str = Field("", description="Celery result backend; default a SQLite file under DATA_DIR.")
     redis_url: str = Field("", description="Redis for live pub/sub of run events; default the broker when it is Redis.")
+    key_prefix: str = Field("", description="Prefix of every Redis key and channel, so that deployments (or tests) can share one Redis.")
 
     read_auth: bool = Field(False, description="When true, reads need a token too (writes always do).")
     max_upload_bytes: int = Field(50 * 1024 * 1024, gt=0, description="Largest accepted upload (profiles, graph.txt).")
