@@ -26,6 +26,10 @@ from enum import Enum
 from typing import Any
 
 
+class ScheduleError(ValueError):
+    """A schedule that cannot run: bad arguments, a broken dependency, or a possible deadlock."""
+
+
 class Kind(str, Enum):
     FORWARD = "F"
     BACKWARD = "B"  # full backward: input and weight gradients together

@@ -1,0 +1,57 @@
+"""Compute orders of the synchronous schedules with a flush: GPipe, 1F1B (PipeDream-Flush) and DP.
+
+Each worker runs its own microbatches (round robin over a stage's replicas), then the replicas of
+a stage all-reduce their gradients and every worker takes one optimizer step. All forwards and
+backwards use weight version 0; the step produces version 1.
+"""
+
+from __future__ import annotations
+
+from trainer.schedule.actions import Action, Kind
+from trainer.schedule.topology import Topology
+
+
+def backward_ops(stage: int, mb: int, version: int, split: bool) -> list[Action]:
+    """A full backward, or its input half followed at once by its weight half."""
+    if split:
+        return [Action(Kind.BACKWARD_INPUT, stage, mb, version), Action(Kind.BACKWARD_WEIGHT, stage, mb, version)]
+    return [Action(Kind.BACKWARD, stage, mb, version)]
+
+
+def update_ops(topo: Topology, stage: int, version: int) -> list[Action]:
+    """All-reduce among the stage's replicas (if any), then the step producing ``version``."""
+    ops = []
+    if topo.replicas(stage) > 1:
+        ops.append(Action(Kind.ALLREDUCE, stage, -1, version - 1, group=topo.group(stage)))
+    ops.append(Action(Kind.STEP, stage, -1, version))
+    return ops
+
+
+def gpipe_ops(topo: Topology, rank: int, stage: int, m: int, split: bool) -> list[Action]:
+    mbs = topo.microbatches_of(rank, stage, m)
+    ops = [Action(Kind.FORWARD, stage, i, 0) for i in mbs]
+    for i in mbs:
+        ops += backward_ops(stage, i, 0, split)
+    return ops + update_ops(topo, stage, 1)
+
+
+def one_f_one_b_order(mbs: list[int], warmup: int) -> list[tuple[Kind, int]]:
+    """``warmup`` forwards, then alternate one backward and one forward, then drain backwards."""
+    k = min(warmup, len(mbs))
+    order = [(Kind.FORWARD, i) for i in mbs[:k]]
+    for j, i in enumerate(mbs):
+        order.append((Kind.BACKWARD, i))
+        if k + j < len(mbs):
+            order.append((Kind.FORWARD, mbs[k + j]))
+    return order
+
+
+def one_f_one_b_ops(topo: Topology, rank: int, stage: int, m: int, split: bool) -> list[Action]:
+    mbs = topo.microbatches_of(rank, stage, m)
+    ops: list[Action] = []
+    for kind, i in one_f_one_b_order(mbs, topo.noam(stage)):
+        if kind is Kind.FORWARD:
+            ops.append(Action(Kind.FORWARD, stage, i, 0))
+        else:
+            ops += backward_ops(stage, i, 0, split)
+    return ops + update_ops(topo, stage, 1)
