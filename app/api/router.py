@@ -2,7 +2,9 @@
 
 from fastapi import APIRouter
 
-from app.api.routes import health
+from app.api.routes import events, health, jobs, models, plans, profiles, tokens
 
 api_router = APIRouter(prefix="/api/v1")
 api_router.include_router(health.router)
+for _module in (models, profiles, plans, jobs, events, tokens):
+    api_router.include_router(_module.router)

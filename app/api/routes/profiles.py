@@ -1,0 +1,92 @@
+"""`/profiles`: profile a model (a job), upload graph.txt or profile JSON, read one back."""
+
+from __future__ import annotations
+
+from typing import Annotated
+
+from fastapi import APIRouter, File, Query, UploadFile
+
+from app.api.deps import SessionDep
+from app.api.routes.common import AUTH_RESPONSES, NOT_FOUND, Limit, Offset, ProfileId, ServiceRoute
+from app.core.config import get_settings
+from app.core.security import ReadAccess, WriteAccess
+from app.schemas import JobCreate, JobPublic, Page, ProfileCreate, ProfilePublic
+from app.services import jobs, profiles
+
+router = APIRouter(prefix="/profiles", tags=["profiles"], route_class=ServiceRoute, responses=AUTH_RESPONSES)
+
+
+@router.post(
+    "",
+    response_model=JobPublic,
+    status_code=202,
+    summary="Profile a model (as a task)",
+    description=(
+        "Queues a profiling job (kind `profile`) on the worker and answers at once with it. When the job has "
+        "succeeded its `profile_id` names the stored profile. A profile of the same model, arguments and batch "
+        "size is reused rather than measured again."
+    ),
+    responses={422: {"description": "Unknown model or invalid arguments."}},
+)
+def create_profile(body: ProfileCreate, session: SessionDep, _: WriteAccess) -> JobPublic:
+    profiles.resolve_model(session, body.model)  # 422 naming `model` before anything is queued
+    spec = JobCreate(name=f"profile {body.model}", model=body.model, batch_size=body.batch_size, workers=1, stop={"steps": 1})
+    job = jobs.submit(session, spec, kind="profile", enqueue=False)
+    job.spec = {**job.spec, "model_args": body.model_args, "device": body.device, "repeats": body.repeats}
+    session.commit()
+    jobs.enqueue_run(job.id)
+    return jobs.to_public(session, job)
+
+
+@router.post(
+    "/upload",
+    response_model=ProfilePublic,
+    status_code=201,
+    summary="Upload a profile",
+    description=(
+        "A PipeDream `graph.txt` or a pipeboard profile JSON (chosen by content), as multipart field `file`. "
+        "Larger than the server's MAX_UPLOAD_BYTES: 413. Unreadable: 422 naming the line and field."
+    ),
+    responses={413: {"description": "Upload too large."}, 422: {"description": "Not a readable profile."}},
+)
+async def upload_profile(
+    session: SessionDep,
+    _: WriteAccess,
+    file: Annotated[UploadFile, File(description="graph.txt or profile JSON")],
+    name: Annotated[str | None, Query(max_length=200, description="Name to store it under (default: the file name).")] = None,
+) -> ProfilePublic:
+    limit = get_settings().max_upload_bytes
+    content = await file.read(limit + 1)  # never more than the limit in memory
+    data = profiles.parse_upload(content, file.filename or "upload", limit)
+    row = profiles.store(session, data, name=(name or file.filename or "upload")[:200], origin="upload")
+    session.commit()
+    return profiles.to_public(row)
+
+
+@router.get(
+    "",
+    response_model=Page[ProfilePublic],
+    summary="List profiles",
+    description="Newest first, without per-layer rows (GET one profile for those).",
+)
+def list_profiles(session: SessionDep, _: ReadAccess, offset: Offset = 0, limit: Limit = 50) -> Page[ProfilePublic]:
+    from sqlalchemy import func, select
+
+    from app.models import Profile
+
+    count = session.scalar(select(func.count()).select_from(Profile)) or 0
+    rows = session.scalars(select(Profile).order_by(Profile.id.desc()).offset(offset).limit(limit)).all()
+    return Page(data=[profiles.to_public(r).model_copy(update={"layers": []}) for r in rows], count=count)
+
+
+@router.get(
+    "/{profile_id}",
+    response_model=ProfilePublic,
+    summary="Get a profile",
+    description="Per-layer rows (forward/backward ms, activation and parameter bytes); `include_data` adds the full JSON.",
+    responses=NOT_FOUND,
+)
+def get_profile(profile_id: ProfileId, session: SessionDep, _: ReadAccess, include_data: bool = False) -> ProfilePublic:
+    return profiles.to_public(profiles.get(session, profile_id), include_data=include_data)
+
+

@@ -1,0 +1,77 @@
+"""`/tokens`: API tokens (also `pipeboard token create`), and `/tokens/me` for the browser's sign-in."""
+
+from __future__ import annotations
+
+from fastapi import APIRouter
+from sqlalchemy import func, select, update
+
+from app.api.deps import SessionDep
+from app.api.routes.common import AUTH_RESPONSES, NOT_FOUND, Limit, Offset, ServiceRoute, TokenId
+from app.core import security
+from app.core.security import AnyPrincipal, WriteAccess
+from app.models import ApiToken
+from app.schemas import Me, Page, TokenCreate, TokenCreated, TokenPublic
+from app.services.errors import NotFound
+
+router = APIRouter(prefix="/tokens", tags=["tokens"], route_class=ServiceRoute, responses=AUTH_RESPONSES)
+
+
+def public(row: ApiToken) -> TokenPublic:
+    return TokenPublic(id=row.id, name=row.name, scope=row.scope.value, prefix=row.prefix, created_at=row.created_at,
+                       last_used_at=row.last_used_at, revoked=row.revoked)
+
+
+@router.post(
+    "",
+    response_model=TokenCreated,
+    status_code=201,
+    summary="Create an API token",
+    description="Returns the secret once; only its SHA-256 hash is stored. Needs a write token (or none while no token exists yet).",
+)
+def create_token(body: TokenCreate, session: SessionDep, _: WriteAccess) -> TokenCreated:
+    row, secret = security.create_token(session, body.name, body.scope)
+    session.commit()
+    return TokenCreated(**public(row).model_dump(), token=secret)
+
+
+@router.get(
+    "",
+    response_model=Page[TokenPublic],
+    summary="List API tokens",
+    description="Names, scopes and prefixes; never the secrets. Needs a write token.",
+)
+def list_tokens(session: SessionDep, _: WriteAccess, offset: Offset = 0, limit: Limit = 100) -> Page[TokenPublic]:
+    count = session.scalar(select(func.count()).select_from(ApiToken)) or 0
+    rows = session.scalars(select(ApiToken).order_by(ApiToken.id).offset(offset).limit(limit)).all()
+    return Page(data=[public(r) for r in rows], count=count)
+
+
+@router.get(
+    "/me",
+    response_model=Me,
+    summary="Who am I",
+    description=(
+        "The browser's sign-in check: send `Authorization: Bearer <token>`; 200 with the token's name and "
+        "scope, or 401 for an invalid token. Without a token it says whether this server needs one."
+    ),
+)
+def me(principal: AnyPrincipal, session: SessionDep) -> Me:
+    return Me(authenticated=principal.authenticated, name=principal.name, scope=principal.scope,
+              read_auth=security.read_auth_enabled(), write_auth=security.any_token_exists(session))
+
+
+@router.post(
+    "/{token_id}/revoke",
+    response_model=TokenPublic,
+    summary="Revoke an API token",
+    description="The token stops working at once. Needs a write token.",
+    responses=NOT_FOUND,
+)
+def revoke_token(token_id: TokenId, session: SessionDep, _: WriteAccess) -> TokenPublic:
+    row = session.get(ApiToken, token_id)
+    if row is None:
+        raise NotFound("token", token_id)
+    session.execute(update(ApiToken).where(ApiToken.id == token_id).values(revoked=True))
+    session.commit()
+    session.refresh(row)
+    return public(row)

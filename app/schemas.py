@@ -1,0 +1,311 @@
+"""Pydantic shapes of the REST API: `XCreate` for what clients send, `XPublic` for what they get.
+
+Validation lives here so that bad input becomes a 422 naming the field before any route code
+runs; the few checks that need the database or the trainer (unknown model, invalid schedule for
+a plan) happen in `app/services/` and raise `ServiceError`, which the routes turn into 4xx.
+"""
+
+from __future__ import annotations
+
+from datetime import datetime
+from typing import Any, Generic, Literal, TypeVar
+
+from pydantic import BaseModel, ConfigDict, Field, model_validator
+
+T = TypeVar("T")
+
+Method = Literal["pipedream", "uniform", "time", "params", "dp"]
+ScheduleName = Literal["gpipe", "1f1b", "interleaved-1f1b", "zb-h1", "pipedream", "dp"]
+JobStatus = Literal["queued", "running", "succeeded", "failed", "cancelled"]
+Scope = Literal["read", "write"]
+
+# Names are free text in the database but short, printable identifiers in the API.
+NAME_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9_.:\- ]{0,119}$"
+
+
+class Page(BaseModel, Generic[T]):
+    """Every list endpoint answers with one page and the total count matching the filter."""
+
+    data: list[T]
+    count: int
+
+
+class Message(BaseModel):
+    detail: str
+
+
+# --- models -----------------------------------------------------------------------------------
+
+
+class ModelCreate(BaseModel):
+    """Register a user model by import path; it is validated by tracing it before it is stored."""
+
+    model_config = ConfigDict(json_schema_extra={"examples": [{"name": "my-mlp", "source": "mypkg.models:make_mlp", "config": {"width": 64}}]})
+
+    name: str = Field(pattern=NAME_PATTERN, description="Unique name to refer to the model by.")
+    source: str = Field(
+        min_length=3,
+        max_length=300,
+        pattern=r"^[A-Za-z_][A-Za-z0-9_.]*:[A-Za-z_][A-Za-z0-9_]*$",
+        description="Import path `package.module:factory`; the factory returns (nn.Module, example_input).",
+    )
+    config: dict[str, Any] = Field(default_factory=dict, description="Keyword arguments passed to the factory.")
+
+
+class ModelPublic(BaseModel):
+    model_config = ConfigDict(from_attributes=True)
+
+    id: int | None = Field(description="Database id; null for zoo models that were never registered.")
+    name: str
+    source: str
+    kind: str = Field(description="`zoo` or `import`.")
+    description: str = ""
+    config: dict[str, Any] = Field(default_factory=dict)
+    layers: int | None = None
+    created_at: datetime | None = None
+
+
+# --- profiles ---------------------------------------------------------------------------------
+
+
+class ProfileCreate(BaseModel):
+    """Profile a model on the worker (a Celery task); poll `GET /profiles/{id}` for the result."""
+
+    model_config = ConfigDict(json_schema_extra={"examples": [{"model": "mlp-digits", "batch_size": 32}]})
+
+    model: str = Field(min_length=1, max_length=300, description="A zoo name or a registered model's name.")
+    model_args: dict[str, Any] = Field(default_factory=dict, description="Arguments of the zoo model.")
+    batch_size: int = Field(default=32, ge=1, le=65536)
+    device: Literal["cpu", "cuda"] = "cpu"
+    repeats: int = Field(default=5, ge=1, le=100, description="Timed repetitions per layer.")
+
+
+class LayerRow(BaseModel):
+    name: str
+    desc: str = ""
+    forward_ms: float
+    backward_ms: float
+    activation_bytes: float
+    parameter_bytes: float
+
+
+class ProfilePublic(BaseModel):
+    id: int
+    name: str
+    model_id: int | None = None
+    batch_size: int | None = None
+    status: str = Field(description="`ready` once data is present, `pending` while being profiled, `failed`.")
+    error: str | None = None
+    created_at: datetime | None = None
+    total_forward_ms: float = 0.0
+    total_backward_ms: float = 0.0
+    layers: list[LayerRow] = Field(default_factory=list)
+    data: dict[str, Any] | None = Field(default=None, description="The profile JSON (pipeboard.profile v1).")
+
+
+# --- plans ------------------------------------------------------------------------------------
+
+
+MAX_PLAN_WORKERS = 4096  # what the inline what-if answers quickly
+MAX_JOB_WORKERS = 64  # local processes a job may start
+
+
+def total_workers(levels: list[Level] | None) -> int:
+    n = 1
+    for level in levels or []:
+        n *= level.workers
+    return n
+
+
+class Level(BaseModel):
+    workers: int = Field(ge=1, le=65536, description="Workers at this level (level 1 innermost).")
+    bandwidth: float = Field(gt=0, le=1e15, description="Bandwidth between workers of this level, bytes/s.")
+
+
+class PlanCreate(BaseModel):
+    """Plan a profile for a cluster and simulate the result: the dashboard's what-if."""
+
+    model_config = ConfigDict(
+        json_schema_extra={
+            "examples": [
+                {"model": "mlp-digits", "levels": [{"workers": 4, "bandwidth": 1e9}], "method": "pipedream", "schedule": "1f1b", "microbatches": 8}
+            ]
+        }
+    )
+
+    profile_id: int | None = Field(default=None, ge=1, description="A stored profile; or give `model`.")
+    model: str | None = Field(default=None, min_length=1, max_length=300, description="A zoo/registered model whose profile is cached (profiled on first use).")
+    model_args: dict[str, Any] = Field(default_factory=dict)
+    batch_size: int = Field(default=32, ge=1, le=65536, description="Batch size of the profile used with `model`.")
+    levels: list[Level] = Field(min_length=1, max_length=4, description="Cluster levels, innermost first.")
+    memory_bytes: float | None = Field(default=None, gt=0, description="Memory per worker; enables the memory constraint.")
+    method: Method = "pipedream"
+    schedule: ScheduleName = Field(default="1f1b", description="Schedule simulated for the predicted timeline.")
+    microbatches: int = Field(default=8, ge=1, le=1024, description="Microbatches per simulated iteration.")
+    timeline_limit: int = Field(default=5000, ge=0, le=200000, description="At most this many predicted events returned.")
+
+    @model_validator(mode="after")
+    def _one_source(self) -> PlanCreate:
+        if (self.profile_id is None) == (self.model is None):
+            raise ValueError("give exactly one of 'profile_id' or 'model'")
+        if total_workers(self.levels) > MAX_PLAN_WORKERS:
+            raise ValueError(f"levels: at most {MAX_PLAN_WORKERS} workers in all (the product of the levels' workers)")
+        return self
+
+
+class PlanPublic(BaseModel):
+    id: int
+    profile_id: int
+    request: dict[str, Any]
+    plan: dict[str, Any] = Field(description="trainer.plan.Plan.to_dict()")
+    predicted: dict[str, Any] = Field(description="Simulator output: iteration_time_s, throughput, bubble_fraction, utilization, timeline.")
+    created_at: datetime | None = None
+
+
+# --- jobs -------------------------------------------------------------------------------------
+
+
+class StopRule(BaseModel):
+    """Exactly one of epochs, steps, target (the model's metric) or time_s."""
+
+    epochs: float | None = Field(default=None, gt=0, le=10000)
+    steps: int | None = Field(default=None, ge=1, le=10_000_000)
+    target: float | None = Field(default=None, description="Stop when the model's validation metric reaches this.")
+    time_s: float | None = Field(default=None, gt=0, le=7 * 86400, description="Stop after this much training time.")
+
+    @model_validator(mode="after")
+    def _exactly_one(self) -> StopRule:
+        given = [k for k in ("epochs", "steps", "target", "time_s") if getattr(self, k) is not None]
+        if len(given) != 1:
+            raise ValueError(f"stop: give exactly one of epochs, steps, target, time_s (got {given or 'none'})")
+        return self
+
+
+class JobCreate(BaseModel):
+    model_config = ConfigDict(
+        json_schema_extra={
+            "examples": [
+                {
+                    "name": "digits-1f1b",
+                    "model": "mlp-digits",
+                    "workers": 2,
+                    "method": "pipedream",
+                    "schedule": "1f1b",
+                    "microbatches": 4,
+                    "batch_size": 32,
+                    "stop": {"steps": 20},
+                }
+            ]
+        }
+    )
+
+    name: str | None = Field(default=None, pattern=NAME_PATTERN)
+    model: str = Field(min_length=1, max_length=300, description="A zoo model name (see GET /models).")
+    model_args: dict[str, str | int | float | bool] = Field(default_factory=dict)
+    data: str | None = Field(default=None, max_length=300, description="Data set; zoo models ship their own, so usually empty.")
+    workers: int | None = Field(default=None, ge=1, le=64, description="Local worker processes (default 2); or give `levels`.")
+    levels: list[Level] | None = Field(default=None, min_length=1, max_length=4, description="Cluster levels for the planner, innermost first.")
+    memory_bytes: float | None = Field(default=None, gt=0)
+    method: Method = "pipedream"
+    schedule: ScheduleName = "1f1b"
+    microbatches: int = Field(default=4, ge=1, le=1024)
+    batch_size: int = Field(default=32, ge=1, le=65536)
+    hyperparameters: dict[str, str | int | float | bool] = Field(default_factory=dict, description="e.g. lr, optimizer, seed.")
+    stop: StopRule = Field(default_factory=lambda: StopRule(steps=50))
+    priority: int = Field(default=0, ge=-100, le=100, description="Higher runs first.")
+
+    @model_validator(mode="after")
+    def _workers_or_levels(self) -> JobCreate:
+        if self.workers is not None and self.levels is not None:
+            raise ValueError("give either 'workers' or 'levels', not both")
+        if self.workers is None and self.levels is None:
+            self.workers = 2
+        if self.levels and total_workers(self.levels) > MAX_JOB_WORKERS:
+            raise ValueError(f"levels: a job runs at most {MAX_JOB_WORKERS} worker processes in all")
+        return self
+
+
+class JobPublic(BaseModel):
+    id: int
+    name: str
+    status: JobStatus
+    priority: int
+    queue_position: int | None = Field(default=None, description="1 = next to run; null unless queued.")
+    spec: dict[str, Any]
+    attempt: int = 0
+    error: str | None = None
+    created_at: datetime | None = None
+    started_at: datetime | None = None
+    finished_at: datetime | None = None
+    heartbeat_at: datetime | None = None
+    worker: str | None = None
+    profile_id: int | None = None
+    plan_id: int | None = None
+    summary: dict[str, Any] | None = None
+    last_event_seq: int = 0
+
+
+class TimelineEventPublic(BaseModel):
+    worker: int
+    stage: int
+    replica: int
+    microbatch: int
+    kind: str
+    start: float
+    end: float
+    step: int
+
+
+class TimelinePublic(BaseModel):
+    source: Literal["measured", "predicted"]
+    events: list[TimelineEventPublic]
+    total: int = Field(description="Events in the window before downsampling.")
+    downsampled: bool
+    steps: list[int] = Field(description="[first, last] step present in the whole timeline; [] when empty.")
+    time_range: list[float] = Field(description="[start, end] seconds of the whole timeline; [] when empty.")
+
+
+class MetricPointPublic(BaseModel):
+    seq: int
+    step: int
+    wall_s: float
+    epoch: float
+    values: dict[str, float]
+
+
+class MetricsPublic(BaseModel):
+    points: list[MetricPointPublic]
+    total: int
+    downsampled: bool
+
+
+# --- tokens -----------------------------------------------------------------------------------
+
+
+class TokenCreate(BaseModel):
+    model_config = ConfigDict(json_schema_extra={"examples": [{"name": "ci", "scope": "write"}]})
+
+    name: str = Field(pattern=NAME_PATTERN)
+    scope: Scope = "read"
+
+
+class TokenPublic(BaseModel):
+    id: int
+    name: str
+    scope: Scope
+    prefix: str
+    created_at: datetime | None = None
+    last_used_at: datetime | None = None
+    revoked: bool = False
+
+
+class TokenCreated(TokenPublic):
+    token: str = Field(description="The secret, shown once; send it as `Authorization: Bearer <token>`.")
+
+
+class Me(BaseModel):
+    authenticated: bool
+    name: str | None = None
+    scope: Scope | None = None
+    read_auth: bool = Field(description="Whether reads need a token on this server.")
+    write_auth: bool = Field(description="Whether writes need a write token on this server.")

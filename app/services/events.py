@@ -1,0 +1,105 @@
+"""The per-job event log behind the SSE stream: append (with Redis fan-out) and read back.
+
+Every status change, progress line, timeline batch and metric batch of a job is one `JobEvent`
+row with a per-job `seq` (1, 2, 3, ...) that is the SSE `id`, so a client that reconnects with
+`Last-Event-ID: n` gets exactly the rows with seq > n.
+
+Several processes append to one job's log (the API on cancel, the Celery task, the training
+process's sink), so seq is assigned under a lock on the job's row: a no-op UPDATE of the row
+takes the row lock on PostgreSQL and the write lock on SQLite, then max(seq)+1 is safe and rows
+become visible in seq order. When the broker is Redis, each committed row is also published on
+the channel `pipeboard:job:<id>` for live streams; the database stays the source of truth.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+from datetime import datetime, timezone
+from functools import lru_cache
+from typing import Any, Iterable
+
+from sqlalchemy import func, insert, select, update
+from sqlalchemy.orm import Session
+
+from app.core.config import get_settings
+from app.models import Job, JobEvent
+
+log = logging.getLogger(__name__)
+
+TERMINAL = ("succeeded", "failed", "cancelled")
+END_EVENT = "end"
+
+
+def channel(job_id: int) -> str:
+    return f"pipeboard:job:{job_id}"
+
+
+def redis_url() -> str | None:
+    """The Redis URL for live pub/sub (the broker when it is Redis), or None on the embedded default."""
+    url = get_settings().redis_url
+    return url if url.startswith(("redis://", "rediss://")) else None
+
+
+@lru_cache(maxsize=4)
+def _redis_client(url: str):
+    import redis
+
+    return redis.Redis.from_url(url, socket_connect_timeout=2, socket_timeout=5)
+
+
+def _lock_job_row(session: Session, job_id: int) -> None:
+    session.execute(update(Job).where(Job.id == job_id).values(id=Job.id))
+
+
+def append(session: Session, job_id: int, items: Iterable[tuple[str, dict[str, Any]]], *, commit: bool = True) -> list[dict[str, Any]]:
+    """Append events (type, payload) to a job's log; returns them as published ({seq, event, data}).
+
+    With ``commit`` the rows are committed and then published; without it the caller commits
+    (and should call `publish` afterwards).
+    """
+    items = list(items)
+    if not items:
+        return []
+    _lock_job_row(session, job_id)
+    last = session.scalar(select(func.coalesce(func.max(JobEvent.seq), 0)).where(JobEvent.job_id == job_id)) or 0
+    now = datetime.now(timezone.utc)
+    rows = [
+        {"job_id": job_id, "seq": last + i + 1, "kind": kind, "payload": payload, "created_at": now}
+        for i, (kind, payload) in enumerate(items)
+    ]
+    session.execute(insert(JobEvent), rows)
+    out = [{"seq": r["seq"], "event": r["kind"], "data": r["payload"], "job_id": job_id} for r in rows]
+    if commit:
+        session.commit()
+        publish(job_id, out)
+    return out
+
+
+def publish(job_id: int, events: list[dict[str, Any]]) -> None:
+    """Best effort: a stream that misses a message catches up from the database."""
+    url = redis_url()
+    if not url or not events:
+        return
+    try:
+        client = _redis_client(url)
+        pipe = client.pipeline(transaction=False)
+        for ev in events:
+            pipe.publish(channel(job_id), json.dumps(ev, separators=(",", ":"), default=str))
+        pipe.execute()
+    except Exception as exc:  # the log in the database is authoritative; never fail a run for this
+        log.warning("publishing job %s events to Redis failed: %s", job_id, exc)
+
+
+def since(session: Session, job_id: int, after_seq: int, limit: int = 1000) -> list[dict[str, Any]]:
+    rows = session.execute(
+        select(JobEvent.seq, JobEvent.kind, JobEvent.payload)
+        .where(JobEvent.job_id == job_id, JobEvent.seq > after_seq)
+        .order_by(JobEvent.seq)
+        .limit(limit)
+    ).all()
+    return [{"seq": seq, "event": kind, "data": payload, "job_id": job_id} for seq, kind, payload in rows]
+
+
+def last_seq(session: Session, job_id: int) -> int:
+    return session.scalar(select(func.coalesce(func.max(JobEvent.seq), 0)).where(JobEvent.job_id == job_id)) or 0

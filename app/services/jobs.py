@@ -1,0 +1,222 @@
+"""Job lifecycle in the database: submit, list, get, cancel, retry, queue position, reaping.
+
+Every status change is one conditional UPDATE (`... WHERE status = <expected>`) committed with
+the job-log event that announces it, so two actors (a cancel and the worker finishing) can never
+both win, and a stream never sees a status the database does not have.
+
+Celery runs the work (app/tasks.py -> app/services/runner.py). Priority does not depend on the
+broker: each submit enqueues one task, and a task claims the best queued job when it starts
+(highest priority, then oldest), so the queue order is the database's, on SQLite and Redis alike.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import signal
+import socket
+from datetime import datetime, timedelta, timezone
+from typing import Any
+
+from sqlalchemy import and_, delete, func, or_, select, update
+from sqlalchemy.orm import Session
+
+from app.core.config import get_settings
+from app.models import Job, JobStatus, MetricPoint
+from app.models import TimelineEvent as TimelineEventRow
+from app.schemas import JobCreate, JobPublic
+from app.services import events
+from app.services.errors import NotFound, ServiceError
+
+log = logging.getLogger(__name__)
+
+FINAL = (JobStatus.SUCCEEDED, JobStatus.FAILED, JobStatus.CANCELLED)
+
+
+def utcnow() -> datetime:
+    return datetime.now(timezone.utc)
+
+
+def validate_model_name(name: str) -> None:
+    """Jobs train zoo models (what `pipeboard train --model` runs); 422 naming `model` otherwise."""
+    from trainer import zoo
+
+    names = list(zoo.names())
+    if name not in names:
+        raise ServiceError(f"model: unknown model {name!r}; known: {', '.join(names)}", status=422, field="model")
+
+
+def submit(session: Session, spec: JobCreate, *, kind: str = "train", enqueue: bool = True) -> Job:
+    if kind == "train":
+        validate_model_name(spec.model)
+    job = Job(
+        name=spec.name or f"{spec.model} {spec.schedule}",
+        kind=kind,
+        status=JobStatus.QUEUED,
+        priority=spec.priority,
+        spec=spec.model_dump(mode="json"),
+    )
+    session.add(job)
+    session.flush()
+    events.append(session, job.id, [("status", {"status": "queued", "message": "submitted"})], commit=False)
+    session.commit()
+    if enqueue:
+        enqueue_run(job.id)
+    return job
+
+
+def enqueue_run(job_id: int) -> None:
+    """One Celery task per queued job; the task claims the best queued job when it starts."""
+    from app.tasks import run_job
+
+    run_job.apply_async(args=[job_id], priority=None)
+
+
+def get(session: Session, job_id: int) -> Job:
+    reap_stale(session)
+    job = session.get(Job, job_id)
+    if job is None:
+        raise NotFound("job", job_id)
+    return job
+
+
+def list_jobs(session: Session, *, offset: int, limit: int, status: str | None = None, kind: str | None = None) -> tuple[list[Job], int]:
+    reap_stale(session)
+    where = []
+    if status:
+        where.append(Job.status == JobStatus(status))
+    if kind:
+        where.append(Job.kind == kind)
+    count = session.scalar(select(func.count()).select_from(Job).where(*where)) or 0
+    rows = session.scalars(select(Job).where(*where).order_by(Job.id.desc()).offset(offset).limit(limit)).all()
+    return list(rows), count
+
+
+def queue_position(session: Session, job: Job) -> int | None:
+    """1 = the next job a free worker will claim; None unless queued."""
+    if job.status != JobStatus.QUEUED:
+        return None
+    ahead = session.scalar(
+        select(func.count())
+        .select_from(Job)
+        .where(
+            Job.status == JobStatus.QUEUED,
+            or_(Job.priority > job.priority, and_(Job.priority == job.priority, Job.id < job.id)),
+        )
+    )
+    return int(ahead or 0) + 1
+
+
+def to_public(session: Session, job: Job) -> JobPublic:
+    return JobPublic(
+        id=job.id,
+        name=job.name,
+        status=job.status.value,
+        priority=job.priority,
+        queue_position=queue_position(session, job),
+        spec=job.spec,
+        attempt=job.attempt,
+        error=job.error,
+        created_at=job.created_at,
+        started_at=job.started_at,
+        finished_at=job.finished_at,
+        heartbeat_at=job.heartbeat_at,
+        worker=job.worker_hostname,
+        profile_id=job.profile_id,
+        plan_id=job.plan_id,
+        summary=job.summary,
+        last_event_seq=events.last_seq(session, job.id),
+    )
+
+
+def finish(session: Session, job_id: int, status: JobStatus, *, expected: tuple[JobStatus, ...], error: str | None = None, message: str = "", summary: dict[str, Any] | None = None) -> bool:
+    """Move a job to a final status if it is in one of ``expected``; commit it with its end event."""
+    values: dict[str, Any] = {"status": status, "finished_at": utcnow()}
+    if error is not None:
+        values["error"] = error[-4000:]
+    if summary is not None:
+        values["summary"] = summary
+    result = session.execute(update(Job).where(Job.id == job_id, Job.status.in_(expected)).values(**values))
+    if result.rowcount != 1:
+        session.rollback()
+        return False
+    payload = {"status": status.value, "message": message or status.value}
+    if error:
+        payload["error"] = error[-2000:]
+    published = events.append(session, job_id, [("status", payload), (events.END_EVENT, payload)], commit=False)
+    session.commit()
+    events.publish(job_id, published)
+    return True
+
+
+def cancel(session: Session, job_id: int) -> Job:
+    """Queued: cancelled at once. Running: cancelled now; the worker's monitor ends the process
+    group within a heartbeat (and the run's own sink ends it if that worker is gone)."""
+    job = get(session, job_id)
+    if job.status in FINAL:
+        raise ServiceError(f"status: job {job_id} is already {job.status.value}", status=409, field="status")
+    was_running = job.status == JobStatus.RUNNING
+    session.execute(update(Job).where(Job.id == job_id).values(cancel_requested=True))
+    if not finish(session, job_id, JobStatus.CANCELLED, expected=(JobStatus.QUEUED, JobStatus.RUNNING), message="cancelled by request"):
+        session.refresh(job)
+        raise ServiceError(f"status: job {job_id} is already {job.status.value}", status=409, field="status")
+    session.refresh(job)
+    if was_running:
+        kill_group_if_local(job, signal.SIGTERM)
+    return job
+
+
+def retry(session: Session, job_id: int) -> Job:
+    """Run a failed or cancelled job again as a new attempt (its old measurements are dropped;
+    its event log continues, so a stream sees the retry)."""
+    job = get(session, job_id)
+    if job.status not in (JobStatus.FAILED, JobStatus.CANCELLED):
+        raise ServiceError(f"status: only failed or cancelled jobs can be retried; job {job_id} is {job.status.value}", status=409, field="status")
+    result = session.execute(
+        update(Job)
+        .where(Job.id == job_id, Job.status.in_((JobStatus.FAILED, JobStatus.CANCELLED)))
+        .values(status=JobStatus.QUEUED, error=None, started_at=None, finished_at=None, heartbeat_at=None,
+                pid=None, pgid=None, cancel_requested=False, summary=None, attempt=Job.attempt + 1)
+    )
+    if result.rowcount != 1:
+        session.rollback()
+        raise ServiceError(f"status: job {job_id} changed meanwhile; try again", status=409, field="status")
+    session.execute(delete(TimelineEventRow).where(TimelineEventRow.job_id == job_id))
+    session.execute(delete(MetricPoint).where(MetricPoint.job_id == job_id))
+    published = events.append(session, job_id, [("status", {"status": "queued", "message": "retry"})], commit=False)
+    session.commit()
+    events.publish(job_id, published)
+    enqueue_run(job_id)
+    session.refresh(job)
+    return job
+
+
+def kill_group_if_local(job: Job, sig: int = signal.SIGKILL) -> bool:
+    """End a run's process group when it runs on this host (the worker's monitor does it anyway;
+    this makes cancel immediate and covers a worker that died)."""
+    if not job.pgid or job.worker_hostname != socket.gethostname():
+        return False
+    try:
+        os.killpg(job.pgid, sig)
+        return True
+    except (ProcessLookupError, PermissionError):
+        return False
+
+
+def reap_stale(session: Session) -> int:
+    """Fail running jobs whose worker stopped heart-beating (Celery will not redeliver a task
+    whose worker was SIGKILLed, so without this they would stay "running" forever)."""
+    settings = get_settings()
+    cutoff = utcnow() - timedelta(seconds=settings.stale_after_seconds)
+    stale = session.scalars(
+        select(Job).where(Job.status == JobStatus.RUNNING, or_(Job.heartbeat_at < cutoff, and_(Job.heartbeat_at.is_(None), Job.started_at < cutoff)))
+    ).all()
+    reaped = 0
+    for job in stale:
+        last = job.heartbeat_at.isoformat(timespec="seconds") if job.heartbeat_at else "never"
+        error = f"worker {job.worker_hostname or '?'} stopped sending heartbeats (last {last}); the job can be retried"
+        if finish(session, job.id, JobStatus.FAILED, expected=(JobStatus.RUNNING,), error=error, message="worker lost"):
+            kill_group_if_local(job)
+            reaped += 1
+            log.warning("job %s: %s", job.id, error)
+    return reaped

@@ -1,0 +1,101 @@
+"""Plan a profile for a cluster and simulate the chosen schedule: what POST /plans answers and
+what a job runs. Pure computation on plain data (no torch), fast enough to answer inline.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Sequence
+
+from app.services.errors import ServiceError
+
+# Bandwidth assumed between local worker processes when a job gives `workers` rather than
+# cluster levels (shared memory through gloo: a few GB/s).
+LOCAL_BANDWIDTH = 5e9
+
+
+def levels_of(levels: Sequence[Any] | None, workers: int | None) -> list[tuple[int, float]]:
+    if levels:
+        return [(int(lv.workers if hasattr(lv, "workers") else lv["workers"]), float(lv.bandwidth if hasattr(lv, "bandwidth") else lv["bandwidth"])) for lv in levels]
+    return [(int(workers or 1), LOCAL_BANDWIDTH)]
+
+
+def make_plan(profile_data: dict[str, Any], levels: list[tuple[int, float]], *, memory_bytes: float | None, method: str) -> Any:
+    """A trainer.plan.Plan; planner errors become 422 naming the field they concern."""
+    from trainer.plan import PlanError, plan
+    from trainer.profile.schema import Profile, ProfileError
+
+    try:
+        profile = Profile.from_dict(profile_data)
+    except ProfileError as exc:
+        raise ServiceError(f"profile_id: stored profile is invalid: {exc}", status=422, field="profile_id") from None
+    try:
+        return plan(profile, levels=levels, memory_bytes=memory_bytes, memory_constraint=memory_bytes is not None, method=method)
+    except PlanError as exc:
+        text = str(exc)
+        field = "memory_bytes" if "memory" in text.lower() else "levels"
+        raise ServiceError(f"{field}: {text}", status=422, field=field) from None
+
+
+def stage_replicas(plan_obj: Any) -> list[int]:
+    return [int(s["replicas"] if isinstance(s, dict) else s.replicas) for s in _stages(plan_obj)]
+
+
+def _stages(plan_obj: Any) -> list[Any]:
+    d = plan_obj.to_dict() if hasattr(plan_obj, "to_dict") else plan_obj
+    return list(d["stages"])
+
+
+def simulate(plan_obj: Any, schedule: str, microbatches: int) -> Any:
+    """SimResult of ``schedule`` on the plan's stages; 422 naming `schedule` if it cannot run."""
+    from trainer.schedule import ScheduleError, build, costs_from_plan
+    from trainer.schedule import simulate as run_sim
+
+    replicas = stage_replicas(plan_obj)
+    try:
+        if schedule == "dp" or len(replicas) == 1 and schedule != "dp":
+            # One stage is data parallel whatever the schedule name says.
+            sched = build("dp", 1, microbatches, replicas=[sum(replicas)]) if schedule == "dp" else build(schedule, 1, microbatches, replicas=replicas)
+        else:
+            sched = build(schedule, len(replicas), microbatches, replicas=replicas)
+        costs = costs_from_plan(plan_obj, schedule=sched) if _accepts_schedule(costs_from_plan) else costs_from_plan(plan_obj)
+        return run_sim(sched, costs)
+    except (ScheduleError, ValueError) as exc:
+        raise ServiceError(f"schedule: {schedule!r} cannot run this plan: {exc}", status=422, field="schedule") from None
+
+
+def _accepts_schedule(fn: Any) -> bool:
+    import inspect
+
+    try:
+        return "schedule" in inspect.signature(fn).parameters
+    except (TypeError, ValueError):
+        return False
+
+
+def predicted_summary(plan_obj: Any, sim: Any, microbatches: int, timeline_limit: int) -> dict[str, Any]:
+    """What the dashboard's what-if shows: the simulated timeline and throughput against DP."""
+    from app.services.downsample import evenly
+
+    d = plan_obj.to_dict()
+    timeline = [ev.to_dict() for ev in sim.timeline]
+    pipeline_time = float(d.get("predicted_time_s") or 0.0)
+    dp_time = float(d.get("data_parallel_time_s") or 0.0)
+    single = float(d.get("single_worker_time_s") or 0.0)
+    return {
+        "iteration_time_s": float(sim.iteration_time_s),
+        "throughput": float(sim.throughput),
+        "throughput_unit": getattr(sim, "throughput_unit", "microbatches/s"),
+        "bubble_fraction": float(sim.bubble_fraction),
+        "utilization": [float(u) for u in sim.utilization],
+        "peak_activations": [int(p) for p in getattr(sim, "peak_activations", [])],
+        "microbatches": microbatches,
+        # The planner's objective (seconds per minibatch at steady state) against data
+        # parallel on the same workers: >1 means the pipeline is predicted to be faster.
+        "planner_time_per_minibatch_s": pipeline_time,
+        "data_parallel_time_per_minibatch_s": dp_time,
+        "single_worker_time_per_minibatch_s": single,
+        "speedup_vs_data_parallel": (dp_time / pipeline_time) if pipeline_time > 0 and dp_time > 0 else None,
+        "speedup_vs_single_worker": (single / pipeline_time) if pipeline_time > 0 and single > 0 else None,
+        "timeline_total": len(timeline),
+        "timeline": evenly(timeline, timeline_limit) if len(timeline) > timeline_limit else timeline,
+    }

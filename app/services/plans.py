@@ -1,0 +1,79 @@
+"""POST /plans: resolve the profile (stored, or a model's cached one, measured on first use),
+plan, simulate, store."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+import tempfile
+import threading
+from pathlib import Path
+
+from sqlalchemy.orm import Session
+
+from app.models import Plan as PlanRow
+from app.models import Profile
+from app.schemas import PlanCreate, PlanPublic
+from app.services import planning, profiles
+from app.services.errors import NotFound, ServiceError
+
+PROFILE_TIMEOUT_S = 300
+_profiling = threading.Lock()  # one inline profiling at a time: a second what-if waits, then hits the cache
+
+
+def profile_for_model(session: Session, model: str, model_args: dict, batch_size: int) -> Profile:
+    source, kind, default_args, model_id = profiles.resolve_model(session, model)
+    args = {**default_args, **model_args}
+    key = profiles.cache_key(model, args, batch_size)
+    row = profiles.cached(session, key)
+    if row is not None:
+        return row
+    with _profiling:
+        session.expire_all()
+        row = profiles.cached(session, key)
+        if row is not None:
+            return row
+        with tempfile.TemporaryDirectory(prefix="pipeboard-profile-") as tmp:
+            out = Path(tmp) / "profile.json"
+            cmd = [sys.executable, "-m", "app.services.profile_run", "--source", source, "--kind", kind,
+                   "--model-args", json.dumps(args), "--batch-size", str(batch_size), "-o", str(out)]
+            try:
+                done = subprocess.run(cmd, capture_output=True, text=True, timeout=PROFILE_TIMEOUT_S, start_new_session=True)
+            except subprocess.TimeoutExpired:
+                raise ServiceError(f"model: profiling {model!r} took over {PROFILE_TIMEOUT_S} s; POST /profiles to profile it as a task", status=422, field="model") from None
+            if done.returncode != 0:
+                last = (done.stderr.strip().splitlines() or ["profiling failed"])[-1]
+                raise ServiceError(f"model_args: {last}", status=422, field="model_args")
+            row = profiles.store(session, json.loads(out.read_text()), name=key, origin="profiled", model_id=model_id)
+        session.commit()
+        return row
+
+
+def create(session: Session, body: PlanCreate) -> PlanRow:
+    if body.profile_id is not None:
+        prof = session.get(Profile, body.profile_id)
+        if prof is None:
+            raise NotFound("profile", body.profile_id)
+    else:
+        prof = profile_for_model(session, body.model, body.model_args, body.batch_size)
+    levels = planning.levels_of(body.levels, None)
+    plan_obj = planning.make_plan(prof.data, levels, memory_bytes=body.memory_bytes, method=body.method)
+    sim = planning.simulate(plan_obj, body.schedule, body.microbatches)
+    predicted = planning.predicted_summary(plan_obj, sim, body.microbatches, body.timeline_limit)
+    request = body.model_dump(mode="json", exclude={"timeline_limit"})
+    row = PlanRow(profile_id=prof.id, request=request, data=plan_obj.to_dict(), predicted=predicted)
+    session.add(row)
+    session.commit()
+    return row
+
+
+def get(session: Session, plan_id: int) -> PlanRow:
+    row = session.get(PlanRow, plan_id)
+    if row is None:
+        raise NotFound("plan", plan_id)
+    return row
+
+
+def to_public(row: PlanRow) -> PlanPublic:
+    return PlanPublic(id=row.id, profile_id=row.profile_id, request=row.request, plan=row.data, predicted=row.predicted or {}, created_at=row.created_at)

@@ -1,0 +1,108 @@
+"""Profiles: stored per-layer measurements, the cache behind jobs and the plan what-if, uploads.
+
+A profile made by profiling gets a canonical name (model, arguments, batch size, device) so
+the next job or what-if for the same model reuses it instead of measuring again.
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+from sqlalchemy import select
+from sqlalchemy.orm import Session
+
+from app.models import Model, Profile
+from app.schemas import LayerRow, ProfilePublic
+from app.services.errors import NotFound, ServiceError
+
+
+def cache_key(model: str, model_args: dict[str, Any], batch_size: int, device: str = "cpu") -> str:
+    args = json.dumps(model_args, sort_keys=True, separators=(",", ":")) if model_args else ""
+    return f"{model}{args} bs={batch_size} {device}"[:200]
+
+
+def cached(session: Session, key: str) -> Profile | None:
+    return session.scalar(select(Profile).where(Profile.name == key, Profile.origin == "profiled").order_by(Profile.id.desc()).limit(1))
+
+
+def store(session: Session, data: dict[str, Any], *, name: str, origin: str, model_id: int | None = None) -> Profile:
+    row = Profile(name=name, origin=origin, data=data, batch_size=data.get("batch_size"), model_id=model_id)
+    session.add(row)
+    session.flush()
+    return row
+
+
+def resolve_model(session: Session, name: str) -> tuple[str, str, dict[str, Any], int | None]:
+    """(source, kind, default args, model id) of a zoo name or a registered model's name."""
+    row = session.scalar(select(Model).where(Model.name == name))
+    if row is not None:
+        return row.source, row.kind, dict(row.config or {}), row.id
+    from trainer import zoo
+
+    if name in zoo.names():
+        return name, "zoo", {}, None
+    raise ServiceError(f"model: unknown model {name!r} (GET /api/v1/models lists them)", status=422, field="model")
+
+
+def parse_upload(content: bytes, filename: str, max_bytes: int) -> dict[str, Any]:
+    """A graph.txt or profile JSON upload, as profile JSON; 413/422 naming the field."""
+    from trainer.profile.graphtxt import parse_graph_txt
+    from trainer.profile.schema import Profile as TrainerProfile
+    from trainer.profile.schema import ProfileError
+
+    if len(content) > max_bytes:
+        raise ServiceError(f"file: upload of {len(content)} bytes exceeds the limit of {max_bytes} bytes", status=413, field="file")
+    if not content.strip():
+        raise ServiceError("file: the upload is empty", status=422, field="file")
+    try:
+        text = content.decode("utf-8")
+    except UnicodeDecodeError:
+        raise ServiceError("file: the upload is not UTF-8 text (expected graph.txt or profile JSON)", status=422, field="file") from None
+    try:
+        if text.lstrip().startswith("{"):
+            prof = TrainerProfile.from_json(text)
+        else:
+            stem = filename.rsplit("/", 1)[-1].rsplit(".", 1)[0] if filename else "upload"
+            prof = parse_graph_txt(text, model=stem)
+    except ProfileError as exc:
+        raise ServiceError(f"file: {exc}", status=422, field="file") from None
+    return prof.to_dict()
+
+
+def get(session: Session, profile_id: int) -> Profile:
+    row = session.get(Profile, profile_id)
+    if row is None:
+        raise NotFound("profile", profile_id)
+    return row
+
+
+def to_public(row: Profile, *, include_data: bool = False) -> ProfilePublic:
+    layers = []
+    fwd = bwd = 0.0
+    for layer in row.data.get("layers", []):
+        act = layer.get("activation_bytes", 0.0)
+        act_total = float(sum(act)) if isinstance(act, list) else float(act or 0.0)
+        lr = LayerRow(
+            name=layer["name"],
+            desc=layer.get("desc", ""),
+            forward_ms=float(layer.get("forward_ms", 0.0)),
+            backward_ms=float(layer.get("backward_ms", 0.0)),
+            activation_bytes=act_total,
+            parameter_bytes=float(layer.get("parameter_bytes", 0.0)),
+        )
+        fwd += lr.forward_ms
+        bwd += lr.backward_ms
+        layers.append(lr)
+    return ProfilePublic(
+        id=row.id,
+        name=row.name,
+        model_id=row.model_id,
+        batch_size=row.batch_size,
+        status="ready",
+        created_at=row.created_at,
+        total_forward_ms=fwd,
+        total_backward_ms=bwd,
+        layers=layers,
+        data=row.data if include_data else None,
+    )

@@ -1,0 +1,89 @@
+"""A job's measured and predicted timeline and its metric series, windowed and downsampled."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from sqlalchemy import func, select
+from sqlalchemy.orm import Session
+
+from app.models import EventSource, MetricPoint
+from app.models import TimelineEvent as TimelineEventRow
+from app.schemas import MetricPointPublic, MetricsPublic, TimelineEventPublic, TimelinePublic
+from app.services.downsample import evenly, pick_steps
+
+T = TimelineEventRow
+
+
+def timeline(
+    session: Session,
+    job_id: int,
+    *,
+    source: str = "measured",
+    step_from: int | None = None,
+    step_to: int | None = None,
+    t_from: float | None = None,
+    t_to: float | None = None,
+    after_seq: int | None = None,
+    limit: int = 20000,
+) -> TimelinePublic:
+    src = EventSource(source)
+    base = [T.job_id == job_id, T.source == src]
+    bounds = session.execute(select(func.min(T.step), func.max(T.step), func.min(T.start), func.max(T.end)).where(*base)).one()
+    where = list(base)
+    if step_from is not None:
+        where.append(T.step >= step_from)
+    if step_to is not None:
+        where.append(T.step <= step_to)
+    if t_from is not None:
+        where.append(T.end >= t_from)
+    if t_to is not None:
+        where.append(T.start <= t_to)
+    if after_seq is not None:
+        where.append(T.seq > after_seq)
+    per_step = session.execute(select(T.step, func.count()).where(*where).group_by(T.step)).all()
+    total = sum(n for _, n in per_step)
+    downsampled = total > limit
+    if downsampled:
+        # Whole steps are kept or dropped, so every bar shown is a real, complete iteration.
+        keep = pick_steps([s for s, _ in per_step], limit, total / max(len(per_step), 1))
+        where.append(T.step.in_(sorted(keep)))
+    rows = session.scalars(select(T).where(*where).order_by(T.seq)).all()
+    return TimelinePublic(
+        source=src.value,
+        events=[
+            TimelineEventPublic(worker=r.worker, stage=r.stage, replica=r.replica, microbatch=r.microbatch, kind=r.kind, start=r.start, end=r.end, step=r.step)
+            for r in rows[: limit if downsampled else None]
+        ],
+        total=total,
+        downsampled=downsampled,
+        steps=[] if bounds[0] is None else [int(bounds[0]), int(bounds[1])],
+        time_range=[] if bounds[2] is None else [float(bounds[2]), float(bounds[3])],
+    )
+
+
+def metrics(session: Session, job_id: int, *, step_from: int | None = None, step_to: int | None = None, after_seq: int | None = None, limit: int = 5000) -> MetricsPublic:
+    M = MetricPoint
+    where = [M.job_id == job_id]
+    if step_from is not None:
+        where.append(M.step >= step_from)
+    if step_to is not None:
+        where.append(M.step <= step_to)
+    if after_seq is not None:
+        where.append(M.seq > after_seq)
+    rows = session.scalars(select(M).where(*where).order_by(M.seq)).all()
+    kept = evenly(rows, limit)
+    return MetricsPublic(
+        points=[MetricPointPublic(seq=r.seq, step=r.step, wall_s=r.wall_s, epoch=r.epoch, values=dict(r.values or {})) for r in kept],
+        total=len(rows),
+        downsampled=len(kept) < len(rows),
+    )
+
+
+def chrome_trace(session: Session, job_id: int, source: str = "measured") -> dict[str, Any]:
+    from trainer.schedule.actions import TimelineEvent
+    from trainer.schedule.trace import to_chrome_trace
+
+    rows = session.scalars(select(T).where(T.job_id == job_id, T.source == EventSource(source)).order_by(T.seq)).all()
+    events = [TimelineEvent(worker=r.worker, stage=r.stage, replica=r.replica, microbatch=r.microbatch, kind=r.kind, start=r.start, end=r.end, step=r.step) for r in rows]
+    return to_chrome_trace(events)

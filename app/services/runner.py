@@ -1,0 +1,312 @@
+"""What a Celery task does with a job: claim it, profile -> plan -> train, watch it, finish it.
+
+The heavy phases run as child processes in a NEW process group (start_new_session): a prefork
+worker's child is daemonic and could not start the training processes itself, and a group lets
+cancel and failure end every process of the run with one killpg. While a job runs, a monitor
+thread refreshes its heartbeat and polls for cancellation; if the worker itself dies, the
+heartbeat goes stale and `jobs.reap_stale` fails the job (and the run's sink ends its group).
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import signal
+import socket
+import subprocess
+import sys
+import threading
+import time
+from dataclasses import dataclass
+from datetime import datetime, timezone
+from pathlib import Path
+from typing import Any
+
+from sqlalchemy import insert, select, update
+
+from app.core.config import get_settings
+from app.core.db import get_sessionmaker
+from app.models import EventSource, Job, JobStatus
+from app.models import Plan as PlanRow
+from app.models import TimelineEvent as TimelineEventRow
+from app.services import events, jobs, planning, profiles
+from app.services.errors import ServiceError
+
+log = logging.getLogger(__name__)
+
+TERM_GRACE_S = 3.0
+POLL_S = 0.2
+
+
+class Stopped(Exception):
+    """The job was cancelled or reaped while this worker ran it."""
+
+
+def now() -> datetime:
+    return datetime.now(timezone.utc)
+
+
+def claim_next(task_id: str | None) -> int | None:
+    """Atomically move the best queued job to running; None when nothing is queued."""
+    with get_sessionmaker()() as s:
+        for _ in range(10):
+            candidate = s.scalar(
+                select(Job.id).where(Job.status == JobStatus.QUEUED).order_by(Job.priority.desc(), Job.id.asc()).limit(1)
+            )
+            if candidate is None:
+                return None
+            t = now()
+            result = s.execute(
+                update(Job)
+                .where(Job.id == candidate, Job.status == JobStatus.QUEUED)
+                .values(status=JobStatus.RUNNING, started_at=t, heartbeat_at=t, celery_task_id=task_id,
+                        worker_hostname=socket.gethostname(), pid=None, pgid=None)
+            )
+            if result.rowcount == 1:
+                published = events.append(s, candidate, [("status", {"status": "running", "message": f"claimed by {socket.gethostname()}"})], commit=False)
+                s.commit()
+                events.publish(candidate, published)
+                return candidate
+            s.rollback()  # another worker won this one; look again
+    return None
+
+
+def child_env() -> dict[str, str]:
+    """The worker's settings, passed on explicitly so the run writes where the worker reads."""
+    st = get_settings()
+    env = dict(os.environ)
+    env.update(
+        PIPEBOARD_DATA_DIR=str(st.data_dir),
+        PIPEBOARD_DATABASE_URL=st.database_url,
+        PIPEBOARD_BROKER_URL=st.broker_url,
+        PIPEBOARD_RESULT_BACKEND=st.result_backend,
+        PIPEBOARD_REDIS_URL=st.redis_url,
+        PIPEBOARD_RUN_GROUP="1",  # tells DbSink it may end its own process group on cancel
+        PYTHONUNBUFFERED="1",
+    )
+    return env
+
+
+def pipeboard_command() -> list[str]:
+    script = Path(sys.executable).with_name("pipeboard")
+    if script.exists():
+        return [str(script)]
+    return [sys.executable, "-c", "from app.cli import main; main()"]
+
+
+@dataclass
+class JobRun:
+    job_id: int
+
+    def __post_init__(self) -> None:
+        self.stop = threading.Event()
+        self.proc: subprocess.Popen | None = None
+        self.lock = threading.Lock()
+        self.session = get_sessionmaker()()
+
+    # --- monitor --------------------------------------------------------------------------
+
+    def _monitor(self) -> None:
+        """Heartbeat and cancellation watch, in its own session (sessions are not thread-safe)."""
+        period = get_settings().heartbeat_seconds
+        with get_sessionmaker()() as s:
+            while not self.stop.is_set():
+                try:
+                    result = s.execute(
+                        update(Job).where(Job.id == self.job_id, Job.status == JobStatus.RUNNING).values(heartbeat_at=now())
+                    )
+                    s.commit()
+                    if result.rowcount != 1:  # cancelled or reaped by someone else
+                        self.stop.set()
+                        self.kill_child()
+                        return
+                except Exception as exc:  # a database hiccup must not kill the monitor
+                    s.rollback()
+                    log.warning("job %s heartbeat failed: %s", self.job_id, exc)
+                self.stop.wait(min(period, 1.0))
+
+    def kill_child(self) -> None:
+        with self.lock:
+            proc = self.proc
+        if proc is None or proc.poll() is not None:
+            return
+        _signal_group(proc.pid, signal.SIGTERM)
+        deadline = time.monotonic() + TERM_GRACE_S
+        while time.monotonic() < deadline and proc.poll() is None:
+            time.sleep(0.05)
+        _signal_group(proc.pid, signal.SIGKILL)
+
+    # --- phases ---------------------------------------------------------------------------
+
+    def execute(self) -> None:
+        monitor = threading.Thread(target=self._monitor, name=f"job-{self.job_id}-monitor", daemon=True)
+        monitor.start()
+        try:
+            job = self.session.get(Job, self.job_id)
+            workdir = get_settings().data_dir / "jobs" / str(job.id) / f"attempt-{job.attempt}"
+            workdir.mkdir(parents=True, exist_ok=True)
+            if job.kind == "profile":
+                profile_id = self.profile_phase(job, workdir)
+                self.done(JobStatus.SUCCEEDED, summary={"profile_id": profile_id})
+            else:
+                self.train_job(job, workdir)
+        except Stopped:
+            pass
+        except ServiceError as exc:
+            self.done(JobStatus.FAILED, error=exc.message)
+        except Exception as exc:
+            log.exception("job %s failed", self.job_id)
+            self.done(JobStatus.FAILED, error=f"{type(exc).__name__}: {exc}")
+        finally:
+            self.stop.set()
+            self.kill_child()
+            monitor.join(timeout=5)
+            self.session.close()
+
+    def progress(self, phase: str, message: str, **fields: Any) -> None:
+        events.append(self.session, self.job_id, [("progress", {"phase": phase, "message": message, **fields})])
+
+    def done(self, status: JobStatus, *, error: str | None = None, summary: dict[str, Any] | None = None) -> None:
+        self.session.rollback()
+        if summary is None and status == JobStatus.SUCCEEDED:
+            summary = self.session.scalar(select(Job.summary).where(Job.id == self.job_id))
+        jobs.finish(self.session, self.job_id, status, expected=(JobStatus.RUNNING,), error=error, summary=summary)
+
+    def check(self) -> None:
+        if self.stop.is_set():
+            raise Stopped()
+
+    def profile_phase(self, job: Job, workdir: Path) -> int:
+        spec = job.spec
+        model = spec["model"]
+        source, kind, default_args, model_id = profiles.resolve_model(self.session, model)
+        args = {**default_args, **(spec.get("model_args") or {})}
+        batch = int(spec.get("batch_size") or 32)
+        device = spec.get("device", "cpu")
+        key = profiles.cache_key(model, args, batch, device)
+        row = profiles.cached(self.session, key)
+        if row is None:
+            self.progress("profile", f"profiling {model} at batch size {batch}")
+            out = workdir / "profile.json"
+            cmd = [sys.executable, "-m", "app.services.profile_run", "--source", source, "--kind", kind,
+                   "--model-args", json.dumps(args), "--batch-size", str(batch), "--device", device,
+                   "--repeats", str(spec.get("repeats", 5)), "-o", str(out)]
+            self.run_child(cmd, workdir / "profile.log", phase="profile")
+            row = profiles.store(self.session, json.loads(out.read_text()), name=key, origin="profiled", model_id=model_id)
+        else:
+            self.progress("profile", f"using cached profile {row.id} of {model}")
+        self.session.execute(update(Job).where(Job.id == job.id).values(profile_id=row.id, model_id=model_id))
+        self.session.commit()
+        return row.id
+
+    def train_job(self, job: Job, workdir: Path) -> None:
+        spec = job.spec
+        profile_id = self.profile_phase(job, workdir)
+        self.check()
+        prof = profiles.get(self.session, profile_id)
+        levels = planning.levels_of(spec.get("levels"), spec.get("workers"))
+        plan_obj = planning.make_plan(prof.data, levels, memory_bytes=spec.get("memory_bytes"), method=spec["method"])
+        sim = planning.simulate(plan_obj, spec["schedule"], int(spec["microbatches"]))
+        predicted = planning.predicted_summary(plan_obj, sim, int(spec["microbatches"]), timeline_limit=0)
+        request = {k: spec.get(k) for k in ("levels", "workers", "memory_bytes", "method", "schedule", "microbatches")}
+        plan_row = PlanRow(profile_id=profile_id, request=request, data=plan_obj.to_dict(), predicted=predicted)
+        self.session.add(plan_row)
+        self.session.flush()
+        rows = [
+            {"job_id": job.id, "source": EventSource.PREDICTED, "seq": i + 1, **ev.to_dict()}
+            for i, ev in enumerate(sim.timeline)
+        ]
+        if rows:
+            self.session.execute(insert(TimelineEventRow), rows)
+        self.session.execute(update(Job).where(Job.id == job.id).values(plan_id=plan_row.id))
+        self.session.commit()
+        self.progress("plan", f"plan {plan_row.id}: {len(planning.stage_replicas(plan_obj))} stage(s)",
+                      plan_id=plan_row.id, predicted_iteration_s=predicted["iteration_time_s"])
+        self.check()
+        plan_path = workdir / "plan.json"
+        plan_path.write_text(json.dumps(plan_obj.to_dict()))
+        self.progress("train", "starting training")
+        timed_out = self.run_child(train_command(job.id, spec, plan_path, sum(planning.stage_replicas(plan_obj))),
+                                   workdir / "train.log", phase="train", time_limit=(spec.get("stop") or {}).get("time_s"))
+        summary = self.session.scalar(select(Job.summary).where(Job.id == job.id)) or {}
+        if timed_out:
+            summary = {**summary, "stopped_by": "time"}
+        self.done(JobStatus.SUCCEEDED, summary=summary)
+
+    def run_child(self, cmd: list[str], log_path: Path, *, phase: str, time_limit: float | None = None) -> bool:
+        """Run ``cmd`` as its own process group and wait; True when stopped by ``time_limit``.
+        Raises Stopped on cancel, ServiceError (with the log's tail) on failure."""
+        self.check()
+        with open(log_path, "wb") as log_file:
+            proc = subprocess.Popen(cmd, stdout=log_file, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+                                    env=child_env(), start_new_session=True, cwd=str(log_path.parent))
+        with self.lock:
+            self.proc = proc
+        self.session.execute(update(Job).where(Job.id == self.job_id).values(pid=proc.pid, pgid=proc.pid))
+        self.session.commit()
+        started = time.monotonic()
+        timed_out = False
+        try:
+            while proc.poll() is None:
+                if self.stop.is_set():
+                    self.kill_child()
+                    raise Stopped()
+                if time_limit and time.monotonic() - started > time_limit:
+                    timed_out = True
+                    self.kill_child()
+                    break
+                time.sleep(POLL_S)
+        finally:
+            # Whatever the leader did, nothing of the group outlives the phase.
+            _signal_group(proc.pid, signal.SIGKILL)
+            with self.lock:
+                self.proc = None
+        if self.stop.is_set():
+            raise Stopped()
+        if proc.returncode != 0 and not timed_out:
+            raise ServiceError(f"{phase} failed (exit code {proc.returncode}): {_tail(log_path)}", status=500)
+        return timed_out
+
+
+def train_command(job_id: int, spec: dict[str, Any], plan_path: Path, workers: int) -> list[str]:
+    cmd = pipeboard_command() + ["train", "--model", spec["model"]]
+    for k, v in (spec.get("model_args") or {}).items():
+        cmd += ["--model-arg", f"{k}={v}"]
+    cmd += ["--plan", str(plan_path), "--schedule", spec["schedule"], "--batch-size", str(spec["batch_size"]),
+            "--microbatches", str(spec["microbatches"]), "--workers", str(workers), "--job-id", str(job_id)]
+    stop = spec.get("stop") or {}
+    if stop.get("epochs") is not None:
+        cmd += ["--epochs", str(stop["epochs"])]
+    elif stop.get("steps") is not None:
+        cmd += ["--steps", str(stop["steps"])]
+    elif stop.get("target") is not None:
+        cmd += ["--target", str(stop["target"])]
+    else:  # time rule: train "forever" and the runner stops it at the limit
+        cmd += ["--epochs", "100000"]
+    for k, v in (spec.get("hyperparameters") or {}).items():
+        cmd += [f"--{k.replace('_', '-')}", str(v)]
+    return cmd
+
+
+def _signal_group(pgid: int, sig: int) -> None:
+    try:
+        os.killpg(pgid, sig)
+    except (ProcessLookupError, PermissionError):
+        pass
+
+
+def _tail(path: Path, lines: int = 15) -> str:
+    try:
+        text = path.read_text(errors="replace").strip().splitlines()
+    except OSError:
+        return ""
+    return "\n".join(text[-lines:])
+
+
+def run_next(task_id: str | None = None) -> int | None:
+    """The body of the Celery task: run the best queued job, if any; returns its id."""
+    job_id = claim_next(task_id)
+    if job_id is not None:
+        JobRun(job_id).execute()
+    return job_id
