@@ -23,24 +23,37 @@ SQLITE_BUSY_TIMEOUT_MS = 30_000
 def make_engine(url: str, **kwargs: Any) -> Engine:
     """An engine for `url`; for file SQLite it creates the folder and sets the pragmas."""
     parsed = make_url(url)
+    extra_connect_args = kwargs.pop("connect_args", {})
+    if parsed.get_backend_name() == "postgresql":
+        # An unreachable server fails in seconds instead of hanging start-up or /health.
+        connect_args = {"connect_timeout": 10, **extra_connect_args}
+        return create_engine(url, pool_pre_ping=True, connect_args=connect_args, **kwargs)
     if parsed.get_backend_name() != "sqlite":
-        return create_engine(url, pool_pre_ping=True, **kwargs)
+        return create_engine(url, pool_pre_ping=True, connect_args=extra_connect_args, **kwargs)
     if parsed.database and parsed.database != ":memory:":
         Path(parsed.database).parent.mkdir(parents=True, exist_ok=True)
     # FastAPI runs sync endpoints in a thread pool, so connections move between threads.
-    connect_args = {"check_same_thread": False, "timeout": SQLITE_BUSY_TIMEOUT_MS / 1000}
+    connect_args = {"check_same_thread": False, "timeout": SQLITE_BUSY_TIMEOUT_MS / 1000, **extra_connect_args}
     engine = create_engine(url, connect_args=connect_args, **kwargs)
     event.listen(engine, "connect", _sqlite_pragmas)
+    event.listen(engine, "begin", _sqlite_begin)
     return engine
 
 
 def _sqlite_pragmas(dbapi_connection: Any, _record: Any) -> None:
+    # pysqlite's own transaction handling breaks SAVEPOINT (begin_nested) and delays BEGIN;
+    # let SQLAlchemy emit BEGIN itself (the recipe from SQLAlchemy's SQLite dialect docs).
+    dbapi_connection.isolation_level = None
     cursor = dbapi_connection.cursor()
     cursor.execute("PRAGMA journal_mode=WAL")
     cursor.execute("PRAGMA foreign_keys=ON")
     cursor.execute(f"PRAGMA busy_timeout={SQLITE_BUSY_TIMEOUT_MS}")
     cursor.execute("PRAGMA synchronous=NORMAL")  # safe with WAL, and far fewer fsyncs
     cursor.close()
+
+
+def _sqlite_begin(connection: Any) -> None:
+    connection.exec_driver_sql("BEGIN")
 
 
 @lru_cache

@@ -1,0 +1,279 @@
+"""Fixtures shared by the whole suite.
+
+Isolation: at import, PIPEBOARD_* variables are cleared and DATA_DIR points at a fresh temp
+folder, so no test touches ./data or a developer's configuration. PostgreSQL tests use their
+own schema (dropped at the end); Redis tests use their own key prefix. Several people can run
+the suite on one machine at once.
+
+Databases
+- `db_url`: URL of a migrated-shape database (all tables), parametrised `sqlite` / `postgres`.
+- `empty_db_url`: a database without tables (migration tests), same two parameters.
+- `db_engine`: an engine on `db_url`. `session`: a Session inside a transaction that is rolled back
+  after the test (commits inside the test only release a SAVEPOINT).
+- `client`: a TestClient on a fresh `create_app()` whose `get_session` is that `session`.
+
+Services: PostgreSQL and Redis come from PIPEBOARD_TEST_POSTGRES_URL / PIPEBOARD_TEST_REDIS_URL
+(default the local servers). Unreachable: the test skips, or FAILS under CI=true.
+
+Workers
+- `sqlite_broker_env` / `redis_broker_env`: PIPEBOARD_* variables of a private deployment
+  (SQLite database and broker under tmp_path, or Redis with a private key prefix).
+- `start_worker(env)`: a real `celery worker` subprocess (thread pool, own process group) for
+  that deployment, returned once it answered a `pipeboard.ping`; stopped after the test.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+import uuid
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+for _name in [n for n in os.environ if n.startswith("PIPEBOARD_") and not n.startswith("PIPEBOARD_TEST_")]:
+    del os.environ[_name]
+SESSION_DIR = Path(tempfile.mkdtemp(prefix="pipeboard-test-"))
+os.environ["PIPEBOARD_DATA_DIR"] = str(SESSION_DIR / "data")
+
+from sqlalchemy import Engine, text  # noqa: E402  (after the environment is fixed)
+from sqlalchemy.orm import Session  # noqa: E402
+
+from app.core.db import make_engine  # noqa: E402
+from app.models import Base  # noqa: E402
+
+ROOT = Path(__file__).resolve().parents[1]
+IN_CI = os.environ.get("CI") == "true"
+POSTGRES_URL = os.environ.get("PIPEBOARD_TEST_POSTGRES_URL", "postgresql+psycopg://postgres@127.0.0.1:5432/test")
+REDIS_URL = os.environ.get("PIPEBOARD_TEST_REDIS_URL", "redis://127.0.0.1:6379/15")
+
+
+def unavailable(message: str) -> None:
+    """Skip, or fail under CI=true, where every service must be there."""
+    if IN_CI:
+        pytest.fail(message)
+    pytest.skip(message)
+
+
+def require_postgres() -> str:
+    """PIPEBOARD_TEST_POSTGRES_URL once it answers (else skip / fail in CI)."""
+    try:
+        engine = make_engine(POSTGRES_URL, connect_args={"connect_timeout": 3})
+        with engine.connect() as connection:
+            connection.execute(text("SELECT 1"))
+        engine.dispose()
+    except Exception as exc:
+        unavailable(f"PostgreSQL unreachable at {POSTGRES_URL}: {str(exc).splitlines()[0]}")
+    return POSTGRES_URL
+
+
+def require_redis() -> str:
+    """PIPEBOARD_TEST_REDIS_URL once it answers PING (else skip / fail in CI)."""
+    import redis
+
+    try:
+        redis.Redis.from_url(REDIS_URL, socket_connect_timeout=3, socket_timeout=3).ping()
+    except Exception as exc:
+        unavailable(f"Redis unreachable at {REDIS_URL}: {exc}")
+    return REDIS_URL
+
+
+def with_search_path(url: str, schema: str) -> str:
+    """`url` whose connections use `schema` first (psycopg `options`)."""
+    separator = "&" if "?" in url else "?"
+    return f"{url}{separator}options=-csearch_path%3D{schema}"
+
+
+def postgres_schema(url: str, prefix: str = "pbt") -> tuple[str, Callable[[], None]]:
+    """Create a private schema; returns a URL using it and a function that drops it."""
+    schema = f"{prefix}_{os.getpid()}_{uuid.uuid4().hex[:8]}"
+    admin = make_engine(url)
+    with admin.begin() as connection:
+        connection.exec_driver_sql(f'CREATE SCHEMA "{schema}"')
+
+    def drop() -> None:
+        with admin.begin() as connection:
+            connection.exec_driver_sql(f'DROP SCHEMA IF EXISTS "{schema}" CASCADE')
+        admin.dispose()
+
+    return with_search_path(url, schema), drop
+
+
+@pytest.fixture(scope="session", autouse=True)
+def _remove_session_dir() -> Iterator[None]:
+    yield
+    shutil.rmtree(SESSION_DIR, ignore_errors=True)
+
+
+@pytest.fixture(scope="session", params=["sqlite", pytest.param("postgres", marks=pytest.mark.postgres)])
+def db_url(request: pytest.FixtureRequest) -> Iterator[str]:
+    """A database with every table of app.models, on SQLite or on PostgreSQL."""
+    if request.param == "sqlite":
+        url = f"sqlite:///{SESSION_DIR}/db-{uuid.uuid4().hex[:8]}.sqlite"
+        drop = None
+    else:
+        url, drop = postgres_schema(require_postgres())
+    engine = make_engine(url)
+    Base.metadata.create_all(engine)
+    engine.dispose()
+    yield url
+    if drop is not None:
+        drop()
+
+
+@pytest.fixture(params=["sqlite", pytest.param("postgres", marks=pytest.mark.postgres)])
+def empty_db_url(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[str]:
+    """A database with no tables at all (for migrations), on SQLite or PostgreSQL."""
+    if request.param == "sqlite":
+        yield f"sqlite:///{tmp_path}/empty.sqlite"
+        return
+    url, drop = postgres_schema(require_postgres(), prefix="pbm")
+    yield url
+    drop()
+
+
+@pytest.fixture(scope="session")
+def db_engine(db_url: str) -> Iterator[Engine]:
+    engine = make_engine(db_url)
+    yield engine
+    engine.dispose()
+
+
+@pytest.fixture
+def session(db_engine: Engine) -> Iterator[Session]:
+    """A session whose work is rolled back after the test ("join an external transaction")."""
+    connection = db_engine.connect()
+    transaction = connection.begin()
+    db_session = Session(bind=connection, join_transaction_mode="create_savepoint", expire_on_commit=False)
+    try:
+        yield db_session
+    finally:
+        db_session.close()
+        transaction.rollback()
+        connection.close()
+
+
+@pytest.fixture
+def client(session: Session) -> Iterator[Any]:
+    """A TestClient on a fresh app whose requests all use the test's `session`."""
+    from fastapi.testclient import TestClient
+
+    from app.core.db import get_session
+    from app.main import create_app
+
+    app = create_app()
+    app.dependency_overrides[get_session] = lambda: session
+    with TestClient(app) as test_client:
+        yield test_client
+
+
+@pytest.fixture
+def sqlite_broker_env(tmp_path: Path) -> dict[str, str]:
+    """The embedded deployment in tmp_path: SQLite database, SQLite broker, SQLite results."""
+    data = tmp_path / "data"
+    return {"PIPEBOARD_DATA_DIR": str(data), "PIPEBOARD_HEARTBEAT_SECONDS": "0.5"}
+
+
+@pytest.fixture
+def redis_broker_env(tmp_path: Path) -> dict[str, str]:
+    """SQLite database in tmp_path, Redis broker and results under a key prefix of this test's own."""
+    url = require_redis()
+    return {
+        "PIPEBOARD_DATA_DIR": str(tmp_path / "data"),
+        "PIPEBOARD_BROKER_URL": url,
+        "PIPEBOARD_RESULT_BACKEND": url,
+        "PIPEBOARD_KEY_PREFIX": f"pbtest-{uuid.uuid4().hex[:12]}:",
+        "PIPEBOARD_HEARTBEAT_SECONDS": "0.5",
+    }
+
+
+def settings_from_env(env: dict[str, str]) -> Any:
+    """`Settings` of a deployment described by PIPEBOARD_* variables (the test's own env aside)."""
+    from app.core.config import Settings
+
+    return Settings(**{k.removeprefix("PIPEBOARD_").lower(): v for k, v in env.items() if k.startswith("PIPEBOARD_")})
+
+
+@dataclass
+class RunningWorker:
+    """A `celery worker` subprocess and a client Celery app on the same broker."""
+
+    process: subprocess.Popen
+    env: dict[str, str]
+    log_path: Path
+    client: Any = field(repr=False)
+
+    @property
+    def settings(self) -> Any:
+        return settings_from_env(self.env)
+
+    def call(self, task: str, *args: Any, timeout: float = 30, **kwargs: Any) -> Any:
+        """Send `task` and wait for its result."""
+        return self.client.send_task(task, args=args, kwargs=kwargs).get(timeout=timeout)
+
+    def log(self) -> str:
+        return self.log_path.read_text(errors="replace")
+
+    def stop(self, timeout: float = 20) -> int:
+        """Warm shutdown (SIGTERM to its process group), SIGKILL after `timeout`; the exit code."""
+        if self.process.poll() is None:
+            try:
+                os.killpg(self.process.pid, signal.SIGTERM)
+                self.process.wait(timeout=timeout)
+            except subprocess.TimeoutExpired:
+                os.killpg(self.process.pid, signal.SIGKILL)
+                self.process.wait()
+            except ProcessLookupError:
+                pass
+        self.client.close()
+        return self.process.returncode
+
+
+@pytest.fixture
+def start_worker(tmp_path: Path) -> Iterator[Callable[..., RunningWorker]]:
+    """Factory: `start_worker(env, concurrency=2)` -> a ready RunningWorker (stopped at teardown).
+
+    The deployment's database gets every table first, as `pipeboard up` would migrate it.
+    """
+    from app.worker import make_celery, worker_argv
+
+    started: list[RunningWorker] = []
+
+    def start(env: dict[str, str], concurrency: int = 2, ready_timeout: float = 60) -> RunningWorker:
+        settings = settings_from_env(env)
+        engine = make_engine(settings.database_url)
+        Base.metadata.create_all(engine)
+        engine.dispose()
+        log_path = tmp_path / f"worker-{len(started)}.log"
+        hostname = f"test{len(started)}-{uuid.uuid4().hex[:6]}@%h"
+        argv = worker_argv(concurrency=concurrency, hostname=hostname, loglevel="info")
+        with open(log_path, "wb") as log:
+            process = subprocess.Popen(
+                [sys.executable, "-m", "celery", "-A", "app.worker:celery_app", *argv],
+                cwd=ROOT, env={**os.environ, **env}, stdout=log, stderr=subprocess.STDOUT,
+                start_new_session=True,
+            )
+        worker = RunningWorker(process, dict(env), log_path, make_celery(settings))
+        started.append(worker)
+        deadline = time.monotonic() + ready_timeout
+        while True:  # ready = a real round trip through the broker
+            if process.poll() is not None:
+                raise RuntimeError(f"worker exited with {process.returncode}:\n{worker.log()[-3000:]}")
+            try:
+                worker.call("pipeboard.ping", timeout=2)
+                return worker
+            except Exception:
+                if time.monotonic() > deadline:
+                    raise RuntimeError(f"worker not ready after {ready_timeout}s:\n{worker.log()[-3000:]}")
+
+    yield start
+    for worker in started:
+        worker.stop()
