@@ -1,0 +1,437 @@
+"""The layer DAG seen by the planner: antichain states and the cuts allowed between them.
+
+PipeDream's optimizer never cuts a DAG arbitrarily: it walks a chain of *antichain states*.
+A state is a set of layers no two of which depend on each other, "augmented" with the earlier
+layers whose outputs are still needed later; the state's down-set (everything at or before it)
+is what the first stages have computed when the pipeline is cut there. This module rebuilds
+exactly the reference's states (msr-fiddle/pipedream, ``graph/graph.py``) in the reference's
+order, because the planner's results at upper levels depend on that order.
+
+When the states would explode (inception, NASNet: hundreds of thousands), ``linearised_states``
+treats a topological order of the layers as a chain instead, counting every tensor that crosses
+each cut. No torch here: the planner must start fast.
+
+Node sets are Python ints used as bitsets (bit i = layer i in file order): unions and
+intersections of a few hundred layers are single machine operations.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from trainer.profile.schema import Profile
+
+
+class StateLimitExceeded(RuntimeError):
+    """The antichain enumeration passed ``max_states``; the caller falls back to a linear order."""
+
+
+def _bits(mask: int) -> list[int]:
+    """Indices of the set bits of ``mask``, ascending."""
+    out = []
+    while mask:
+        low = mask & -mask
+        out.append(low.bit_length() - 1)
+        mask ^= low
+    return out
+
+
+@dataclass
+class LayerGraph:
+    """The DAG the planner partitions, after the reference's clean-up.
+
+    ``removed`` lists layers the reference takes out before planning (``Input*`` sources, which
+    always go with the first stage, and unused ``__getitem__`` sinks, which go with their
+    producer); ``alive`` is a bitset of the others.
+    """
+
+    names: list[str]
+    descs: list[str]
+    forward_ms: np.ndarray
+    backward_ms: np.ndarray
+    activation: np.ndarray
+    parameters: np.ndarray
+    succ: list[list[int]]
+    pred: list[list[int]]
+    alive: int
+    removed_inputs: list[int] = field(default_factory=list)
+    removed_sinks: list[int] = field(default_factory=list)
+    _anc: list[int] | None = None
+    _desc: list[int] | None = None
+
+    @classmethod
+    def from_profile(cls, profile: Profile) -> LayerGraph:
+        names = profile.layer_names()
+        index = {name: i for i, name in enumerate(names)}
+        n = len(names)
+        succ: list[list[int]] = [[] for _ in range(n)]
+        pred: list[list[int]] = [[] for _ in range(n)]
+        for src, dst in profile.edges:
+            succ[index[src]].append(index[dst])
+            pred[index[dst]].append(index[src])
+        g = cls(
+            names=names,
+            descs=[layer.desc for layer in profile.layers],
+            forward_ms=np.array([layer.forward_ms for layer in profile.layers], dtype=float),
+            backward_ms=np.array([layer.backward_ms for layer in profile.layers], dtype=float),
+            activation=np.array([layer.activation_total for layer in profile.layers], dtype=float),
+            parameters=np.array([layer.parameter_bytes for layer in profile.layers], dtype=float),
+            succ=succ,
+            pred=pred,
+            alive=(1 << n) - 1,
+        )
+        g._check_acyclic()
+        g._drop_like_reference()
+        return g
+
+    def _check_acyclic(self) -> None:
+        from trainer.plan.errors import PlanError
+
+        indeg = [len(p) for p in self.pred]
+        ready = [i for i, d in enumerate(indeg) if d == 0]
+        seen = 0
+        while ready:
+            u = ready.pop()
+            seen += 1
+            for v in self.succ[u]:
+                indeg[v] -= 1
+                if indeg[v] == 0:
+                    ready.append(v)
+        if seen != len(self.names):
+            raise PlanError("profile: the layer graph has a cycle (edges must form a DAG)")
+
+    def _remove(self, u: int) -> None:
+        for v in self.succ[u]:
+            self.pred[v].remove(u)
+        for v in self.pred[u]:
+            self.succ[v].remove(u)
+        self.succ[u] = []
+        self.pred[u] = []
+        self.alive &= ~(1 << u)
+
+    def _drop_like_reference(self) -> None:
+        # The reference gives the optimizer no say over where inputs go (always the first stage)
+        # and drops unused tuple-indexing sinks; both change the states, so we do the same.
+        for u in self.sources():
+            if self.descs[u].startswith("Input"):
+                self.removed_inputs.append(u)
+        for u in self.removed_inputs:
+            self._remove(u)
+        for u in self.sinks():
+            if self.descs[u].startswith("__getitem__"):
+                self.removed_sinks.append(u)
+        for u in self.removed_sinks:
+            self._remove(u)
+
+    def sources(self) -> list[int]:
+        return [u for u in _bits(self.alive) if not self.pred[u]]
+
+    def sinks(self) -> list[int]:
+        return [u for u in _bits(self.alive) if not self.succ[u]]
+
+    def topological_order(self) -> list[int]:
+        """Alive layers in a topological order that keeps file order wherever it can."""
+        import heapq
+
+        indeg = {u: len(self.pred[u]) for u in _bits(self.alive)}
+        ready = [u for u, d in indeg.items() if d == 0]
+        heapq.heapify(ready)
+        order = []
+        while ready:
+            u = heapq.heappop(ready)
+            order.append(u)
+            for v in self.succ[u]:
+                indeg[v] -= 1
+                if indeg[v] == 0:
+                    heapq.heappush(ready, v)
+        return order
+
+    def ancestors(self) -> list[int]:
+        """Per layer, the bitset of its strict ancestors."""
+        if self._anc is None:
+            anc = [0] * len(self.names)
+            for u in self.topological_order():
+                acc = 0
+                for p in self.pred[u]:
+                    acc |= anc[p] | (1 << p)
+                anc[u] = acc
+            self._anc = anc
+        return self._anc
+
+    def descendants(self) -> list[int]:
+        """Per layer, the bitset of its strict descendants."""
+        if self._desc is None:
+            desc = [0] * len(self.names)
+            for u in reversed(self.topological_order()):
+                acc = 0
+                for s in self.succ[u]:
+                    acc |= desc[s] | (1 << s)
+                desc[u] = acc
+            self._desc = desc
+        return self._desc
+
+
+class AntichainWalk:
+    """Enumerates the reference's antichain DAG, with the reference's caching and visit order.
+
+    The reference caches augmented antichains, de-augmented ones and successor lists by the
+    *set* of nodes, returning the list order of the first call; that order decides the order
+    of edges and hence the topological order of states, so it is reproduced here. Where the
+    reference iterates a Python set of node names (the "extra" nodes of an augmented antichain,
+    whose order varies with the hash seed), we take file order.
+    """
+
+    def __init__(self, graph: LayerGraph, max_states: int):
+        self.g = graph
+        self.anc = graph.ancestors()
+        self.desc = graph.descendants()
+        self.max_states = max_states
+        self._augmented: dict[int, list[int]] = {}
+        self._deaugmented: dict[int, list[int]] = {}
+        self._next: dict[int, list[list[int]]] = {}
+
+    @staticmethod
+    def _key(nodes: list[int]) -> int:
+        key = 0
+        for u in nodes:
+            key |= 1 << u
+        return key
+
+    def augment(self, antichain: list[int]) -> list[int]:
+        key = self._key(antichain)
+        cached = self._augmented.get(key)
+        if cached is not None:
+            return cached
+        extra = 0
+        for a in antichain:
+            before = self.anc[a]
+            keep = before | (1 << a)
+            for p in _bits(before):
+                # p's output is still needed by something outside a's down-set.
+                for s in self.g.succ[p]:
+                    if not (keep >> s) & 1:
+                        extra |= 1 << p
+                        break
+        result = _bits(extra) + list(antichain)
+        self._augmented[key] = result
+        return result
+
+    def deaugment(self, nodes: list[int]) -> list[int]:
+        key = self._key(nodes)
+        cached = self._deaugmented.get(key)
+        if cached is not None:
+            return cached
+        members = key
+        result: list[int] = []
+        for u in nodes:
+            if self.desc[u] & members:
+                continue  # something later in the set depends on u: u is not on the frontier
+            if u not in result:
+                result.append(u)
+        self._deaugmented[key] = result
+        return result
+
+    def successors_of(self, antichain: list[int]) -> list[list[int]]:
+        key = self._key(antichain)
+        cached = self._next.get(key)
+        if cached is not None:
+            return cached
+        augmented = self.augment(antichain)
+        members = self._key(augmented)
+        result = []
+        for x in augmented:
+            for nxt in self.g.succ[x]:
+                if (key >> nxt) & 1:
+                    continue
+                if self.desc[nxt] & members:
+                    continue  # advancing to nxt would skip over a node still in the set
+                replaced = [nxt if y == x else y for y in augmented]
+                result.append(self.deaugment(replaced))
+        self._next[key] = result
+        return result
+
+    def run(self) -> tuple[list[list[int]], list[list[int]]]:
+        """Return (augmented antichain per state id, out-edges per state id), ids by discovery."""
+        sources = self.g.sources()
+        start = [sources[0]]
+        ids = {self._key(start): 0}
+        augmented = [self.augment(start)]
+        edges: list[list[int]] = [[]]
+        queue = [start]
+        head = 0
+        expanded: set[int] = set()
+        while head < len(queue):
+            antichain = queue[head]
+            head += 1
+            key = self._key(antichain)
+            if key in expanded:
+                continue
+            expanded.add(key)
+            for nxt in self.successors_of(antichain):
+                nkey = self._key(nxt)
+                if nkey not in ids:
+                    if len(ids) >= self.max_states:
+                        raise StateLimitExceeded(f"more than {self.max_states} antichain states")
+                    ids[nkey] = len(ids)
+                    augmented.append(self.augment(nxt))
+                    edges.append([])
+                edges[ids[key]].append(ids[nkey])
+                queue.append(nxt)
+        return augmented, edges
+
+
+def _reverse_postorder(edges: list[list[int]], root: int = 0) -> list[int]:
+    """Depth-first from ``root``, children in edge order; the reference's topological sort."""
+    done = [False] * len(edges)
+    order: list[int] = []
+    stack = [(root, 0)]
+    done[root] = True
+    while stack:
+        node, pos = stack[-1]
+        if pos < len(edges[node]):
+            stack[-1] = (node, pos + 1)
+            child = edges[node][pos]
+            if not done[child]:
+                done[child] = True
+                stack.append((child, 0))
+        else:
+            stack.pop()
+            order.append(node)
+    order.reverse()
+    return order
+
+
+@dataclass
+class StateChain:
+    """What the planner's DP needs, per state in the reference's topological order.
+
+    Cumulative quantities are sums over the state's down-set: ``compute_s`` (forward+backward,
+    seconds), ``forward_s``, ``backward_s``, ``activation`` and ``parameters`` (bytes);
+    ``output_activation`` is what crosses a cut right after the state. ``ancestors[j, k]`` says
+    state k precedes state j in the state DAG (a stage may run from k+1 to j).
+    """
+
+    kind: str  # "antichain" (exact) or "linearised" (topological order treated as a chain)
+    downsets: list[int]
+    frontiers: list[list[int]]
+    compute_s: np.ndarray
+    forward_s: np.ndarray
+    backward_s: np.ndarray
+    activation: np.ndarray
+    parameters: np.ndarray
+    output_activation: np.ndarray
+    ancestors: np.ndarray
+    graph: LayerGraph
+
+    @property
+    def size(self) -> int:
+        return len(self.downsets)
+
+    def is_chain(self) -> bool:
+        n = self.size
+        return bool(self.ancestors.sum() == n * (n - 1) // 2)
+
+    def layers_between(self, start: int, end: int) -> list[int]:
+        """Layers of states start..end-1 (half-open, as the reference prints stages), file order."""
+        upper = self.downsets[end - 1]
+        lower = self.downsets[start - 1] if start > 0 else 0
+        return _bits(upper & ~lower)
+
+
+def _bool_rows(masks: list[int], width: int) -> np.ndarray:
+    nbytes = (width + 7) // 8
+    raw = b"".join(m.to_bytes(nbytes, "little") for m in masks)
+    bits = np.unpackbits(np.frombuffer(raw, dtype=np.uint8).reshape(len(masks), nbytes), axis=1, bitorder="little")
+    return bits[:, :width].astype(bool)
+
+
+def _chain_from(graph: LayerGraph, kind: str, downsets: list[int], frontiers: list[list[int]],
+                ancestors: np.ndarray, out_act: np.ndarray) -> StateChain:
+    width = len(graph.names)
+    member = _bool_rows(downsets, width).astype(float)
+    fwd = graph.forward_ms / 1000.0
+    bwd = graph.backward_ms / 1000.0
+    return StateChain(
+        kind=kind,
+        downsets=downsets,
+        frontiers=frontiers,
+        compute_s=member @ ((graph.forward_ms + graph.backward_ms) / 1000.0),
+        forward_s=member @ fwd,
+        backward_s=member @ bwd,
+        activation=member @ graph.activation,
+        parameters=member @ graph.parameters,
+        output_activation=out_act,
+        ancestors=ancestors,
+        graph=graph,
+    )
+
+
+def antichain_states(graph: LayerGraph, max_states: int = 2000) -> StateChain:
+    """The reference's antichain states; raises ``StateLimitExceeded`` past ``max_states``."""
+    augmented, edges = AntichainWalk(graph, max_states).run()
+    order = _reverse_postorder(edges)
+    position = {sid: i for i, sid in enumerate(order)}
+    anc_of = graph.ancestors()
+    downsets, frontiers = [], []
+    for sid in order:
+        down = 0
+        for u in augmented[sid]:
+            down |= anc_of[u] | (1 << u)
+        downsets.append(down)
+        frontiers.append(augmented[sid])
+    n = len(order)
+    state_anc = [0] * n
+    parents: list[list[int]] = [[] for _ in range(n)]
+    for sid, outs in enumerate(edges):
+        for t in outs:
+            parents[position[t]].append(position[sid])
+    for j in range(n):
+        acc = 0
+        for p in parents[j]:
+            acc |= state_anc[p] | (1 << p)
+        state_anc[j] = acc
+    out_act = np.array([sum(graph.activation[u] for u in f) for f in frontiers], dtype=float)
+    return _chain_from(graph, "antichain", downsets, frontiers, _bool_rows(state_anc, n), out_act)
+
+
+def linearised_states(graph: LayerGraph) -> StateChain:
+    """A topological order as a chain: state k = the first k+1 layers; every crossing tensor counts."""
+    order = graph.topological_order()
+    n = len(order)
+    pos = {u: i for i, u in enumerate(order)}
+    # Layer u's output crosses every cut between u and its last consumer.
+    delta = np.zeros(n + 1)
+    for u in order:
+        if graph.succ[u]:
+            last = max(pos[v] for v in graph.succ[u])
+            delta[pos[u]] += graph.activation[u]
+            delta[last] -= graph.activation[u]
+    out_act = np.cumsum(delta)[:n]
+    downsets, frontiers = [], []
+    down = 0
+    for i, u in enumerate(order):
+        down |= 1 << u
+        downsets.append(down)
+        frontiers.append([w for w in order[: i + 1] if graph.succ[w] and max(pos[v] for v in graph.succ[w]) > i]
+                         if n <= 400 else [u])
+    ancestors = np.tril(np.ones((n, n), dtype=bool), k=-1)
+    return _chain_from(graph, "linearised", downsets, frontiers, ancestors, out_act)
+
+
+def state_chain(profile: Profile, max_states: int = 2000, linearise: bool | None = None) -> StateChain:
+    """Exact antichain states when they number at most ``max_states``, else a linearised order.
+
+    ``linearise=True`` forces the linear order, ``False`` forces exact states (may raise
+    ``StateLimitExceeded``), ``None`` chooses.
+    """
+    graph = LayerGraph.from_profile(profile)
+    if linearise:
+        return linearised_states(graph)
+    try:
+        return antichain_states(graph, max_states)
+    except StateLimitExceeded:
+        if linearise is False:
+            raise
+        return linearised_states(graph)
