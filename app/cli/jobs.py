@@ -1,9 +1,244 @@
-"""`pipeboard` commands of this area (filled in by its issue)."""
+"""`pipeboard token create`, `pipeboard submit`, `pipeboard jobs list|show|cancel|retry`.
+
+These talk to a running server over HTTP (PIPEBOARD_URL / PIPEBOARD_TOKEN, or --url/--token),
+except `token create`, which writes to the configured database directly: it is how the first
+token comes to exist. Errors are one line on stderr and a non-zero exit code, never a traceback:
+2 for bad input, 1 for a job that failed or a server that refused.
+"""
 
 from __future__ import annotations
 
+import json
+from pathlib import Path
+from typing import Any, Optional
+
 import typer
+
+DEFAULT_URL = "http://127.0.0.1:8000"
+URL_OPTION = typer.Option(DEFAULT_URL, "--url", envvar="PIPEBOARD_URL", help="Server URL (PIPEBOARD_URL).")
+TOKEN_OPTION = typer.Option(None, "--token", envvar="PIPEBOARD_TOKEN", help="API token (PIPEBOARD_TOKEN).")
+TERMINAL = ("succeeded", "failed", "cancelled")
+
+
+def fail(message: str, code: int = 1) -> None:
+    typer.echo(f"error: {message}", err=True)
+    raise typer.Exit(code)
+
+
+class Api:
+    """A small httpx client: base URL, bearer token, and errors turned into one line."""
+
+    def __init__(self, url: str, token: str | None) -> None:
+        import httpx
+
+        headers = {"Authorization": f"Bearer {token}"} if token else {}
+        self.base = url.rstrip("/") + "/api/v1"
+        self.client = httpx.Client(headers=headers, timeout=httpx.Timeout(30.0, read=60.0))
+
+    def call(self, method: str, path: str, **kwargs: Any) -> Any:
+        import httpx
+
+        try:
+            response = self.client.request(method, self.base + path, **kwargs)
+        except httpx.HTTPError as exc:
+            fail(f"cannot reach {self.base}: {exc}")
+        if response.status_code >= 400:
+            try:
+                detail = response.json().get("detail", response.text)
+            except ValueError:
+                detail = response.text
+            fail(f"{method} {path}: HTTP {response.status_code}: {detail}", 2 if response.status_code in (400, 404, 409, 413, 422) else 1)
+        return response.json()
+
+    def events(self, job_id: int, last_id: int = 0):
+        """Yield SSE messages {id, event, data} of a job until its `end`, reconnecting on drops."""
+        import httpx
+
+        from app.services.sse import parse_stream
+
+        attempts = 0
+        while True:
+            try:
+                headers = {"Last-Event-ID": str(last_id)} if last_id else {}
+                with self.client.stream("GET", f"{self.base}/jobs/{job_id}/events", headers=headers, timeout=httpx.Timeout(30.0, read=None)) as response:
+                    if response.status_code >= 400:
+                        fail(f"events of job {job_id}: HTTP {response.status_code}: {response.read().decode(errors='replace')}")
+                    for message in parse_stream(response.iter_lines()):
+                        attempts = 0
+                        if "id" in message and message["id"].isdigit():
+                            last_id = int(message["id"])
+                        yield message
+                        if message.get("event") == "end":
+                            return
+            except httpx.HTTPError as exc:
+                attempts += 1
+                if attempts > 5:
+                    fail(f"lost the event stream of job {job_id}: {exc}")
+                import time
+
+                time.sleep(min(2.0 * attempts, 10.0))
+
+
+def load_spec(path: Path) -> dict[str, Any]:
+    import yaml
+
+    try:
+        text = path.read_text()
+    except OSError as exc:
+        fail(f"{path}: {exc.strerror}", 2)
+    try:
+        spec = yaml.safe_load(text)
+    except yaml.YAMLError as exc:
+        fail(f"{path}: not valid YAML: {str(exc).splitlines()[0]}", 2)
+    if not isinstance(spec, dict):
+        fail(f"{path}: the top level must be a mapping of job fields", 2)
+    from pydantic import ValidationError
+
+    from app.schemas import JobCreate
+
+    try:
+        JobCreate.model_validate(spec)  # the server checks again; this catches typos offline
+    except ValidationError as exc:
+        first = exc.errors()[0]
+        where = ".".join(str(p) for p in first["loc"]) or "spec"
+        fail(f"{path}: {where}: {first['msg']}", 2)
+    return spec
+
+
+def describe_event(message: dict[str, Any]) -> str | None:
+    try:
+        data = json.loads(message.get("data", "{}"))
+    except ValueError:
+        return None
+    kind = message.get("event")
+    if kind in ("status", "progress"):
+        text = data.get("status") or data.get("phase") or ""
+        return f"[{kind}] {text}: {data.get('message', '')}".rstrip(": ")
+    if kind == "metrics" and data.get("points"):
+        last = data["points"][-1]
+        values = ", ".join(f"{k}={v:.4g}" for k, v in last.get("values", {}).items() if "." not in k)
+        return f"[metrics] step {last.get('step')}: {values}"
+    if kind == "summary":
+        return f"[summary] {json.dumps(data)}"
+    return None
+
+
+def wait_for(api: Api, job_id: int, quiet: bool = False, after: int = 0) -> dict[str, Any]:
+    for message in api.events(job_id, after):
+        line = describe_event(message)
+        if line and not quiet:
+            typer.echo(line)
+    return api.call("GET", f"/jobs/{job_id}")
+
+
+def finish_with(job: dict[str, Any]) -> None:
+    status = job["status"]
+    if status == "succeeded":
+        summary = job.get("summary") or {}
+        typer.echo(f"job {job['id']} succeeded" + (f": {json.dumps(summary)}" if summary else ""))
+        return
+    fail(f"job {job['id']} {status}" + (f": {job['error']}" if job.get("error") else ""), 1)
+
+
+def print_table(rows: list[dict[str, Any]], count: int) -> None:
+    from rich.console import Console
+    from rich.table import Table
+
+    table = Table("id", "name", "status", "queue", "priority", "attempt", "created", "error")
+    for j in rows:
+        table.add_row(str(j["id"]), j["name"], j["status"], str(j.get("queue_position") or ""), str(j["priority"]),
+                      str(j["attempt"]), (j.get("created_at") or "")[:19], (j.get("error") or "")[:60])
+    Console().print(table)
+    typer.echo(f"{len(rows)} of {count} job(s)")
 
 
 def register(cli: typer.Typer) -> None:
     """Add this module's commands to the `pipeboard` app."""
+    token_app = typer.Typer(help="API tokens.", no_args_is_help=True)
+    jobs_app = typer.Typer(help="List, inspect, cancel and retry jobs on a server.", no_args_is_help=True)
+    cli.add_typer(token_app, name="token")
+    cli.add_typer(jobs_app, name="jobs")
+
+    @token_app.command("create")
+    def token_create(
+        name: str = typer.Option(..., "--name", help="What the token is for, e.g. ci."),
+        scope: str = typer.Option("read", "--scope", help="read or write."),
+    ) -> None:
+        """Create a token in the configured database and print it (shown once)."""
+        if scope not in ("read", "write"):
+            fail(f"--scope must be read or write, got {scope!r}", 2)
+        from sqlalchemy.exc import SQLAlchemyError
+
+        from app.core.db import get_sessionmaker
+        from app.core.security import create_token
+
+        try:
+            with get_sessionmaker()() as session:
+                row, secret = create_token(session, name, scope)
+                session.commit()
+        except SQLAlchemyError as exc:
+            fail(f"cannot write the token to the database (run `pipeboard migrate`?): {str(exc).splitlines()[0]}")
+        typer.echo(secret)
+        typer.echo(f"token {row.id} {name!r} scope={scope}; store it now, it is not shown again", err=True)
+
+    @cli.command("submit")
+    def submit(
+        spec_file: Path = typer.Argument(..., help="Job spec (YAML), see examples/job.yaml."),
+        wait: bool = typer.Option(False, "--wait", help="Follow live progress; exit 0 only if the job succeeds."),
+        url: str = URL_OPTION,
+        token: Optional[str] = TOKEN_OPTION,
+        quiet: bool = typer.Option(False, "--quiet", "-q", help="With --wait: only the final line."),
+    ) -> None:
+        """Submit a job; with --wait follow it to the end (for CI)."""
+        spec = load_spec(spec_file)
+        api = Api(url, token)
+        job = api.call("POST", "/jobs", json=spec)
+        typer.echo(f"job {job['id']} queued (position {job.get('queue_position')})")
+        if wait:
+            finish_with(wait_for(api, job["id"], quiet))
+
+    @jobs_app.command("list")
+    def jobs_list(
+        status: Optional[str] = typer.Option(None, "--status", help="queued, running, succeeded, failed or cancelled."),
+        limit: int = typer.Option(20, "--limit", min=1, max=1000),
+        offset: int = typer.Option(0, "--offset", min=0),
+        as_json: bool = typer.Option(False, "--json"),
+        url: str = URL_OPTION,
+        token: Optional[str] = TOKEN_OPTION,
+    ) -> None:
+        """List jobs, newest first."""
+        params: dict[str, Any] = {"limit": limit, "offset": offset}
+        if status:
+            params["status"] = status
+        page = Api(url, token).call("GET", "/jobs", params=params)
+        if as_json:
+            typer.echo(json.dumps(page, indent=1))
+        else:
+            print_table(page["data"], page["count"])
+
+    @jobs_app.command("show")
+    def jobs_show(job_id: int, url: str = URL_OPTION, token: Optional[str] = TOKEN_OPTION) -> None:
+        """Print one job as JSON."""
+        typer.echo(json.dumps(Api(url, token).call("GET", f"/jobs/{job_id}"), indent=1))
+
+    @jobs_app.command("cancel")
+    def jobs_cancel(job_id: int, url: str = URL_OPTION, token: Optional[str] = TOKEN_OPTION) -> None:
+        """Cancel a queued or running job (its processes end)."""
+        job = Api(url, token).call("POST", f"/jobs/{job_id}/cancel")
+        typer.echo(f"job {job['id']} {job['status']}")
+
+    @jobs_app.command("retry")
+    def jobs_retry(
+        job_id: int,
+        wait: bool = typer.Option(False, "--wait"),
+        url: str = URL_OPTION,
+        token: Optional[str] = TOKEN_OPTION,
+    ) -> None:
+        """Queue a failed or cancelled job again."""
+        api = Api(url, token)
+        job = api.call("POST", f"/jobs/{job_id}/retry")
+        typer.echo(f"job {job['id']} {job['status']} (attempt {job['attempt']})")
+        if wait:
+            # From the retry on: the previous attempt's `end` is already in the log.
+            finish_with(wait_for(api, job_id, after=max(0, job["last_event_seq"] - 1)))
+

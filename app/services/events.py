@@ -32,7 +32,8 @@ END_EVENT = "end"
 
 
 def channel(job_id: int) -> str:
-    return f"pipeboard:job:{job_id}"
+    # KEY_PREFIX keeps deployments sharing one Redis apart (as it does the broker's keys).
+    return f"{get_settings().key_prefix}pipeboard:job:{job_id}"
 
 
 def redis_url() -> str | None:

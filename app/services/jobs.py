@@ -16,6 +16,7 @@ import os
 import signal
 import socket
 from datetime import datetime, timedelta, timezone
+from functools import lru_cache
 from typing import Any
 
 from sqlalchemy import and_, delete, func, or_, select, update
@@ -67,9 +68,16 @@ def submit(session: Session, spec: JobCreate, *, kind: str = "train", enqueue: b
 
 def enqueue_run(job_id: int) -> None:
     """One Celery task per queued job; the task claims the best queued job when it starts."""
-    from app.tasks import run_job
+    producer(get_settings().broker_url).send_task("pipeboard.run_job", args=[job_id])
 
-    run_job.apply_async(args=[job_id], priority=None)
+
+@lru_cache(maxsize=4)
+def producer(broker_url: str):
+    """A Celery app for sending to ``broker_url``: the current settings' broker, even when they
+    changed after `app.worker` was imported (tests, `pipeboard up` with flags)."""
+    from app.worker import make_celery
+
+    return make_celery(get_settings())
 
 
 def get(session: Session, job_id: int) -> Job:

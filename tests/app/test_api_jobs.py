@@ -1,0 +1,87 @@
+"""Jobs over HTTP without a worker: submit, queue order, list/filter, cancel, retry, reaper, errors."""
+
+from __future__ import annotations
+
+from datetime import timedelta
+
+from sqlalchemy import select, update
+
+from app.models import Job, JobEvent, JobStatus
+from app.services import jobs
+
+JOB = {"model": "mlp-digits", "workers": 2, "schedule": "1f1b", "microbatches": 2, "batch_size": 16, "stop": {"steps": 3}}
+
+
+def submit(client, **overrides):
+    response = client.post("/api/v1/jobs", json={**JOB, **overrides})
+    assert response.status_code == 201, response.text
+    return response.json()
+
+
+def test_submit_then_get(client):
+    job = submit(client, name="first")
+    assert job["status"] == "queued" and job["queue_position"] == 1 and job["name"] == "first"
+    assert job["spec"]["stop"] == {"epochs": None, "steps": 3, "target": None, "time_s": None}
+    got = client.get(f"/api/v1/jobs/{job['id']}").json()
+    assert got["id"] == job["id"] and got["last_event_seq"] == 1
+
+
+def test_queue_position_follows_priority(client):
+    low = submit(client, priority=0)
+    high = submit(client, priority=5)
+    later_low = submit(client, priority=0)
+    pos = {j["id"]: j["queue_position"] for j in client.get("/api/v1/jobs").json()["data"]}
+    assert pos[high["id"]] == 1 and pos[low["id"]] == 2 and pos[later_low["id"]] == 3
+
+
+def test_list_paging_and_status_filter(client):
+    ids = [submit(client)["id"] for _ in range(3)]
+    client.post(f"/api/v1/jobs/{ids[0]}/cancel")
+    page = client.get("/api/v1/jobs", params={"limit": 2, "offset": 0}).json()
+    assert page["count"] == 3 and [j["id"] for j in page["data"]] == ids[:0:-1]
+    cancelled = client.get("/api/v1/jobs", params={"status": "cancelled"}).json()
+    assert cancelled["count"] == 1 and cancelled["data"][0]["id"] == ids[0]
+    assert client.get("/api/v1/jobs", params={"status": "bogus"}).status_code == 422
+
+
+def test_cancel_queued_then_retry(client, session):
+    job = submit(client)
+    cancelled = client.post(f"/api/v1/jobs/{job['id']}/cancel").json()
+    assert cancelled["status"] == "cancelled" and cancelled["queue_position"] is None
+    kinds = session.scalars(select(JobEvent.kind).where(JobEvent.job_id == job["id"]).order_by(JobEvent.seq)).all()
+    assert kinds == ["status", "status", "end"]
+    again = client.post(f"/api/v1/jobs/{job['id']}/cancel")
+    assert again.status_code == 409 and "already cancelled" in again.json()["detail"]
+    retried = client.post(f"/api/v1/jobs/{job['id']}/retry").json()
+    assert retried["status"] == "queued" and retried["attempt"] == 1
+    assert client.post(f"/api/v1/jobs/{job['id']}/retry").status_code == 409
+
+
+def test_errors_name_the_field(client):
+    unknown = client.post("/api/v1/jobs", json={**JOB, "model": "no-such-model"})
+    assert unknown.status_code == 422 and "model" in unknown.json()["detail"]
+    bad_schedule = client.post("/api/v1/jobs", json={**JOB, "schedule": "zigzag"})
+    assert bad_schedule.status_code == 422 and "schedule" in bad_schedule.json()["detail"]
+    two_rules = client.post("/api/v1/jobs", json={**JOB, "stop": {"steps": 3, "epochs": 1}})
+    assert two_rules.status_code == 422 and "stop" in two_rules.json()["detail"]
+    both = client.post("/api/v1/jobs", json={**JOB, "levels": [{"workers": 2, "bandwidth": 1e9}]})
+    assert both.status_code == 422 and "levels" in both.json()["detail"]
+    assert client.get("/api/v1/jobs/999999").status_code == 404
+    assert client.get("/api/v1/jobs/99999999999999").status_code == 422
+
+
+def test_reaper_fails_a_job_whose_heartbeat_is_stale(client, session):
+    job = submit(client)
+    stale = jobs.utcnow() - timedelta(hours=1)
+    session.execute(update(Job).where(Job.id == job["id"]).values(status=JobStatus.RUNNING, started_at=stale, heartbeat_at=stale, worker_hostname="gone-host", pgid=None))
+    session.commit()
+    got = client.get(f"/api/v1/jobs/{job['id']}").json()
+    assert got["status"] == "failed" and "heartbeat" in got["error"] and "retried" in got["error"]
+    assert client.post(f"/api/v1/jobs/{job['id']}/retry").json()["status"] == "queued"
+
+
+def test_empty_run_data(client):
+    job = submit(client)
+    timeline = client.get(f"/api/v1/jobs/{job['id']}/timeline").json()
+    assert timeline["events"] == [] and timeline["total"] == 0 and timeline["steps"] == []
+    assert client.get(f"/api/v1/jobs/{job['id']}/metrics").json() == {"points": [], "total": 0, "downsampled": False}
