@@ -1,0 +1,46 @@
+"""Fixtures for service tests that need committed data in a private database (not the rolled
+back `session`): the SSE stream, DbSink and the runner open their own sessions, as in production."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+
+import pytest
+
+from app.core.config import get_settings
+from app.core.db import make_engine, reset_engine
+from app.models import Base, Job
+from tests.conftest import postgres_schema, require_postgres
+
+
+@pytest.fixture(params=["sqlite", pytest.param("postgres", marks=pytest.mark.postgres)])
+def live_db(request, tmp_path, monkeypatch) -> Iterator[str]:
+    """A fresh database with all tables that the process's settings point at."""
+    drop = None
+    if request.param == "sqlite":
+        url = f"sqlite:///{tmp_path}/live.sqlite"
+    else:
+        url, drop = postgres_schema(require_postgres(), prefix="pbs")
+    engine = make_engine(url)
+    Base.metadata.create_all(engine)
+    engine.dispose()
+    monkeypatch.setenv("PIPEBOARD_DATABASE_URL", url)
+    get_settings.cache_clear()
+    reset_engine()
+    yield url
+    reset_engine()
+    monkeypatch.delenv("PIPEBOARD_DATABASE_URL")
+    get_settings.cache_clear()
+    if drop:
+        drop()
+
+
+def new_job(status: str = "queued", **values) -> int:
+    from app.core.db import get_sessionmaker
+    from app.models import JobStatus
+
+    with get_sessionmaker()() as s:
+        job = Job(name="t", spec={"model": "mlp-digits"}, status=JobStatus(status), **values)
+        s.add(job)
+        s.commit()
+        return job.id
