@@ -1,0 +1,111 @@
+"""`pipeboard up` / `migrate` / `worker` as a user runs them: real processes, real exit codes."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+import urllib.request
+from pathlib import Path
+
+import pytest
+from sqlalchemy import inspect
+
+from app.core.db import make_engine
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def pipeboard(*args: str, env: dict[str, str], timeout: float = 60) -> subprocess.CompletedProcess:
+    return subprocess.run(
+        [sys.executable, "-c", "from app.cli import main; main()", *args],
+        cwd=ROOT, env={**os.environ, **env}, capture_output=True, text=True, timeout=timeout,
+    )
+
+
+def assert_one_line_error(result: subprocess.CompletedProcess, naming: str) -> None:
+    assert result.returncode == 2, result.stderr
+    lines = result.stderr.strip().splitlines()
+    assert len(lines) == 1, result.stderr
+    assert naming in lines[0]
+    assert "Traceback" not in result.stderr + result.stdout
+
+
+@pytest.mark.parametrize(
+    ("variable", "value"),
+    [
+        ("PIPEBOARD_BROKER_URL", "kafka://127.0.0.1:9092"),
+        ("PIPEBOARD_BROKER_URL", "redis://127.0.0.1:9/0"),
+        ("PIPEBOARD_DATABASE_URL", "postgresql+psycopg://postgres@127.0.0.1:9/none"),
+        ("PIPEBOARD_DATABASE_URL", "oracle://db/x"),
+        ("PIPEBOARD_HEARTBEAT_SECONDS", "-1"),
+    ],
+)
+def test_bad_configuration_stops_start_up_with_one_line(variable: str, value: str, tmp_path: Path) -> None:
+    result = pipeboard("up", "--port", "1", env={"PIPEBOARD_DATA_DIR": str(tmp_path), variable: value})
+    assert_one_line_error(result, variable)
+
+
+def test_worker_refuses_a_daemonic_pool(tmp_path: Path) -> None:
+    assert_one_line_error(pipeboard("worker", "--pool", "prefork", env={"PIPEBOARD_DATA_DIR": str(tmp_path)}), "--pool")
+
+
+def test_migrate_builds_the_schema(tmp_path: Path) -> None:
+    result = pipeboard("migrate", env={"PIPEBOARD_DATA_DIR": str(tmp_path)})
+    assert result.returncode == 0, result.stderr
+    engine = make_engine(f"sqlite:///{tmp_path}/pipeboard.sqlite")
+    assert {"jobs", "timeline_events", "alembic_version"} <= set(inspect(engine).get_table_names())
+    engine.dispose()
+
+
+def free_port() -> int:
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        return probe.getsockname()[1]
+
+
+def get_json(url: str) -> dict:
+    with urllib.request.urlopen(url, timeout=5) as response:
+        return json.loads(response.read())
+
+
+@pytest.mark.slow
+def test_up_serves_health_with_one_worker_and_stops_on_sigterm(tmp_path: Path) -> None:
+    port = free_port()
+    env = {**os.environ, "PIPEBOARD_DATA_DIR": str(tmp_path), "PIPEBOARD_HEARTBEAT_SECONDS": "0.5"}
+    log_path = tmp_path / "up.log"
+    with open(log_path, "w") as log:
+        up = subprocess.Popen(
+            [sys.executable, "-c", "from app.cli import main; main()", "up", "--port", str(port)],
+            cwd=ROOT, env=env, stdout=log, stderr=subprocess.STDOUT, text=True,
+        )
+    try:
+        url = f"http://127.0.0.1:{port}"
+        deadline = time.monotonic() + 60
+        health: dict = {}
+        while time.monotonic() < deadline and up.poll() is None:
+            if f"pipeboard is up at {url}" in log_path.read_text():
+                health = get_json(f"{url}/api/v1/health")
+                if health["workers"] == 1:
+                    break
+            time.sleep(0.3)
+        assert health == {"database": "ok", "broker": "ok", "workers": 1, "version": health.get("version")}, log_path.read_text()
+        up.send_signal(signal.SIGTERM)
+        assert up.wait(timeout=40) == 0, log_path.read_text()
+    finally:
+        if up.poll() is None:  # a failed assertion: still stop the service (and so its children)
+            up.send_signal(signal.SIGTERM)
+            try:
+                up.wait(timeout=40)
+            except subprocess.TimeoutExpired:
+                up.kill()
+                up.wait()
+    output = log_path.read_text()
+    assert "pipeboard stopped" in output
+    assert "Traceback" not in output
+    with pytest.raises(OSError):
+        get_json(f"{url}/api/v1/health")
