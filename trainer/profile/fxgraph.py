@@ -1,0 +1,264 @@
+"""Flatten an ``nn.Module`` with torch.fx into a topologically ordered DAG of layers.
+
+A *layer* is an fx node whose value is a tensor (or a tuple/list of tensors, e.g. ``chunk``):
+what can be timed and sent between pipeline stages. Model inputs are layers too (kind
+``input``, like PipeDream's ``Input`` node). Every other node (``x.shape``, ``size``, integer
+arithmetic, ...) is a *helper*: it is cheap, never crosses a stage boundary, and is recomputed
+inside each layer that needs it. A layer's dependencies are therefore the layers it reads
+directly or through helpers; those are the profile's edges.
+
+Layer names are fx node names, so a plan made from a profile names the nodes that
+:func:`trainer.partition.split_model` cuts.
+"""
+
+from __future__ import annotations
+
+import operator
+import os
+import traceback
+from dataclasses import dataclass, field
+from typing import Any, Sequence
+
+import torch
+from torch import fx, nn
+
+
+class UntraceableModelError(ValueError):
+    """torch.fx could not flatten the model; the message names the failing op and source line."""
+
+
+@dataclass
+class LayerNode:
+    name: str
+    node: fx.Node
+    kind: str  # "input" or "layer"
+    deps: list[str] = field(default_factory=list)
+    helpers: list[fx.Node] = field(default_factory=list)  # in graph order
+    n_outputs: int | None = None  # None: one tensor; k: a tuple of k tensors
+    desc: str = ""
+
+
+@dataclass
+class LayerGraph:
+    gm: fx.GraphModule
+    layers: list[LayerNode]
+    outputs: list[str]  # layer names the model returns, flattened, in order
+    output_is_tuple: bool
+    values: dict[str, Any]  # example value of every layer (detached)
+    requires_grad: dict[str, bool]
+    order: dict[str, int]  # fx node name -> position in the traced graph
+
+    def names(self) -> list[str]:
+        return [layer.name for layer in self.layers]
+
+    def by_name(self) -> dict[str, LayerNode]:
+        return {layer.name: layer for layer in self.layers}
+
+    def input_names(self) -> list[str]:
+        return [layer.name for layer in self.layers if layer.kind == "input"]
+
+    def edges(self) -> list[tuple[str, str]]:
+        return [(dep, layer.name) for layer in self.layers for dep in layer.deps]
+
+
+def as_tuple(example_input: Any) -> tuple:
+    return tuple(example_input) if isinstance(example_input, (tuple, list)) else (example_input,)
+
+
+def _user_frame(exc: BaseException) -> str:
+    """The innermost traceback frame outside torch: the user's line that made tracing fail."""
+    torch_dir = os.path.dirname(torch.__file__)
+    frames = [f for f in traceback.extract_tb(exc.__traceback__) if not f.filename.startswith(torch_dir)]
+    if not frames:
+        return ""
+    f = frames[-1]
+    return f" at {os.path.basename(f.filename)}:{f.lineno} in {f.name}(): `{(f.line or '').strip()}`"
+
+
+def symbolic_trace(model: nn.Module) -> fx.GraphModule:
+    try:
+        return fx.symbolic_trace(model)
+    except Exception as exc:  # fx raises TraceError, TypeError, RuntimeError, ... depending on the op
+        first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+        raise UntraceableModelError(
+            f"cannot trace {type(model).__name__} with torch.fx{_user_frame(exc)}: {first}"
+        ) from None
+
+
+def _op_label(node: fx.Node, gm: fx.GraphModule) -> str:
+    if node.op == "call_module":
+        return f"module {node.target} ({type(gm.get_submodule(str(node.target))).__name__})"
+    if node.op == "call_function":
+        return f"function {getattr(node.target, '__name__', str(node.target))}"
+    if node.op == "call_method":
+        return f"method .{node.target}()"
+    return f"{node.op} {node.target}"
+
+
+class _Recorder(fx.Interpreter):
+    """Runs the traced graph once, keeping every node's value; a failure names the node."""
+
+    def __init__(self, gm: fx.GraphModule):
+        super().__init__(gm)
+        self.values: dict[str, Any] = {}
+
+    def run_node(self, n: fx.Node) -> Any:
+        try:
+            value = super().run_node(n)
+        except Exception as exc:
+            first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+            raise UntraceableModelError(
+                f"running the traced model failed at node {n.name!r} ({_op_label(n, self.module)}): {first}"
+            ) from None
+        self.values[n.name] = value
+        return value
+
+
+def _tensor_arity(value: Any) -> int | None | bool:
+    """None for a tensor, k for a non-empty tuple/list of k tensors, False otherwise."""
+    if isinstance(value, torch.Tensor):
+        return None
+    if isinstance(value, (tuple, list)) and value and all(isinstance(v, torch.Tensor) for v in value):
+        return len(value)
+    return False
+
+
+def _describe(node: fx.Node, gm: fx.GraphModule) -> str:
+    if node.op == "placeholder":
+        return "Input"
+    if node.op == "call_module":
+        return " ".join(repr(gm.get_submodule(str(node.target))).split())[:200]
+    if node.op == "call_function":
+        name = getattr(node.target, "__name__", str(node.target))
+        return {"add": "Add", "mul": "Mul", "getitem": "GetItem"}.get(name, name)
+    if node.op == "call_method":
+        return f"Tensor.{node.target}"
+    return f"get_attr {node.target}"
+
+
+def _detach(value: Any) -> Any:
+    if isinstance(value, torch.Tensor):
+        return value.detach()
+    if isinstance(value, (tuple, list)):
+        return type(value)(_detach(v) for v in value)
+    return value
+
+
+def trace_layers(model: nn.Module, example_input: Any) -> LayerGraph:
+    """Trace ``model``, run it once on ``example_input`` and group its nodes into layers."""
+    gm = symbolic_trace(model)
+    inputs = as_tuple(example_input)
+    placeholders = [n for n in gm.graph.nodes if n.op == "placeholder"]
+    if len(placeholders) != len(inputs):
+        raise UntraceableModelError(
+            f"the model's forward takes {len(placeholders)} input(s) but the example input has {len(inputs)}"
+        )
+    for n, value in zip(placeholders, inputs):
+        if not isinstance(value, torch.Tensor):
+            raise UntraceableModelError(f"example input for {n.name!r} must be a tensor, got {type(value).__name__}")
+    recorder = _Recorder(gm)
+    with torch.enable_grad():  # requires_grad of each value says which activations get gradients
+        recorder.run(*inputs)
+    values = recorder.values
+
+    order = {n.name: i for i, n in enumerate(gm.graph.nodes)}
+    layers: list[LayerNode] = []
+    is_layer: dict[str, bool] = {}
+    # Per node: the layers it reads through helpers, and the helpers it needs (for helpers only).
+    helper_deps: dict[str, tuple[list[str], list[fx.Node]]] = {}
+    output_node = None
+    for node in gm.graph.nodes:
+        if node.op == "output":
+            output_node = node
+            continue
+        arity = _tensor_arity(values[node.name])
+        deps: list[str] = []
+        helpers: list[fx.Node] = []
+        for src in node.all_input_nodes:
+            if is_layer[src.name]:
+                deps.append(src.name)
+            else:
+                sub_deps, sub_helpers = helper_deps[src.name]
+                deps.extend(sub_deps)
+                helpers.extend(sub_helpers)
+                helpers.append(src)
+        deps = list(dict.fromkeys(deps))
+        helpers = list(dict.fromkeys(helpers))
+        if node.op == "placeholder" or arity is not False:
+            is_layer[node.name] = True
+            helpers.sort(key=lambda h: order[h.name])
+            layers.append(LayerNode(
+                name=node.name, node=node, kind="input" if node.op == "placeholder" else "layer",
+                deps=deps, helpers=helpers, n_outputs=arity if arity is not False else None,
+                desc=_describe(node, gm),
+            ))
+        else:
+            is_layer[node.name] = False
+            helper_deps[node.name] = (deps, helpers)
+
+    assert output_node is not None
+    out_arg = output_node.args[0]
+    output_is_tuple = isinstance(out_arg, (tuple, list))
+    outputs = []
+    for item in (out_arg if output_is_tuple else (out_arg,)):
+        if not isinstance(item, fx.Node) or not is_layer.get(item.name) or _tensor_arity(values[item.name]) is not None:
+            raise UntraceableModelError("the model must return a tensor or a flat tuple of tensors")
+        outputs.append(item.name)
+    kept = {layer.name: _detach(values[layer.name]) for layer in layers}
+    grads = {
+        layer.name: any(
+            isinstance(v, torch.Tensor) and v.requires_grad
+            for v in (values[layer.name] if layer.n_outputs else (values[layer.name],))
+        )
+        for layer in layers
+    }
+    return LayerGraph(gm=gm, layers=layers, outputs=outputs, output_is_tuple=output_is_tuple,
+                      values=kept, requires_grad=grads, order=order)
+
+
+def flat_slots(lg: LayerGraph, names: Sequence[str]) -> list[tuple[str, int | None]]:
+    """The flat tensor positions of ``names``: (name, None) for a tensor, (name, i) per item of a
+    tuple-valued layer."""
+    by_name = lg.by_name()
+    slots: list[tuple[str, int | None]] = []
+    for name in names:
+        k = by_name[name].n_outputs
+        slots.extend([(name, None)] if k is None else [(name, i) for i in range(k)])
+    return slots
+
+
+def build_submodule(lg: LayerGraph, members: Sequence[str], inputs: Sequence[str], outputs: Sequence[str]) -> fx.GraphModule:
+    """A GraphModule computing layers ``members`` (graph order) from the layers ``inputs``.
+
+    Its forward takes the flat tensors of ``inputs`` and returns a tuple of the flat tensors of
+    ``outputs`` (an output may also be an input: it is passed through). Submodules and parameters
+    are shared with the traced model, not copied.
+    """
+    by_name = lg.by_name()
+    graph = fx.Graph()
+    env: dict[str, Any] = {}
+    for name in inputs:
+        k = by_name[name].n_outputs
+        if k is None:
+            env[name] = graph.placeholder(name)
+        else:  # a tuple-valued layer arrives as k tensors and is regrouped for its readers
+            env[name] = tuple(graph.placeholder(f"{name}_{i}") for i in range(k))
+    member_set = set(members)
+    for name in sorted(member_set, key=lambda m: lg.order[m]):
+        layer = by_name[name]
+        for helper in layer.helpers:
+            if helper.name not in env:
+                env[helper.name] = graph.node_copy(helper, lambda n: env[n.name])
+        env[name] = graph.node_copy(layer.node, lambda n: env[n.name])
+    flat_out = []
+    for name, i in flat_slots(lg, outputs):
+        value = env[name]
+        if i is None:
+            flat_out.append(value)
+        elif isinstance(value, tuple):
+            flat_out.append(value[i])
+        else:
+            flat_out.append(graph.call_function(operator.getitem, (value, i)))
+    graph.output(tuple(flat_out))
+    graph.lint()
+    return fx.GraphModule(lg.gm, graph)
