@@ -1,0 +1,34 @@
+# pipeboard: `make up` serves it, `make test` tests it. Both create .venv on first use.
+
+PYTHON ?= python3.11
+VENV := .venv
+BIN := $(VENV)/bin
+INSTALLED := $(VENV)/.installed
+HOST ?= 127.0.0.1
+PORT ?= 8000
+WORKERS ?= 1
+
+.PHONY: up test bench install migrate clean-data
+
+# Reinstall when the dependencies change; -c pins the versions the suite passed with.
+$(INSTALLED): pyproject.toml constraints.txt
+	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
+	$(BIN)/python -m pip install --quiet -c constraints.txt -e '.[test]'
+	touch $(INSTALLED)
+
+install: $(INSTALLED)
+
+up: $(INSTALLED)
+	$(BIN)/pipeboard up --host $(HOST) --port $(PORT) --workers $(WORKERS)
+
+test: $(INSTALLED)
+	$(BIN)/pytest $(PYTEST_ARGS)
+
+migrate: $(INSTALLED)
+	$(BIN)/pipeboard migrate
+
+bench: $(INSTALLED)
+	@for script in bench/*.py; do echo "== $$script"; $(BIN)/python $$script || exit 1; done
+
+clean-data:
+	rm -rf data
