@@ -8,7 +8,7 @@ from trainer.schedule.flush import gpipe_ops, one_f_one_b_ops
 from trainer.schedule.interleaved import interleaved_programs
 from trainer.schedule.pipedream import pipedream_programs
 from trainer.schedule.placement import StaticPolicy, place
-from trainer.schedule.zerobubble import zero_bubble_policies
+from trainer.schedule.zerobubble import zero_bubble_ops
 
 SCHEDULES = ("gpipe", "1f1b", "interleaved-1f1b", "zb-h1", "pipedream", "dp")
 SYNC = {"gpipe": True, "1f1b": True, "interleaved-1f1b": True, "zb-h1": True, "pipedream": False, "dp": True}
@@ -60,18 +60,16 @@ def build(
     else:
         topo = topo_mod.replicated(num_stages, replicas)
 
-    if name == "zb-h1":
-        policies = zero_bubble_policies(topo, microbatches)
+    if name == "pipedream":
+        programs = pipedream_programs(topo, microbatches, vertical_sync, split)
+    elif name == "interleaved-1f1b" and chunks > 1:
+        programs = interleaved_programs(topo, num_stages, chunks, microbatches, split)
+    elif name == "zb-h1":
+        programs = [zero_bubble_ops(topo, w.rank, w.stages[0], microbatches) for w in topo.workers]
     else:
-        if name == "pipedream":
-            programs = pipedream_programs(topo, microbatches, vertical_sync, split)
-        elif name == "interleaved-1f1b" and chunks > 1:
-            programs = interleaved_programs(topo, num_stages, chunks, microbatches, split)
-        else:
-            make = gpipe_ops if name == "gpipe" else one_f_one_b_ops
-            programs = [make(topo, w.rank, w.stages[0], microbatches, split) for w in topo.workers]
-        policies = [StaticPolicy(p) for p in programs]
-    actions = place(topo, policies)
+        make = gpipe_ops if name == "gpipe" else one_f_one_b_ops
+        programs = [make(topo, w.rank, w.stages[0], microbatches, split) for w in topo.workers]
+    actions = place(topo, [StaticPolicy(p) for p in programs])
     meta = {
         "sync": SYNC[name],
         "physical_stages": 1 if name == "dp" else num_stages,

@@ -2,60 +2,34 @@
 
 The backward is split into BI (gradient w.r.t. the stage input, which the previous stage waits
 for) and W (gradient w.r.t. the weights, which nobody waits for). Forwards and BIs keep 1F1B's
-order; a worker runs a pending W whenever its next F or BI still waits for data, which fills the
-bubbles 1F1B leaves in its drain. To keep 1F1B's activation memory, a worker that already holds
-NOAM_s = p - s microbatches (forward done, W not) runs a W before its next forward.
+order, and each W is put off so that it fills the waits 1F1B has in its drain. In the steady
+state stage s of p runs the triple (F x, BI x-(p-1-s), W x-(p-1)): every stage finishes the W
+of a microbatch p - 1 rounds after its forward. So every stage keeps at most p microbatches
+between F and W, the same peak as 1F1B's stage 0, and with F = BI = W the bubble is one third
+of 1F1B's: (p-1)(F+BI-W) instead of (p-1)(F+BI+W).
 
-The order is decided once, on the nominal clock of ``placement`` (F = BI = W = 1), and then fixed:
-the runtime and the simulator run the resulting action lists unchanged.
+With replicated stages the same lags are counted in each replica's own microbatches: the BI
+lag is NOAM_s - 1 and the W lag the largest NOAM over the stages, minus one.
 """
 
 from __future__ import annotations
 
-from collections import deque
-
 from trainer.schedule.actions import Action, Kind
-from trainer.schedule.flush import one_f_one_b_order, update_ops
-from trainer.schedule.placement import Ready
+from trainer.schedule.flush import update_ops
 from trainer.schedule.topology import Topology
 
 
-class ZeroBubblePolicy:
-    def __init__(self, main: list[Action], tail: list[Action], cap: int) -> None:
-        self.main = deque(main)  # F and BI in 1F1B order
-        self.tail = deque(tail)  # all-reduce and step, after every W
-        self.pending_w: deque[Action] = deque()
-        self.in_flight = 0  # forwards whose W has not run
-        self.cap = cap
-
-    def choose(self, ready: Ready) -> Action | None:
-        nxt = self.main[0] if self.main else None
-        memory_full = nxt is not None and nxt.kind is Kind.FORWARD and self.in_flight >= self.cap
-        if nxt is not None and ready(nxt) and not (memory_full and self.pending_w):
-            self.main.popleft()
-            if nxt.kind is Kind.FORWARD:
-                self.in_flight += 1
-            else:
-                self.pending_w.append(Action(Kind.BACKWARD_WEIGHT, nxt.stage, nxt.microbatch, nxt.version))
-            return nxt
-        if self.pending_w:
-            self.in_flight -= 1
-            return self.pending_w.popleft()
-        if nxt is None and self.tail:
-            return self.tail.popleft()
-        return None
-
-    def finished(self) -> bool:
-        return not (self.main or self.tail or self.pending_w)
-
-
-def zero_bubble_policies(topo: Topology, m: int) -> list[ZeroBubblePolicy]:
-    policies: list[ZeroBubblePolicy | None] = [None] * topo.num_workers
-    for s in range(topo.num_stages):
-        for rank in topo.group(s):
-            main = [
-                Action(Kind.FORWARD if kind is Kind.FORWARD else Kind.BACKWARD_INPUT, s, i, 0)
-                for kind, i in one_f_one_b_order(topo.microbatches_of(rank, s, m), topo.noam(s))
-            ]
-            policies[rank] = ZeroBubblePolicy(main, update_ops(topo, s, 1), topo.noam(s))
-    return policies  # type: ignore[return-value]
+def zero_bubble_ops(topo: Topology, rank: int, stage: int, m: int) -> list[Action]:
+    mbs = topo.microbatches_of(rank, stage, m)
+    b_lag = topo.noam(stage) - 1
+    w_lag = max(max(topo.noam(s) for s in range(topo.num_stages)) - 1, b_lag)
+    n = len(mbs)
+    ops: list[Action] = []
+    for x in range(n + w_lag):
+        if x < n:
+            ops.append(Action(Kind.FORWARD, stage, mbs[x], 0))
+        if 0 <= x - b_lag < n:
+            ops.append(Action(Kind.BACKWARD_INPUT, stage, mbs[x - b_lag], 0))
+        if 0 <= x - w_lag < n:
+            ops.append(Action(Kind.BACKWARD_WEIGHT, stage, mbs[x - w_lag], 0))
+    return ops + update_ops(topo, stage, 1)
