@@ -1,9 +1,184 @@
-"""`pipeboard` commands of this area (filled in by its issue)."""
+"""`pipeboard plan`: split a profile across a cluster with PipeDream's DP or a baseline.
+
+    pipeboard plan PROFILE --workers N [N ...] --bandwidth B [B ...] [--memory BYTES]
+        [--memory-constraint] [--straight] [--fewer-workers] [--activation-compression R]
+        [--method pipedream|uniform|time|params|dp] [--json] [-o plan.json] [--compare]
+
+Nothing here imports torch (planning needs none), so the command starts fast. Bad input ends
+with one line on stderr and exit code 2.
+"""
 
 from __future__ import annotations
 
+import json
+import math
+import sys
+from pathlib import Path
+
 import typer
+from typer.core import TyperCommand
+
+# Options that take several values, as in `--workers 4 4`.
+_MULTI = {"--workers", "-n", "--bandwidth", "-b"}
+
+
+def _is_number(token: str) -> bool:
+    try:
+        float(token)
+    except ValueError:
+        return False
+    return True
+
+
+def spread_multi_values(args: list[str]) -> list[str]:
+    """Rewrite `--workers 4 4` as `--workers 4 --workers 4` (click takes one value per use).
+
+    Only numbers are taken as extra values, so a PROFILE path after the list stays positional.
+    """
+    out: list[str] = []
+    i = 0
+    while i < len(args):
+        token = args[i]
+        out.append(token)
+        i += 1
+        if token in _MULTI and i < len(args):
+            out.append(args[i])  # the first value, whatever it is (click reports a missing one)
+            i += 1
+            while i < len(args) and _is_number(args[i]):
+                out.extend([token, args[i]])
+                i += 1
+    return out
+
+
+class MultiValueCommand(TyperCommand):
+    def parse_args(self, ctx, args):
+        return super().parse_args(ctx, spread_multi_values(list(args)))
+
+
+def _fail(message: str) -> None:
+    typer.echo(f"error: {message}", err=True)
+    raise typer.Exit(code=2)
+
+
+def _parse_numbers(values: list[str], name: str, kind) -> list:
+    out = []
+    for raw in values:
+        try:
+            value = float(raw)
+        except ValueError:
+            _fail(f"{name}: {raw!r} is not a number")
+        if kind is int:
+            if not math.isfinite(value) or not value.is_integer():
+                _fail(f"{name}: {raw!r} is not a whole number of workers")
+            value = int(value)
+        out.append(value)
+    return out
+
+
+def _fmt_s(seconds: float) -> str:
+    return f"{seconds * 1000:.3f} ms"
+
+
+def _print_plan(plan, console) -> None:
+    from rich.table import Table
+
+    exactness = "exact antichain states" if plan.exact else "linearised topological order (states exceeded the limit)"
+    console.print(
+        f"[bold]{plan.model or 'model'}[/bold] · method {plan.method} · {plan.states} states, {exactness}\n"
+        f"cluster {' x '.join(str(w) for w, _ in plan.cluster)} = {plan.total_workers} workers "
+        f"({plan.workers_used} used), NOAM {plan.noam}\n"
+        f"time per minibatch: pipeline {_fmt_s(plan.predicted_time_s)}, single worker "
+        f"{_fmt_s(plan.single_worker_time_s)}, data parallel {_fmt_s(plan.data_parallel_time_s)}\n"
+        f"speedup: {plan.speedup_vs_single:.3f}x vs one worker, {plan.speedup_vs_data_parallel:.3f}x vs data parallel"
+    )
+    table = Table(title="stages (times in ms per minibatch)")
+    for col in ("#", "layers", "states", "x", "workers", "compute", "allreduce", "send", "time", "mem GB"):
+        table.add_column(col, justify="left" if col in ("layers", "workers") else "right")
+    for st in plan.stages:
+        layers = f"{len(st.layers)}: {st.layers[0]}.." if st.layers else "-"
+        workers = ",".join(map(str, st.workers)) if len(st.workers) <= 4 else f"{st.workers[0]}..{st.workers[-1]}"
+        table.add_row(str(st.index), layers, f"{st.start_state}-{st.end_state}", str(st.replicas), workers,
+                      f"{st.compute_s * 1e3:.2f}", f"{st.allreduce_s * 1e3:.2f}", f"{st.send_s * 1e3:.2f}",
+                      f"{st.time_s * 1e3:.2f}", f"{st.memory_bytes / 1e9:.2f}")
+    console.print(table)
+    for level in sorted(plan.levels, key=lambda lv: -lv.level):
+        ranges = " ".join(f"[{s.start},{s.end})x{s.replicas}" for s in level.stages)
+        console.print(f"level {level.level} ({level.workers} @ {level.bandwidth / 1e9:g} GB/s): {ranges}")
+
+
+def _print_comparison(plans, console) -> None:
+    from rich.table import Table
+
+    table = Table(title="predicted throughput per method")
+    for col in ("method", "stages", "workers", "ms/minibatch", "minibatch/s", "vs 1 worker", "vs DP"):
+        table.add_column(col, justify="left" if col == "method" else "right")
+    for p in plans:
+        table.add_row(p.method, str(len(p.stages)), str(p.workers_used), f"{p.predicted_time_s * 1e3:.3f}",
+                      f"{p.throughput_per_s:.2f}", f"{p.speedup_vs_single:.3f}x", f"{p.speedup_vs_data_parallel:.3f}x")
+    console.print(table)
+
+
+def plan_command(
+    profile: Path = typer.Argument(..., help="Profile JSON or PipeDream graph.txt."),
+    workers: list[str] = typer.Option(..., "--workers", "-n", help="Workers per level, innermost first: --workers 4 4."),
+    bandwidth: list[str] = typer.Option(..., "--bandwidth", "-b", help="Bytes/s per level, innermost first."),
+    memory: float = typer.Option(None, "--memory", help="Memory per worker in bytes (default 16e9 with --memory-constraint)."),
+    memory_constraint: bool = typer.Option(False, "--memory-constraint", help="Reject stages whose stash exceeds --memory."),
+    straight: bool = typer.Option(False, "--straight", help="No replication: one worker per stage."),
+    fewer_workers: bool = typer.Option(False, "--fewer-workers", help="Allow leaving workers idle if that is faster."),
+    activation_compression: float = typer.Option(1.0, "--activation-compression", help="Divide activation transfer times by R."),
+    method: str = typer.Option("pipedream", "--method", help="pipedream | uniform | time | params | dp."),
+    as_json: bool = typer.Option(False, "--json", help="Print the plan as one JSON object."),
+    output: Path = typer.Option(None, "-o", "--output", help="Also write the plan JSON here."),
+    compare: bool = typer.Option(False, "--compare", help="Plan with every method and print a throughput table."),
+    max_states: int = typer.Option(2000, "--max-states", help="Use exact antichain states up to this many."),
+) -> None:
+    """Plan a pipeline: stage boundaries and replication per level (PipeDream's optimizer)."""
+    from trainer.plan import PlanError, levels_from_lists
+    from trainer.plan import compare as compare_methods
+    from trainer.plan import plan as make_plan
+    from trainer.profile.schema import Profile, ProfileError
+
+    if not profile.is_file():
+        _fail(f"PROFILE: no such file {str(profile)!r}")
+    try:
+        prof = Profile.load(profile)
+        levels = levels_from_lists(_parse_numbers(workers, "workers", int), _parse_numbers(bandwidth, "bandwidth", float))
+        options = dict(memory_bytes=memory, memory_constraint=memory_constraint, straight=straight,
+                       fewer_workers=fewer_workers, activation_compression=activation_compression,
+                       max_states=max_states)
+        if compare:
+            plans = compare_methods(prof, levels, **options)
+            result = plans[0]
+        else:
+            result = make_plan(prof, levels, method=method, **options)
+    except (PlanError, ProfileError) as exc:
+        _fail(str(exc))
+    except UnicodeDecodeError:
+        _fail(f"PROFILE: {str(profile)!r} is not a text file (expected a profile JSON or a graph.txt)")
+    if output is not None:
+        try:
+            result.save(output)
+        except OSError as exc:
+            _fail(f"--output: cannot write {str(output)!r}: {exc.strerror}")
+    if as_json:
+        data = result.to_dict()
+        if compare:
+            data["comparison"] = [
+                {"method": p.method, "predicted_time_s": p.predicted_time_s, "throughput_per_s": p.throughput_per_s,
+                 "speedup_vs_single": p.speedup_vs_single, "speedup_vs_data_parallel": p.speedup_vs_data_parallel}
+                for p in plans
+            ]
+        sys.stdout.write(json.dumps(data) + "\n")
+        return
+    from rich.console import Console
+
+    console = Console()
+    _print_plan(result, console)
+    if compare:
+        _print_comparison(plans, console)
 
 
 def register(cli: typer.Typer) -> None:
-    """Add this module's commands to the `pipeboard` app."""
+    """Add `pipeboard plan` to the `pipeboard` app."""
+    cli.command(name="plan", cls=MultiValueCommand)(plan_command)

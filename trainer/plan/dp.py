@@ -82,36 +82,58 @@ def _stash_factor(total: np.ndarray | int, replicas: np.ndarray | int, machines:
     return -((-(machines - np.asarray(total))) // np.asarray(replicas))
 
 
+def single_stage_costs(values, acts, params, opt: LevelOptions, i: int, js, m: int):
+    """The reference's single-stage block i..j on m+1 machines (its initial ``A[i][j][m]``)."""
+    M, bw = opt.machines, opt.bandwidth
+    p = params[i, js]
+    dp_comm = (4 * m * p) / (bw * (m + 1))
+    dp_comm = dp_comm / opt.machines_below
+    val = (values[i, js] + dp_comm) / (m + 1)
+    if opt.memory_bytes is not None:
+        stash = math.ceil((M - (m + 1)) / (m + 1)) * (acts[i, js] + p)
+        val = np.where(stash > opt.memory_bytes, INF, val)
+    return val
+
+
+def last_stage_costs(t: Tables, values, params, opt: LevelOptions, preds: np.ndarray, j: int, reps: np.ndarray):
+    """Time of a last stage k+1..j on m' replicas for every k in ``preds`` and m' in ``reps``.
+
+    Compute plus the all-reduce over its replicas, divided among them, and (when activations
+    are counted) never below sending its input or its output: the reference's arithmetic.
+    """
+    bw, n = opt.bandwidth, t.size
+    v_last = values[preds + 1, j][:, None]
+    p_last = params[preds + 1, j][:, None]
+    last = (v_last + (4 * (reps - 1) * p_last) / (bw * reps)) / reps
+    if opt.activation_compression is not None:
+        t_in = (2.0 * t.output_activation[preds])[:, None] / (bw * reps) / opt.activation_compression
+        last = np.maximum(last, t_in)
+        if j < n - 1:
+            t_out = (2.0 * t.output_activation[j]) / (bw * reps) / opt.activation_compression
+            last = np.maximum(last, t_out[None, :])
+    return last
+
+
 def solve_level(t: Tables, values: np.ndarray, opt: LevelOptions) -> np.ndarray:
     """Fill the level's table; returns F with F[j, i, m] = the reference's A[i][j][m][0].
 
     ``values`` is this level's ``compute_times`` ((n+1, n), +inf for empty). At the final level
     only row i = 0 is filled (the reference's ``max_i = 1``), the other rows stay +inf.
     """
-    n, M, bw = t.size, opt.machines, opt.bandwidth
+    n, M = t.size, opt.machines
     rows = 1 if opt.final else n + 1
     acts = _block_sums(t.activation)
     params = _block_sums(t.parameters)
     F = np.full((n, rows, M), INF)
-    ms = np.arange(M, dtype=float)
 
     # Single-stage blocks: the whole of i..j on m+1 machines, all-reduce over the machines below.
     init_m = 1 if opt.straight else M
     for i in range(rows):
-        v = values[i, i:]  # (n - i,)
-        p = params[i, i:]
         for m in range(init_m):
-            dp_comm = (4 * m * p) / (bw * (m + 1))
-            dp_comm = dp_comm / opt.machines_below
-            val = (v + dp_comm) / (m + 1)
-            if opt.memory_bytes is not None:
-                stash = math.ceil((M - (m + 1)) / (m + 1)) * (acts[i, i:] + p)
-                val = np.where(stash > opt.memory_bytes, INF, val)
-            F[i:, i, m] = val
+            F[i:, i, m] = single_stage_costs(values, acts, params, opt, i, slice(i, n), m)
 
     max_rep = 1 if opt.straight else M - 1
     reps = np.arange(1, max_rep + 1, dtype=float)  # m'
-    out_act = t.output_activation
     for j in range(n):
         preds = t.predecessors[j]
         if j > 0 and opt.fewer_machines:
@@ -120,16 +142,7 @@ def solve_level(t: Tables, values: np.ndarray, opt: LevelOptions) -> np.ndarray:
             F[j, :top] = np.minimum.accumulate(F[j, :top], axis=1)
         if len(preds) == 0 or M == 1:
             continue
-        # Last stage k+1..j on m' replicas, for every predecessor k and m' at once: (K, m').
-        v_last = values[preds + 1, j][:, None]
-        p_last = params[preds + 1, j][:, None]
-        last = (v_last + (4 * (reps - 1) * p_last) / (bw * reps)) / reps
-        if opt.activation_compression is not None:
-            t_in = (2.0 * out_act[preds])[:, None] / (bw * reps) / opt.activation_compression
-            last = np.maximum(last, t_in)
-            if j < n - 1:
-                t_out = (2.0 * out_act[j]) / (bw * reps) / opt.activation_compression
-                last = np.maximum(last, t_out[None, :])
+        last = last_stage_costs(t, values, params, opt, preds, j, reps)  # (K, m')
         top = min(j, rows)  # rows i <= k < j
         prefix = F[preds, :top, :]  # (K, rows, M): A[i][k][m'']
         best = np.full((top, M), INF)
@@ -149,7 +162,6 @@ def solve_level(t: Tables, values: np.ndarray, opt: LevelOptions) -> np.ndarray:
         np.minimum(F[j, :top, 1:], best[:, 1:], out=F[j, :top, 1:])
         if opt.fewer_machines:
             F[j, :top] = np.minimum.accumulate(F[j, :top], axis=1)
-    del ms
     return F
 
 
@@ -158,3 +170,61 @@ def next_level_values(F: np.ndarray, n: int) -> np.ndarray:
     v = np.full((n + 1, n), INF)
     v[: F.shape[1]] = F[:, :, -1].T
     return v
+
+
+@dataclass
+class LevelSolution:
+    """A solved level: its inputs and its table, enough to read stages back out."""
+
+    tables: Tables
+    values: np.ndarray
+    options: LevelOptions
+    F: np.ndarray
+
+    def best(self, i: int, j: int) -> float:
+        return float(self.F[j, i, -1])
+
+    def split(self, i: int, j: int) -> list[tuple[int, int, int]]:
+        """Stages (start, end, replicas), half-open state ranges, of block i..j on all machines."""
+        return _split(self, i, j, self.options.machines - 1)
+
+
+def solve(tables: Tables, values: np.ndarray, opt: LevelOptions) -> LevelSolution:
+    return LevelSolution(tables, values, opt, solve_level(tables, values, opt))
+
+
+def _split(sol: LevelSolution, i: int, j: int, m: int) -> list[tuple[int, int, int]]:
+    # Re-derive the choice behind F[j, i, m] by recomputing its candidates with the same
+    # arithmetic (so equality is exact), in the reference's order of preference: the single
+    # stage, then fewer machines, then the last-stage splits.
+    t, opt, F = sol.tables, sol.options, sol.F
+    target = F[j, i, m]
+    if not np.isfinite(target):
+        raise ValueError(f"no feasible split for states {i}..{j} on {m + 1} machines")
+    acts = _block_sums(t.activation)
+    params = _block_sums(t.parameters)
+    if m == 0 or not opt.straight:
+        single = float(single_stage_costs(sol.values, acts, params, opt, i, slice(j, j + 1), m)[0])
+        if single == target:
+            return [(i, j + 1, m + 1)]
+    if opt.fewer_machines and m > 0 and j > i and F[j, i, m - 1] == target:
+        return _split(sol, i, j, m - 1)
+    preds = t.predecessors[j]
+    preds = preds[preds >= i]
+    max_rep = 1 if opt.straight else m
+    reps = np.arange(1, max_rep + 1, dtype=float)
+    last = last_stage_costs(t, sol.values, params, opt, preds, j, reps)
+    M = opt.machines
+    for col, r in enumerate(range(1, max_rep + 1)):
+        if opt.memory_bytes is not None:
+            factor = _stash_factor(m + 1, r, M)
+            stash = (acts[preds + 1, j] + params[preds + 1, j]) * factor
+            cost = np.where(stash > opt.memory_bytes, INF, last[:, col])
+        else:
+            cost = last[:, col]
+        cand = np.maximum(F[preds, i, m - r], cost)
+        hits = np.nonzero(cand == target)[0]
+        if len(hits):
+            k = int(preds[hits[0]])
+            return _split(sol, i, k, m - r) + [(k + 1, j + 1, r)]
+    raise ValueError(f"internal: could not re-derive the split of states {i}..{j} on {m + 1} machines")

@@ -1,0 +1,59 @@
+"""Planning: split a profiled model across a cluster (PipeDream's DP, or a baseline).
+
+``plan(profile, levels=[(workers, bandwidth), ...])`` returns a ``Plan`` (plain data, JSON via
+``to_dict``/``save``). No torch import anywhere below here: ``pipeboard plan`` starts fast.
+"""
+
+from __future__ import annotations
+
+import math
+
+from trainer.plan.cluster import levels_from_lists, validate_levels
+from trainer.plan.errors import PlanError
+from trainer.plan.model import Level, LevelStage, Plan, Stage
+from trainer.profile.schema import Profile
+
+METHODS = ("pipedream", "uniform", "time", "params", "dp")
+
+__all__ = ["METHODS", "Level", "LevelStage", "Plan", "PlanError", "Stage", "compare", "levels_from_lists", "plan"]
+
+
+def plan(profile: Profile, levels, memory_bytes: float | None = None, memory_constraint: bool = False,
+         straight: bool = False, fewer_workers: bool = False, activation_compression: float | None = 1.0,
+         method: str = "pipedream", max_states: int = 2000, linearise: bool | None = None) -> Plan:
+    """Plan ``profile`` on ``levels`` = [(workers, bandwidth bytes/s), ...], innermost first.
+
+    ``activation_compression`` divides activation transfer times (None: transfers not counted,
+    the reference's default). ``memory_constraint`` enforces the reference's stash check against
+    ``memory_bytes`` per worker (16e9 when not given). Exact antichain states are used when they
+    number at most ``max_states``, else a linearised topological order (``plan.state_graph``).
+    """
+    levels = validate_levels(levels)
+    if method not in METHODS:
+        raise PlanError(f"method: must be one of {', '.join(METHODS)}, got {method!r}")
+    if activation_compression is not None:
+        if not (isinstance(activation_compression, (int, float)) and math.isfinite(activation_compression)
+                and activation_compression > 0):
+            raise PlanError(f"activation_compression: must be a positive ratio, got {activation_compression!r}")
+    if memory_bytes is not None and not (math.isfinite(memory_bytes) and memory_bytes > 0):
+        raise PlanError(f"memory: must be a positive number of bytes per worker, got {memory_bytes!r}")
+    if not isinstance(max_states, int) or max_states < 1:
+        raise PlanError(f"max_states: must be a positive integer, got {max_states!r}")
+    if method == "pipedream":
+        from trainer.plan.pipedream import pipedream_plan
+
+        return pipedream_plan(profile, levels, memory_bytes=memory_bytes, memory_constraint=memory_constraint,
+                              straight=straight, fewer_workers=fewer_workers,
+                              activation_compression=activation_compression, max_states=max_states,
+                              linearise=linearise)
+    from trainer.plan.baselines import baseline_plan
+
+    return baseline_plan(profile, levels, method, activation_compression=activation_compression)
+
+
+def compare(profile: Profile, levels, **options) -> list[Plan]:
+    """One plan per method, PipeDream first, for a side-by-side table of predicted throughput."""
+    base_options = {k: v for k, v in options.items() if k == "activation_compression"}
+    return [plan(profile, levels, **options)] + [
+        plan(profile, levels, method=m, **base_options) for m in METHODS if m != "pipedream"
+    ]

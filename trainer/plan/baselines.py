@@ -1,0 +1,137 @@
+"""Baseline partitioners in the Plan form, for comparison with PipeDream's DP.
+
+All but ``dp`` are straight pipelines with one worker per stage (as torchgpipe and DeepSpeed
+place one partition per device), cut between contiguous ranges of a topological order of the
+layers (the linearised state chain: every tensor crossing a cut is sent):
+- ``uniform``: the same number of layers per stage;
+- ``time``: stages balanced by forward+backward time (the smallest possible slowest stage,
+  as torchgpipe's ``balance_by_time`` aims for);
+- ``params``: stages balanced by parameter bytes (DeepSpeed's ``partition_method='parameters'``);
+- ``dp``: pure data parallelism, every worker holding the whole model.
+Each is scored with the planner's cost model, so predicted throughputs compare like for like.
+"""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+
+from trainer.graph import StateChain, state_chain
+from trainer.plan.cluster import Leaf, build_stages, data_parallel_time, total_workers
+from trainer.plan.model import Level, LevelStage, Plan
+from trainer.profile.schema import Profile
+
+
+def uniform_bounds(n: int, parts: int) -> list[int]:
+    """Stage ends (exclusive) splitting n items into ``parts`` runs whose sizes differ by at most one."""
+    base, extra = divmod(n, parts)
+    ends, at = [], 0
+    for p in range(parts):
+        at += base + (1 if p < extra else 0)
+        ends.append(at)
+    return ends
+
+
+def balanced_bounds(weights: np.ndarray, parts: int) -> list[int]:
+    """Stage ends of a contiguous split into ``parts`` non-empty runs minimising the largest sum."""
+    n = len(weights)
+    weights = np.maximum(np.asarray(weights, dtype=float), 0.0)
+    cum = np.concatenate([[0.0], np.cumsum(weights)])
+
+    def greedy(limit: float) -> list[int] | None:
+        # Longest runs whose sum stays within limit; None if more than ``parts`` are needed.
+        ends, start = [], 0
+        while start < n:
+            end = int(np.searchsorted(cum, cum[start] + limit, side="right")) - 1
+            end = max(end, start + 1)
+            if cum[end] - cum[start] > limit:
+                return None
+            ends.append(end)
+            start = end
+            if len(ends) > parts:
+                return None
+        return ends
+
+    lo, hi = float(weights.max(initial=0.0)), float(cum[-1])
+    best = greedy(hi) or [n]
+    for _ in range(100):
+        if hi - lo <= 1e-12 * max(hi, 1e-300):
+            break
+        mid = (lo + hi) / 2
+        found = greedy(mid)
+        if found is None:
+            lo = mid
+        else:
+            hi, best = mid, found
+    # Fewer runs than parts: split the longest runs (never raises the largest sum).
+    ends = list(best)
+    while len(ends) < parts:
+        starts = [0] + ends[:-1]
+        sizes = [e - s for s, e in zip(starts, ends)]
+        k = int(np.argmax(sizes))
+        if sizes[k] < 2:
+            break
+        ends.insert(k, starts[k] + sizes[k] // 2)
+    return ends
+
+
+def _cut_level(rank: int, levels) -> int:
+    """Index of the outermost level separating worker ``rank`` from ``rank + 1``."""
+    unit, cut = 1, 0
+    for idx, (workers, _) in enumerate(levels):
+        if rank // unit != (rank + 1) // unit:
+            cut = idx
+        unit *= workers
+    return cut
+
+
+def _first_machines(rank: int, levels) -> list[int]:
+    out, unit = [], 1
+    for workers, _ in levels:
+        out.append((rank // unit) % workers)
+        unit *= workers
+    return out
+
+
+def baseline_plan(profile: Profile, levels, method: str, *, activation_compression=1.0,
+                  chain: StateChain | None = None) -> Plan:
+    chain = chain or state_chain(profile, linearise=True)
+    n = chain.size
+    W = total_workers(levels)
+    single = float(chain.compute_s[-1])
+    dp_time = data_parallel_time(single, float(chain.parameters[-1]), levels)
+    if method == "dp":
+        leaves = [Leaf(0, n, [w for w, _ in levels], [0] * len(levels), -1)]
+    else:
+        parts = min(W, n)
+        per_state = np.diff(np.concatenate([[0.0], chain.compute_s if method == "time" else chain.parameters]))
+        ends = uniform_bounds(n, parts) if method == "uniform" else balanced_bounds(per_state, parts)
+        starts = [0] + ends[:-1]
+        leaves = [
+            Leaf(s, e, [1] * len(levels), _first_machines(rank, levels), -1 if e == n else _cut_level(rank, levels))
+            for rank, (s, e) in enumerate(zip(starts, ends))
+        ]
+    stages = build_stages(chain, leaves, levels, profile, activation_compression)
+    best = dp_time if method == "dp" else max(st.time_s for st in stages)
+    used = sum(st.replicas for st in stages)
+    return Plan(
+        method=method,
+        model=profile.model,
+        state_graph=chain.kind,
+        states=n,
+        cluster=list(levels),
+        total_workers=W,
+        workers_used=used,
+        predicted_time_s=best,
+        single_worker_time_s=single,
+        data_parallel_time_s=dp_time,
+        speedup_vs_single=single / best if best > 0 else math.inf,
+        speedup_vs_data_parallel=dp_time / best if best > 0 else math.inf,
+        data_parallel_speedup_vs_single=single / dp_time if dp_time > 0 else math.inf,
+        noam=math.ceil(used / stages[0].replicas),
+        levels=[Level(1, W, levels[0][1], [LevelStage(st.start_state, st.end_state, st.replicas, st.compute_s)
+                                            for st in stages])],
+        stages=stages,
+        options={"activation_compression": activation_compression, "flat": True},
+    )
