@@ -1,0 +1,87 @@
+// Line and bar charts of a run's metric series (Plotly, one trace per series).
+
+import { baseLayout, PLOT_CONFIG, stageColor, STAGE_COLORS } from './util.js';
+
+/** Values of `key` over wall time from metric points [{wall_s, values}], skipping gaps. */
+export function series(points, key) {
+  const x = [];
+  const y = [];
+  for (const p of points) {
+    const v = p.values?.[key];
+    if (v === undefined || v === null || !Number.isFinite(v)) continue;
+    x.push(p.wall_s);
+    y.push(v);
+  }
+  return { x, y };
+}
+
+/** Keys present in any point, e.g. every `utilization.<stage>`. */
+export function keysWithPrefix(points, prefix) {
+  const keys = new Set();
+  for (const p of points) for (const k of Object.keys(p.values || {})) if (k.startsWith(prefix)) keys.add(k);
+  return [...keys].sort((a, b) => Number(a.slice(prefix.length)) - Number(b.slice(prefix.length)) || a.localeCompare(b));
+}
+
+export function lineChart(div, traces, { title, xTitle = 'wall time (s)', yTitle = '', yRange, empty = 'no points yet' } = {}) {
+  const has = traces.some((t) => t.x.length);
+  const layout = baseLayout({
+    title: { text: title, x: 0, font: { size: 14 } },
+    height: 260,
+    xaxis: { title: { text: xTitle }, zeroline: false },
+    yaxis: { title: { text: yTitle }, range: yRange, zeroline: false },
+    showlegend: traces.length > 1,
+    annotations: has ? [] : [{ text: empty, showarrow: false, xref: 'paper', yref: 'paper', x: 0.5, y: 0.5, font: { color: '#52606d' } }],
+  });
+  return window.Plotly.react(div, traces.map((t) => ({ type: 'scatter', mode: t.x.length > 60 ? 'lines' : 'lines+markers', ...t })), layout, PLOT_CONFIG);
+}
+
+/** Per-stage busy fraction in time bins, from measured timeline events (compute kinds only). */
+export function utilisationFromTimeline(events, bins = 40) {
+  const compute = new Set(['F', 'B', 'BI', 'W', 'step']);
+  if (!events.length) return [];
+  let lo = Infinity;
+  let hi = -Infinity;
+  const replicas = new Map(); // stage -> set of workers
+  for (const e of events) {
+    if (e.start < lo) lo = e.start;
+    if (e.end > hi) hi = e.end;
+    if (!replicas.has(e.stage)) replicas.set(e.stage, new Set());
+    replicas.get(e.stage).add(e.worker);
+  }
+  const width = (hi - lo) / bins || 1;
+  const busy = new Map([...replicas.keys()].map((s) => [s, new Float64Array(bins)]));
+  for (const e of events) {
+    if (!compute.has(e.kind)) continue;
+    const row = busy.get(e.stage);
+    const first = Math.min(bins - 1, Math.floor((e.start - lo) / width));
+    const last = Math.min(bins - 1, Math.floor((e.end - lo) / width));
+    for (let b = first; b <= last; b++) {
+      const overlap = Math.min(e.end, lo + (b + 1) * width) - Math.max(e.start, lo + b * width);
+      if (overlap > 0) row[b] += overlap;
+    }
+  }
+  const x = Array.from({ length: bins }, (_, b) => lo + (b + 0.5) * width);
+  return [...busy.entries()].sort((a, b) => a[0] - b[0]).map(([stage, row]) => ({
+    name: `stage ${stage}`,
+    x,
+    y: Array.from(row, (t) => Math.min(1, t / (width * replicas.get(stage).size))),
+    line: { color: stageColor(stage) },
+  }));
+}
+
+/** Utilisation traces from metrics (`utilization.<stage>`) when the run reports them. */
+export function utilisationFromMetrics(points) {
+  return keysWithPrefix(points, 'utilization.').map((key, i) => {
+    const stage = Number(key.split('.')[1]);
+    return { name: `stage ${Number.isFinite(stage) ? stage : key}`, ...series(points, key), line: { color: STAGE_COLORS[(Number.isFinite(stage) ? stage : i) % STAGE_COLORS.length] } };
+  });
+}
+
+export function barChart(div, { x, y, text, colors, title, yTitle = '', height = 260 }) {
+  return window.Plotly.react(div, [{ type: 'bar', x, y, text, textposition: 'auto', marker: { color: colors } }], baseLayout({
+    title: { text: title, x: 0, font: { size: 14 } },
+    height,
+    yaxis: { title: { text: yTitle } },
+    showlegend: false,
+  }), PLOT_CONFIG);
+}

@@ -1,0 +1,81 @@
+// Entry point: a hash router over the pages. Each page module exports
+// `render(container, params) -> cleanup` so leaving a page closes its streams and timers.
+
+import { getToken, setToken, whoAmI } from './api.js';
+import { clear, h, navigate, notice } from './util.js';
+
+const ROUTES = [
+  { pattern: /^\/?$/, redirect: '/jobs' },
+  { pattern: /^\/jobs$/, page: 'jobs', nav: 'jobs', title: 'Jobs' },
+  { pattern: /^\/new$/, page: 'newjob', nav: 'new', title: 'New job' },
+  { pattern: /^\/jobs\/(\d+)$/, page: 'job', nav: 'jobs', title: 'Job', keys: ['id'] },
+  { pattern: /^\/plans\/(\d+)$/, page: 'plan', nav: 'new', title: 'Plan', keys: ['id'] },
+  { pattern: /^\/compare$/, page: 'compare', nav: 'compare', title: 'Compare' },
+  { pattern: /^\/signin$/, page: 'signin', nav: '', title: 'Sign in' },
+];
+
+const view = document.getElementById('view');
+let cleanup = null;
+let generation = 0;
+
+function parseHash() {
+  const raw = decodeURIComponent(location.hash.replace(/^#/, '')) || '/';
+  const [path, search = ''] = raw.split('?');
+  return { path, query: Object.fromEntries(new URLSearchParams(search)) };
+}
+
+async function route() {
+  const { path, query } = parseHash();
+  const match = ROUTES.map((r) => ({ r, m: path.match(r.pattern) })).find((x) => x.m);
+  if (match?.r.redirect) { navigate(match.r.redirect); return; }
+  if (typeof cleanup === 'function') { try { cleanup(); } catch (err) { console.warn(err); } }
+  cleanup = null;
+  const mine = ++generation;
+  clear(view);
+  document.querySelectorAll('[data-nav]').forEach((a) => {
+    if (match && a.dataset.nav === match.r.nav) a.setAttribute('aria-current', 'page');
+    else a.removeAttribute('aria-current');
+  });
+  if (!match) {
+    view.append(h('h1', {}, 'Not found'), notice('empty', `No page at ${path}. `, h('a', { href: '#/jobs' }, 'Back to jobs')));
+    return;
+  }
+  const params = { ...query };
+  (match.r.keys || []).forEach((k, i) => { params[k] = match.m[i + 1]; });
+  document.title = `${match.r.title}${params.id ? ` ${params.id}` : ''} · pipeboard`;
+  try {
+    const module = await import(`./pages/${match.r.page}.js`);
+    if (mine !== generation) return; // the user moved on while the module loaded
+    cleanup = await module.render(view, params);
+    if (mine !== generation && typeof cleanup === 'function') cleanup();
+  } catch (err) {
+    if (mine !== generation) return;
+    console.warn(err);
+    view.append(notice('error', `This page failed to load: ${err.message}`));
+  }
+}
+
+async function renderAuth() {
+  const box = clear(document.getElementById('auth-status'));
+  if (!getToken()) {
+    box.append(h('a', { href: '#/signin' }, 'Sign in'));
+    return;
+  }
+  let label = 'token set';
+  try {
+    const me = await whoAmI();
+    if (me?.authenticated) label = `${me.name} (${me.scope})`;
+  } catch { /* an invalid token sends the user to the sign-in page */ }
+  box.append(h('span', {}, label), h('button', { type: 'button', onclick: () => { setToken(''); navigate('/signin'); } }, 'Sign out'));
+}
+
+window.addEventListener('pipeboard:unauthorized', () => {
+  const { path } = parseHash();
+  if (path !== '/signin') navigate(`/signin?next=${encodeURIComponent(path)}`);
+});
+window.addEventListener('pipeboard:token', renderAuth);
+window.addEventListener('hashchange', () => { route(); view.focus({ preventScroll: true }); });
+
+if (!window.Plotly) view.append(notice('error', 'plotly.js did not load: charts cannot be drawn.'));
+renderAuth();
+route();

@@ -1,0 +1,224 @@
+// Job detail: live pipeline Gantt (following the newest steps, with pause and zoom), predicted
+// Gantt beside it with the prediction error, utilisation, samples/s, loss and metric over wall
+// time, the error of a failed run, Chrome trace download and "Open in Perfetto".
+//
+// A queued or running job replays its event log from the start over SSE (so nothing is missed
+// between a snapshot and the stream) and then follows it; a finished job is read from the
+// timeline and metrics routes. Redraws happen once per batch of messages, never per message.
+
+import { cancelJob, eventsUrl, fetchTrace, getJob, getMetrics, getPlan, getTimeline, normalizeMetric, retryJob } from '../api.js';
+import { lineChart, series, utilisationFromMetrics, utilisationFromTimeline } from '../charts.js';
+import { GanttChart, timelineRate } from '../gantt.js';
+import { openInPerfetto, saveBytes } from '../perfetto.js';
+import { openStream } from '../sse.js';
+import { clear, durationBetween, fmtNumber, fmtPercent, fmtSeconds, h, notice, statusBadge } from '../util.js';
+
+const FINAL = new Set(['succeeded', 'failed', 'cancelled']);
+const WINDOWS = [[1, 'last step'], [3, 'last 3 steps'], [10, 'last 10 steps'], [0, 'all']];
+
+const fromCompact = (r) => ({ worker: r[0], stage: r[1], replica: r[2], microbatch: r[3], kind: r[4], start: r[5], end: r[6], step: r[7] });
+
+export async function render(container, { id }) {
+  const state = { job: null, metrics: [], metricSeqs: new Set(), predicted: [], stream: null, closed: false, lastStatus: '' };
+  let job;
+  try {
+    job = await getJob(id);
+  } catch (err) {
+    container.append(h('h1', {}, `Job ${id}`), notice('error', `Could not load job ${id}: ${err.message}`));
+    return null;
+  }
+
+  const header = h('div', { class: 'toolbar' });
+  const errorBox = h('div', { id: 'job-error' });
+  const stats = h('div', { class: 'stats', id: 'job-stats' });
+  const progress = h('p', { class: 'muted small', id: 'job-progress', 'aria-live': 'polite' });
+  const liveDiv = h('div', { class: 'chart', id: 'gantt-live' });
+  const predDiv = h('div', { class: 'chart', id: 'gantt-predicted' });
+  const predNote = h('p', { class: 'small', id: 'prediction-error' });
+  const utilDiv = h('div', { class: 'chart', id: 'chart-utilisation' });
+  const speedDiv = h('div', { class: 'chart', id: 'chart-throughput' });
+  const lossDiv = h('div', { class: 'chart', id: 'chart-loss' });
+  const metricDiv = h('div', { class: 'chart', id: 'chart-metric' });
+
+  const followBtn = h('button', { type: 'button', id: 'gantt-follow', 'aria-pressed': 'true' }, 'Following newest');
+  const windowSelect = h('select', { id: 'gantt-window', 'aria-label': 'Gantt window' }, WINDOWS.map(([n, t]) => h('option', { value: n, selected: n === 3 }, t)));
+  const live = new GanttChart(liveDiv, {
+    windowSteps: 3,
+    following: true,
+    onFollowChange: (on) => { followBtn.setAttribute('aria-pressed', String(on)); followBtn.textContent = on ? 'Following newest' : 'Paused: follow newest'; },
+  });
+  followBtn.addEventListener('click', () => live.follow(!live.following));
+  windowSelect.addEventListener('change', () => live.setWindow(Number(windowSelect.value)));
+  const predicted = new GanttChart(predDiv, {});
+
+  container.append(header, errorBox, stats, progress,
+    h('div', { class: 'grid2' },
+      h('section', { class: 'panel', 'aria-labelledby': 'h-live' },
+        h('div', { class: 'toolbar' }, h('h2', { id: 'h-live', style: 'margin:0' }, 'Measured pipeline'), h('span', { class: 'spacer' }), followBtn, windowSelect),
+        h('p', { class: 'muted small' }, 'Drag to zoom (pauses following), double-click to see everything.'), liveDiv),
+      h('section', { class: 'panel', 'aria-labelledby': 'h-pred' },
+        h('h2', { id: 'h-pred', style: 'margin-top:0' }, 'Predicted (simulator)'), predNote, predDiv)),
+    h('div', { class: 'grid2' },
+      h('div', { class: 'panel' }, utilDiv), h('div', { class: 'panel' }, speedDiv),
+      h('div', { class: 'panel' }, lossDiv), h('div', { class: 'panel' }, metricDiv)));
+
+  function drawHeader() {
+    const j = state.job;
+    clear(header).append(...[
+      h('h1', { style: 'margin:0' }, `#${j.id} ${j.name}`), statusBadge(j.status),
+      h('span', { class: 'muted' }, `${j.model} · ${j.schedule} · ${j.spec.microbatches ?? '?'} microbatches · batch ${j.spec.batch_size ?? '?'}`),
+      h('span', { class: 'spacer' }),
+      j.plan_id ? h('a', { class: 'button', href: `#/plans/${j.plan_id}` }, 'Plan') : null,
+      ['queued', 'running'].includes(j.status) ? h('button', { type: 'button', class: 'danger', onclick: () => act(cancelJob) }, 'Cancel') : null,
+      ['failed', 'cancelled'].includes(j.status) ? h('button', { type: 'button', onclick: () => act(retryJob) }, 'Retry') : null,
+      h('button', { type: 'button', id: 'download-trace', onclick: downloadTrace }, 'Download trace'),
+      h('button', { type: 'button', id: 'open-perfetto', onclick: perfetto }, 'Open in Perfetto')].filter(Boolean));
+    clear(errorBox);
+    if (j.status === 'failed' && j.error) errorBox.append(notice('error', `Failed: ${j.error}`));
+    if (j.status === 'queued') errorBox.append(notice('loading', `Queued${j.queuePosition ? `, position ${j.queuePosition}` : ''}: waiting for a worker.`));
+    drawStats();
+  }
+
+  function drawStats() {
+    const j = state.job;
+    const lastSpeed = series(state.metrics, 'samples_per_s').y.at(-1);
+    const metric = series(state.metrics, 'metric').y;
+    clear(stats).append(...[
+      ['status', j.status],
+      ['samples/s', fmtNumber(j.samplesPerS ?? lastSpeed)],
+      [j.metricName || 'metric', fmtNumber(j.bestMetric ?? metric.at(-1))],
+      ['steps', j.summary?.steps ?? state.metrics.at(-1)?.step ?? '–'],
+      ['duration', fmtSeconds(durationBetween(j.started_at, j.finished_at))],
+      ['attempt', j.attempt ?? 0],
+    ].map(([label, value]) => h('div', { class: 'stat' }, h('div', { class: 'value' }, value), h('div', { class: 'label' }, label))));
+  }
+
+  async function act(fn) {
+    try { await fn(id); } catch (err) { errorBox.prepend(notice('error', err.message)); }
+    await refreshJob();
+    if (!FINAL.has(state.job.status) && !state.stream) follow();
+  }
+
+  async function downloadTrace() {
+    try { saveBytes(await fetchTrace(id), `job-${id}.trace.json`); } catch (err) { errorBox.prepend(notice('error', `Trace: ${err.message}`)); }
+  }
+
+  function perfetto() {
+    openInPerfetto(() => fetchTrace(id), `pipeboard job ${id}`).catch((err) => errorBox.prepend(notice('error', `Perfetto: ${err.message}`)));
+  }
+
+  function drawCharts() {
+    const util = utilisationFromMetrics(state.metrics);
+    lineChart(utilDiv, util.length ? util : utilisationFromTimeline(live.events), { title: 'Utilisation per stage', yTitle: 'busy fraction', yRange: [0, 1.05] });
+    lineChart(speedDiv, [{ name: 'samples/s', ...series(state.metrics, 'samples_per_s') }], { title: 'Samples per second', yTitle: 'samples/s' });
+    lineChart(lossDiv, [{ name: 'loss', ...series(state.metrics, 'loss') }], { title: 'Loss', yTitle: 'loss' });
+    lineChart(metricDiv, [{ name: state.job.metricName || 'metric', ...series(state.metrics, 'metric') }], { title: `${state.job.metricName || 'Metric'} over time (time to accuracy)`, yTitle: state.job.metricName || 'metric' });
+    drawPredictionError();
+  }
+
+  function drawPredictionError() {
+    const measured = timelineRate(live.events);
+    const expected = timelineRate(state.predicted);
+    if (!measured || !expected) {
+      predNote.textContent = state.predicted.length ? 'Prediction error: waiting for measured steps.' : 'No predicted timeline for this job.';
+      return;
+    }
+    const err = (measured - expected) / expected;
+    predNote.textContent = `Predicted ${fmtNumber(expected)} microbatches/s through stage 0, measured ${fmtNumber(measured)}: `
+      + `prediction error ${err >= 0 ? '+' : ''}${fmtPercent(err)} (${err >= 0 ? 'faster' : 'slower'} than predicted).`;
+  }
+
+  function addMetrics(points) {
+    for (const p of points.map(normalizeMetric)) {
+      if (p.seq !== undefined) {
+        if (state.metricSeqs.has(p.seq)) continue;
+        state.metricSeqs.add(p.seq);
+      }
+      state.metrics.push(p);
+    }
+  }
+
+  async function refreshJob() {
+    try {
+      state.job = await getJob(id);
+      drawHeader();
+    } catch (err) {
+      errorBox.prepend(notice('error', `Could not refresh the job: ${err.message}`));
+    }
+  }
+
+  async function onBatch(messages) {
+    const events = [];
+    let metricsChanged = false;
+    let statusChanged = false;
+    for (const m of messages) {
+      const d = m.data || {};
+      if (m.type === 'timeline') {
+        if (Array.isArray(d.events)) events.push(...d.events.map(fromCompact));
+        else if (d.first_seq) {
+          // Too big to ride along in the message: fetch exactly that range.
+          getTimeline(id, { after_seq: d.first_seq - 1, limit: Math.min(200000, d.count || 20000) })
+            .then((rows) => { live.add(rows); drawCharts(); }).catch(() => {});
+        }
+      } else if (m.type === 'metrics') {
+        addMetrics(d.points || []);
+        metricsChanged = true;
+      } else if (m.type === 'status' || m.type === 'summary' || m.type === 'end') {
+        statusChanged = true;
+        if (m.type === 'status' && d.status === 'running' && state.lastStatus !== 'running') loadPredicted();
+        if (d.status) state.lastStatus = d.status;
+      } else if (m.type === 'progress') {
+        progress.textContent = [d.phase, d.message].filter(Boolean).join(': ');
+      }
+    }
+    if (events.length) live.add(events);
+    if (events.length || metricsChanged) drawCharts();
+    if (statusChanged) await refreshJob();
+    else drawStats();
+  }
+
+  function follow() {
+    state.stream?.close();
+    state.stream = openStream(eventsUrl(id), {
+      onBatch,
+      isTerminal: (m) => m.type === 'end',
+      onState: (s) => {
+        if (s === 'reconnecting') progress.textContent = 'Connection lost: reconnecting (nothing will be missed)…';
+        if (s === 'closed') state.stream = null;
+      },
+    });
+  }
+
+  async function loadPredicted() {
+    try {
+      let rows = await getTimeline(id, { source: 'predicted', limit: 20000 });
+      if (!rows.length && state.job.plan_id) rows = (await getPlan(state.job.plan_id)).predicted?.timeline || [];
+      state.predicted = rows;
+      await predicted.setEvents(rows);
+      drawPredictionError();
+    } catch (err) {
+      predNote.textContent = `No predicted timeline: ${err.message}`;
+    }
+  }
+
+  state.job = job;
+  drawHeader();
+  await Promise.all([live.setEvents([]), loadPredicted()]);
+  if (FINAL.has(job.status)) {
+    try {
+      const [rows, points] = await Promise.all([getTimeline(id, { limit: 100000 }), getMetrics(id)]);
+      addMetrics(points);
+      await live.setEvents(rows);
+    } catch (err) {
+      errorBox.append(notice('error', `Could not load the run data: ${err.message}`));
+    }
+    drawCharts();
+    drawStats();
+  } else {
+    drawCharts();
+    follow();
+  }
+  // Durations of a running job tick even when no event arrives.
+  const ticker = setInterval(() => { if (!FINAL.has(state.job.status)) drawStats(); }, 1000);
+  return () => { state.closed = true; clearInterval(ticker); state.stream?.close(); };
+}

@@ -1,0 +1,208 @@
+// New job: the form, and beside it the plan it would run (POST /plans, the what-if), redrawn
+// as the inputs change (debounced, the previous request aborted).
+
+import { ApiError, createJob, createPlan, listModels, request } from '../api.js';
+import { drawGantt } from '../gantt.js';
+import { planStats, stageStrip, throughputChart } from '../planview.js';
+import { clear, debounce, h, navigate, notice, parseArgs } from '../util.js';
+
+const METHODS = ['pipedream', 'uniform', 'time', 'params', 'dp'];
+const SCHEDULES = ['1f1b', 'gpipe', 'interleaved-1f1b', 'zb-h1', 'pipedream', 'dp'];
+const STOPS = [['steps', 'steps'], ['epochs', 'epochs'], ['target', 'target metric'], ['time_s', 'time (s)']];
+const LOCAL_BANDWIDTH = 5e9; // what the service assumes between local worker processes
+
+function field(id, label, input, hint) {
+  input.id = id;
+  return h('div', {}, h('label', { for: id }, label, hint ? h('span', { class: 'hint' }, ` ${hint}`) : null), input);
+}
+
+const num = (attrs) => h('input', { type: 'number', ...attrs });
+
+export async function render(container) {
+  const els = {
+    name: h('input', { type: 'text', placeholder: 'optional', autocomplete: 'off' }),
+    model: h('select', {}, h('option', { value: '' }, 'loading models…')),
+    importName: h('input', { type: 'text', placeholder: 'my-model' }),
+    importPath: h('input', { type: 'text', placeholder: 'package.module:factory' }),
+    modelArgs: h('input', { type: 'text', placeholder: 'e.g. hidden=64, layers=4' }),
+    data: h('input', { type: 'text', placeholder: 'the zoo model’s own' }),
+    clusterMode: h('select', {}, h('option', { value: 'local' }, 'local worker processes'), h('option', { value: 'levels' }, 'cluster levels (what-if)')),
+    workers: num({ min: 1, max: 64, value: 2 }),
+    levels: h('textarea', { rows: 3, placeholder: 'workers bandwidth-GB/s per line, innermost first\n4 10\n2 1.25' }),
+    memory: num({ min: 0, step: 'any', placeholder: 'no limit' }),
+    method: h('select', {}, METHODS.map((m) => h('option', { value: m }, m))),
+    schedule: h('select', {}, SCHEDULES.map((s) => h('option', { value: s }, s))),
+    microbatches: num({ min: 1, max: 1024, value: 4 }),
+    batchSize: num({ min: 1, max: 65536, value: 32 }),
+    stopKind: h('select', {}, STOPS.map(([v, t]) => h('option', { value: v }, t))),
+    stopValue: num({ min: 0, step: 'any', value: 20 }),
+    hyper: h('input', { type: 'text', placeholder: 'e.g. lr=0.05, seed=1' }),
+    priority: num({ min: -100, max: 100, value: 0 }),
+  };
+  els.levels.value = '4 10\n2 1.25';
+
+  const importBox = h('div', { class: 'fields', hidden: true },
+    field('f-import-name', 'Name', els.importName),
+    field('f-import-path', 'Import path', els.importPath, 'returns (module, example input)'),
+    h('div', { style: 'align-self:end' }, h('button', { type: 'button', id: 'register-model', onclick: registerModel }, 'Register model')));
+  const workersBox = field('f-workers', 'Workers', els.workers);
+  const levelsBox = field('f-levels', 'Levels', els.levels);
+  levelsBox.hidden = true;
+  const formError = h('div', { class: 'field-error', role: 'alert', id: 'form-error' });
+  const submit = h('button', { type: 'submit', class: 'primary', id: 'submit-job' }, 'Submit job');
+
+  const form = h('form', { id: 'new-job-form', novalidate: true },
+    h('fieldset', {}, h('legend', {}, 'Model'),
+      h('div', { class: 'fields' },
+        field('f-model', 'Model', els.model),
+        field('f-model-args', 'Model args', els.modelArgs),
+        field('f-data', 'Data', els.data),
+        field('f-name', 'Job name', els.name)),
+      importBox),
+    h('fieldset', {}, h('legend', {}, 'Cluster and plan'),
+      h('div', { class: 'fields' },
+        field('f-cluster-mode', 'Workers from', els.clusterMode),
+        workersBox, levelsBox,
+        field('f-memory', 'Memory / worker (GB)', els.memory),
+        field('f-method', 'Planner', els.method),
+        field('f-schedule', 'Schedule', els.schedule),
+        field('f-microbatches', 'Microbatches', els.microbatches),
+        field('f-batch', 'Batch size', els.batchSize))),
+    h('fieldset', {}, h('legend', {}, 'Training'),
+      h('div', { class: 'fields' },
+        field('f-stop-kind', 'Stop after', els.stopKind),
+        field('f-stop-value', 'Stop value', els.stopValue),
+        field('f-hyper', 'Hyper-parameters', els.hyper),
+        field('f-priority', 'Priority', els.priority))),
+    h('div', { class: 'toolbar' }, submit, formError));
+
+  const whatIf = h('section', { class: 'panel', id: 'what-if', 'aria-labelledby': 'what-if-title' },
+    h('h2', { id: 'what-if-title', style: 'margin-top:0' }, 'The plan it would run'),
+    h('div', { id: 'what-if-body' }, notice('empty', 'Pick a model to see its plan.')));
+  container.append(h('h1', {}, 'New job'), h('div', { class: 'row' }, h('div', { class: 'panel' }, form), whatIf));
+
+  let controller = null;
+  let closed = false;
+
+  function levelsFromText() {
+    return els.levels.value.split('\n').map((l) => l.trim()).filter(Boolean).map((line, i) => {
+      const [w, bw] = line.split(/[\s,]+/).map(Number);
+      if (!Number.isInteger(w) || w < 1 || !(bw > 0)) throw new Error(`levels: line ${i + 1} "${line}" is not "workers bandwidth-GB/s"`);
+      return { workers: w, bandwidth: bw * 1e9 };
+    });
+  }
+
+  /** The job spec from the form; throws Error naming the field on bad input. */
+  function spec() {
+    const model = els.model.value;
+    if (!model || model === '__import__') throw new Error('model: pick a model (register an import path first)');
+    const out = {
+      model,
+      model_args: parseArgs(els.modelArgs.value),
+      method: els.method.value,
+      schedule: els.schedule.value,
+      microbatches: Number(els.microbatches.value),
+      batch_size: Number(els.batchSize.value),
+      hyperparameters: (() => { try { return parseArgs(els.hyper.value); } catch (e) { throw new Error(e.message.replace('model args', 'hyper-parameters')); } })(),
+      priority: Number(els.priority.value || 0),
+      stop: { [els.stopKind.value]: Number(els.stopValue.value) },
+    };
+    if (els.name.value.trim()) out.name = els.name.value.trim();
+    if (els.data.value.trim()) out.data = els.data.value.trim();
+    if (els.memory.value) out.memory_bytes = Number(els.memory.value) * 1e9;
+    if (els.clusterMode.value === 'levels') out.levels = levelsFromText();
+    else out.workers = Number(els.workers.value);
+    return out;
+  }
+
+  async function updateWhatIf() {
+    const box = document.getElementById('what-if-body');
+    if (!box || closed) return;
+    controller?.abort();
+    let s;
+    try {
+      s = spec();
+    } catch (err) {
+      clear(box).append(notice('error', err.message));
+      return;
+    }
+    controller = new AbortController();
+    const body = {
+      model: s.model, model_args: s.model_args, batch_size: s.batch_size, method: s.method, schedule: s.schedule,
+      microbatches: s.microbatches, levels: s.levels || [{ workers: s.workers, bandwidth: LOCAL_BANDWIDTH }], timeline_limit: 20000,
+    };
+    if (s.memory_bytes) body.memory_bytes = s.memory_bytes;
+    box.setAttribute('aria-busy', 'true');
+    box.prepend(notice('loading', 'Planning… (a model’s first plan profiles it: a few seconds)'));
+    try {
+      const planPublic = await createPlan(body, controller.signal);
+      if (closed) return;
+      const gantt = h('div', { class: 'chart', id: 'what-if-gantt' });
+      const tput = h('div', { class: 'chart', id: 'what-if-throughput' });
+      clear(box).append(planStats(planPublic), stageStrip(planPublic.plan || {}),
+        h('h3', {}, 'Predicted Gantt (one iteration)'), gantt, tput,
+        h('p', {}, h('a', { href: `#/plans/${planPublic.id}` }, 'Open the full plan view')));
+      await Promise.all([drawGantt(gantt, planPublic.predicted?.timeline || []), throughputChart(tput, planPublic.plan || {})]);
+    } catch (err) {
+      if (err.name === 'AbortError') return;
+      clear(box).append(notice('error', `No plan: ${err.message}`));
+    } finally {
+      box.removeAttribute('aria-busy');
+    }
+  }
+  const whatIfSoon = debounce(updateWhatIf, 500);
+
+  async function registerModel() {
+    formError.textContent = '';
+    try {
+      const created = await request('POST', '/models', { body: { name: els.importName.value.trim(), source: els.importPath.value.trim(), config: parseArgs(els.modelArgs.value) } });
+      els.model.insertBefore(h('option', { value: created.name }, `${created.name} (import)`), els.model.lastChild);
+      els.model.value = created.name;
+      importBox.hidden = true;
+      whatIfSoon();
+    } catch (err) {
+      formError.textContent = err.message;
+    }
+  }
+
+  let models = [];
+  function showModelDefaults() {
+    const m = models.find((x) => x.name === els.model.value);
+    const defaults = Object.entries(m?.config || {}).map(([k, v]) => `${k}=${v}`).join(', ');
+    els.modelArgs.placeholder = defaults ? `defaults: ${defaults}` : 'key=value, …';
+    els.model.title = m?.description || '';
+  }
+
+  form.addEventListener('input', (event) => {
+    if (importBox.contains(event.target)) return;
+    if (event.target === els.model) showModelDefaults();
+    importBox.hidden = els.model.value !== '__import__';
+    workersBox.hidden = els.clusterMode.value !== 'local';
+    levelsBox.hidden = els.clusterMode.value === 'local';
+    whatIfSoon();
+  });
+  form.addEventListener('submit', async (event) => {
+    event.preventDefault();
+    formError.textContent = '';
+    submit.disabled = true;
+    try {
+      const job = await createJob(spec());
+      navigate(`/jobs/${job.id}`);
+    } catch (err) {
+      formError.textContent = err instanceof ApiError ? `Not submitted: ${err.message}` : err.message;
+      submit.disabled = false;
+    }
+  });
+
+  try {
+    models = await listModels();
+    clear(els.model).append(...models.map((m) => h('option', { value: m.name, title: m.description || m.source }, m.kind === 'zoo' ? m.name : `${m.name} (import)`)),
+      h('option', { value: '__import__' }, 'import path…'));
+    showModelDefaults();
+    if (models.length) whatIfSoon();
+  } catch (err) {
+    clear(els.model).append(h('option', { value: '__import__' }, 'import path…'));
+    formError.textContent = `Could not list models: ${err.message}`;
+  }
+  return () => { closed = true; controller?.abort(); whatIfSoon.cancel(); };
+}

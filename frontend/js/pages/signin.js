@@ -1,0 +1,34 @@
+// Sign in with an API token (`pipeboard token create --name me --scope write`). The token is
+// kept in localStorage and sent as `Authorization: Bearer`; the API asks for it with a 401.
+
+import { getToken, setToken, whoAmI } from '../api.js';
+import { h, navigate } from '../util.js';
+
+export function render(container, { next }) {
+  const input = h('input', { id: 'token', type: 'password', autocomplete: 'off', required: true, value: getToken() });
+  const message = h('p', { role: 'alert', id: 'signin-message', class: 'field-error' });
+  const form = h('form', { class: 'panel signin', id: 'signin-form' },
+    h('h1', {}, 'Sign in'),
+    h('p', { class: 'muted' }, 'This server needs an API token. Create one with ', h('code', {}, 'pipeboard token create --name me --scope write'), '.'),
+    h('label', { for: 'token' }, 'API token'), input,
+    h('div', { class: 'toolbar', style: 'margin-top:0.8rem' }, h('button', { type: 'submit', class: 'primary' }, 'Sign in')),
+    message);
+  form.addEventListener('submit', async (event) => {
+    event.preventDefault();
+    message.textContent = '';
+    const token = input.value.trim();
+    if (!token) { message.textContent = 'token: paste the token you created'; return; }
+    setToken(token);
+    try {
+      const me = await whoAmI();
+      if (me && me.authenticated === false) throw new Error('the server did not accept this token');
+      navigate(next && next !== '/signin' ? next : '/jobs');
+    } catch (err) {
+      setToken('');
+      message.textContent = `Not signed in: ${err.message}`;
+    }
+  });
+  container.append(form);
+  input.focus();
+  return null;
+}

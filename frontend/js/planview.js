@@ -1,0 +1,142 @@
+// A plan drawn for people: the stages over the layers, replication, per-layer compute coloured
+// by stage, communication volume and memory per stage, and predicted throughput against data
+// parallel. Used by the plan page and by the new-job what-if.
+//
+// Input: PlanPublic from the API ({plan: trainer.plan.Plan.to_dict(), predicted: {...}}) and,
+// when available, the profile's per-layer rows ({layers: [{name, forward_ms, backward_ms}]}).
+
+import { barChart } from './charts.js';
+import { baseLayout, fmtBytes, fmtNumber, fmtSeconds, h, PLOT_CONFIG, stageColor } from './util.js';
+
+function stat(label, value, id) {
+  return h('div', { class: 'stat', id }, h('div', { class: 'value' }, value), h('div', { class: 'label' }, label));
+}
+
+/** Summary figures of a plan and its simulated schedule. */
+export function planStats(planPublic) {
+  const plan = planPublic.plan || {};
+  const pred = planPublic.predicted || {};
+  const stages = plan.stages || [];
+  const speedup = pred.speedup_vs_data_parallel ?? plan.speedup_vs_data_parallel;
+  return h('div', { class: 'stats' },
+    stat('stages', stages.length),
+    stat('workers used', `${plan.workers_used ?? '–'} / ${plan.total_workers ?? '–'}`),
+    stat('replication', stages.map((s) => s.replicas).join(' · ') || '–'),
+    stat('time / minibatch', fmtSeconds(plan.predicted_time_s)),
+    stat('vs data parallel', speedup ? `${fmtNumber(speedup)}×` : '–', 'stat-speedup'),
+    stat(`throughput (${(pred.throughput_unit || '').replace('microbatches', 'mb')})`, fmtNumber(pred.throughput)),
+    stat('bubble', pred.bubble_fraction === undefined ? '–' : `${(pred.bubble_fraction * 100).toFixed(1)}%`));
+}
+
+/** A strip with one block per stage, as wide as its share of the layers. */
+export function stageStrip(plan) {
+  const stages = plan.stages || [];
+  const total = stages.reduce((n, s) => n + (s.layers?.length || 1), 0) || 1;
+  return h('div', { class: 'stage-strip', role: 'img', 'aria-label': `pipeline of ${stages.length} stages` },
+    stages.map((s) => h('div', {
+      style: `flex: ${(s.layers?.length || 1) / total}; background: ${stageColor(s.index)}`,
+      title: `stage ${s.index}: ${s.layers?.length ?? '?'} layers (${s.layers?.[0] ?? ''} … ${s.layers?.[s.layers.length - 1] ?? ''}), ${s.replicas} replica(s), workers ${(s.workers || []).join(', ')}`,
+    }, `s${s.index}${s.replicas > 1 ? ` ×${s.replicas}` : ''}`)));
+}
+
+/** Per-layer forward+backward time, one bar per layer, coloured by the stage holding it. */
+export function layerChart(div, plan, profile) {
+  const stageOf = new Map();
+  for (const s of plan.stages || []) for (const name of s.layers || []) stageOf.set(name, s.index);
+  const layers = (profile?.layers || []).filter((l) => stageOf.has(l.name));
+  if (!layers.length) {
+    // No per-layer rows: one bar per stage from the plan's own compute times.
+    return barChart(div, {
+      x: (plan.stages || []).map((s) => `stage ${s.index}`),
+      y: (plan.stages || []).map((s) => s.compute_s * 1e3),
+      colors: (plan.stages || []).map((s) => stageColor(s.index)),
+      title: 'Compute per stage (ms per minibatch)',
+    });
+  }
+  const byStage = new Map();
+  layers.forEach((l, i) => {
+    const s = stageOf.get(l.name);
+    if (!byStage.has(s)) byStage.set(s, { x: [], y: [], text: [] });
+    const t = byStage.get(s);
+    t.x.push(i);
+    t.y.push((l.forward_ms || 0) + (l.backward_ms || 0));
+    t.text.push(`${l.name}${l.desc ? ` (${l.desc.slice(0, 60)})` : ''}`);
+  });
+  const traces = [...byStage.entries()].sort((a, b) => a[0] - b[0]).map(([s, t]) => ({
+    type: 'bar', name: `stage ${s}`, x: t.x, y: t.y, text: t.text, marker: { color: stageColor(s) },
+    hovertemplate: '%{text}<br>%{y:.3f} ms fwd+bwd<extra>stage ' + s + '</extra>', textposition: 'none',
+  }));
+  return window.Plotly.react(div, traces, baseLayout({
+    title: { text: 'Per-layer compute, coloured by stage', x: 0, font: { size: 14 } },
+    height: 280, bargap: 0.05,
+    xaxis: { title: { text: 'layer (topological order)' } },
+    yaxis: { title: { text: 'ms per minibatch' } },
+  }), PLOT_CONFIG);
+}
+
+function stageBars(div, plan, key, title, scale = 1) {
+  const stages = plan.stages || [];
+  return barChart(div, {
+    x: stages.map((s) => `s${s.index}${s.replicas > 1 ? ` ×${s.replicas}` : ''}`),
+    y: stages.map((s) => (s[key] ?? 0) / scale),
+    text: stages.map((s) => fmtBytes(s[key])),
+    colors: stages.map((s) => stageColor(s.index)),
+    title,
+    height: 240,
+  });
+}
+
+/** Minibatches per second: this plan, data parallel and one worker, under the cost model. */
+export function throughputChart(div, plan) {
+  const items = [
+    ['pipeline (plan)', plan.predicted_time_s, '#2f6fb0'],
+    ['data parallel', plan.data_parallel_time_s, '#9aa5b1'],
+    ['one worker', plan.single_worker_time_s, '#cbd2d9'],
+  ].filter(([, t]) => t > 0);
+  return barChart(div, {
+    x: items.map((i) => i[0]),
+    y: items.map((i) => 1 / i[1]),
+    text: items.map((i) => `${fmtNumber(1 / i[1])}/s`),
+    colors: items.map((i) => i[2]),
+    title: 'Predicted minibatches per second',
+    height: 240,
+  });
+}
+
+/** Stage table: layers, replicas, workers, times and sizes. */
+export function stageTable(plan) {
+  return h('div', { class: 'table-wrap' }, h('table', { class: 'stage-table' },
+    h('thead', {}, h('tr', {}, ['Stage', 'Layers', 'Replicas', 'Workers', 'Compute', 'All-reduce', 'Send', 'Act. out', 'Memory'].map((t, i) => h('th', { class: i >= 4 ? 'num' : '' }, t)))),
+    h('tbody', {}, (plan.stages || []).map((s) => h('tr', {},
+      h('td', {}, h('span', { class: 'badge', style: `background:${stageColor(s.index)};color:#fff` }, `s${s.index}`)),
+      h('td', { title: (s.layers || []).join(', ') }, `${s.layers?.length ?? 0}: ${s.layers?.[0] ?? ''} … ${s.layers?.[s.layers.length - 1] ?? ''}`),
+      h('td', {}, s.replicas),
+      h('td', {}, (s.workers || []).join(', ')),
+      h('td', { class: 'num' }, fmtSeconds(s.compute_s)),
+      h('td', { class: 'num' }, fmtSeconds(s.allreduce_s)),
+      h('td', { class: 'num' }, fmtSeconds(s.send_s)),
+      h('td', { class: 'num' }, fmtBytes(s.activation_bytes_out)),
+      h('td', { class: 'num' }, fmtBytes(s.memory_bytes)))))));
+}
+
+/** Everything above, into `container`. Resolves when the charts are drawn. */
+export async function renderPlan(container, planPublic, profile) {
+  const plan = planPublic.plan || {};
+  const layerDiv = h('div', { class: 'chart', id: 'plan-layers' });
+  const commDiv = h('div', { class: 'chart', id: 'plan-comm' });
+  const memDiv = h('div', { class: 'chart', id: 'plan-memory' });
+  const tputDiv = h('div', { class: 'chart', id: 'plan-throughput' });
+  container.append(
+    planStats(planPublic),
+    stageStrip(plan),
+    plan.exact === false ? h('p', { class: 'muted small' }, `Planned over a linearised topological order (${plan.states} states): too many antichains for the exact search.`) : null,
+    h('div', { class: 'panel' }, layerDiv),
+    h('div', { class: 'grid2' }, h('div', { class: 'panel' }, commDiv), h('div', { class: 'panel' }, memDiv)),
+    h('div', { class: 'grid2' }, h('div', { class: 'panel' }, tputDiv), h('div', { class: 'panel' }, stageTable(plan))));
+  await Promise.all([
+    layerChart(layerDiv, plan, profile),
+    stageBars(commDiv, plan, 'activation_bytes_out', 'Communication: activation bytes out per minibatch', 1),
+    stageBars(memDiv, plan, 'memory_bytes', 'Memory per worker of each stage (bytes)', 1),
+    throughputChart(tputDiv, plan),
+  ]);
+}

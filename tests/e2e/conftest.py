@@ -1,0 +1,152 @@
+"""Browser tests in real Chromium: Debian's /usr/bin/chromium driven by playwright's Python API.
+
+- `chromium`: the executable; the tests skip when it is absent, except under CI=true where they
+  fail (CI installs it). Never a downloaded browser.
+- `live_server`: `pipeboard up` (migrations, uvicorn, one real Celery worker on the embedded
+  SQLite broker) on a free port with its own data folder, shared by the module's tests.
+- `browser` / `page`: a headless Chromium and a fresh 1280x800 page per test whose console errors
+  and uncaught exceptions are collected in `page.errors` (tests assert it is empty).
+- `shoot(page, name)`: a full-page screenshot under test-artifacts/ (git ignores it) to look at.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+import urllib.request
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[2]
+CHROMIUM = "/usr/bin/chromium"
+CHROMIUM_ARGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-background-networking",
+                 "--disable-component-update", "--disable-sync", "--no-first-run"]
+ARTIFACTS = ROOT / "test-artifacts"
+VIEWPORT = {"width": 1280, "height": 800}
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+@pytest.fixture(scope="session")
+def chromium() -> str:
+    if not Path(CHROMIUM).exists():
+        message = f"{CHROMIUM} not found (apt-get install -y chromium)"
+        if os.environ.get("CI") == "true":
+            pytest.fail(message)
+        pytest.skip(message)
+    return CHROMIUM
+
+
+class LiveServer:
+    """A `pipeboard up` child process (own process group) and its base URL."""
+
+    def __init__(self, data_dir: Path, workers: int = 1, extra_env: dict[str, str] | None = None) -> None:
+        self.port = free_port()
+        self.url = f"http://127.0.0.1:{self.port}"
+        self.log_path = data_dir.parent / f"up-{self.port}.log"
+        env = {k: v for k, v in os.environ.items() if not k.startswith("PIPEBOARD_") or k.startswith("PIPEBOARD_TEST_")}
+        env.update({"PIPEBOARD_DATA_DIR": str(data_dir), "PIPEBOARD_HEARTBEAT_SECONDS": "1", **(extra_env or {})})
+        self.env = env
+        with open(self.log_path, "wb") as log:
+            self.process = subprocess.Popen(
+                [sys.executable, "-c", "from app.cli import main; main()", "up", "--port", str(self.port), "--workers", str(workers)],
+                cwd=ROOT, env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
+        self.wait_ready(workers)
+
+    def log(self) -> str:
+        return self.log_path.read_text(errors="replace")
+
+    def wait_ready(self, workers: int, timeout: float = 90) -> None:
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            if self.process.poll() is not None:
+                raise RuntimeError(f"pipeboard up exited with {self.process.returncode}:\n{self.log()[-3000:]}")
+            try:
+                with urllib.request.urlopen(f"{self.url}/api/v1/health", timeout=5) as response:
+                    import json
+
+                    health = json.loads(response.read())
+                    if health.get("workers", 0) >= workers:
+                        return
+            except OSError:
+                pass
+            time.sleep(0.3)
+        self.stop()
+        raise RuntimeError(f"pipeboard up not ready after {timeout}s:\n{self.log()[-3000:]}")
+
+    def stop(self) -> None:
+        if self.process.poll() is None:
+            try:
+                os.killpg(self.process.pid, signal.SIGTERM)
+                self.process.wait(timeout=30)
+            except subprocess.TimeoutExpired:
+                os.killpg(self.process.pid, signal.SIGKILL)
+                self.process.wait()
+            except ProcessLookupError:
+                pass
+
+    def api(self, method: str, path: str, body: Any = None, token: str | None = None) -> Any:
+        """A JSON request to the API (test setup and checks go through the real HTTP API too)."""
+        import httpx
+
+        headers = {"Authorization": f"Bearer {token}"} if token else {}
+        response = httpx.request(method, f"{self.url}/api/v1{path}", json=body, headers=headers, timeout=120)
+        response.raise_for_status()
+        return response.json()
+
+
+@pytest.fixture(scope="module")
+def live_server(chromium: str, tmp_path_factory: pytest.TempPathFactory) -> Iterator[LiveServer]:
+    server = LiveServer(tmp_path_factory.mktemp("e2e") / "data")
+    yield server
+    server.stop()
+
+
+@pytest.fixture(scope="session")
+def browser(chromium: str) -> Iterator[Any]:
+    from playwright.sync_api import sync_playwright
+
+    with sync_playwright() as pw:
+        instance = pw.chromium.launch(executable_path=chromium, args=CHROMIUM_ARGS)
+        yield instance
+        instance.close()
+
+
+def collect_errors(page: Any) -> list[str]:
+    errors: list[str] = []
+    page.on("console", lambda msg: errors.append(f"console.{msg.type}: {msg.text}") if msg.type == "error" else None)
+    page.on("pageerror", lambda exc: errors.append(f"uncaught: {exc}"))
+    return errors
+
+
+@pytest.fixture
+def page(browser: Any) -> Iterator[Any]:
+    context = browser.new_context(viewport=VIEWPORT)
+    new_page = context.new_page()
+    new_page.errors = collect_errors(new_page)
+    new_page.set_default_timeout(20000)
+    yield new_page
+    context.close()
+
+
+@pytest.fixture
+def shoot() -> Callable[[Any, str], Path]:
+    ARTIFACTS.mkdir(exist_ok=True)
+
+    def take(page: Any, name: str) -> Path:
+        path = ARTIFACTS / f"{name}.png"
+        page.screenshot(path=str(path), full_page=True)
+        return path
+
+    return take
