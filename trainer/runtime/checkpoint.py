@@ -1,0 +1,79 @@
+"""Checkpoints: every worker saves its stages atomically; a step counts once all workers have.
+
+Layout: ``DIR/step-00000120/rank-0.pt`` ... and ``DIR/step-00000120/COMPLETE``. Each rank file is
+written to a temporary name and renamed (atomic on POSIX), holding the stage weights, optimizer
+state, step and RNG state. After a barrier, rank 0 writes ``COMPLETE`` (also by rename) with the
+layout it belongs to; resuming picks the newest step directory that has it, so a run killed
+halfway through writing a checkpoint resumes from the previous complete one. Older complete
+checkpoints beyond the newest ``KEEP`` are deleted.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+from pathlib import Path
+from typing import Any
+
+import torch
+
+KEEP = 2
+
+
+def step_dir(root: str | Path, step: int) -> Path:
+    return Path(root) / f"step-{step:08d}"
+
+
+def _atomic_write(path: Path, write) -> None:
+    tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
+    write(tmp)
+    os.replace(tmp, path)
+
+
+def save_rank(root: str | Path, step: int, rank: int, state: dict[str, Any]) -> None:
+    d = step_dir(root, step)
+    d.mkdir(parents=True, exist_ok=True)
+    _atomic_write(d / f"rank-{rank}.pt", lambda p: torch.save(state, p))
+
+
+def mark_complete(root: str | Path, step: int, layout: dict[str, Any]) -> None:
+    """Called by rank 0 once every rank has saved ``step``."""
+    d = step_dir(root, step)
+    _atomic_write(d / "COMPLETE", lambda p: p.write_text(json.dumps({"step": step, **layout})))
+    complete = sorted(complete_steps(root))
+    for old in complete[:-KEEP]:
+        shutil.rmtree(step_dir(root, old), ignore_errors=True)
+
+
+def complete_steps(root: str | Path) -> list[int]:
+    root = Path(root)
+    if not root.is_dir():
+        return []
+    steps = []
+    for d in root.glob("step-*"):
+        if (d / "COMPLETE").is_file():
+            try:
+                steps.append(int(d.name.split("-", 1)[1]))
+            except ValueError:
+                continue
+    return sorted(steps)
+
+
+def latest(root: str | Path, layout: dict[str, Any]) -> int | None:
+    """The newest complete step whose layout matches ``layout``; a mismatch is an error naming
+    the differing field."""
+    steps = complete_steps(root)
+    if not steps:
+        return None
+    step = steps[-1]
+    saved = json.loads((step_dir(root, step) / "COMPLETE").read_text())
+    for key, value in layout.items():
+        if saved.get(key) != value:
+            raise ValueError(f"checkpoint_dir: checkpoint at step {step} was written with {key}={saved.get(key)!r}, "
+                             f"this run has {key}={value!r}")
+    return step
+
+
+def load_rank(root: str | Path, step: int, rank: int) -> dict[str, Any]:
+    return torch.load(step_dir(root, step) / f"rank-{rank}.pt", weights_only=False)

@@ -1,0 +1,114 @@
+"""What a training run is: one plain, validated configuration shared by the launcher and workers.
+
+A ``RunConfig`` travels (pickled) to every worker process, so it holds only plain data. Validation
+happens once, in the launcher, and names the offending field.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field, replace
+from typing import Any
+
+SYNC_SCHEDULES = ("gpipe", "1f1b", "interleaved-1f1b", "zb-h1")
+ASYNC_SCHEDULES = ("pipedream",)
+SCHEDULES = SYNC_SCHEDULES + ASYNC_SCHEDULES + ("dp",)
+
+
+class ConfigError(ValueError):
+    """A run configuration that cannot work; the message names the field."""
+
+
+@dataclass
+class RunConfig:
+    model: str
+    schedule: str
+    batch_size: int
+    microbatches: int
+    model_args: dict[str, Any] = field(default_factory=dict)
+    # Layout: layer names per stage (from a plan) or a uniform split into num_stages.
+    stages: list[list[str]] | None = None
+    num_stages: int | None = None
+    replicas: list[int] | None = None  # per stage; default 1 each (dp: the worker count)
+    workers: int | None = None  # total processes; with --stages P, N/P replicas per stage
+    chunks: int = 1  # model chunks per worker (interleaved-1f1b)
+    vertical_sync: bool = False
+    # Length: exactly one of these is normally set; none means one epoch.
+    epochs: float | None = None
+    steps: int | None = None
+    target: float | None = None
+    max_steps: int | None = None  # upper bound for --target runs
+    # Training
+    seed: int = 0
+    lr: float | None = None  # default: the zoo entry's
+    optimizer: str | None = None  # 'adam' | 'sgd'; default: the zoo entry's
+    eval_every: int | None = None  # steps; default: once per epoch with --target, else at the end only
+    eval_at_end: bool = True
+    # Checkpoints
+    checkpoint_dir: str | None = None
+    checkpoint_every: int = 0  # steps; 0 = only at the end when a directory is given
+    resume: bool = False
+    # Machinery
+    device: str = "cpu"
+    threads: int = 1  # torch intra-op threads per worker process
+    instrument: bool = True  # record every action's start and end
+    hang_timeout_s: float = 60.0  # a worker silent this long counts as hung
+    start_method: str | None = None  # default: fork on CPU (no re-import of torch), spawn on CUDA
+    master_port: int | None = None  # default: a free port
+    fail_at: dict[str, int] | None = None  # testing aid: {"rank": r, "step": s} makes rank r exit
+
+    def with_(self, **changes: Any) -> RunConfig:
+        return replace(self, **changes)
+
+    @property
+    def microbatch_size(self) -> int:
+        return self.batch_size // self.microbatches
+
+    @property
+    def is_async(self) -> bool:
+        return self.schedule in ASYNC_SCHEDULES
+
+    def validate(self) -> None:
+        if self.schedule not in SCHEDULES:
+            raise ConfigError(f"schedule: unknown schedule {self.schedule!r} (known: {', '.join(SCHEDULES)})")
+        if self.batch_size < 1:
+            raise ConfigError(f"batch_size: must be >= 1, got {self.batch_size}")
+        if self.microbatches < 1:
+            raise ConfigError(f"microbatches: must be >= 1, got {self.microbatches}")
+        if self.batch_size % self.microbatches:
+            raise ConfigError(
+                f"microbatches: batch_size {self.batch_size} is not divisible into {self.microbatches} microbatches")
+        if self.stages is not None and self.num_stages is not None and len(self.stages) != self.num_stages:
+            raise ConfigError("stages: a plan's stages and num_stages disagree")
+        if self.num_stages is not None and self.num_stages < 1:
+            raise ConfigError(f"stages: must be >= 1, got {self.num_stages}")
+        if self.stages is not None and any(not s for s in self.stages):
+            raise ConfigError("stages: every stage needs at least one layer")
+        if self.workers is not None and self.workers < 1:
+            raise ConfigError(f"workers: must be >= 1, got {self.workers}")
+        if self.replicas is not None and any(r < 1 for r in self.replicas):
+            raise ConfigError(f"replicas: every stage needs >= 1 replica, got {self.replicas}")
+        if self.chunks < 1:
+            raise ConfigError(f"chunks: must be >= 1, got {self.chunks}")
+        given = [n for n, v in (("epochs", self.epochs), ("steps", self.steps), ("target", self.target)) if v is not None]
+        if len(given) > 1:
+            raise ConfigError(f"{given[1]}: give only one of --epochs, --steps, --target")
+        if self.steps is not None and self.steps < 1:
+            raise ConfigError(f"steps: must be >= 1, got {self.steps}")
+        if self.epochs is not None and self.epochs <= 0:
+            raise ConfigError(f"epochs: must be > 0, got {self.epochs}")
+        if self.eval_every is not None and self.eval_every < 1:
+            raise ConfigError(f"eval_every: must be >= 1, got {self.eval_every}")
+        if self.checkpoint_every < 0:
+            raise ConfigError(f"checkpoint_every: must be >= 0, got {self.checkpoint_every}")
+        if self.resume and not self.checkpoint_dir:
+            raise ConfigError("resume: needs --checkpoint-dir")
+        if self.optimizer is not None and self.optimizer not in ("adam", "sgd"):
+            raise ConfigError(f"optimizer: unknown optimizer {self.optimizer!r} (known: adam, sgd)")
+        if self.lr is not None and self.lr <= 0:
+            raise ConfigError(f"lr: must be > 0, got {self.lr}")
+        if self.device not in ("cpu", "cuda"):
+            raise ConfigError(f"device: must be cpu or cuda, got {self.device!r}")
+        if self.threads < 1:
+            raise ConfigError(f"threads: must be >= 1, got {self.threads}")
+        if self.hang_timeout_s <= 0:
+            raise ConfigError(f"hang_timeout_s: must be > 0, got {self.hang_timeout_s}")

@@ -1,0 +1,182 @@
+"""Start one process per stage replica, watch them, forward their reports, and clean up.
+
+``run_training(cfg, sink)`` is the runtime's entry point. It spawns the workers with
+``torch.multiprocessing``, relays their messages to the sink (``Reporter``), and watches for
+failure: a worker that exits non-zero, is killed, or makes no progress for ``hang_timeout_s``
+while not waiting on a peer ends the run. Every worker is then terminated (workers also die with
+the launcher through PR_SET_PDEATHSIG), and ``RunFailed`` names the stage and rank at fault.
+
+Under torchrun, ``python -m trainer.runtime.torchrun_entry`` runs the same worker code with the
+rank and rendezvous taken from the environment.
+"""
+
+from __future__ import annotations
+
+import queue as queue_mod
+import signal
+import socket
+import time
+from typing import Any
+
+from trainer.runtime.config import RunConfig
+from trainer.runtime.layout import resolve
+from trainer.runtime.report import Reporter
+from trainer.runtime.worker import WorkerEnv, worker_main
+from trainer.sink import NullSink, Sink
+
+FAILURE_GRACE_S = 1.0  # after a first failure, how long to collect the others' reports
+COMM_ERROR_HINTS = ("connection closed", "connection reset", "broken pipe", "socket", "gloo", "timed out",
+                    "timeout", "peer")
+
+
+class RunFailed(RuntimeError):
+    """The run ended because a worker died, raised, or hung; the message names stage and rank."""
+
+    def __init__(self, message: str, rank: int | None = None, stages: list[int] | None = None) -> None:
+        super().__init__(message)
+        self.rank = rank
+        self.stages = stages or []
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def run_training(cfg: RunConfig, sink: Sink | None = None) -> dict[str, Any]:
+    """Train as ``cfg`` says; returns (and sends to the sink) the run's summary."""
+    import torch.multiprocessing as mp
+    import trainer.zoo
+
+    sink = sink or NullSink()
+    cfg.validate()
+    layout = resolve(cfg)
+    zoo_info = next(d for d in trainer.zoo.describe() if d["name"] == cfg.model) if cfg.model in trainer.zoo.names() \
+        else None
+    if zoo_info is None:
+        trainer.zoo.get(cfg.model)  # raises the zoo's error naming the model
+    world = layout.world
+    # Building any torch.optim optimizer imports torch._dynamo (seconds); do it once here so
+    # forked workers inherit it instead of each paying for it.
+    import torch._dynamo  # noqa: F401
+
+    ctx = mp.get_context(cfg.start_method or ("spawn" if cfg.device == "cuda" else "fork"))
+    channel = ctx.Queue()
+    heartbeat = ctx.Array("d", 2 * world, lock=False)
+    port = cfg.master_port or free_port()
+    origin = time.perf_counter()
+    wall0 = time.monotonic()
+    sink.on_status("starting", f"{world} workers, schedule {cfg.schedule}", workers=world, **layout.describe())
+    reporter = Reporter(sink, world, cfg.batch_size, zoo_info["metric"])
+    procs = []
+    for rank in range(world):
+        env = WorkerEnv(rank, world, f"tcp://127.0.0.1:{port}", origin, channel, heartbeat)
+        p = ctx.Process(target=worker_main, args=(cfg, env), name=f"pipeboard-rank{rank}", daemon=True)
+        p.start()
+        procs.append(p)
+    try:
+        _watch(cfg, procs, channel, heartbeat, reporter, layout)
+    except BaseException as exc:
+        _stop_all(procs)
+        reporter.maybe_flush(force=True)
+        sink.on_status("failed", str(exc))
+        raise
+    _stop_all(procs)
+    reporter.maybe_flush(force=True)
+    target = cfg.target
+    summary = reporter.summary(target, zoo_info["higher_is_better"], time.monotonic() - wall0)
+    summary.update({"schedule": cfg.schedule, "model": cfg.model, "workers": world,
+                    "batch_size": cfg.batch_size, "microbatches": cfg.microbatches, **layout.describe()})
+    sink.on_summary(summary)
+    sink.on_status("done", _summary_line(summary))
+    return summary
+
+
+def _watch(cfg, procs, channel, heartbeat, reporter: Reporter, layout) -> None:
+    world = len(procs)
+    failed_at: float | None = None
+    while True:
+        try:
+            reporter.handle(channel.get(timeout=0.05))
+            while True:
+                reporter.handle(channel.get_nowait())
+        except queue_mod.Empty:
+            pass
+        except (EOFError, OSError):
+            pass
+        now = time.perf_counter()
+        dead = [r for r, p in enumerate(procs) if p.exitcode not in (None, 0)]
+        if failed_at is None and (dead or reporter.errors):
+            failed_at = now
+        hung = _hung(reporter, heartbeat, world, cfg.hang_timeout_s, now) if failed_at is None else None
+        if hung is not None:
+            rank, silent = hung
+            raise RunFailed(f"{_who(layout, rank, procs)} made no progress for {silent:.1f} s (hung); run stopped",
+                            rank, list(layout.stages_of(rank)))
+        if failed_at is not None and (now - failed_at > FAILURE_GRACE_S or all(p.exitcode is not None for p in procs)):
+            raise _diagnose(reporter, procs, layout)
+        if all(p.exitcode == 0 for p in procs):
+            return
+        if not any(p.is_alive() for p in procs) and failed_at is None:
+            raise RunFailed("workers ended without reporting")
+
+
+def _hung(reporter: Reporter, heartbeat, world: int, timeout: float, now: float) -> tuple[int, float] | None:
+    """A worker silent for ``timeout`` while not blocked on a peer; if every worker is blocked,
+    the one blocked longest."""
+    if len(reporter.workers) < world or len(reporter.finished) == world:
+        return None
+    silent = [(now - heartbeat[2 * r], r, heartbeat[2 * r + 1] > 0) for r in range(world) if r not in reporter.finished]
+    running = [(t, r) for t, r, waiting in silent if not waiting and t > timeout]
+    if running:
+        t, r = max(running)
+        return r, t
+    if silent and all(waiting and t > timeout for t, _, waiting in silent):
+        t, r, _ = max(silent)
+        return r, t
+    return None
+
+
+def _who(layout, rank: int, procs) -> str:
+    stages = layout.stages_of(rank)
+    label = f"stage {stages[0]}" if len(stages) == 1 else f"stages {', '.join(map(str, stages))}"
+    return f"{label} (rank {rank}, pid {procs[rank].pid})"
+
+
+def _diagnose(reporter: Reporter, procs, layout) -> RunFailed:
+    """Blame the root cause: a worker that died without a word, else the first error that is
+    not just a peer's connection dropping, else the first error."""
+    reported = {r for r, *_ in reporter.errors}
+    for rank, p in enumerate(procs):
+        code = p.exitcode
+        if code not in (None, 0) and rank not in reported:
+            how = f"was killed by {signal.Signals(-code).name}" if code < 0 else f"exited with code {code}"
+            return RunFailed(f"{_who(layout, rank, procs)} {how}; run stopped", rank, list(layout.stages_of(rank)))
+    errors = sorted(reporter.errors, key=lambda e: any(h in e[2].lower() for h in COMM_ERROR_HINTS))
+    rank, stages, message, _tb = errors[0]
+    return RunFailed(f"{_who(layout, rank, procs)} failed: {message}", rank, stages)
+
+
+def _stop_all(procs, grace_s: float = 3.0) -> None:
+    """Terminate every worker still running, then kill any that ignore it; reap them all."""
+    for p in procs:
+        if p.is_alive():
+            p.terminate()
+    deadline = time.monotonic() + grace_s
+    for p in procs:
+        p.join(max(0.0, deadline - time.monotonic()))
+    for p in procs:
+        if p.is_alive():
+            p.kill()
+            p.join(5)
+
+
+def _summary_line(s: dict[str, Any]) -> str:
+    sps = f"{s['samples_per_s']:.1f} samples/s" if s.get("samples_per_s") else "n/a samples/s"
+    metric = f"{s['metric_name']} {s['final_metric']:.4g}" if s.get("final_metric") is not None else "no metric"
+    ttt = ""
+    if s.get("target") is not None:
+        ttt = f", target reached in {s['time_to_target_s']:.1f} s" if s.get("time_to_target_s") is not None \
+            else ", target not reached"
+    return f"{s['steps']} steps in {s['wall_s']:.1f} s, {sps}, {metric}{ttt}"

@@ -1,0 +1,74 @@
+"""Cut a zoo model into stage modules and learn what crosses each stage boundary.
+
+Stages come from a plan (layer names per stage) or a uniform split balanced by parameter count.
+The cut itself is ``trainer.partition.split_model`` (DAG-aware, fx based): stage ``k`` takes the
+tensors entering it and returns the tensors leaving it. Every worker builds the whole model from
+the same seed and keeps its own stages, so replicas and reruns start from identical weights.
+"""
+
+from __future__ import annotations
+
+from typing import Sequence
+
+import torch
+from torch import nn
+
+from trainer.runtime.comm import BoundarySpec, TensorSpec
+
+
+def layer_names(model: nn.Module, example: torch.Tensor) -> list[str]:
+    """The model's layers (inputs excluded) in topological order, as ``split_model`` names them."""
+    return [name for name, _ in layer_sizes(model, example)]
+
+
+def layer_sizes(model: nn.Module, example: torch.Tensor) -> list[tuple[str, int]]:
+    """(layer name, parameter count) in topological order: the balance weight of a uniform split.
+    Layers without parameters (activations, reshapes) count 1, so they still spread evenly."""
+    from trainer.profile.fxgraph import trace_layers
+
+    lg = trace_layers(model, (example,))
+    out = []
+    for layer in lg.layers:
+        if layer.kind == "input":
+            continue
+        size = 1
+        if layer.node.op == "call_module":
+            size = max(1, sum(p.numel() for p in lg.gm.get_submodule(layer.node.target).parameters()))
+        out.append((layer.name, size))
+    return out
+
+
+def uniform_split(names: Sequence[str], sizes: Sequence[float], num_stages: int) -> list[list[str]]:
+    """Contiguous, non-empty stages whose summed ``sizes`` are as equal as the cuts allow."""
+    n = len(names)
+    if not 1 <= num_stages <= n:
+        raise ValueError(f"stages: cannot split {n} layers into {num_stages} non-empty stages")
+    cum = [0.0]
+    for size in sizes:
+        cum.append(cum[-1] + float(size))
+    cuts = [0]
+    for k in range(1, num_stages):
+        goal = cum[-1] * k / num_stages
+        lo, hi = cuts[-1] + 1, n - (num_stages - k)
+        cuts.append(min(range(lo, hi + 1), key=lambda i: abs(cum[i] - goal)))
+    cuts.append(n)
+    return [list(names[cuts[k]:cuts[k + 1]]) for k in range(num_stages)]
+
+
+def build_stages(model: nn.Module, example: torch.Tensor, stages: list[list[str]]) -> list[nn.Module]:
+    from trainer import partition
+
+    return list(partition.split_model(model, example, stages))
+
+
+@torch.no_grad()
+def boundary_specs(modules: Sequence[nn.Module], example: torch.Tensor) -> list[BoundarySpec]:
+    """What crosses each boundary (between stage k and k + 1) for one microbatch."""
+    specs = []
+    xs: tuple = (example,)
+    for k, m in enumerate(modules):
+        out = m(*xs)
+        xs = out if isinstance(out, tuple) else (out,)
+        if k < len(modules) - 1:
+            specs.append(BoundarySpec(tuple(TensorSpec(tuple(t.shape), t.dtype) for t in xs)))
+    return specs

@@ -1,0 +1,154 @@
+"""The launcher's side of reporting: worker messages in, batched sink calls out.
+
+Workers send small tuples (``ready``, ``step``, ``eval``, ``finished``, ``exit``, ``error``); this
+class turns them into ``TimelineEvent`` batches, one ``MetricRecord`` per completed step (loss,
+samples/s, per-stage utilisation and memory), evaluation records for time-to-accuracy, and the
+final summary. Sink calls are batched (at most every ``flush_s``) so a slow sink cannot slow the
+run: workers never wait for it.
+"""
+
+from __future__ import annotations
+
+import time
+from collections import defaultdict
+from typing import Any
+
+from trainer.schedule.actions import TimelineEvent
+from trainer.sink import MetricRecord, Sink
+
+
+class Reporter:
+    def __init__(self, sink: Sink, world: int, batch_size: int, metric_name: str, flush_s: float = 0.5) -> None:
+        self.sink = sink
+        self.world = world
+        self.batch_size = batch_size
+        self.metric_name = metric_name
+        self.flush_s = flush_s
+        self.workers: dict[int, dict[str, Any]] = {}
+        self.events: list[TimelineEvent] = []
+        self.records: list[MetricRecord] = []
+        self.partial: dict[int, dict[int, tuple]] = defaultdict(dict)  # step -> rank -> stats
+        self.step_time: dict[int, float] = {}  # step -> when its last worker finished it
+        self.losses: dict[int, float] = {}
+        self.evals: list[tuple[int, float, float]] = []  # (step, wall_s, metric)
+        self.errors: list[tuple[int, list[int], str, str]] = []
+        self.exited: set[int] = set()
+        self.finished: dict[int, tuple] = {}
+        self.start_step = 0
+        self.total_steps = 0
+        self.steps_per_epoch = 1
+        self.time_to_target: float | None = None
+        self._last_flush = time.monotonic()
+        self._last_busy: dict[int, float] = {}
+
+    # -- messages --------------------------------------------------------------------------
+
+    def handle(self, msg: tuple) -> None:
+        kind, rank = msg[0], msg[1]
+        if kind == "ready":
+            _, _, stages, replica, pid, start, total, spe = msg
+            self.workers[rank] = {"stages": stages, "replica": replica, "pid": pid}
+            self.start_step, self.total_steps, self.steps_per_epoch = start, total, spe
+            if len(self.workers) == self.world:
+                pids = {r: w["pid"] for r, w in sorted(self.workers.items())}
+                self.sink.on_status("running", f"{self.world} workers running from step {start} of {total}",
+                                    pids=pids, start_step=start, total_steps=total)
+        elif kind == "step":
+            self._on_step(rank, *msg[2:])
+        elif kind == "eval":
+            _, _, step, wall, metric = msg
+            if metric is not None:
+                self.evals.append((step, wall, metric))
+                self.records.append(MetricRecord(step=step, wall_s=wall, epoch=step / self.steps_per_epoch,
+                                                 values={"metric": metric, self.metric_name: metric}))
+        elif kind == "finished":
+            self.finished[rank] = msg[2:]
+        elif kind == "exit":
+            self.exited.add(rank)
+        elif kind == "error":
+            self.errors.append((rank, msg[2], msg[3], msg[4]))
+        self.maybe_flush()
+
+    def _on_step(self, rank: int, step: int, wall: float, busy: float, losses: list[float], mem: int, events: list) -> None:
+        info = self.workers.get(rank, {"stages": [], "replica": 0})
+        replica = info["replica"]
+        for kind, stage, mb, t0, t1, k in events:
+            self.events.append(TimelineEvent(rank, stage, replica, mb, kind, t0, t1, k))
+        self.partial[step][rank] = (wall, busy, losses, mem)
+        if len(self.partial[step]) < self.world:
+            return
+        parts = self.partial.pop(step)
+        done = max(p[0] for p in parts.values())
+        self.step_time[step] = done
+        prev = self.step_time.get(step - 1)
+        values: dict[str, float] = {}
+        all_losses = [x for p in parts.values() for x in p[2]]
+        if all_losses:
+            values["loss"] = self.losses[step] = sum(all_losses) / len(all_losses)
+        window = [k for k in range(step - 4, step + 1) if k in self.step_time and k - 1 in self.step_time]
+        if window:
+            span = self.step_time[window[-1]] - self.step_time[window[0] - 1]
+            if span > 0:
+                values["samples_per_s"] = self.batch_size * len(window) / span
+        if prev is not None and done > prev:
+            per_stage: dict[int, list[float]] = defaultdict(list)
+            mem_stage: dict[int, list[int]] = defaultdict(list)
+            for r, (_, b, _, m) in parts.items():
+                for s in self.workers.get(r, {"stages": []})["stages"]:
+                    per_stage[s].append(b / (done - prev) / max(1, len(self.workers[r]["stages"])))
+                    mem_stage[s].append(m)
+            for s in sorted(per_stage):
+                values[f"utilization.{s}"] = min(1.0, sum(per_stage[s]) / len(per_stage[s]))
+                values[f"memory_bytes.{s}"] = float(max(mem_stage[s]))
+        self.records.append(MetricRecord(step=step + 1, wall_s=done, epoch=(step + 1) / self.steps_per_epoch,
+                                         values=values))
+
+    # -- output ------------------------------------------------------------------------------
+
+    def maybe_flush(self, force: bool = False) -> None:
+        if not force and time.monotonic() - self._last_flush < self.flush_s:
+            return
+        self._last_flush = time.monotonic()
+        if self.events:
+            events, self.events = self.events, []
+            events.sort(key=lambda e: e.start)
+            self.sink.on_events(events)
+        if self.records:
+            records, self.records = self.records, []
+            self.sink.on_metrics(records)
+
+    def steady_samples_per_s(self) -> float | None:
+        """Samples/s over the steady state: the run's steps after the first tenth (at least one)
+        are dropped as warm-up (pipeline fill, first allocations)."""
+        steps = sorted(self.step_time)
+        if len(steps) < 2:
+            return None
+        skip = max(1, len(steps) // 10)
+        first, last = steps[skip - 1], steps[-1]
+        span = self.step_time[last] - self.step_time[first]
+        return self.batch_size * (last - first) / span if span > 0 else None
+
+    def summary(self, target: float | None, higher_is_better: bool, wall_s: float) -> dict[str, Any]:
+        steps_done = max(self.step_time, default=self.start_step - 1) + 1
+        final_metric = self.evals[-1][2] if self.evals else None
+        if target is not None:
+            for step, wall, metric in self.evals:
+                if (metric >= target) if higher_is_better else (metric <= target):
+                    self.time_to_target = wall
+                    break
+        final_loss = self.losses[max(self.losses)] if self.losses else None
+        return {
+            "samples_per_s": self.steady_samples_per_s(),
+            "final_metric": final_metric,
+            "metric_name": self.metric_name,
+            "final_loss": final_loss,
+            "steps": steps_done,
+            "start_step": self.start_step,
+            "epochs": steps_done / self.steps_per_epoch,
+            "wall_s": wall_s,
+            "train_s": max(self.step_time.values()) if self.step_time else None,
+            "target": target,
+            "time_to_target_s": self.time_to_target,
+            "reached_target": self.time_to_target is not None if target is not None else None,
+            "evaluations": [{"step": s, "wall_s": w, "metric": m} for s, w, m in self.evals],
+        }

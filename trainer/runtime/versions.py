@@ -1,0 +1,101 @@
+"""Weight versions of one stage: weight stashing without ever swapping weights in place.
+
+PipeDream's own runtime broke on PyTorch >= 1.5 because it copied stashed weights back into the
+parameters in place, under tensors that autograd had saved for a pending backward. Here every
+version is its own set of tensors: a forward runs (through ``torch.func.functional_call``) against
+the leaf tensors of the version it was given, its autograd graph keeps exactly those, and the
+matching backward therefore uses the weights its forward used.
+
+The optimizer (any ``torch.optim`` optimizer, so its state dict checkpoints as usual) owns the
+module's ``nn.Parameter`` objects. A step normally updates them in place. When the version they
+hold is still needed (a stashed forward not yet backpropagated, or a later forward that vertical
+sync pins to it), the parameters are first moved to fresh storage, so the old version's tensors
+stay untouched; that storage returns to a pool when its version is released.
+
+Synchronous schedules never have two versions alive, so they take the plain path: forward through
+the module's own parameters, step in place, no copies.
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import nn
+
+
+class WeightVersions:
+    def __init__(self, module: nn.Module, optimizer: torch.optim.Optimizer, stash: bool) -> None:
+        self.module = module
+        self.optimizer = optimizer
+        self.stash = stash
+        named = [(n, p) for n, p in module.named_parameters() if p.requires_grad]
+        self.names = [n for n, _ in named]
+        self.params = [p for _, p in named]
+        self.current = 0
+        self.views: dict[int, list[torch.Tensor]] = {}
+        self.pool: list[list[torch.Tensor]] = []
+        if stash:
+            self.views[0] = self._view()
+
+    # -- versions -------------------------------------------------------------------------
+
+    def _view(self) -> list[torch.Tensor]:
+        # `.data` gives a tensor on the same storage with its own version counter and no history:
+        # a fresh leaf for this version's forwards to accumulate gradients into.
+        return [p.data.requires_grad_(True) for p in self.params]
+
+    def reset(self, version: int = 0) -> None:
+        """Start a new schedule (segment) whose version numbers begin at ``version``."""
+        self.current = version
+        if self.stash:
+            self.views = {version: self._view()}
+
+    def weights(self, version: int) -> dict[str, torch.Tensor] | None:
+        """The tensors a forward of ``version`` runs against (None: the module's own)."""
+        if not self.stash:
+            return None
+        try:
+            return dict(zip(self.names, self.views[version]))
+        except KeyError:
+            raise RuntimeError(
+                f"weight version {version} is not available (have {sorted(self.views)}): "
+                "the schedule asks for a version this stage has released or not produced yet"
+            ) from None
+
+    def release(self, version: int) -> None:
+        """No later action uses ``version``: recycle its storage unless the parameters hold it."""
+        view = self.views.pop(version, None)
+        if view is None or version == self.current:
+            if view is not None:
+                self.views[version] = view
+            return
+        if view[0].data_ptr() != self.params[0].data_ptr():
+            self.pool.append([t.detach() for t in view])
+
+    # -- gradients and updates --------------------------------------------------------------
+
+    def gather_grads(self) -> list[torch.Tensor | None]:
+        """Move the gradients that backwards left on version tensors onto the parameters."""
+        if self.stash:
+            for view in self.views.values():
+                for p, t in zip(self.params, view):
+                    if t.grad is None:
+                        continue
+                    p.grad = t.grad if p.grad is None else p.grad.add_(t.grad)
+                    t.grad = None
+        return [p.grad for p in self.params]
+
+    def step(self, version: int, keep_current: bool) -> None:
+        """Apply the optimizer, producing ``version``. ``keep_current``: the version held now is
+        still needed later, so it must survive the update unchanged."""
+        self.gather_grads()
+        if self.stash and keep_current:
+            fresh = self.pool.pop() if self.pool else [torch.empty_like(p) for p in self.params]
+            with torch.no_grad():
+                torch._foreach_copy_(fresh, [p.data for p in self.params])
+            for p, t in zip(self.params, fresh):
+                p.data = t
+        self.optimizer.step()
+        self.optimizer.zero_grad(set_to_none=True)
+        self.current = version
+        if self.stash:
+            self.views[version] = self._view()

@@ -1,0 +1,270 @@
+"""One worker process: set up its stages and communication, then train, top to bottom.
+
+The same function runs under the local launcher (``torch.multiprocessing``) and under torchrun
+(rank, world and rendezvous from the environment). What it reports goes through ``channel``
+(``put(message)``); the launcher turns those messages into sink calls.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+import traceback
+from dataclasses import dataclass
+from datetime import timedelta
+from typing import Any
+
+import torch
+import torch.distributed as dist
+
+from trainer.runtime import checkpoint, model as model_mod
+from trainer.runtime.comm import P2P
+from trainer.runtime.config import RunConfig
+from trainer.runtime.data import TrainStream, ValStream
+from trainer.runtime.executor import Executor
+from trainer.runtime.instrument import Heartbeat, Recorder, resident_bytes
+from trainer.runtime.layout import Layout, resolve
+from trainer.runtime.plan_steps import eval_actions, segment_ends, total_steps
+from trainer.runtime.stage import Stage
+
+
+@dataclass
+class WorkerEnv:
+    rank: int
+    world: int
+    init_method: str  # e.g. tcp://127.0.0.1:29500
+    origin: float | None  # the launcher's perf_counter origin (same machine), None: agree at start
+    channel: Any  # has put(message)
+    heartbeat: Any = None  # shared double array (local launcher) or None
+
+
+def worker_main(cfg: RunConfig, env: WorkerEnv) -> None:
+    """Process entry: run, report any failure with its stage and rank, exit non-zero on error."""
+    _die_with_parent()
+    stage_ids: tuple[int, ...] = ()
+    try:
+        stage_ids = _stages_of(cfg, env.rank)
+        train(cfg, env)
+        env.channel.put(("exit", env.rank))
+    except BaseException as exc:  # report, then fail the process
+        env.channel.put(("error", env.rank, list(stage_ids), f"{type(exc).__name__}: {exc}", traceback.format_exc()))
+        raise SystemExit(1) from None
+    finally:
+        if dist.is_initialized():
+            dist.destroy_process_group()
+
+
+def _die_with_parent() -> None:
+    """Linux: get SIGKILL when the launcher dies, so no worker outlives a killed run."""
+    try:
+        import ctypes
+        import signal
+
+        ctypes.CDLL("libc.so.6", use_errno=True).prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
+    except (OSError, AttributeError):
+        pass
+
+
+def _stages_of(cfg: RunConfig, rank: int) -> tuple[int, ...]:
+    return resolve(cfg).stages_of(rank)
+
+
+def train(cfg: RunConfig, env: WorkerEnv) -> None:
+    import trainer.zoo
+
+    torch.set_num_threads(cfg.threads)
+    rank, world = env.rank, env.world
+    device = torch.device(f"cuda:{rank % torch.cuda.device_count()}" if cfg.device == "cuda" else "cpu")
+    if device.type == "cuda":
+        torch.cuda.set_device(device)
+    timeout = timedelta(seconds=cfg.hang_timeout_s + 60)
+    dist.init_process_group("nccl" if device.type == "cuda" else "gloo", init_method=env.init_method,
+                            rank=rank, world_size=world, timeout=timeout)
+    control = dist.new_group(backend="gloo", timeout=timeout) if device.type == "cuda" else None
+
+    # ---- model, stages, optimizers ----------------------------------------------------------
+    layout: Layout = resolve(cfg)
+    M = cfg.microbatches
+    template = layout.build(M if not cfg.is_async else _lcm(layout.replicas))
+    me = template.workers[rank]
+    zoo = trainer.zoo.get(cfg.model, seed=cfg.seed, **cfg.model_args)
+    if cfg.optimizer:
+        zoo.optimizer = cfg.optimizer
+    if cfg.lr:
+        zoo.lr = cfg.lr
+    example = zoo.example_input(cfg.microbatch_size)
+    if cfg.stages:
+        stage_layers = cfg.stages
+    else:
+        sizes = model_mod.layer_sizes(zoo.model, example)
+        stage_layers = model_mod.uniform_split([n for n, _ in sizes], [z for _, z in sizes], layout.virtual_stages)
+    modules = model_mod.build_stages(zoo.model, example, stage_layers)
+    specs = model_mod.boundary_specs(modules, example)
+    S = len(modules)
+    stash = cfg.is_async
+    scale = 1.0 if cfg.is_async else (layout.world / M if cfg.schedule == "dp" else 1.0 / M)
+    groups = {}
+    for s in range(S):  # every rank creates every group, in the same order
+        ranks = tuple(template.workers[w].rank for w in range(world) if s in template.workers[w].stages)
+        if len(ranks) > 1:
+            groups[ranks] = dist.new_group(list(ranks))
+    stages: dict[int, Stage] = {}
+    for s in me.stages:
+        module = modules[s].to(device)
+        ddp = None
+        if cfg.schedule == "dp" and world > 1:
+            ddp = torch.nn.parallel.DistributedDataParallel(module, process_group=None)
+        stages[s] = Stage(s, module, zoo.make_optimizer(module.parameters()), is_first=s == 0, is_last=s == S - 1,
+                          loss_fn=zoo.loss_fn, stash=stash, loss_scale=scale, ddp=ddp)
+
+    # ---- where to start ------------------------------------------------------------------
+    stream = TrainStream(zoo, cfg.batch_size, M, device)
+    total = total_steps(cfg, stream.steps_per_epoch)
+    ckpt_layout = {**layout.describe(), "model": cfg.model, "batch_size": cfg.batch_size, "microbatches": M}
+    start = 0
+    if cfg.resume:
+        found = checkpoint.latest(cfg.checkpoint_dir, ckpt_layout)
+        if found is not None:
+            state = checkpoint.load_rank(cfg.checkpoint_dir, found, rank)
+            for s, st in stages.items():
+                st.module.load_state_dict(state["stages"][s]["module"])
+                st.optimizer.load_state_dict(state["stages"][s]["optimizer"])
+                st.versions.reset(0)
+            torch.set_rng_state(state["rng"])
+            start = found
+
+    heartbeat = Heartbeat(env.heartbeat, rank)
+    dist.barrier(group=control)
+    origin = env.origin if env.origin is not None else time.perf_counter()
+    recorder = Recorder(origin, cfg.instrument)
+    p2p = P2P(specs, device)
+    rank_of = template_rank_of(template)
+    executor = Executor(rank, stages, S, p2p, rank_of, groups, recorder, heartbeat,
+                        average_allreduce=cfg.is_async)
+    last_stage = stages.get(S - 1)
+    is_reporter = last_stage is not None and rank_of(S - 1, 0) == rank
+    env.channel.put(("ready", rank, list(me.stages), me.replica, os.getpid(), start, total, stream.steps_per_epoch))
+    heartbeat.beat()
+
+    def on_step_done(k: int) -> None:
+        events, busy = recorder.take()
+        losses = []
+        if last_stage is not None:
+            losses, last_stage.losses = last_stage.losses, []
+        env.channel.put(("step", rank, k, recorder.now(), busy, losses, resident_bytes(), events))
+        if cfg.fail_at and cfg.fail_at.get("rank") == rank and k == cfg.fail_at.get("step"):
+            if cfg.fail_at.get("mode") == "hang":
+                while True:
+                    time.sleep(1)
+            os._exit(3)
+
+    # ---- the training loop ------------------------------------------------------------------
+    step, metric, stop = start, None, False
+    val = ValStream(zoo, cfg.microbatch_size, device) if (cfg.target is not None or cfg.eval_at_end) else None
+    for seg_end in segment_ends(cfg, start, total, stream.steps_per_epoch):
+        if cfg.is_async:  # one pipedream schedule per segment, drained at its end
+            n = (seg_end - step) * M
+            actions = layout.build(n).actions[rank]
+            base = step
+            executor.run(actions, lambda mb, b=base: _data(stream, stages, S, b * M + mb),
+                         step_of=lambda mb, b=base: b + mb // M, on_step_done=on_step_done,
+                         event_mb=lambda mb, b=base: b * M + mb)
+            for st in stages.values():
+                st.versions.reset(0)
+        else:
+            actions = template.actions[rank]
+            sync = _ddp_sync(actions) if cfg.schedule == "dp" else None
+            for k in range(step, seg_end):
+                executor.run(actions, lambda mb, k=k: _data(stream, stages, S, k * M + mb),
+                             step_of=lambda mb, k=k: k, on_step_done=on_step_done, ddp_sync=sync,
+                             event_mb=lambda mb, k=k: k * M + mb)
+        step = seg_end
+        due_eval = val is not None and ((cfg.target is not None and _due(step, cfg.eval_every or stream.steps_per_epoch))
+                                        or step == total)
+        if due_eval:
+            metric = _evaluate(cfg, zoo, executor, stages, template, rank, S, val)
+            stop = cfg.target is not None and metric is not None and _reached(zoo, metric, cfg.target)
+            env.channel.put(("eval", rank, step, recorder.now(), metric)) if is_reporter else None
+            flags = torch.tensor([0.0 if metric is None else metric, float(stop)], dtype=torch.float64)
+            dist.broadcast(flags, src=rank_of(S - 1, 0), group=control)
+            metric, stop = float(flags[0]), bool(flags[1])
+        if cfg.checkpoint_dir and (_due(step, cfg.checkpoint_every) or step == total or stop):
+            state = {"step": step, "rng": torch.get_rng_state(),
+                     "stages": {s: {"module": st.module.state_dict(), "optimizer": st.optimizer.state_dict()}
+                                for s, st in stages.items()}}
+            checkpoint.save_rank(cfg.checkpoint_dir, step, rank, state)
+            dist.barrier(group=control)
+            if rank == 0:
+                checkpoint.mark_complete(cfg.checkpoint_dir, step, ckpt_layout)
+        if stop:
+            break
+    env.channel.put(("finished", rank, step, recorder.now(), metric))
+    dist.barrier(group=control)
+
+
+def _lcm(values) -> int:
+    from math import lcm
+
+    return lcm(*values)
+
+
+def template_rank_of(template):
+    ranks = {}
+    for w in template.workers:
+        for s in w.stages:
+            ranks.setdefault(s, []).append(w.rank)
+
+    def rank_of(stage: int, mb: int) -> int:
+        r = ranks[stage]
+        return r[mb % len(r)]
+
+    return rank_of
+
+
+def _data(stream: TrainStream, stages: dict[int, Stage], S: int, g: int):
+    if 0 in stages or (S - 1) in stages:
+        x, y = stream.microbatch(g)
+        return x, y
+    return None, None
+
+
+def _due(step: int, every: int | None) -> bool:
+    return bool(every) and step % every == 0
+
+
+def _reached(zoo, metric: float, target: float) -> bool:
+    return metric >= target if zoo.higher_is_better else metric <= target
+
+
+def _ddp_sync(actions) -> set[int]:
+    """dp: only the last microbatch before each all-reduce lets DistributedDataParallel reduce."""
+    from trainer.schedule.actions import Kind
+
+    sync, last_b = set(), None
+    for a in actions:
+        if a.kind in (Kind.BACKWARD, Kind.BACKWARD_INPUT):
+            last_b = a.microbatch
+        elif a.kind in (Kind.ALLREDUCE, Kind.STEP) and last_b is not None:
+            sync.add(last_b)
+            last_b = None
+    return sync
+
+
+def _evaluate(cfg, zoo, executor, stages, template, rank, S, val) -> float | None:
+    """Forward the validation split through replica 0 of every stage; the last stage scores it."""
+    replica0 = {s: template_rank_of(template)(s, 0) for s in range(S)}
+    actions = eval_actions(S, replica0, rank, len(val))
+    for st in stages.values():
+        st.module.eval()
+        st.eval_outputs = []
+    executor.run(actions, lambda j: val.microbatch(j), step_of=lambda j: 0, train=False,
+                 rank_of=lambda s, mb: replica0[s], record=False)
+    for st in stages.values():
+        st.module.train()
+    last = stages.get(S - 1)
+    if last is None or replica0[S - 1] != rank:
+        return None
+    outputs = torch.cat(last.eval_outputs)[: val.count]
+    targets = torch.cat([val.microbatch(j)[1] for j in range(len(val))])[: val.count]
+    last.eval_outputs = []
+    return float(zoo.metric_fn(outputs.cpu(), targets.cpu()))
