@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from trainer.schedule import topology as topo_mod
 from trainer.schedule.actions import Schedule, ScheduleError
+from trainer.schedule.engine import gc_paused
 from trainer.schedule.flush import gpipe_ops, one_f_one_b_ops
 from trainer.schedule.interleaved import interleaved_programs
 from trainer.schedule.pipedream import pipedream_programs
@@ -60,16 +61,17 @@ def build(
     else:
         topo = topo_mod.replicated(num_stages, replicas)
 
-    if name == "pipedream":
-        programs = pipedream_programs(topo, microbatches, vertical_sync, split)
-    elif name == "interleaved-1f1b" and chunks > 1:
-        programs = interleaved_programs(topo, num_stages, chunks, microbatches, split)
-    elif name == "zb-h1":
-        programs = [zero_bubble_ops(topo, w.rank, w.stages[0], microbatches) for w in topo.workers]
-    else:
-        make = gpipe_ops if name == "gpipe" else one_f_one_b_ops
-        programs = [make(topo, w.rank, w.stages[0], microbatches, split) for w in topo.workers]
-    actions = place(topo, [StaticPolicy(p) for p in programs])
+    with gc_paused():
+        if name == "pipedream":
+            programs = pipedream_programs(topo, microbatches, vertical_sync, split)
+        elif name == "interleaved-1f1b" and chunks > 1:
+            programs = interleaved_programs(topo, num_stages, chunks, microbatches, split)
+        elif name == "zb-h1":
+            programs = [zero_bubble_ops(topo, w.rank, w.stages[0], microbatches) for w in topo.workers]
+        else:
+            make = gpipe_ops if name == "gpipe" else one_f_one_b_ops
+            programs = [make(topo, w.rank, w.stages[0], microbatches, split) for w in topo.workers]
+        actions = place(topo, [StaticPolicy(p) for p in programs])
     meta = {
         "sync": SYNC[name],
         "physical_stages": 1 if name == "dp" else num_stages,

@@ -6,54 +6,59 @@ with a split backward, until its W, which still needs the stage's saved inputs).
 Weight versions: version v of a stage is created by the STEP that produces it (version 0 at the
 start) and is held until it is both replaced by the next STEP and no longer used by a later
 forward or backward (weight stashing). The count is the most versions held at once.
+
+Vectorised with numpy: the simulator calls this on schedules of 10^5 - 10^6 actions.
 """
 
 from __future__ import annotations
 
-from trainer.schedule.actions import Kind, Schedule
+from operator import attrgetter
 
-FREES = {Kind.BACKWARD, Kind.BACKWARD_WEIGHT}
-USES = {Kind.FORWARD, Kind.BACKWARD, Kind.BACKWARD_INPUT, Kind.BACKWARD_WEIGHT}
+import numpy as np
 
+from trainer.schedule.actions import Action, Kind, Schedule
 
-def peak_in_flight(acts) -> int:
-    in_flight = peak = 0
-    for a in acts:
-        if a.kind is Kind.FORWARD:
-            in_flight += 1
-            peak = max(peak, in_flight)
-        elif a.kind in FREES:
-            in_flight -= 1
-    return peak
+CODES = {kind: i for i, kind in enumerate(Kind)}
+F, B, BI, W = (CODES[k] for k in (Kind.FORWARD, Kind.BACKWARD, Kind.BACKWARD_INPUT, Kind.BACKWARD_WEIGHT))
+STEP = CODES[Kind.STEP]
 
 
-def peak_versions(acts, stage: int) -> int:
-    created = {0: -1}
-    last_use: dict[int, int] = {}
-    for pos, a in enumerate(acts):
-        if a.stage != stage:
-            continue
-        if a.kind in USES:
-            last_use[a.version] = pos
-        elif a.kind is Kind.STEP:
-            created[a.version] = pos
-    end = len(acts)
-    delta: dict[int, int] = {}
-    for v, start in created.items():
-        stop = max(last_use.get(v, start) + 1, created.get(v + 1, end))
-        delta[start] = delta.get(start, 0) + 1
-        delta[stop] = delta.get(stop, 0) - 1
-    held = peak = 0
-    for pos in sorted(delta):
-        held += delta[pos]
-        peak = max(peak, held)
-    return peak
+def columns(acts: list[Action]) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+    """(kind code, stage, microbatch, version) of each action, as int arrays (map: C speed)."""
+    code = list(map(CODES.__getitem__, map(attrgetter("kind"), acts)))
+    rest = (list(map(attrgetter(name), acts)) for name in ("stage", "microbatch", "version"))
+    return tuple(np.array(col, dtype=np.int64).reshape(len(acts)) for col in (code, *rest))  # type: ignore[return-value]
 
 
-def memory_profile(schedule: Schedule) -> tuple[list[int], list[int]]:
+def peak_in_flight(code: np.ndarray) -> int:
+    delta = (code == F).astype(np.int64) - ((code == B) | (code == W))
+    return int(np.cumsum(delta).max(initial=0))
+
+
+def peak_versions(code: np.ndarray, stage: np.ndarray, version: np.ndarray, s: int) -> int:
+    mine = stage == s
+    uses = mine & (code <= W)
+    steps = np.flatnonzero(mine & (code == STEP))
+    top = int(max(version[uses].max(initial=0), version[steps].max(initial=0)))
+    created = np.full(top + 2, len(code), dtype=np.int64)  # version top+1 never comes
+    created[0] = -1
+    created[version[steps]] = steps
+    last_use = np.full(top + 1, -1, dtype=np.int64)
+    np.maximum.at(last_use, version[uses], np.flatnonzero(uses))
+    start = created[: top + 1]
+    stop = np.maximum(np.maximum(last_use, start) + 1, created[1:])
+    alive = start < len(code)  # versions never produced are never held
+    points = np.concatenate([start[alive], stop[alive]])
+    change = np.concatenate([np.ones(alive.sum(), np.int64), -np.ones(alive.sum(), np.int64)])
+    order = np.lexsort((change, points))  # at equal positions release before acquiring
+    return int(np.cumsum(change[order]).max(initial=0))
+
+
+def memory_profile(schedule: Schedule, cols: list[tuple] | None = None) -> tuple[list[int], list[int]]:
     """Per worker: peak in-flight (microbatch, stage) pairs, peak weight versions of one stage."""
-    activations = [peak_in_flight(acts) for acts in schedule.actions]
+    cols = cols or [columns(acts) for acts in schedule.actions]
+    activations = [peak_in_flight(c[0]) for c in cols]
     versions = [
-        max(peak_versions(acts, s) for s in spec.stages) for spec, acts in zip(schedule.workers, schedule.actions)
+        max(peak_versions(c[0], c[1], c[3], s) for s in spec.stages) for spec, c in zip(schedule.workers, cols)
     ]
     return activations, versions

@@ -16,9 +16,11 @@ from collections import deque
 from dataclasses import asdict, dataclass
 
 from trainer.schedule.actions import Action, Kind, Schedule, ScheduleError
+from trainer.schedule.engine import gc_paused
 from trainer.schedule.stash import memory_profile
 
-COMPUTE = (Kind.FORWARD, Kind.BACKWARD, Kind.BACKWARD_INPUT, Kind.BACKWARD_WEIGHT)
+COMPUTE = frozenset((Kind.FORWARD, Kind.BACKWARD, Kind.BACKWARD_INPUT, Kind.BACKWARD_WEIGHT))
+POINT_TO_POINT = frozenset((Kind.SEND_ACT, Kind.RECV_ACT, Kind.SEND_GRAD, Kind.RECV_GRAD))
 PAIR = {Kind.SEND_ACT: (Kind.RECV_ACT, 1), Kind.SEND_GRAD: (Kind.RECV_GRAD, -1)}
 
 
@@ -71,7 +73,7 @@ def _check_structure(schedule: Schedule) -> None:
         for a in schedule.actions[w]:
             if not 0 <= a.stage < schedule.num_stages:
                 raise ScheduleError(f"worker {w}: {a} names stage {a.stage} outside 0..{schedule.num_stages - 1}")
-            if a.kind.is_comm and a.kind is not Kind.ALLREDUCE:
+            if a.kind in POINT_TO_POINT:
                 if a.peer is None or not 0 <= a.peer < n or a.peer == w:
                     raise ScheduleError(f"worker {w}: {a} has peer {a.peer}, not another worker")
             if a.kind is Kind.ALLREDUCE and (not a.group or w not in a.group):
@@ -218,10 +220,11 @@ class _Replay:
 
 def validate(schedule: Schedule) -> ValidationReport:
     """Raise ScheduleError on a broken dependency or possible deadlock; report memory."""
-    _check_structure(schedule)
-    where = _where(schedule)
-    _Replay(schedule, where).run()
-    activations, versions = memory_profile(schedule)
+    with gc_paused():
+        _check_structure(schedule)
+        where = _where(schedule)
+        _Replay(schedule, where).run()
+        activations, versions = memory_profile(schedule)
     return ValidationReport(
         workers=len(schedule.workers),
         actions=sum(len(a) for a in schedule.actions),

@@ -1,0 +1,214 @@
+"""The simulator's inner loop, kept apart from its results so that it can be kept fast.
+
+Each worker's actions become three flat lists (kind code, data key, duration); a worker walks
+its list as far as it can and parks on the first input that has not been produced yet, and
+producing that input wakes it, so every action is handled once. Timing model: see simulate.py.
+"""
+
+from __future__ import annotations
+
+import gc
+from contextlib import contextmanager
+from dataclasses import dataclass
+
+import numpy as np
+
+from trainer.schedule.actions import Kind, Schedule, ScheduleError
+from trainer.schedule.stash import CODES
+
+F, B, BI, W, SA, RA, SG, RG, AR, ST = (
+    CODES[k]
+    for k in (
+        Kind.FORWARD, Kind.BACKWARD, Kind.BACKWARD_INPUT, Kind.BACKWARD_WEIGHT, Kind.SEND_ACT,
+        Kind.RECV_ACT, Kind.SEND_GRAD, Kind.RECV_GRAD, Kind.ALLREDUCE, Kind.STEP,
+    )
+)  # fmt: skip
+# the loop relies on this numbering: computes first, then send/recv pairs with odd receives
+assert (F, B, BI, W, SA, RA, SG, RG) == tuple(range(8))
+
+
+@contextmanager
+def gc_paused():
+    """The collector would rescan the 10^5 - 10^6 live actions again and again; pause it."""
+    enabled = gc.isenabled()
+    gc.disable()
+    try:
+        yield
+    finally:
+        if enabled:
+            gc.enable()
+
+
+@dataclass
+class Program:
+    """One worker's actions as columns: numpy for bulk work, lists for the loop."""
+
+    code: np.ndarray
+    stage: np.ndarray
+    mb: np.ndarray
+    dur: np.ndarray
+    codes: list[int]
+    keys: list[int]  # transfer: its datum; compute: the remote input it waits for, or -1; ALLREDUCE: group size
+    durs: list[float]
+    stages: list[int]
+    mbs: list[int]
+
+
+@dataclass
+class Trace:
+    """What the loop produced: per worker, the action index and start of each busy action."""
+
+    index: list[list[int]]
+    start: list[list[float]]
+    transfers: list[tuple[int, int, int, int, float, float]]  # sender, code, sender stage, mb, start, end
+
+
+def durations(costs) -> np.ndarray:
+    """dur[stage, code] from a list of StageCosts."""
+    table = np.zeros((len(costs), len(CODES)))
+    for i, c in enumerate(costs):
+        for code, value in ((F, c.fwd_s), (B, c.bwd_s), (BI, c.bi_s), (W, c.w_s), (SA, c.send_act_s),
+                            (SG, c.send_grad_s), (AR, c.allreduce_s), (ST, c.step_s)):  # fmt: skip
+            table[i, code] = value
+    return table
+
+
+def compile_programs(schedule: Schedule, cols: list[tuple], dur: np.ndarray) -> list[Program]:
+    S = schedule.num_stages
+    progs = []
+    for acts, (code, stage, mb, _) in zip(schedule.actions, cols):
+        base = (mb * S + stage) * 2  # key = (mb * S + receiving stage) * 2 + is_gradient
+        key = np.full(len(code), -1, dtype=np.int64)
+        for c, k in ((RA, base), (RG, base + 1), (SA, base + 2), (SG, base - 1)):
+            sel = code == c
+            key[sel] = k[sel]
+        for c, k, recv in ((F, base, RA), (B, base + 1, RG), (BI, base + 1, RG)):
+            sel = (code == c) & np.isin(k, base[code == recv] + (recv == RG))
+            key[sel] = k[sel]
+        for i in np.flatnonzero(code == AR):
+            key[i] = len(acts[i].group or ())
+        d = dur[stage, code] if len(code) else np.zeros(0)
+        progs.append(
+            Program(code, stage, mb, d, code.tolist(), key.tolist(), d.tolist(), stage.tolist(), mb.tolist())
+        )
+    return progs
+
+
+def run(schedule: Schedule, progs: list[Program]) -> Trace:
+    S, M = schedule.num_stages, schedule.microbatches
+    nw = len(progs)
+    nkeys = 2 * S * max(M, 1)
+    send_post: list[float | None] = [None] * nkeys
+    recv_post: list[float | None] = [None] * nkeys
+    arrival: list[float | None] = [None] * nkeys
+    sender = [0] * nkeys
+    xfer = [0.0] * nkeys  # transfer time, known from the SEND
+    parked = [-1] * nkeys  # worker waiting for the datum
+    clock = [0.0] * nw
+    pc = [0] * nw
+    index: list[list[int]] = [[] for _ in range(nw)]
+    start: list[list[float]] = [[] for _ in range(nw)]
+    transfers: list[tuple] = []
+    collective: dict[tuple[int, int], list[int]] = {}
+    ar_seen: dict[tuple[int, int], int] = {}
+    ready = list(range(nw - 1, -1, -1))
+
+    while ready:
+        w = ready.pop()
+        p = progs[w]
+        codes, keys, durs = p.codes, p.keys, p.durs
+        ei, et, t, i, n = index[w], start[w], clock[w], pc[w], len(codes)
+        while i < n:
+            c = codes[i]
+            if c <= W or c == ST:
+                if c <= W and (key := keys[i]) >= 0:
+                    a = arrival[key]
+                    if a is None:
+                        parked[key] = w
+                        break
+                    if a > t:
+                        t = a
+                ei.append(i)
+                et.append(t)
+                t += durs[i]
+            elif c <= RG:  # a transfer starts once both ends are posted
+                key = keys[i]
+                if c & 1:  # RECV_ACT, RECV_GRAD
+                    recv_post[key] = t
+                    other = send_post[key]
+                    if other is None:
+                        i += 1
+                        continue
+                    d, src, code, s = xfer[key], sender[key], c - 1, p.stages[i] + (1 if c == RG else -1)
+                else:
+                    d = durs[i]
+                    send_post[key], sender[key], xfer[key] = t, w, d
+                    other = recv_post[key]
+                    if other is None:
+                        i += 1
+                        continue
+                    src, code, s = w, c, p.stages[i]
+                begin = t if t > other else other
+                arrival[key] = begin + d
+                if d > 0:
+                    transfers.append((src, code, s, p.mbs[i], begin, begin + d))
+                if parked[key] >= 0:
+                    ready.append(parked[key])
+                    parked[key] = -1
+            else:  # ALLREDUCE: the last member to arrive releases the group
+                s = p.stages[i]
+                occ = ar_seen.get((w, s), 0)
+                ar_seen[(w, s)] = occ + 1
+                members = collective.setdefault((s, occ), [])
+                members.append(w)
+                clock[w], pc[w] = t, i
+                if len(members) < keys[i]:
+                    i = -1  # parked until the group is complete
+                    break
+                del collective[(s, occ)]
+                begin = max(clock[m] for m in members)
+                for m in members:
+                    index[m].append(pc[m])
+                    start[m].append(begin)
+                    clock[m], pc[m] = begin + progs[m].durs[pc[m]], pc[m] + 1
+                    if m != w:
+                        ready.append(m)
+                t, i = clock[w], pc[w]
+                continue
+            i += 1
+        if i >= 0:
+            clock[w], pc[w] = t, i
+    stuck = [w for w in range(nw) if pc[w] < len(progs[w].codes)]
+    if stuck:
+        raise ScheduleError(f"simulation stalled: workers {stuck[:8]} wait for data never sent (run validate)")
+    return Trace(index, start, transfers)
+
+
+def worker_stats(progs: list[Program], trace: Trace):
+    """Busy and compute seconds per worker, start and end, and the steady-state idle share.
+
+    The steady state runs from the last worker's first backward to the first worker's last
+    forward (stats.py defines the same for any timeline).
+    """
+    busy, compute, first_b, last_f, lo, hi = [], [], {}, {}, [], []
+    spans = []
+    for w, (p, idx, st) in enumerate(zip(progs, trace.index, trace.start)):
+        idx = np.asarray(idx, dtype=np.int64)
+        begin = np.asarray(st, dtype=np.float64)
+        code, end = p.code[idx], begin + p.dur[idx]
+        spans.append((begin, end))
+        busy.append(float((end - begin).sum()))
+        compute.append(float((end - begin)[code <= W].sum()))
+        if len(idx):
+            lo.append(float(begin.min()))
+            hi.append(float(end.max()))
+        bwd, fwd = (code == B) | (code == BI), code == F
+        if bwd.any() and fwd.any():
+            first_b[w], last_f[w] = float(begin[bwd].min()), float(end[fwd].max())
+    steady = None
+    if first_b:
+        s0, s1 = max(first_b.values()), min(last_f.values())
+        if s1 > s0:
+            held = sum(float(np.clip(np.minimum(spans[w][1], s1) - np.maximum(spans[w][0], s0), 0, None).sum()) for w in first_b)
+            steady = max(0.0, 1.0 - held / ((s1 - s0) * len(first_b)))
+    return busy, compute, steady, min(lo, default=0.0), max(hi, default=0.0)
