@@ -114,61 +114,141 @@ def last_stage_costs(t: Tables, values, params, opt: LevelOptions, preds: np.nda
     return last
 
 
-def solve_level(t: Tables, values: np.ndarray, opt: LevelOptions) -> np.ndarray:
-    """Fill the level's table; returns F with F[j, i, m] = the reference's A[i][j][m][0].
+def _target_costs(cost: np.ndarray, stash: np.ndarray | None, opt: LevelOptions) -> np.ndarray:
+    """(K, R, M): the last stage's cost for each target machine count m (the memory check
+    depends on m: the reference's stash is ceil((M - (m+1)) / m') times the stage's bytes)."""
+    K, R = cost.shape
+    M = opt.machines
+    out = np.broadcast_to(cost[:, :, None], (K, R, M)).copy()
+    if stash is not None:
+        r = np.arange(1, R + 1)[:, None]
+        m = np.arange(M)[None, :]
+        factor = _stash_factor(m + 1, r, M)  # (R, M)
+        out[stash[:, None, None] * factor[None] > opt.memory_bytes] = INF
+    return out
+
+
+def _diagonal_plan(M: int, R: int):
+    """Flat (m'', m'-1) pairs sorted by target m = m'' + m', with the start of each target."""
+    pairs = [(m - r, r - 1) for m in range(1, M) for r in range(1, min(R, m) + 1)]
+    mm = np.array([p[0] for p in pairs], dtype=np.intp)
+    rr = np.array([p[1] for p in pairs], dtype=np.intp)
+    targets = mm + rr + 1
+    starts = np.searchsorted(targets, np.arange(1, M))
+    return mm, rr, targets, starts
+
+
+def solve_level(t: Tables, values: np.ndarray, opt: LevelOptions, bound: float = INF) -> np.ndarray:
+    """Fill the level's table; returns F with F[j, m, i] = the reference's A[i][j][m][0].
 
     ``values`` is this level's ``compute_times`` ((n+1, n), +inf for empty). At the final level
-    only row i = 0 is filled (the reference's ``max_i = 1``), the other rows stay +inf.
+    only row i = 0 is filled (the reference's ``max_i = 1``). With a finite ``bound``, entries
+    above it may come out larger than the reference's (or +inf); every entry at or below it is
+    exact, because each candidate is the max of its parts and a part above the bound can only
+    produce a candidate above it.
     """
     n, M = t.size, opt.machines
     rows = 1 if opt.final else n + 1
     acts = _block_sums(t.activation)
     params = _block_sums(t.parameters)
-    F = np.full((n, rows, M), INF)
+    F = np.full((n, M, rows), INF)
 
     # Single-stage blocks: the whole of i..j on m+1 machines, all-reduce over the machines below.
     init_m = 1 if opt.straight else M
     for i in range(rows):
         for m in range(init_m):
-            F[i:, i, m] = single_stage_costs(values, acts, params, opt, i, slice(i, n), m)
+            F[i:, m, i] = single_stage_costs(values, acts, params, opt, i, slice(i, n), m)
+    if bound < INF:
+        F[F > bound] = INF
 
-    max_rep = 1 if opt.straight else M - 1
-    reps = np.arange(1, max_rep + 1, dtype=float)  # m'
-    for j in range(n):
-        preds = t.predecessors[j]
-        if j > 0 and opt.fewer_machines:
-            # A[i][j][m] may keep A[i][j][m-1] (the reference's use_fewer_machines), rows i < j.
-            top = min(j, rows)
-            F[j, :top] = np.minimum.accumulate(F[j, :top], axis=1)
-        if len(preds) == 0 or M == 1:
-            continue
-        last = last_stage_costs(t, values, params, opt, preds, j, reps)  # (K, m')
+    R = 1 if opt.straight else M - 1
+    reps = np.arange(1, R + 1, dtype=float)  # m'
+    diag = _diagonal_plan(M, R) if M > 1 else None
+    for j in range(1, n):
         top = min(j, rows)  # rows i <= k < j
-        prefix = F[preds, :top, :]  # (K, rows, M): A[i][k][m'']
-        best = np.full((top, M), INF)
-        stash_base = acts[preds + 1, j] + params[preds + 1, j] if opt.memory_bytes is not None else None
-        for r in range(1, max_rep + 1):
-            cost = last[:, r - 1]  # (K,)
-            if stash_base is not None:
-                totals = np.arange(r, M)  # m = m'' + m' for m'' = 0..M-1-m'
-                factor = _stash_factor(totals + 1, r, M)
-                bad = stash_base[:, None] * factor[None, :] > opt.memory_bytes
-                cost_m = np.where(bad, INF, cost[:, None])  # (K, M - m')
-                cand = np.maximum(prefix[:, :, : M - r], cost_m[:, None, :])
-            else:
-                cand = np.maximum(prefix[:, :, : M - r], cost[:, None, None])
-            np.minimum(best[:, r:], cand.min(axis=0), out=best[:, r:])
-        # Transitions apply to m >= 1 only; m = 0 keeps its single-stage value.
-        np.minimum(F[j, :top, 1:], best[:, 1:], out=F[j, :top, 1:])
+        preds = t.predecessors[j]
+        if len(preds) and M > 1:
+            cost = last_stage_costs(t, values, params, opt, preds, j, reps)  # (K, R)
+            stash = acts[preds + 1, j] + params[preds + 1, j] if opt.memory_bytes is not None else None
+            if bound < INF:
+                keep = cost.min(axis=1) <= bound
+                preds, cost = preds[keep], cost[keep]
+                stash = stash[keep] if stash is not None else None
+            if len(preds):
+                target_cost = _target_costs(cost, stash, opt)  # (K, R, M)
+                if rows == 1:
+                    _pull_single_row(F, j, preds, target_cost, diag)
+                else:
+                    _pull_all_rows(F, j, top, preds, target_cost, R, bound)
         if opt.fewer_machines:
-            F[j, :top] = np.minimum.accumulate(F[j, :top], axis=1)
+            # A[i][j][m] may keep A[i][j][m-1] (the reference's use_fewer_machines), rows i < j.
+            F[j, :, :top] = np.minimum.accumulate(F[j, :, :top], axis=0)
     return F
+
+
+def _pull_single_row(F: np.ndarray, j: int, preds: np.ndarray, target_cost: np.ndarray, diag) -> None:
+    """Row 0 only: every (k, m'', m') at once, then the best per target m = m'' + m'."""
+    mm, rr, targets, starts = diag
+    prefix = F[preds, :, 0]  # (K, M): A[0][k][m'']
+    cand = np.maximum(prefix[:, mm], target_cost[:, rr, targets])  # (K, pairs)
+    best = np.minimum.reduceat(cand.min(axis=0), starts)  # per m = 1..M-1
+    np.minimum(F[j, 1:, 0], best, out=F[j, 1:, 0])
+
+
+_CHUNK = 32  # predecessors per slab: keeps the temporaries in cache
+
+
+def _pull_all_rows(F: np.ndarray, j: int, top: int, preds: np.ndarray, target_cost: np.ndarray, R: int,
+                   bound: float) -> None:
+    """Every row i < j at once: A[i][j][m] = min over k, m' of max(A[i][k][m-m'], cost(k, j, m')).
+
+    Predecessors come in ascending slabs, and a slab whose last state is k only reads rows
+    i <= k (row i is empty before state i). Under a finite bound, a slab also skips the rows
+    whose entries all exceed it and, per m', the states before the first affordable last stage;
+    these are slices, so a skipped part costs nothing (and keeps every candidate at or below
+    the bound).
+    """
+    M = F.shape[1]
+    best = np.full((M, top), INF)
+    scratch = np.empty((_CHUNK, M, top))
+    reduced = np.empty((M, top))
+    pruning = bound < INF
+    for lo in range(0, len(preds), _CHUNK):
+        ks = preds[lo:lo + _CHUNK]
+        width = int(ks[-1]) + 1
+        part = F[ks, :, :width]  # (k, M, rows <= last k)
+        tc = target_cost[lo:lo + _CHUNK]
+        first_col = 0
+        if pruning:
+            live_cols = np.nonzero((part <= bound).any(axis=(0, 1)))[0]
+            if len(live_cols) == 0:
+                continue
+            first_col = int(live_cols[0])
+            part = part[:, :, first_col:]
+        w = part.shape[2]
+        for r in range(1, R + 1):
+            span = M - r
+            cost_r = tc[:, r - 1, r:]  # (k, span): cost for target m = m'' + r
+            first_k = 0
+            if pruning:
+                affordable = np.nonzero(cost_r.min(axis=1) <= bound)[0]
+                if len(affordable) == 0:
+                    continue
+                first_k = int(affordable[0])
+            k = len(ks) - first_k
+            buf = scratch[:k, :span, :w]
+            np.maximum(part[first_k:, :span], cost_r[first_k:, :, None], out=buf)
+            red = reduced[:span, :w]
+            np.minimum.reduce(buf, axis=0, out=red)
+            dst = best[r:, first_col:first_col + w]
+            np.minimum(dst, red, out=dst)
+    np.minimum(F[j, 1:, :top], best[1:], out=F[j, 1:, :top])
 
 
 def next_level_values(F: np.ndarray, n: int) -> np.ndarray:
     """The next level's ``compute_times``: this level's best on all its machines, per block."""
     v = np.full((n + 1, n), INF)
-    v[: F.shape[1]] = F[:, :, -1].T
+    v[: F.shape[2]] = F[:, -1, :].T
     return v
 
 
@@ -182,15 +262,15 @@ class LevelSolution:
     F: np.ndarray
 
     def best(self, i: int, j: int) -> float:
-        return float(self.F[j, i, -1])
+        return float(self.F[j, -1, i])
 
     def split(self, i: int, j: int) -> list[tuple[int, int, int]]:
         """Stages (start, end, replicas), half-open state ranges, of block i..j on all machines."""
         return _split(self, i, j, self.options.machines - 1)
 
 
-def solve(tables: Tables, values: np.ndarray, opt: LevelOptions) -> LevelSolution:
-    return LevelSolution(tables, values, opt, solve_level(tables, values, opt))
+def solve(tables: Tables, values: np.ndarray, opt: LevelOptions, bound: float = INF) -> LevelSolution:
+    return LevelSolution(tables, values, opt, solve_level(tables, values, opt, bound))
 
 
 def _split(sol: LevelSolution, i: int, j: int, m: int) -> list[tuple[int, int, int]]:
@@ -198,7 +278,7 @@ def _split(sol: LevelSolution, i: int, j: int, m: int) -> list[tuple[int, int, i
     # arithmetic (so equality is exact), in the reference's order of preference: the single
     # stage, then fewer machines, then the last-stage splits.
     t, opt, F = sol.tables, sol.options, sol.F
-    target = F[j, i, m]
+    target = F[j, m, i]
     if not np.isfinite(target):
         raise ValueError(f"no feasible split for states {i}..{j} on {m + 1} machines")
     acts = _block_sums(t.activation)
@@ -207,7 +287,7 @@ def _split(sol: LevelSolution, i: int, j: int, m: int) -> list[tuple[int, int, i
         single = float(single_stage_costs(sol.values, acts, params, opt, i, slice(j, j + 1), m)[0])
         if single == target:
             return [(i, j + 1, m + 1)]
-    if opt.fewer_machines and m > 0 and j > i and F[j, i, m - 1] == target:
+    if opt.fewer_machines and m > 0 and j > i and F[j, m - 1, i] == target:
         return _split(sol, i, j, m - 1)
     preds = t.predecessors[j]
     preds = preds[preds >= i]
@@ -222,7 +302,7 @@ def _split(sol: LevelSolution, i: int, j: int, m: int) -> list[tuple[int, int, i
             cost = np.where(stash > opt.memory_bytes, INF, last[:, col])
         else:
             cost = last[:, col]
-        cand = np.maximum(F[preds, i, m - r], cost)
+        cand = np.maximum(F[preds, m - r, i], cost)
         hits = np.nonzero(cand == target)[0]
         if len(hits):
             k = int(preds[hits[0]])

@@ -30,26 +30,62 @@ def tables_of(chain: StateChain) -> Tables:
     )
 
 
-def solve_levels(tables: Tables, levels, *, memory_bytes, straight, fewer_workers,
-                 activation_compression) -> list[LevelSolution]:
+def _level_options(levels, idx: int, rows_only_first: bool, **options) -> LevelOptions:
+    return LevelOptions(
+        machines=levels[idx][0],
+        bandwidth=levels[idx][1],
+        machines_below=levels[idx - 1][0] if idx > 0 else 1,
+        final=rows_only_first or idx == len(levels) - 1,
+        straight=options["straight"],
+        fewer_machines=options["fewer_workers"],
+        memory_bytes=options["memory_bytes"],
+        activation_compression=options["activation_compression"],
+    )
+
+
+def _bounds(tables: Tables, levels, **options) -> list[float]:
+    """Per level, a value above which no entry can matter to the optimum (+inf: no pruning).
+
+    An upper bound U on the optimum comes from the same DP restricted to blocks that start at
+    state 0 on every level (each level's machines all replicate one level-below pipeline), a
+    plan the full DP also considers. A level-k entry v enters level k+1 as ``(v + comm)/m'``
+    with m' <= M(k+1) and comm >= 0, so beyond ``U * M(k+1)`` (and so on down) it cannot be on
+    an optimal path. That needs comm >= 0, which holds for the blocks the top level reads; for
+    the blocks deeper levels read it holds when the states form a chain, else those levels are
+    left unpruned.
+    """
+    L = len(levels)
+    if L == 1:
+        return [math.inf]
     values = level1_values(tables)
-    below = 1
+    for idx in range(L):
+        sol = solve(tables, values, _level_options(levels, idx, True, **options))
+        values = next_level_values(sol.F, tables.size)
+    upper = sol.best(0, tables.size - 1)
+    if not math.isfinite(upper):
+        return [math.inf] * L
+    chain = all(len(p) == j for j, p in enumerate(tables.predecessors))
+    bounds = [math.inf] * L
+    bounds[-1] = upper * (1 + 1e-9)
+    for idx in range(L - 2, -1, -1):
+        if idx < L - 2 and not chain:
+            break
+        bounds[idx] = bounds[idx + 1] * levels[idx + 1][0] * (1 + 1e-9)
+    return bounds
+
+
+def solve_levels(tables: Tables, levels, *, memory_bytes, straight, fewer_workers,
+                 activation_compression, prune: bool = True) -> list[LevelSolution]:
+    """Solve every level, innermost first; entries that cannot matter are pruned when ``prune``."""
+    options = dict(memory_bytes=memory_bytes, straight=straight, fewer_workers=fewer_workers,
+                   activation_compression=activation_compression)
+    bounds = _bounds(tables, levels, **options) if prune else [math.inf] * len(levels)
+    values = level1_values(tables)
     solutions = []
-    for idx, (workers, bandwidth) in enumerate(levels):
-        opt = LevelOptions(
-            machines=workers,
-            bandwidth=bandwidth,
-            machines_below=below,
-            final=idx == len(levels) - 1,
-            straight=straight,
-            fewer_machines=fewer_workers,
-            memory_bytes=memory_bytes,
-            activation_compression=activation_compression,
-        )
-        sol = solve(tables, values, opt)
+    for idx in range(len(levels)):
+        sol = solve(tables, values, _level_options(levels, idx, False, **options), bounds[idx])
         solutions.append(sol)
         values = next_level_values(sol.F, tables.size)
-        below = workers
     return solutions
 
 
