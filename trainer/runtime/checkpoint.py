@@ -77,3 +77,25 @@ def latest(root: str | Path, layout: dict[str, Any]) -> int | None:
 
 def load_rank(root: str | Path, step: int, rank: int) -> dict[str, Any]:
     return torch.load(step_dir(root, step) / f"rank-{rank}.pt", weights_only=False)
+
+
+def assemble_model(cfg, root: str | Path, step: int | None = None, rank_filter=None):
+    """The whole model of a run, rebuilt from its checkpoint at ``step`` (default: the latest
+    complete one): each stage's weights from the first rank that holds it, or from every rank
+    ``rank_filter(rank)`` accepts. Returns (model, {rank: state})."""
+    from trainer.runtime import model as model_mod
+    from trainer.runtime.layout import resolve
+
+    layout = resolve(cfg)
+    step = complete_steps(root)[-1] if step is None else step
+    zoo = model_mod.load_zoo(cfg)
+    example = zoo.example_input(cfg.microbatch_size)
+    stages = model_mod.build_stages(zoo.model, example, model_mod.stage_layers(cfg, zoo, layout.virtual_stages))
+    states = {r: load_rank(root, step, r) for r in range(layout.world) if rank_filter is None or rank_filter(r)}
+    loaded = set()
+    for r, state in states.items():
+        for s, st in state["stages"].items():
+            if s not in loaded:
+                stages[s].load_state_dict(st["module"])
+                loaded.add(s)
+    return zoo.model, states

@@ -16,6 +16,18 @@ from torch import nn
 from trainer.runtime.comm import BoundarySpec, TensorSpec
 
 
+def load_zoo(cfg):
+    """The zoo entry ``cfg`` names, built from its seed, with the optimizer overrides applied."""
+    import trainer.zoo
+
+    zoo = trainer.zoo.get(cfg.model, seed=cfg.seed, **cfg.model_args)
+    if cfg.optimizer:
+        zoo.optimizer = cfg.optimizer
+    if cfg.lr:
+        zoo.lr = cfg.lr
+    return zoo
+
+
 def layer_names(model: nn.Module, example: torch.Tensor) -> list[str]:
     """The model's layers (inputs excluded) in topological order, as ``split_model`` names them."""
     return [name for name, _ in layer_sizes(model, example)]
@@ -53,6 +65,14 @@ def uniform_split(names: Sequence[str], sizes: Sequence[float], num_stages: int)
         cuts.append(min(range(lo, hi + 1), key=lambda i: abs(cum[i] - goal)))
     cuts.append(n)
     return [list(names[cuts[k]:cuts[k + 1]]) for k in range(num_stages)]
+
+
+def stage_layers(cfg, zoo, num_stages: int) -> list[list[str]]:
+    """The plan's stages, or a uniform split of the zoo model balanced by parameter count."""
+    if cfg.stages:
+        return [list(s) for s in cfg.stages]
+    sizes = layer_sizes(zoo.model, zoo.example_input(cfg.microbatch_size))
+    return uniform_split([n for n, _ in sizes], [z for _, z in sizes], num_stages)
 
 
 def build_stages(model: nn.Module, example: torch.Tensor, stages: list[list[str]]) -> list[nn.Module]:

@@ -63,11 +63,11 @@ class WeightVersions:
 
     def release(self, version: int) -> None:
         """No later action uses ``version``: recycle its storage unless the parameters hold it."""
-        view = self.views.pop(version, None)
+        view = self.views.get(version)
         if view is None or version == self.current:
-            if view is not None:
-                self.views[version] = view
             return
+        self._move_grads(view)  # its last backward's gradients still await the next step
+        del self.views[version]
         if view[0].data_ptr() != self.params[0].data_ptr():
             self.pool.append([t.detach() for t in view])
 
@@ -77,12 +77,14 @@ class WeightVersions:
         """Move the gradients that backwards left on version tensors onto the parameters."""
         if self.stash:
             for view in self.views.values():
-                for p, t in zip(self.params, view):
-                    if t.grad is None:
-                        continue
-                    p.grad = t.grad if p.grad is None else p.grad.add_(t.grad)
-                    t.grad = None
+                self._move_grads(view)
         return [p.grad for p in self.params]
+
+    def _move_grads(self, view: list[torch.Tensor]) -> None:
+        for p, t in zip(self.params, view):
+            if t.grad is not None:
+                p.grad = t.grad if p.grad is None else p.grad.add_(t.grad)
+                t.grad = None
 
     def step(self, version: int, keep_current: bool) -> None:
         """Apply the optimizer, producing ``version``. ``keep_current``: the version held now is
@@ -96,6 +98,9 @@ class WeightVersions:
                 p.data = t
         self.optimizer.step()
         self.optimizer.zero_grad(set_to_none=True)
+        old = self.current
         self.current = version
         if self.stash:
+            if not keep_current:  # the old version was updated in place: nothing may use it now
+                self.views.pop(old, None)
             self.views[version] = self._view()

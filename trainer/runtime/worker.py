@@ -70,8 +70,6 @@ def _stages_of(cfg: RunConfig, rank: int) -> tuple[int, ...]:
 
 
 def train(cfg: RunConfig, env: WorkerEnv) -> None:
-    import trainer.zoo
-
     torch.set_num_threads(cfg.threads)
     rank, world = env.rank, env.world
     device = torch.device(f"cuda:{rank % torch.cuda.device_count()}" if cfg.device == "cuda" else "cpu")
@@ -87,18 +85,9 @@ def train(cfg: RunConfig, env: WorkerEnv) -> None:
     M = cfg.microbatches
     template = layout.build(M if not cfg.is_async else _lcm(layout.replicas))
     me = template.workers[rank]
-    zoo = trainer.zoo.get(cfg.model, seed=cfg.seed, **cfg.model_args)
-    if cfg.optimizer:
-        zoo.optimizer = cfg.optimizer
-    if cfg.lr:
-        zoo.lr = cfg.lr
+    zoo = model_mod.load_zoo(cfg)
     example = zoo.example_input(cfg.microbatch_size)
-    if cfg.stages:
-        stage_layers = cfg.stages
-    else:
-        sizes = model_mod.layer_sizes(zoo.model, example)
-        stage_layers = model_mod.uniform_split([n for n, _ in sizes], [z for _, z in sizes], layout.virtual_stages)
-    modules = model_mod.build_stages(zoo.model, example, stage_layers)
+    modules = model_mod.build_stages(zoo.model, example, model_mod.stage_layers(cfg, zoo, layout.virtual_stages))
     specs = model_mod.boundary_specs(modules, example)
     S = len(modules)
     stash = cfg.is_async

@@ -1,0 +1,109 @@
+"""Single-process references for the runtime's semantics (tests and benchmarks compare to these).
+
+- ``train_sync``: plain training with gradient accumulation over the microbatches of each batch,
+  which is exactly what ``gpipe``, ``1f1b`` and ``dp`` must compute.
+- ``emulate_async``: the asynchronous ``pipedream`` schedule executed in one process with weight
+  stashing done the obvious, expensive way (a deep copy of the stage per weight version); the
+  runtime's storage-level versions must reproduce it. ``stash=False`` runs every backward against
+  the latest weights instead (recomputing its forward), the semantics weight stashing exists to
+  avoid.
+"""
+
+from __future__ import annotations
+
+import copy
+
+import torch
+
+from trainer.runtime import model as model_mod
+from trainer.runtime.config import RunConfig
+from trainer.runtime.data import TrainStream
+from trainer.runtime.layout import resolve
+from trainer.schedule.actions import Kind
+
+
+def train_sync(cfg: RunConfig, steps: int) -> torch.nn.Module:
+    """``steps`` optimizer steps over batches of ``cfg.batch_size``, each the sum of its
+    ``cfg.microbatches`` microbatch gradients of loss / M. Returns the trained model."""
+    zoo = model_mod.load_zoo(cfg)
+    model, opt = zoo.model, zoo.make_optimizer(zoo.model.parameters())
+    stream = TrainStream(zoo, cfg.batch_size, cfg.microbatches, torch.device("cpu"))
+    M = cfg.microbatches
+    for k in range(steps):
+        for j in range(M):
+            x, y = stream.microbatch(k * M + j)
+            (zoo.loss_fn(model(x), y) / M).backward()
+        opt.step()
+        opt.zero_grad(set_to_none=True)
+    return model
+
+
+def emulate_async(cfg: RunConfig, steps: int, stash: bool = True) -> torch.nn.Module:
+    """Run the pipedream action lists for ``steps`` batches in one process, unreplicated."""
+    layout = resolve(cfg)
+    if any(r != 1 for r in layout.replicas):
+        raise ValueError("emulate_async: replicated stages are not emulated")
+    zoo = model_mod.load_zoo(cfg)
+    example = zoo.example_input(cfg.microbatch_size)
+    stages = model_mod.build_stages(zoo.model, example, model_mod.stage_layers(cfg, zoo, layout.virtual_stages))
+    S, M = len(stages), cfg.microbatches
+    opts = [zoo.make_optimizer(m.parameters()) for m in stages]
+    versions = [{0: copy.deepcopy(m)} for m in stages]
+    pending = [None] * S  # summed gradients since the last step, per stage
+    stream = TrainStream(zoo, cfg.batch_size, M, torch.device("cpu"))
+    schedule = layout.build(steps * M)
+    acts, grads, ctx = {}, {}, {}
+    pos = [0] * len(schedule.actions)
+
+    def run(a) -> bool:
+        s, mb = a.stage, a.microbatch
+        if a.kind is Kind.FORWARD:
+            if s > 0 and (s, mb) not in acts:
+                return False
+            x, y = stream.microbatch(mb)
+            inputs = [x] if s == 0 else [t.detach().requires_grad_(t.dtype.is_floating_point) for t in acts.pop((s, mb))]
+            module = versions[s][a.version] if stash else stages[s]
+            out = module(*inputs)
+            if s == S - 1:
+                ctx[(s, mb)] = (inputs, zoo.loss_fn(out[0], y), module)
+            else:
+                ctx[(s, mb)] = (inputs, out, module)
+                acts[(s + 1, mb)] = out
+        elif a.kind is Kind.BACKWARD:
+            if s < S - 1 and (s, mb) not in grads:
+                return False
+            inputs, out, module = ctx.pop((s, mb))
+            if not stash:  # the backward sees the latest weights: recompute against them
+                inputs = [t.detach().requires_grad_(t.dtype.is_floating_point) for t in inputs]
+                out = module(*inputs)
+                if s == S - 1:
+                    out = zoo.loss_fn(out[0], stream.microbatch(mb)[1])
+            if s == S - 1:
+                out.backward()
+            else:
+                g = grads.pop((s, mb))
+                torch.autograd.backward([o for o in out if o.requires_grad], [gg for o, gg in zip(out, g) if o.requires_grad])
+            if s > 0:
+                grads[(s - 1, mb)] = [t.grad for t in inputs if t.dtype.is_floating_point]
+            new = [p.grad.clone() for p in module.parameters()]
+            module.zero_grad(set_to_none=True)
+            pending[s] = new if pending[s] is None else [a + b for a, b in zip(pending[s], new)]
+        elif a.kind is Kind.STEP:
+            for p, g in zip(stages[s].parameters(), pending[s]):
+                p.grad = g
+            opts[s].step()
+            opts[s].zero_grad(set_to_none=True)
+            pending[s] = None
+            if stash:
+                versions[s][a.version] = copy.deepcopy(stages[s])
+        return True
+
+    while any(pos[w] < len(acts_w) for w, acts_w in enumerate(schedule.actions)):
+        progressed = False
+        for w, acts_w in enumerate(schedule.actions):
+            while pos[w] < len(acts_w) and run(acts_w[pos[w]]):
+                pos[w] += 1
+                progressed = True
+        if not progressed:
+            raise RuntimeError("emulate_async: the schedule cannot make progress")
+    return zoo.model
