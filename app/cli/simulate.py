@@ -1,9 +1,194 @@
-"""`pipeboard` commands of this area (filled in by its issue)."""
+"""`pipeboard simulate`: predict a schedule's timeline from a plan or from uniform stage times.
+
+    pipeboard simulate [PLAN.json] [--stages P --fwd T --bwd T] --schedule NAME --microbatches M
+                       [--chunks V] [--comm T] [--trace out.json] [--gantt out.html] [--json]
+
+Times on the command line are milliseconds per microbatch per stage. Numbers are parsed here,
+not by click, so that every bad value gets one line naming the option and exit code 2.
+"""
 
 from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any, Optional
 
 import typer
 
 
+class UsageError(ValueError):
+    """A bad command line; the message names the option."""
+
+
+def _number(name: str, raw: str | None, kind: type, *, minimum: float, default: Any = None) -> Any:
+    if raw is None:
+        return default
+    try:
+        value = kind(raw)
+    except ValueError:
+        raise UsageError(f"{name}: expected {'an integer' if kind is int else 'a number'}, got {raw!r}") from None
+    if value != value or value < minimum or value == float("inf"):
+        raise UsageError(f"{name}: must be >= {minimum}, got {raw}")
+    return value
+
+
+def _replicas(raw: str | None) -> list[int] | None:
+    if raw is None:
+        return None
+    try:
+        reps = [int(x) for x in raw.split(",")]
+    except ValueError:
+        raise UsageError(f"--replicas: expected comma-separated integers like 1,2,1, got {raw!r}") from None
+    if any(r < 1 for r in reps):
+        raise UsageError(f"--replicas: every stage needs >= 1 replica, got {raw}")
+    return reps
+
+
+def _plan_costs(path: Path, schedule: str):
+    from trainer.schedule.actions import ScheduleError
+    from trainer.schedule.costs import StageCosts, costs_from_plan, plan_replicas
+
+    try:
+        data = json.loads(path.read_text())
+    except OSError as exc:
+        raise UsageError(f"PLAN: cannot read {path}: {exc.strerror}") from None
+    except json.JSONDecodeError as exc:
+        raise UsageError(f"PLAN: {path} is not JSON (line {exc.lineno}: {exc.msg})") from None
+    try:
+        costs, replicas = costs_from_plan(data), plan_replicas(data)
+    except ScheduleError as exc:
+        raise UsageError(f"PLAN: {exc}") from None
+    if schedule == "dp":  # the whole model on every worker
+        whole = StageCosts(fwd_s=sum(c.fwd_s for c in costs), bwd_s=sum(c.bwd_s for c in costs))
+        return [whole], [sum(replicas)]
+    return costs, replicas
+
+
+def simulate_command(
+    plan: Optional[Path],
+    stages: str | None,
+    fwd: str | None,
+    bwd: str | None,
+    comm: str | None,
+    allreduce: str | None,
+    replicas: str | None,
+    schedule: str | None,
+    microbatches: str | None,
+    chunks: str | None,
+    vertical_sync: bool,
+    split_backward: bool | None,
+) -> tuple[Any, Any]:
+    """Build and simulate; returns (schedule, SimResult). Raises UsageError or ScheduleError."""
+    from trainer.schedule import SCHEDULES, build
+    from trainer.schedule.costs import costs_uniform
+    from trainer.schedule.simulate import simulate
+
+    if schedule is None:
+        raise UsageError(f"--schedule: required, one of {', '.join(SCHEDULES)}")
+    if schedule not in SCHEDULES:
+        raise UsageError(f"--schedule: unknown schedule {schedule!r} (known: {', '.join(SCHEDULES)})")
+    m = _number("--microbatches", microbatches, int, minimum=1)
+    if m is None:
+        raise UsageError("--microbatches: required (microbatches per iteration, or minibatches for pipedream)")
+    v = _number("--chunks", chunks, int, minimum=1, default=1)
+    comm_s = _number("--comm", comm, float, minimum=0, default=0.0) / 1e3
+    allreduce_s = _number("--allreduce", allreduce, float, minimum=0, default=0.0) / 1e3
+    reps = _replicas(replicas)
+    if plan is not None:
+        if stages is not None or fwd is not None or bwd is not None:
+            raise UsageError("PLAN: give either a plan or --stages/--fwd/--bwd, not both")
+        costs, plan_reps = _plan_costs(plan, schedule)
+        reps = reps or plan_reps
+        p = len(costs)
+    else:
+        p = _number("--stages", stages, int, minimum=1)
+        f = _number("--fwd", fwd, float, minimum=0)
+        b = _number("--bwd", bwd, float, minimum=0)
+        missing = [n for n, x in (("--stages", p), ("--fwd", f), ("--bwd", b)) if x is None]
+        if missing:
+            raise UsageError(f"{missing[0]}: required without a PLAN.json (ms per microbatch per stage)")
+        costs = costs_uniform(1 if schedule == "dp" else p, f / 1e3, b / 1e3, comm_s=comm_s, allreduce_s=allreduce_s)
+    if plan is not None and (comm is not None or allreduce is not None):
+        from dataclasses import replace
+
+        costs = [
+            replace(c, **({"send_act_s": comm_s, "send_grad_s": comm_s} if comm is not None else {}),
+                    **({"allreduce_s": allreduce_s} if allreduce is not None else {}))
+            for c in costs
+        ]  # fmt: skip
+    built = build(
+        schedule, p, m, replicas=reps, chunks=v, vertical_sync=vertical_sync, split_backward=split_backward
+    )
+    return built, simulate(built, costs)
+
+
+def _print_human(schedule: Any, result: Any) -> None:
+    s = result.summary()
+    p = schedule.meta["physical_stages"]
+    typer.echo(
+        f"{schedule.name}: {p} stage{'s' if p != 1 else ''}"
+        + (f" x {schedule.meta['chunks']} chunks" if schedule.meta["chunks"] > 1 else "")
+        + f", {len(schedule.workers)} workers, {schedule.microbatches} microbatches"
+    )
+    typer.echo(
+        f"iteration {s['iteration_time_s'] * 1e3:.3f} ms   throughput {s['throughput']:.2f} {s['throughput_unit']}"
+        f"   bubble {s['bubble_fraction']:.1%}"
+    )
+    typer.echo("worker  stage  replica  utilization  peak activations  weight versions")
+    for w, spec in enumerate(schedule.workers):
+        stages = "+".join(str(x) for x in spec.stages)
+        typer.echo(
+            f"{w:>6}  {stages:>5}  {spec.replica:>7}  {s['utilization'][w]:>10.1%}"
+            f"  {s['peak_activations'][w]:>16}  {s['stashed_versions'][w]:>15}"
+        )
+
+
 def register(cli: typer.Typer) -> None:
-    """Add this module's commands to the `pipeboard` app."""
+    """Add `pipeboard simulate` to the app."""
+
+    @cli.command("simulate")
+    def simulate_cmd(
+        plan: Optional[Path] = typer.Argument(None, help="A plan JSON from `pipeboard plan` (or use --stages)."),
+        stages: Optional[str] = typer.Option(None, "--stages", help="Number of pipeline stages P (uniform)."),
+        fwd: Optional[str] = typer.Option(None, "--fwd", help="Forward ms per microbatch per stage."),
+        bwd: Optional[str] = typer.Option(None, "--bwd", help="Backward ms per microbatch per stage."),
+        comm: Optional[str] = typer.Option(None, "--comm", help="Ms per activation or gradient transfer (default 0)."),
+        allreduce: Optional[str] = typer.Option(None, "--allreduce", help="Ms per all-reduce among replicas."),
+        replicas: Optional[str] = typer.Option(None, "--replicas", help="Replicas per stage, e.g. 1,2,1."),
+        schedule: Optional[str] = typer.Option(None, "--schedule", help="gpipe, 1f1b, interleaved-1f1b, zb-h1, pipedream, dp."),
+        microbatches: Optional[str] = typer.Option(None, "--microbatches", help="Per iteration (pipedream: minibatches)."),
+        chunks: Optional[str] = typer.Option(None, "--chunks", help="Model chunks per worker (interleaved-1f1b)."),
+        vertical_sync: bool = typer.Option(False, "--vertical-sync", help="pipedream: one weight version per minibatch."),
+        split_backward: Optional[bool] = typer.Option(None, "--split-backward/--no-split-backward", help="Split B into BI and W."),
+        trace: Optional[Path] = typer.Option(None, "--trace", help="Write the predicted timeline as Chrome trace JSON."),
+        gantt: Optional[Path] = typer.Option(None, "--gantt", help="Write the predicted Gantt chart as HTML."),
+        as_json: bool = typer.Option(False, "--json", help="Print the results as JSON."),
+    ) -> None:
+        """Predict iteration time, bubble, utilisation and memory of a pipeline schedule."""
+        from trainer.schedule.actions import ScheduleError
+
+        try:
+            built, result = simulate_command(
+                plan, stages, fwd, bwd, comm, allreduce, replicas, schedule, microbatches, chunks,
+                vertical_sync, split_backward,
+            )  # fmt: skip
+            if trace is not None:
+                from trainer.schedule.trace import to_chrome_trace
+
+                doc = to_chrome_trace(result.timeline, label="predicted", metadata=result.summary())
+                trace.write_text(json.dumps(doc))
+            if gantt is not None:
+                from trainer.schedule.gantt import figure, write_html
+
+                title = f"{built.name}: predicted, bubble {result.bubble_fraction:.1%}"
+                write_html(figure(result.timeline, title=title), str(gantt))
+        except (UsageError, ScheduleError) as exc:
+            typer.echo(f"error: {exc}", err=True)
+            raise typer.Exit(2) from None
+        except OSError as exc:
+            typer.echo(f"error: cannot write {exc.filename}: {exc.strerror}", err=True)
+            raise typer.Exit(2) from None
+        if as_json:
+            typer.echo(json.dumps(result.summary()))
+        else:
+            _print_human(built, result)
