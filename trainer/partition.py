@@ -106,9 +106,8 @@ def _assign(lg: LayerGraph, stages: Sequence[Sequence[str]]) -> dict[str, int]:
                 raise PartitionError(
                     f"layer {layer.name!r} in stage {stage_of[layer.name]} reads {dep!r} from the later "
                     f"stage {stage_of[dep]}: stages must follow the graph's topological order")
-    for k, stage in enumerate(stages):
-        if not any(by_name[n].kind != "input" for n in stage):
-            raise PartitionError(f"stages[{k}] has no layers")
+    # A stage with no layers of its own (e.g. only the model input) is allowed: it passes its
+    # inputs through, which is what a uniform split by layer count can produce.
     return stage_of
 
 

@@ -48,7 +48,7 @@ def names() -> list[str]:
     return list(_factories())
 
 
-def model_args(name: str) -> dict[str, Any]:
+def model_args_defaults(name: str) -> dict[str, Any]:
     """The model arguments a zoo entry takes, with their defaults (``seed`` excluded)."""
     params = inspect.signature(_factory(name)).parameters
     return {k: p.default for k, p in params.items() if k != "seed"}
@@ -67,7 +67,7 @@ def describe() -> list[dict[str, Any]]:
             "metric": metric,
             "target": target,
             "higher_is_better": METRICS[metric][1],
-            "args": model_args(name),
+            "args": model_args_defaults(name),
         })
     return out
 
@@ -83,8 +83,17 @@ def get(name: str, seed: int = 0, **model_args: Any) -> ZooModel:
     """Build zoo model ``name`` with weights fixed by ``seed``; unknown arguments are an error
     naming the argument."""
     factory = _factory(name)
-    allowed = set(inspect.signature(factory).parameters) - {"seed"}
-    for key in model_args:
-        if key not in allowed:
-            raise ValueError(f"model {name!r} has no argument {key!r} (arguments: {', '.join(sorted(allowed)) or 'none'})")
+    defaults = model_args_defaults(name)
+    for key, value in model_args.items():
+        if key not in defaults:
+            raise ValueError(f"model {name!r} has no argument {key!r} (arguments: {', '.join(sorted(defaults)) or 'none'})")
+        want = type(defaults[key])
+        if want is int and (isinstance(value, bool) or not isinstance(value, int)):
+            raise ValueError(f"model {name!r}: argument {key!r} must be an integer, got {value!r}")
+        if want is int and value < 1:  # every integer argument of the zoo is a size or a count
+            raise ValueError(f"model {name!r}: argument {key!r} must be >= 1, got {value!r}")
+        if want is float and (isinstance(value, bool) or not isinstance(value, (int, float))):
+            raise ValueError(f"model {name!r}: argument {key!r} must be a number, got {value!r}")
+    if isinstance(seed, bool) or not isinstance(seed, int):
+        raise ValueError(f"model {name!r}: argument 'seed' must be an integer, got {seed!r}")
     return factory(seed=seed, **model_args)

@@ -1,0 +1,287 @@
+"""Measure a model layer by layer: forward and backward time, activation, parameter and
+optimizer-state bytes, the numbers the planner divides among stages.
+
+Layers are timed in place, inside whole training steps of the traced model (as PipeDream's
+profiler does with module hooks), because a layer timed alone runs with hot caches and an idle
+allocator and comes out faster than it is inside the model. Forward: the traced graph runs node
+by node and each node's time is charged to its layer (a helper node to the first layer that
+needs it). Backward: a gradient hook on every layer output marks when autograd reaches that
+layer; the time until the next mark is that layer's backward (its grad functions and the
+accumulation of its parameters' gradients). Times are the median over ``repeats`` steps after
+``warmup`` steps, with the interquartile range as the spread. CPU marks are
+``time.perf_counter``, CUDA marks are CUDA events on the current stream.
+
+Self-check: the sum of all per-layer medians is compared with a measured whole training step
+(forward and backward of the unsplit model) and the ratio is stored in ``profile.meta``.
+"""
+
+from __future__ import annotations
+
+import statistics
+import time
+from typing import Any, Callable, Sequence
+
+import torch
+from torch import fx, nn
+
+from trainer.profile.fxgraph import LayerGraph, LayerNode, as_tuple, trace_layers
+from trainer.profile.schema import Layer, Profile
+
+# Optimizer-state bytes per parameter byte: Adam keeps two moments, SGD with momentum one buffer.
+OPTIMIZER_STATE_FACTOR = {"adam": 2.0, "adamw": 2.0, "sgd": 1.0, "sgd-nomomentum": 0.0}
+
+Progress = Callable[[int, int, str], None]  # (steps done, steps total, what runs now)
+
+
+class _Clock:
+    """Time marks: wall clock on CPU, CUDA events on a GPU (read after a synchronize)."""
+
+    def __init__(self, device: torch.device):
+        self.cuda = device.type == "cuda"
+        self.kind = "cuda_event" if self.cuda else "perf_counter"
+
+    def mark(self) -> Any:
+        if self.cuda:
+            event = torch.cuda.Event(enable_timing=True)
+            event.record()
+            return event
+        return time.perf_counter()
+
+    def sync(self) -> None:
+        if self.cuda:
+            torch.cuda.synchronize()
+
+    def ms(self, a: Any, b: Any) -> float:
+        return float(a.elapsed_time(b)) if self.cuda else (b - a) * 1000.0
+
+
+def _stats(samples: Sequence[float]) -> tuple[float, float]:
+    """(median, interquartile range) of the samples."""
+    if not samples:
+        return 0.0, 0.0
+    if len(samples) < 4:
+        return float(statistics.median(samples)), float(max(samples) - min(samples))
+    q1, _, q3 = statistics.quantiles(samples, n=4)
+    return float(statistics.median(samples)), float(q3 - q1)
+
+
+def _tensor_bytes(t: torch.Tensor) -> float:
+    return float(t.numel() * t.element_size())
+
+
+def _activation_bytes(value: Any) -> float | list[float]:
+    if isinstance(value, torch.Tensor):
+        return _tensor_bytes(value)
+    return [_tensor_bytes(v) for v in value]
+
+
+def _own_parameters(lg: LayerGraph, layer: LayerNode, seen: set[int]) -> float:
+    """Bytes of the parameters this layer (or a helper it recomputes) uses, each counted once in
+    the whole profile (a shared module is charged to its first layer)."""
+    total = 0.0
+    for node in [*layer.helpers, layer.node]:
+        params: list[torch.Tensor] = []
+        if node.op == "call_module":
+            params = list(lg.gm.get_submodule(str(node.target)).parameters())
+        elif node.op == "get_attr":
+            attr = lg.gm
+            for part in str(node.target).split("."):
+                attr = getattr(attr, part)
+            if isinstance(attr, nn.Parameter):
+                params = [attr]
+        for p in params:
+            if id(p) not in seen:
+                seen.add(id(p))
+                total += _tensor_bytes(p)
+    return total
+
+
+class _LayerClock(fx.Interpreter):
+    """Runs the traced graph once, charging each node's forward time to its layer and hooking
+    each layer output so the backward can be split among layers."""
+
+    def __init__(self, lg: LayerGraph, owner: dict[str, str], clock: _Clock):
+        super().__init__(lg.gm)
+        self.owner = owner
+        self.layer_names = {layer.name for layer in lg.layers if layer.kind == "layer"}
+        self.clock = clock
+        self.forward_marks: list[tuple[str, Any, Any]] = []  # (layer, start, end)
+        self.backward_marks: list[tuple[str, Any]] = []  # (layer, when autograd reached it)
+
+    def run_node(self, n: fx.Node) -> Any:
+        if n.op in ("placeholder", "output"):
+            return super().run_node(n)
+        # Fetch the arguments outside the timed region: only the op itself is charged.
+        args, kwargs = self.fetch_args_kwargs_from_env(n)
+        start = self.clock.mark()
+        value = getattr(self, n.op)(n.target, args, kwargs)
+        end = self.clock.mark()
+        if n.name in self.owner:  # a dead helper (an unused shape item) has no layer
+            self.forward_marks.append((self.owner[n.name], start, end))
+        if n.name in self.layer_names:
+            for t in value if isinstance(value, (tuple, list)) else (value,):
+                if isinstance(t, torch.Tensor) and t.requires_grad:
+                    t.register_hook(self._reached(n.name))
+        return value
+
+    def _reached(self, name: str) -> Callable[[torch.Tensor], None]:
+        def hook(grad: torch.Tensor) -> None:
+            self.backward_marks.append((name, self.clock.mark()))
+
+        return hook
+
+
+def _owners(lg: LayerGraph) -> dict[str, str]:
+    """Which layer each fx node's forward time is charged to."""
+    owner: dict[str, str] = {}
+    for layer in lg.layers:
+        for helper in layer.helpers:
+            owner.setdefault(helper.name, layer.name)
+        owner[layer.name] = layer.name
+    return owner
+
+
+def _zero_grads(params: Sequence[torch.Tensor]) -> None:
+    for p in params:
+        p.grad = None  # each step starts without gradients, as after optimizer.zero_grad(set_to_none)
+
+
+def _backward(outputs: Any) -> None:
+    outs = [o for o in as_tuple(outputs) if isinstance(o, torch.Tensor) and o.requires_grad]
+    if outs:
+        torch.autograd.backward(outs, [torch.ones_like(o) for o in outs])
+
+
+def _instrumented_step(lg: LayerGraph, owner: dict[str, str], clock: _Clock, inputs: tuple,
+                       params: Sequence[torch.Tensor]) -> tuple[dict[str, float], dict[str, float]]:
+    """One forward+backward of the traced model: per-layer forward and backward milliseconds."""
+    _zero_grads(params)
+    runner = _LayerClock(lg, owner, clock)
+    out = runner.run(*inputs)
+    _backward(out)
+    end = clock.mark()
+    clock.sync()
+    fwd: dict[str, float] = {}
+    for layer, a, b in runner.forward_marks:
+        fwd[layer] = fwd.get(layer, 0.0) + clock.ms(a, b)
+    bwd: dict[str, float] = {}
+    marks = runner.backward_marks
+    for i, (layer, when) in enumerate(marks):
+        nxt = marks[i + 1][1] if i + 1 < len(marks) else end
+        bwd[layer] = bwd.get(layer, 0.0) + clock.ms(when, nxt)
+    return fwd, bwd
+
+
+def _plain_step(model: nn.Module, clock: _Clock, inputs: tuple, params: Sequence[torch.Tensor]) -> tuple[float, float]:
+    """One forward+backward of the unsplit model: (forward ms, backward ms)."""
+    _zero_grads(params)
+    a = clock.mark()
+    out = model(*inputs)
+    b = clock.mark()
+    _backward(out)
+    c = clock.mark()
+    clock.sync()
+    return clock.ms(a, b), clock.ms(b, c)
+
+
+def profile_model(
+    model: nn.Module,
+    example_input: Any,
+    *,
+    batch_size: int | None = None,
+    device: str = "cpu",
+    warmup: int = 3,
+    repeats: int = 10,
+    progress: Progress | None = None,
+    optimizer: str = "adam",
+    model_name: str = "",
+) -> Profile:
+    """Profile ``model`` on ``example_input`` (a tensor or a tuple of tensors).
+
+    The model and input are moved to ``device`` and the model is put in training mode.
+    ``batch_size`` defaults to the first input's leading dimension. ``optimizer`` sets the
+    optimizer-state bytes (see ``OPTIMIZER_STATE_FACTOR``).
+    """
+    if warmup < 0 or repeats < 1:
+        raise ValueError("warmup must be >= 0 and repeats >= 1")
+    if optimizer not in OPTIMIZER_STATE_FACTOR:
+        raise ValueError(f"optimizer must be one of {sorted(OPTIMIZER_STATE_FACTOR)}, got {optimizer!r}")
+    dev = torch.device(device)
+    if dev.type == "cuda" and not torch.cuda.is_available():
+        raise ValueError("device 'cuda' was requested but CUDA is not available on this machine")
+    started = time.perf_counter()
+    model = model.to(dev).train()
+    inputs = tuple(t.to(dev) for t in as_tuple(example_input))
+    if batch_size is None:
+        batch_size = int(inputs[0].shape[0]) if inputs[0].dim() else 1
+    lg = trace_layers(model, inputs)
+    clock = _Clock(dev)
+    owner = _owners(lg)
+    params = list(model.parameters())
+    steps = warmup + repeats
+    fwd_samples: dict[str, list[float]] = {name: [] for name in lg.names()}
+    bwd_samples: dict[str, list[float]] = {name: [] for name in lg.names()}
+    step_f: list[float] = []
+    step_b: list[float] = []
+    instrumented: list[float] = []
+    for r in range(steps):
+        if progress:
+            progress(r, steps, "warm-up" if r < warmup else f"step {r - warmup + 1}/{repeats}")
+        # Instrumented and plain steps alternate so that both see the same background load.
+        fwd, bwd = _instrumented_step(lg, owner, clock, inputs, params)
+        f, b = _plain_step(model, clock, inputs, params)
+        if r >= warmup:
+            for name in fwd_samples:
+                fwd_samples[name].append(fwd.get(name, 0.0))
+                bwd_samples[name].append(bwd.get(name, 0.0))
+            step_f.append(f)
+            step_b.append(b)
+            instrumented.append(sum(fwd.values()) + sum(bwd.values()))
+    _zero_grads(params)
+    if progress:
+        progress(steps, steps, "done")
+
+    seen_params: set[int] = set()
+    layers: list[Layer] = []
+    for layer in lg.layers:
+        entry = Layer(name=layer.name, desc=layer.desc, activation_bytes=_activation_bytes(lg.values[layer.name]))
+        if layer.kind == "layer":
+            entry.forward_ms, entry.forward_spread_ms = _stats(fwd_samples[layer.name])
+            entry.backward_ms, entry.backward_spread_ms = _stats(bwd_samples[layer.name])
+            entry.parameter_bytes = _own_parameters(lg, layer, seen_params)
+            entry.optimizer_bytes = entry.parameter_bytes * OPTIMIZER_STATE_FACTOR[optimizer]
+        layers.append(entry)
+    step_total = [f + b for f, b in zip(step_f, step_b)]
+    step_ms, step_spread = _stats(step_total)
+    layer_sum = sum(layer.compute_ms for layer in layers)
+    meta = {
+        "source": "profiler",
+        "timer": clock.kind,
+        "warmup": warmup,
+        "repeats": repeats,
+        "threads": torch.get_num_threads(),
+        "torch": torch.__version__,
+        "optimizer": optimizer,
+        "inputs": lg.input_names(),
+        "outputs": lg.outputs,
+        "layer_sum_ms": layer_sum,
+        "step_ms": step_ms,
+        "step_spread_ms": step_spread,
+        "step_forward_ms": _stats(step_f)[0],
+        "step_backward_ms": _stats(step_b)[0],
+        "self_check_ratio": layer_sum / step_ms if step_ms > 0 else None,
+        # median over steps of the per-layer times summed within a step: the instrumented step
+        "step_instrumented_ms": _stats(instrumented)[0],
+        "wall_s": time.perf_counter() - started,
+    }
+    return Profile(layers=layers, edges=lg.edges(), model=model_name or type(model).__name__,
+                   batch_size=batch_size, device=str(dev), meta=meta)
+
+
+def self_check_line(profile: Profile) -> str:
+    """The one-line self-check the CLI prints with every profile."""
+    m = profile.meta
+    ratio = m.get("self_check_ratio")
+    ratio_s = f"{ratio:.3f}" if isinstance(ratio, (int, float)) else "n/a"
+    return (f"self-check: sum of per-layer forward+backward {m.get('layer_sum_ms', 0.0):.3f} ms vs measured "
+            f"whole step {m.get('step_ms', 0.0):.3f} ms: ratio {ratio_s}")
