@@ -34,6 +34,19 @@ class Message(BaseModel):
     detail: str
 
 
+class ValidationErrorItem(BaseModel):
+    loc: list[str | int]
+    msg: str
+    type: str
+
+
+class ValidationFailed(BaseModel):
+    """The 422 body (app.main's handler): one message naming the field(s), plus the details."""
+
+    detail: str
+    errors: list[ValidationErrorItem] = Field(default_factory=list)
+
+
 # --- models -----------------------------------------------------------------------------------
 
 

@@ -7,6 +7,7 @@ cannot handle is refused at the door with the failing op named, not at 2 a.m. in
 from __future__ import annotations
 
 import importlib
+from functools import lru_cache
 from typing import Any
 
 from sqlalchemy import select
@@ -17,14 +18,20 @@ from app.schemas import ModelCreate, ModelPublic
 from app.services.errors import NotFound, ServiceError
 
 
-def zoo_public() -> list[ModelPublic]:
+@lru_cache(maxsize=1)
+def _zoo_public() -> tuple[ModelPublic, ...]:
     from trainer import zoo
 
-    return [
+    return tuple(
         ModelPublic(id=None, name=d["name"], source=d["name"], kind="zoo", description=d.get("description", ""),
                     config={k: v for k, v in (d.get("args") or {}).items() if _plain(v)})
         for d in zoo.describe()
-    ]
+    )
+
+
+def zoo_public() -> list[ModelPublic]:
+    """The zoo does not change while the server runs; describing it imports sklearn and more."""
+    return [m.model_copy() for m in _zoo_public()]
 
 
 def _plain(v: Any) -> bool:

@@ -23,7 +23,7 @@ from sqlalchemy import and_, delete, func, or_, select, update
 from sqlalchemy.orm import Session
 
 from app.core.config import get_settings
-from app.models import Job, JobStatus, MetricPoint
+from app.models import Job, JobEvent, JobStatus, MetricPoint
 from app.models import TimelineEvent as TimelineEventRow
 from app.schemas import JobCreate, JobPublic
 from app.services import events
@@ -115,13 +115,14 @@ def queue_position(session: Session, job: Job) -> int | None:
     return int(ahead or 0) + 1
 
 
-def to_public(session: Session, job: Job) -> JobPublic:
+def to_public(session: Session, job: Job, *, position: int | None | bool = False, last_seq: int | None = None) -> JobPublic:
+    """``position``/``last_seq`` may be precomputed (lists); otherwise they are queried."""
     return JobPublic(
         id=job.id,
         name=job.name,
         status=job.status.value,
         priority=job.priority,
-        queue_position=queue_position(session, job),
+        queue_position=queue_position(session, job) if position is False else position,
         spec=job.spec,
         attempt=job.attempt,
         error=job.error,
@@ -133,8 +134,19 @@ def to_public(session: Session, job: Job) -> JobPublic:
         profile_id=job.profile_id,
         plan_id=job.plan_id,
         summary=job.summary,
-        last_event_seq=events.last_seq(session, job.id),
+        last_event_seq=events.last_seq(session, job.id) if last_seq is None else last_seq,
     )
+
+
+def to_public_many(session: Session, rows: list[Job]) -> list[JobPublic]:
+    """A page of jobs with two queries for all positions and sequence numbers, not 2 per job."""
+    if not rows:
+        return []
+    queued = session.scalars(select(Job.id).where(Job.status == JobStatus.QUEUED).order_by(Job.priority.desc(), Job.id.asc())).all()
+    positions = {job_id: i + 1 for i, job_id in enumerate(queued)}
+    ids = [j.id for j in rows]
+    seqs = dict(session.execute(select(JobEvent.job_id, func.max(JobEvent.seq)).where(JobEvent.job_id.in_(ids)).group_by(JobEvent.job_id)).all())
+    return [to_public(session, j, position=positions.get(j.id), last_seq=seqs.get(j.id, 0)) for j in rows]
 
 
 def finish(session: Session, job_id: int, status: JobStatus, *, expected: tuple[JobStatus, ...], error: str | None = None, message: str = "", summary: dict[str, Any] | None = None) -> bool:

@@ -7,6 +7,7 @@ from typing import Annotated, Any, Callable, Coroutine
 from fastapi import HTTPException, Path, Query, Request, Response
 from fastapi.routing import APIRoute
 
+from app.schemas import Message, ValidationFailed
 from app.services.errors import ServiceError
 
 
@@ -29,11 +30,14 @@ class ServiceRoute(APIRoute):
 Offset = Annotated[int, Query(ge=0, le=10_000_000, description="Rows to skip.")]
 Limit = Annotated[int, Query(ge=1, le=1000, description="Rows to return (at most 1000).")]
 
+# Declared on every router so the OpenAPI describes the bodies clients really get.
 AUTH_RESPONSES: dict[int | str, dict[str, Any]] = {
-    401: {"description": "Missing or invalid API token."},
-    403: {"description": "The token's scope does not allow this."},
+    400: {"model": Message, "description": "Malformed request (e.g. a body that is not JSON)."},
+    401: {"model": Message, "description": "Missing or invalid API token."},
+    403: {"model": Message, "description": "The token's scope does not allow this."},
+    422: {"model": ValidationFailed, "description": "Invalid input; `detail` names the field."},
 }
-NOT_FOUND: dict[int | str, dict[str, Any]] = {404: {"description": "No such resource."}}
+NOT_FOUND: dict[int | str, dict[str, Any]] = {404: {"model": Message, "description": "No such resource."}}
 
 # Ids are bounded so that absurd values get a 422 instead of overflowing the database's integer.
 MAX_ID = 2**31 - 1

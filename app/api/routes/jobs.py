@@ -9,6 +9,7 @@ from fastapi import APIRouter, Query
 from fastapi.responses import Response
 
 from app.api.deps import SessionDep
+from app.schemas import Message, ValidationFailed
 from app.api.routes.common import AUTH_RESPONSES, NOT_FOUND, JobId, Limit, Offset, ServiceRoute
 from app.core.security import ReadAccess, WriteAccess
 from app.schemas import JobCreate, JobPublic, JobStatus, MetricsPublic, Page, TimelinePublic
@@ -16,7 +17,7 @@ from app.services import jobs, rundata
 
 router = APIRouter(prefix="/jobs", tags=["jobs"], route_class=ServiceRoute, responses=AUTH_RESPONSES)
 
-CONFLICT = {409: {"description": "The job's status does not allow this."}}
+CONFLICT = {409: {"model": Message, "description": "The job's status does not allow this."}}
 
 
 @router.post(
@@ -29,7 +30,7 @@ CONFLICT = {409: {"description": "The job's status does not allow this."}}
         "processes; `levels` plans for a cluster instead. `stop` takes exactly one of epochs, steps, target "
         "(the model's metric) or time_s. Higher `priority` runs first; the answer carries the queue position."
     ),
-    responses={422: {"description": "Invalid spec (the message names the field)."}},
+    responses={422: {"model": ValidationFailed, "description": "Invalid spec (the message names the field)."}},
 )
 def submit_job(spec: JobCreate, session: SessionDep, _: WriteAccess) -> JobPublic:
     job = jobs.submit(session, spec)
@@ -51,7 +52,7 @@ def list_jobs(
     kind: Annotated[Literal["train", "profile"] | None, Query(description="Only jobs of this kind.")] = None,
 ) -> Page[JobPublic]:
     rows, count = jobs.list_jobs(session, offset=offset, limit=limit, status=status, kind=kind)
-    return Page(data=[jobs.to_public(session, j) for j in rows], count=count)
+    return Page(data=jobs.to_public_many(session, rows), count=count)
 
 
 @router.get("/{job_id}", response_model=JobPublic, summary="Get a job", description="Status, queue position, spec, summary and error.", responses=NOT_FOUND)

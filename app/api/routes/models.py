@@ -5,6 +5,7 @@ from __future__ import annotations
 from fastapi import APIRouter
 
 from app.api.deps import SessionDep
+from app.schemas import Message, ValidationFailed
 from app.api.routes.common import AUTH_RESPONSES, NOT_FOUND, Limit, Offset, ServiceRoute
 from app.core.security import ReadAccess, WriteAccess
 from app.schemas import ModelCreate, ModelPublic, Page
@@ -34,7 +35,7 @@ def list_models(session: SessionDep, _: ReadAccess, offset: Offset = 0, limit: L
         "torch.fx on its example input. A model that cannot be imported, built or traced is refused with "
         "422 naming `source` and the failing op. Needs a write token (this imports server-side code)."
     ),
-    responses={409: {"description": "The name is taken."}, 422: {"description": "Invalid or untraceable model."}},
+    responses={409: {"model": Message, "description": "The name is taken."}, 422: {"model": ValidationFailed, "description": "Invalid or untraceable model."}},
 )
 def register_model(body: ModelCreate, session: SessionDep, _: WriteAccess) -> ModelPublic:
     return catalog.register(session, body)

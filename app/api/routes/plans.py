@@ -5,6 +5,7 @@ from __future__ import annotations
 from fastapi import APIRouter
 
 from app.api.deps import SessionDep
+from app.schemas import Message, ValidationFailed
 from app.api.routes.common import AUTH_RESPONSES, NOT_FOUND, PlanId, ServiceRoute
 from app.core.security import ReadAccess, WriteAccess
 from app.schemas import PlanCreate, PlanPublic
@@ -24,7 +25,7 @@ router = APIRouter(prefix="/plans", tags=["plans"], route_class=ServiceRoute, re
         "predicted timeline, and throughput against data parallel on the same workers. Give `profile_id`, or "
         "`model` to use (and on first use, measure) that model's cached profile. Answers inline."
     ),
-    responses={404: {"description": "No such profile."}, 422: {"description": "Invalid cluster, schedule or model (the message names the field)."}},
+    responses={404: {"model": Message, "description": "No such profile."}, 422: {"model": ValidationFailed, "description": "Invalid cluster, schedule or model (the message names the field)."}},
 )
 def create_plan(body: PlanCreate, session: SessionDep, _: WriteAccess) -> PlanPublic:
     return plans.to_public(plans.create(session, body))

@@ -7,6 +7,7 @@ from typing import Annotated
 from fastapi import APIRouter, File, Query, UploadFile
 
 from app.api.deps import SessionDep
+from app.schemas import Message, ValidationFailed
 from app.api.routes.common import AUTH_RESPONSES, NOT_FOUND, Limit, Offset, ProfileId, ServiceRoute
 from app.core.config import get_settings
 from app.core.security import ReadAccess, WriteAccess
@@ -26,7 +27,7 @@ router = APIRouter(prefix="/profiles", tags=["profiles"], route_class=ServiceRou
         "succeeded its `profile_id` names the stored profile. A profile of the same model, arguments and batch "
         "size is reused rather than measured again."
     ),
-    responses={422: {"description": "Unknown model or invalid arguments."}},
+    responses={422: {"model": ValidationFailed, "description": "Unknown model or invalid arguments."}},
 )
 def create_profile(body: ProfileCreate, session: SessionDep, _: WriteAccess) -> JobPublic:
     profiles.resolve_model(session, body.model)  # 422 naming `model` before anything is queued
@@ -47,7 +48,7 @@ def create_profile(body: ProfileCreate, session: SessionDep, _: WriteAccess) -> 
         "A PipeDream `graph.txt` or a pipeboard profile JSON (chosen by content), as multipart field `file`. "
         "Larger than the server's MAX_UPLOAD_BYTES: 413. Unreadable: 422 naming the line and field."
     ),
-    responses={413: {"description": "Upload too large."}, 422: {"description": "Not a readable profile."}},
+    responses={413: {"model": Message, "description": "Upload too large."}, 422: {"model": ValidationFailed, "description": "Not a readable profile."}},
 )
 async def upload_profile(
     session: SessionDep,
