@@ -12,6 +12,8 @@ so an export re-imports to an equal profile.
 
 from __future__ import annotations
 
+import math
+
 from trainer.profile.schema import Layer, Profile, ProfileError
 
 _FIELDS = ("forward_compute_time", "backward_compute_time", "activation_size", "parameter_size")
@@ -19,9 +21,15 @@ _FIELDS = ("forward_compute_time", "backward_compute_time", "activation_size", "
 
 def _parse_float(text: str, lineno: int, field: str) -> float:
     try:
-        return float(text)
+        value = float(text)
     except ValueError:
         raise ProfileError(f"graph.txt line {lineno}: field {field!r}: {text!r} is not a number") from None
+    # times and sizes: a NaN, an infinity or a negative value would silently poison the planner
+    if not math.isfinite(value):
+        raise ProfileError(f"graph.txt line {lineno}: field {field!r}: {text!r} is not a finite number")
+    if value < 0:
+        raise ProfileError(f"graph.txt line {lineno}: field {field!r}: {text!r} is negative")
+    return value
 
 
 def _parse_node(line: str, lineno: int) -> Layer:

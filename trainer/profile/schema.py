@@ -8,6 +8,7 @@ graph.txt records them, so importing a published profile loses nothing.
 from __future__ import annotations
 
 import json
+import math
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
@@ -47,6 +48,29 @@ class Layer:
     @property
     def compute_ms(self) -> float:
         return self.forward_ms + self.backward_ms
+
+
+def _is_size(x: Any) -> bool:
+    """A finite, non-negative number (times and byte counts)."""
+    return isinstance(x, (int, float)) and not isinstance(x, bool) and math.isfinite(x) and x >= 0
+
+
+def _check_layer(raw: dict[str, Any], i: int) -> None:
+    """Field types of one JSON layer, so a bad value is reported where it is, not in the planner."""
+    where = f"profile JSON: layers[{i}]"
+    if not isinstance(raw["name"], str) or not raw["name"]:
+        raise ProfileError(f"{where}: field 'name' must be a non-empty string")
+    if not isinstance(raw.get("desc", ""), str):
+        raise ProfileError(f"{where}: field 'desc' must be a string")
+    for key in ("forward_ms", "backward_ms", "parameter_bytes", "optimizer_bytes", "forward_spread_ms", "backward_spread_ms"):
+        if key in raw and not _is_size(raw[key]):
+            raise ProfileError(f"{where}: field {key!r} must be a finite number >= 0, got {raw[key]!r}")
+    act = raw.get("activation_bytes", 0.0)
+    if not (_is_size(act) or (isinstance(act, list) and all(_is_size(a) for a in act))):
+        raise ProfileError(f"{where}: field 'activation_bytes' must be a number >= 0 or a list of them, got {act!r}")
+    stage = raw.get("stage_id")
+    if stage is not None and (isinstance(stage, bool) or not isinstance(stage, int)):
+        raise ProfileError(f"{where}: field 'stage_id' must be an integer or null, got {stage!r}")
 
 
 @dataclass
@@ -95,10 +119,18 @@ class Profile:
             unknown = set(raw) - known
             if unknown:
                 raise ProfileError(f"profile JSON: layers[{i}] has unknown field(s) {sorted(unknown)}")
+            _check_layer(raw, i)
             layers.append(Layer(**raw))
         names = {layer.name for layer in layers}
         if len(names) != len(layers):
             raise ProfileError("profile JSON: layer names must be unique")
+        batch_size = data.get("batch_size")
+        if batch_size is not None and (isinstance(batch_size, bool) or not isinstance(batch_size, int) or batch_size < 1):
+            raise ProfileError(f"profile JSON: field 'batch_size' must be a positive integer or null, got {batch_size!r}")
+        if not isinstance(data.get("meta", {}) or {}, dict):
+            raise ProfileError("profile JSON: field 'meta' must be an object")
+        if not isinstance(data.get("edges", []), list):
+            raise ProfileError("profile JSON: field 'edges' must be a list of [src, dst] pairs")
         edges = []
         for i, e in enumerate(data.get("edges", [])):
             if not (isinstance(e, (list, tuple)) and len(e) == 2 and e[0] in names and e[1] in names):
@@ -108,7 +140,7 @@ class Profile:
             layers=layers,
             edges=edges,
             model=data.get("model", ""),
-            batch_size=data.get("batch_size"),
+            batch_size=batch_size,
             device=data.get("device", "cpu"),
             meta=data.get("meta", {}) or {},
         )
