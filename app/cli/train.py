@@ -1,9 +1,151 @@
-"""`pipeboard` commands of this area (filled in by its issue)."""
+"""`pipeboard train`: run a model's pipeline for real (trainer.runtime) with a progress bar.
+
+    pipeboard train --model NAME [--model-arg k=v ...] [--plan plan.json | --stages P]
+        --schedule NAME --batch-size B --microbatches M [--epochs E | --steps S | --target METRIC]
+        [--workers N] [--checkpoint-dir D] [--resume] [--json] [--job-id N] [--events-jsonl PATH]
+
+Ends with a summary line (or, with --json, one JSON object with samples_per_s, final_metric,
+steps, wall_s, ...). Bad input or a failed run: one line on stderr, exit code 2 or 1.
+torch is imported inside the command.
+"""
 
 from __future__ import annotations
+
+import json
+from typing import Any, Optional
 
 import typer
 
 
+def _fail(message: str, code: int = 2) -> None:
+    typer.echo(f"error: {message}", err=True)
+    raise typer.Exit(code=code)
+
+
+def _model_args(pairs: list[str]) -> dict[str, Any]:
+    out: dict[str, Any] = {}
+    for pair in pairs:
+        key, eq, raw = pair.partition("=")
+        if not eq or not key.strip():
+            raise ValueError(f"--model-arg {pair!r}: expected key=value")
+        value: Any = raw
+        if raw.lower() in ("true", "false"):
+            value = raw.lower() == "true"
+        else:
+            for cast in (int, float):
+                try:
+                    value = cast(raw)
+                    break
+                except ValueError:
+                    continue
+        out[key.strip()] = value
+    return out
+
+
+def _plan_layout(path: str) -> tuple[list[list[str]], list[int]]:
+    from trainer.plan.model import Plan
+
+    try:
+        plan = Plan.load(path)
+    except OSError as exc:
+        raise ValueError(f"--plan: cannot read {path}: {exc.strerror}") from None
+    return [list(s.layers) for s in plan.stages], [int(s.replicas) for s in plan.stages]
+
+
+class ProgressSink:
+    """A rich progress bar on stderr, advanced by the run's metric records."""
+
+    def __init__(self, enabled: bool) -> None:
+        from rich.console import Console
+        from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+
+        self.progress = Progress(TextColumn("[bold]train"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
+                                 TextColumn("{task.fields[info]}"), console=Console(stderr=True),
+                                 disable=not enabled, transient=True)
+        self.task = None
+
+    def on_status(self, phase: str, message: str = "", **fields: Any) -> None:
+        if phase == "running" and self.task is None:
+            self.progress.start()
+            self.task = self.progress.add_task("train", total=fields.get("total_steps"),
+                                               completed=fields.get("start_step", 0), info="")
+        elif phase in ("done", "failed"):
+            self.progress.stop()
+
+    def on_events(self, events) -> None:
+        pass
+
+    def on_metrics(self, records) -> None:
+        if self.task is None or not records:
+            return
+        last = records[-1]
+        info = " ".join(f"{k} {v:.4g}" for k, v in last.values.items() if k in ("loss", "samples_per_s", "metric"))
+        self.progress.update(self.task, completed=max(r.step for r in records), info=info)
+
+    def on_summary(self, summary) -> None:
+        pass
+
+
 def register(cli: typer.Typer) -> None:
-    """Add this module's commands to the `pipeboard` app."""
+    @cli.command("train")
+    def train(
+        model: str = typer.Option(..., "--model", help="Zoo model name (see `pipeboard models`)."),
+        model_arg: list[str] = typer.Option([], "--model-arg", help="Model argument k=v (repeatable)."),
+        plan: Optional[str] = typer.Option(None, "--plan", help="Plan JSON (`pipeboard plan`): stages and replicas."),
+        stages: Optional[int] = typer.Option(None, "--stages", help="Split uniformly into P stages (no plan)."),
+        schedule: str = typer.Option(..., "--schedule", help="gpipe, 1f1b, interleaved-1f1b, zb-h1, pipedream or dp."),
+        batch_size: int = typer.Option(..., "--batch-size", help="Samples per training step."),
+        microbatches: int = typer.Option(..., "--microbatches", help="Microbatches per step."),
+        epochs: Optional[float] = typer.Option(None, "--epochs"),
+        steps: Optional[int] = typer.Option(None, "--steps"),
+        target: Optional[float] = typer.Option(None, "--target", help="Stop when the validation metric reaches this."),
+        workers: Optional[int] = typer.Option(None, "--workers", help="Processes (dp: replicas; with --stages P: N/P per stage)."),
+        checkpoint_dir: Optional[str] = typer.Option(None, "--checkpoint-dir"),
+        checkpoint_every: int = typer.Option(0, "--checkpoint-every", help="Steps between checkpoints (0: at the end)."),
+        resume: bool = typer.Option(False, "--resume", help="Continue from the last complete checkpoint."),
+        vertical_sync: bool = typer.Option(False, "--vertical-sync", help="pipedream: vertical sync of weight versions."),
+        chunks: int = typer.Option(1, "--chunks", help="interleaved-1f1b: model chunks per worker."),
+        lr: Optional[float] = typer.Option(None, "--lr"),
+        optimizer: Optional[str] = typer.Option(None, "--optimizer", help="adam or sgd (default: the model's)."),
+        seed: int = typer.Option(0, "--seed"),
+        eval_every: Optional[int] = typer.Option(None, "--eval-every", help="Steps between validations (--target)."),
+        as_json: bool = typer.Option(False, "--json", help="Print the summary as one JSON object."),
+        job_id: Optional[int] = typer.Option(None, "--job-id", help="Report to the service's job N (database)."),
+        events_jsonl: Optional[str] = typer.Option(None, "--events-jsonl", help="Append every report as a JSON line."),
+    ) -> None:
+        """Train MODEL with a pipeline schedule on one process per stage replica."""
+        from trainer.runtime import ConfigError, RunConfig, RunFailed, run_training
+        from trainer.runtime.sinks import JsonlSink, MultiSink
+
+        if plan is not None and stages is not None:
+            _fail("--plan and --stages: give one of them")
+        try:
+            plan_stages, replicas = _plan_layout(plan) if plan else (None, None)
+            cfg = RunConfig(
+                model=model, model_args=_model_args(model_arg), schedule=schedule, batch_size=batch_size,
+                microbatches=microbatches, stages=plan_stages, replicas=replicas if schedule != "dp" else None,
+                num_stages=stages, workers=workers if (workers or not replicas or schedule != "dp") else sum(replicas),
+                chunks=chunks, vertical_sync=vertical_sync, epochs=epochs, steps=steps, target=target, seed=seed,
+                lr=lr, optimizer=optimizer, eval_every=eval_every, checkpoint_dir=checkpoint_dir,
+                checkpoint_every=checkpoint_every, resume=resume)
+            if schedule == "dp" and plan_stages is not None:
+                cfg.stages = [[n for s in plan_stages for n in s]]
+            cfg.validate()
+            sinks: list[Any] = [ProgressSink(enabled=not as_json)]
+            if events_jsonl:
+                sinks.append(JsonlSink(events_jsonl))
+            if job_id is not None:
+                from app.services.run_sink import DbSink
+
+                sinks.append(DbSink(job_id))
+            summary = run_training(cfg, MultiSink(sinks))
+        except RunFailed as exc:
+            _fail(str(exc), code=1)
+        except (ConfigError, ValueError, KeyError) as exc:
+            _fail(str(exc).strip("'\""))
+        if as_json:
+            typer.echo(json.dumps(summary, default=str))
+        else:
+            from trainer.runtime.launch import summary_line
+
+            typer.echo(summary_line(summary))

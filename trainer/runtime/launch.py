@@ -18,6 +18,7 @@ import socket
 import time
 from typing import Any
 
+from trainer.runtime import model as model_mod
 from trainer.runtime.config import RunConfig
 from trainer.runtime.layout import resolve
 from trainer.runtime.report import Reporter
@@ -47,15 +48,17 @@ def free_port() -> int:
 def run_training(cfg: RunConfig, sink: Sink | None = None) -> dict[str, Any]:
     """Train as ``cfg`` says; returns (and sends to the sink) the run's summary."""
     import torch.multiprocessing as mp
-    import trainer.zoo
 
     sink = sink or NullSink()
     cfg.validate()
     layout = resolve(cfg)
-    zoo_info = next(d for d in trainer.zoo.describe() if d["name"] == cfg.model) if cfg.model in trainer.zoo.names() \
-        else None
-    if zoo_info is None:
-        trainer.zoo.get(cfg.model)  # raises the zoo's error naming the model
+    # Resolve the model and its stages once, here: bad model arguments or a plan that does not
+    # fit the model fail before any process starts, and workers need not trace the model again.
+    zoo = model_mod.load_zoo(cfg)
+    layers = model_mod.stage_layers(cfg, zoo, layout.virtual_stages)
+    model_mod.build_stages(zoo.model, zoo.example_input(cfg.microbatch_size), layers)
+    cfg = cfg.with_(stages=layers, num_stages=None)
+    layout = resolve(cfg)
     world = layout.world
     # Building any torch.optim optimizer imports torch._dynamo (seconds); do it once here so
     # forked workers inherit it instead of each paying for it.
@@ -68,7 +71,7 @@ def run_training(cfg: RunConfig, sink: Sink | None = None) -> dict[str, Any]:
     origin = time.perf_counter()
     wall0 = time.monotonic()
     sink.on_status("starting", f"{world} workers, schedule {cfg.schedule}", workers=world, **layout.describe())
-    reporter = Reporter(sink, world, cfg.batch_size, zoo_info["metric"])
+    reporter = Reporter(sink, world, cfg.batch_size, zoo.metric_name)
     procs = []
     for rank in range(world):
         env = WorkerEnv(rank, world, f"tcp://127.0.0.1:{port}", origin, channel, heartbeat)
@@ -85,11 +88,11 @@ def run_training(cfg: RunConfig, sink: Sink | None = None) -> dict[str, Any]:
     _stop_all(procs)
     reporter.maybe_flush(force=True)
     target = cfg.target
-    summary = reporter.summary(target, zoo_info["higher_is_better"], time.monotonic() - wall0)
+    summary = reporter.summary(target, zoo.higher_is_better, time.monotonic() - wall0)
     summary.update({"schedule": cfg.schedule, "model": cfg.model, "workers": world,
                     "batch_size": cfg.batch_size, "microbatches": cfg.microbatches, **layout.describe()})
     sink.on_summary(summary)
-    sink.on_status("done", _summary_line(summary))
+    sink.on_status("done", summary_line(summary))
     return summary
 
 
@@ -172,7 +175,7 @@ def _stop_all(procs, grace_s: float = 3.0) -> None:
             p.join(5)
 
 
-def _summary_line(s: dict[str, Any]) -> str:
+def summary_line(s: dict[str, Any]) -> str:
     sps = f"{s['samples_per_s']:.1f} samples/s" if s.get("samples_per_s") else "n/a samples/s"
     metric = f"{s['metric_name']} {s['final_metric']:.4g}" if s.get("final_metric") is not None else "no metric"
     ttt = ""
