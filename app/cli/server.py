@@ -95,9 +95,10 @@ def port_free(host: str, port: int) -> bool:
     return True
 
 
-def wait_for_http(url: str, child: subprocess.Popen, timeout_s: float = 60.0) -> bool:
+def wait_for_http(url: str, child: subprocess.Popen, should_stop=lambda: False, timeout_s: float = 60.0) -> bool:
+    """Whether `url` answered before `child` exited, `should_stop()` or the timeout."""
     deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline and child.poll() is None:
+    while time.monotonic() < deadline and child.poll() is None and not should_stop():
         try:
             with urllib.request.urlopen(url, timeout=2):
                 return True
@@ -108,18 +109,25 @@ def wait_for_http(url: str, child: subprocess.Popen, timeout_s: float = 60.0) ->
     return False
 
 
-def stop_group(child: subprocess.Popen, timeout_s: float = STOP_TIMEOUT_S) -> None:
-    """SIGTERM the child's process group, then SIGKILL whatever is left after `timeout_s`."""
-    if child.poll() is not None:
-        return
-    try:
-        os.killpg(child.pid, signal.SIGTERM)
-        child.wait(timeout=timeout_s)
-    except subprocess.TimeoutExpired:
-        os.killpg(child.pid, signal.SIGKILL)
-        child.wait()
-    except ProcessLookupError:
-        pass
+def signal_group(child: subprocess.Popen, signum: int) -> None:
+    if child.poll() is None:
+        try:
+            os.killpg(child.pid, signum)
+        except ProcessLookupError:
+            pass
+
+
+def stop_groups(children: list[subprocess.Popen], timeout_s: float = STOP_TIMEOUT_S) -> None:
+    """SIGTERM every child's process group at once, then SIGKILL what is left after `timeout_s`."""
+    for child in children:
+        signal_group(child, signal.SIGTERM)
+    deadline = time.monotonic() + timeout_s
+    for child in children:
+        try:
+            child.wait(timeout=max(0.1, deadline - time.monotonic()))
+        except subprocess.TimeoutExpired:
+            signal_group(child, signal.SIGKILL)
+            child.wait()
 
 
 def worker_command(concurrency: int, pool: str, hostname: str | None, loglevel: str) -> list[str]:
@@ -136,18 +144,34 @@ def up(
     concurrency: int = typer.Option(0, min=0, help="Tasks per worker at once (0: PIPEBOARD_WORKER_CONCURRENCY)."),
 ) -> None:
     """Migrate the database, then serve the API and dashboard with a Celery worker until Ctrl-C."""
-    settings = checked_settings()
-    check_reachable(settings)
-    if not port_free(host, port):
-        fail(f"--port {port}: address {host}:{port} is already in use")
     try:
-        run_migrations()
-    except Exception as exc:
-        from app.core.probes import describe_failure
+        settings = checked_settings()
+        check_reachable(settings)
+        if not port_free(host, port):
+            fail(f"--port {port}: address {host}:{port} is already in use")
+        try:
+            run_migrations()
+        except Exception as exc:
+            from app.core.probes import describe_failure
 
-        fail(f"PIPEBOARD_DATABASE_URL: migration failed, {describe_failure(exc).removeprefix('unreachable: ')}")
+            fail(f"PIPEBOARD_DATABASE_URL: migration failed, {describe_failure(exc).removeprefix('unreachable: ')}")
+    except KeyboardInterrupt:  # Ctrl-C before anything was started
+        fail("interrupted before start-up finished", code=130)
+    serve(settings, host, port, workers, concurrency or settings.worker_concurrency)
 
-    children: list[subprocess.Popen] = []
+
+def die_with_parent() -> None:
+    """In a child: receive SIGTERM if `pipeboard up` itself dies (even by SIGKILL), Linux only."""
+    try:
+        import ctypes
+
+        ctypes.CDLL("libc.so.6", use_errno=True).prctl(1, signal.SIGTERM)  # PR_SET_PDEATHSIG
+    except (OSError, AttributeError):
+        pass
+
+
+def serve(settings, host: str, port: int, workers: int, concurrency: int) -> None:
+    """Run uvicorn and the workers, each in its own process group, until a signal or a crash."""
     stopping = False
 
     def request_stop(signum: int, _frame: object) -> None:
@@ -157,19 +181,17 @@ def up(
     signal.signal(signal.SIGTERM, request_stop)
     signal.signal(signal.SIGINT, request_stop)
     loglevel = settings.log_level
-    api = subprocess.Popen(
-        [sys.executable, "-m", "uvicorn", "app.main:app", "--host", host, "--port", str(port), "--log-level", loglevel],
-        start_new_session=True,
-    )
-    children.append(api)
+    uvicorn = [sys.executable, "-m", "uvicorn", "app.main:app", "--host", host, "--port", str(port), "--log-level", loglevel]
+    api = subprocess.Popen(uvicorn, start_new_session=True, preexec_fn=die_with_parent)
+    children = [api]
     for index in range(workers):
-        command = worker_command(concurrency or settings.worker_concurrency, "threads", f"pipeboard{index + 1}@%h", loglevel)
-        children.append(subprocess.Popen(command, start_new_session=True))
+        command = worker_command(concurrency, "threads", f"pipeboard{index + 1}@%h", loglevel)
+        children.append(subprocess.Popen(command, start_new_session=True, preexec_fn=die_with_parent))
     shown_host = f"[{host}]" if ":" in host else host
     base = f"http://{shown_host}:{port}"
     exit_code = 0
     try:
-        if wait_for_http(f"{base}/api/v1/health", api):
+        if wait_for_http(f"{base}/api/v1/health", api, should_stop=lambda: stopping):
             typer.echo(f"pipeboard is up at {base}  (API docs {base}/docs; Ctrl-C stops)")
         while not stopping:
             ended = [c for c in children if c.poll() is not None]
@@ -180,8 +202,9 @@ def up(
                 break
             time.sleep(0.2)
     finally:
-        for child in reversed(children):  # workers first: they finish or hand back their tasks
-            stop_group(child)
+        # Celery's warm shutdown lets running tasks finish (or, past the timeout, acks_late
+        # hands them back to the queue); uvicorn drains open requests meanwhile.
+        stop_groups(children)
     if exit_code:
         raise typer.Exit(exit_code)
     typer.echo("pipeboard stopped")

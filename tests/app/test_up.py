@@ -35,23 +35,48 @@ def assert_one_line_error(result: subprocess.CompletedProcess, naming: str) -> N
     assert "Traceback" not in result.stderr + result.stdout
 
 
+def test_unreachable_database_stops_start_up_with_one_line(tmp_path: Path) -> None:
+    # A real process: the exit code and stderr a user sees.
+    env = {"PIPEBOARD_DATA_DIR": str(tmp_path), "PIPEBOARD_DATABASE_URL": "postgresql+psycopg://postgres@127.0.0.1:9/none"}
+    assert_one_line_error(pipeboard("up", "--port", "1", env=env), "PIPEBOARD_DATABASE_URL")
+
+
 @pytest.mark.parametrize(
     ("variable", "value"),
     [
         ("PIPEBOARD_BROKER_URL", "kafka://127.0.0.1:9092"),
         ("PIPEBOARD_BROKER_URL", "redis://127.0.0.1:9/0"),
-        ("PIPEBOARD_DATABASE_URL", "postgresql+psycopg://postgres@127.0.0.1:9/none"),
         ("PIPEBOARD_DATABASE_URL", "oracle://db/x"),
         ("PIPEBOARD_HEARTBEAT_SECONDS", "-1"),
     ],
 )
-def test_bad_configuration_stops_start_up_with_one_line(variable: str, value: str, tmp_path: Path) -> None:
-    result = pipeboard("up", "--port", "1", env={"PIPEBOARD_DATA_DIR": str(tmp_path), variable: value})
-    assert_one_line_error(result, variable)
+def test_bad_configuration_stops_start_up_with_one_line(
+    variable: str, value: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from typer.testing import CliRunner
+
+    from app.cli import cli
+    from app.core.config import get_settings
+
+    monkeypatch.setenv("PIPEBOARD_DATA_DIR", str(tmp_path))
+    monkeypatch.setenv(variable, value)
+    get_settings.cache_clear()
+    try:
+        result = CliRunner().invoke(cli, ["up", "--port", "1"])
+    finally:
+        monkeypatch.undo()
+        get_settings.cache_clear()
+    assert result.exception is None or isinstance(result.exception, SystemExit)
+    assert_one_line_error(subprocess.CompletedProcess([], result.exit_code, result.stdout, result.stderr), variable)
 
 
-def test_worker_refuses_a_daemonic_pool(tmp_path: Path) -> None:
-    assert_one_line_error(pipeboard("worker", "--pool", "prefork", env={"PIPEBOARD_DATA_DIR": str(tmp_path)}), "--pool")
+def test_worker_refuses_a_daemonic_pool() -> None:
+    from typer.testing import CliRunner
+
+    from app.cli import cli
+
+    result = CliRunner().invoke(cli, ["worker", "--pool", "prefork"])
+    assert_one_line_error(subprocess.CompletedProcess([], result.exit_code, result.stdout, result.stderr), "--pool")
 
 
 def test_migrate_builds_the_schema(tmp_path: Path) -> None:
