@@ -194,6 +194,19 @@ class StopRule(BaseModel):
         return self
 
 
+class Hyperparameters(BaseModel):
+    """What `pipeboard train` takes besides the layout; unknown keys are refused, not ignored."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    lr: float | None = Field(default=None, gt=0, le=100, description="Learning rate (default: the model's).")
+    optimizer: Literal["adam", "sgd"] | None = Field(default=None, description="Default: the model's.")
+    seed: int = Field(default=0, ge=0, le=2**31 - 1)
+    eval_every: int | None = Field(default=None, ge=1, le=1_000_000, description="Steps between validations (target rule).")
+    vertical_sync: bool = Field(default=False, description="pipedream: vertical sync of weight versions.")
+    chunks: int = Field(default=1, ge=1, le=16, description="interleaved-1f1b: model chunks per worker.")
+
+
 class JobCreate(BaseModel):
     model_config = ConfigDict(
         json_schema_extra={
@@ -223,7 +236,7 @@ class JobCreate(BaseModel):
     schedule: ScheduleName = "1f1b"
     microbatches: int = Field(default=4, ge=1, le=1024)
     batch_size: int = Field(default=32, ge=1, le=65536)
-    hyperparameters: dict[str, str | int | float | bool] = Field(default_factory=dict, description="e.g. lr, optimizer, seed.")
+    hyperparameters: Hyperparameters = Field(default_factory=lambda: Hyperparameters())
     stop: StopRule = Field(default_factory=lambda: StopRule(steps=50))
     priority: int = Field(default=0, ge=-100, le=100, description="Higher runs first.")
 

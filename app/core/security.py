@@ -25,6 +25,7 @@ from sqlalchemy.orm import Session
 from app.api.deps import SessionDep
 from app.core.config import get_settings
 from app.models import ApiToken, TokenScope
+from app.services.tx import begin_write
 
 TOKEN_PREFIX = "pb_"
 SCOPES = ("read", "write")
@@ -94,11 +95,13 @@ def authenticate(session: Session, secret: str | None) -> Principal:
     row = session.scalar(select(ApiToken).where(ApiToken.token_hash == digest))
     # compare_digest on the stored hash keeps the comparison constant-time even if an index
     # lookup is not.
-    if row is None or row.revoked or not hmac.compare_digest(row.token_hash, digest):
+    principal = None if row is None or row.revoked or not hmac.compare_digest(row.token_hash, digest) else Principal(row.id, row.name, TokenScope(row.scope).value)
+    begin_write(session)  # the lookup read; the update below must start a fresh transaction
+    if principal is None:
         raise HTTPException(401, "invalid or revoked API token", headers={"WWW-Authenticate": "Bearer"})
-    session.execute(update(ApiToken).where(ApiToken.id == row.id).values(last_used_at=datetime.now(timezone.utc)))
+    session.execute(update(ApiToken).where(ApiToken.id == principal.token_id).values(last_used_at=datetime.now(timezone.utc)))
     session.commit()
-    return Principal(row.id, row.name, TokenScope(row.scope).value)
+    return principal
 
 
 def read_auth_enabled() -> bool:
@@ -118,11 +121,13 @@ def require_read(request: Request, session: SessionDep) -> Principal:
 
 def require_write(request: Request, session: SessionDep) -> Principal:
     principal = authenticate(session, bearer_from(request))
+    exists = not principal.authenticated and any_token_exists(session)
+    begin_write(session)  # leave the route a fresh transaction for its writes
     if principal.authenticated:
         if not principal.can_write:
             raise HTTPException(403, f"token {principal.name!r} has scope 'read'; this request needs a write token")
         return principal
-    if any_token_exists(session):
+    if exists:
         raise HTTPException(401, "writes need a write token: send 'Authorization: Bearer <token>'", headers={"WWW-Authenticate": "Bearer"})
     return principal
 

@@ -16,6 +16,7 @@ from sqlalchemy.orm import Session
 from app.models import Model
 from app.schemas import ModelCreate, ModelPublic
 from app.services.errors import NotFound, ServiceError
+from app.services.tx import begin_write
 
 
 @lru_cache(maxsize=1)
@@ -97,6 +98,7 @@ def register(session: Session, body: ModelCreate) -> ModelPublic:
     if body.name in zoo.names() or session.scalar(select(Model.id).where(Model.name == body.name)) is not None:
         raise ServiceError(f"name: a model named {body.name!r} already exists", status=409, field="name")
     layers = trace_check(body.source, body.config)
+    begin_write(session)
     row = Model(name=body.name, source=body.source, kind="import", config=body.config,
                 description=f"registered from {body.source} ({layers} traced ops)")
     session.add(row)

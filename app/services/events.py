@@ -24,6 +24,7 @@ from sqlalchemy.orm import Session
 
 from app.core.config import get_settings
 from app.models import Job, JobEvent
+from app.services.tx import begin_write
 
 log = logging.getLogger(__name__)
 
@@ -62,6 +63,8 @@ def append(session: Session, job_id: int, items: Iterable[tuple[str, dict[str, A
     items = list(items)
     if not items:
         return []
+    if commit:  # standalone: nothing of the caller's is pending, so a stale read may be ended
+        begin_write(session)
     _lock_job_row(session, job_id)
     last = session.scalar(select(func.coalesce(func.max(JobEvent.seq), 0)).where(JobEvent.job_id == job_id)) or 0
     now = datetime.now(timezone.utc)

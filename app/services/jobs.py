@@ -28,6 +28,7 @@ from app.models import TimelineEvent as TimelineEventRow
 from app.schemas import JobCreate, JobPublic
 from app.services import events
 from app.services.errors import NotFound, ServiceError
+from app.services.tx import begin_write
 
 log = logging.getLogger(__name__)
 
@@ -50,6 +51,7 @@ def validate_model_name(name: str) -> None:
 def submit(session: Session, spec: JobCreate, *, kind: str = "train", enqueue: bool = True) -> Job:
     if kind == "train":
         validate_model_name(spec.model)
+    begin_write(session)
     job = Job(
         name=spec.name or f"{spec.model} {spec.schedule}",
         kind=kind,
@@ -149,9 +151,10 @@ def to_public_many(session: Session, rows: list[Job]) -> list[JobPublic]:
     return [to_public(session, j, position=positions.get(j.id), last_seq=seqs.get(j.id, 0)) for j in rows]
 
 
-def finish(session: Session, job_id: int, status: JobStatus, *, expected: tuple[JobStatus, ...], error: str | None = None, message: str = "", summary: dict[str, Any] | None = None) -> bool:
+def finish(session: Session, job_id: int, status: JobStatus, *, expected: tuple[JobStatus, ...], error: str | None = None, message: str = "", summary: dict[str, Any] | None = None, **extra: Any) -> bool:
     """Move a job to a final status if it is in one of ``expected``; commit it with its end event."""
-    values: dict[str, Any] = {"status": status, "finished_at": utcnow()}
+    begin_write(session)
+    values: dict[str, Any] = {"status": status, "finished_at": utcnow(), **extra}
     if error is not None:
         values["error"] = error[-4000:]
     if summary is not None:
@@ -176,8 +179,7 @@ def cancel(session: Session, job_id: int) -> Job:
     if job.status in FINAL:
         raise ServiceError(f"status: job {job_id} is already {job.status.value}", status=409, field="status")
     was_running = job.status == JobStatus.RUNNING
-    session.execute(update(Job).where(Job.id == job_id).values(cancel_requested=True))
-    if not finish(session, job_id, JobStatus.CANCELLED, expected=(JobStatus.QUEUED, JobStatus.RUNNING), message="cancelled by request"):
+    if not finish(session, job_id, JobStatus.CANCELLED, expected=(JobStatus.QUEUED, JobStatus.RUNNING), message="cancelled by request", cancel_requested=True):
         session.refresh(job)
         raise ServiceError(f"status: job {job_id} is already {job.status.value}", status=409, field="status")
     session.refresh(job)
@@ -192,6 +194,7 @@ def retry(session: Session, job_id: int) -> Job:
     job = get(session, job_id)
     if job.status not in (JobStatus.FAILED, JobStatus.CANCELLED):
         raise ServiceError(f"status: only failed or cancelled jobs can be retried; job {job_id} is {job.status.value}", status=409, field="status")
+    begin_write(session)
     result = session.execute(
         update(Job)
         .where(Job.id == job_id, Job.status.in_((JobStatus.FAILED, JobStatus.CANCELLED)))

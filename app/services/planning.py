@@ -37,39 +37,31 @@ def make_plan(profile_data: dict[str, Any], levels: list[tuple[int, float]], *, 
 
 
 def stage_replicas(plan_obj: Any) -> list[int]:
-    return [int(s["replicas"] if isinstance(s, dict) else s.replicas) for s in _stages(plan_obj)]
+    from trainer.schedule.costs import plan_replicas
+
+    return plan_replicas(plan_obj)
 
 
-def _stages(plan_obj: Any) -> list[Any]:
-    d = plan_obj.to_dict() if hasattr(plan_obj, "to_dict") else plan_obj
-    return list(d["stages"])
+def simulate(plan_obj: Any, schedule: str, microbatches: int, *, samples_per_microbatch: int | None = None) -> Any:
+    """SimResult of ``schedule`` on the plan's stages; 422 naming `schedule` if it cannot run.
 
+    A simulated microbatch costs what the profile measured for one of its batches, so callers
+    profile at the microbatch size they will run.
+    """
+    from trainer.schedule import ScheduleError, build
+    from trainer.schedule.costs import StageCosts, costs_from_plan
+    from trainer.schedule.simulate import simulate as run_sim
 
-def simulate(plan_obj: Any, schedule: str, microbatches: int) -> Any:
-    """SimResult of ``schedule`` on the plan's stages; 422 naming `schedule` if it cannot run."""
-    from trainer.schedule import ScheduleError, build, costs_from_plan
-    from trainer.schedule import simulate as run_sim
-
-    replicas = stage_replicas(plan_obj)
     try:
-        if schedule == "dp" or len(replicas) == 1 and schedule != "dp":
-            # One stage is data parallel whatever the schedule name says.
-            sched = build("dp", 1, microbatches, replicas=[sum(replicas)]) if schedule == "dp" else build(schedule, 1, microbatches, replicas=replicas)
-        else:
-            sched = build(schedule, len(replicas), microbatches, replicas=replicas)
-        costs = costs_from_plan(plan_obj, schedule=sched) if _accepts_schedule(costs_from_plan) else costs_from_plan(plan_obj)
-        return run_sim(sched, costs)
+        costs, replicas = costs_from_plan(plan_obj), stage_replicas(plan_obj)
+        if schedule == "dp":  # the whole model on every worker
+            costs = [StageCosts(fwd_s=sum(c.fwd_s for c in costs), bwd_s=sum(c.bwd_s for c in costs),
+                                allreduce_s=max(c.allreduce_s for c in costs))]
+            replicas = [sum(replicas)]
+        sched = build(schedule, len(costs), microbatches, replicas=replicas)
+        return run_sim(sched, costs, samples_per_microbatch=samples_per_microbatch)
     except (ScheduleError, ValueError) as exc:
         raise ServiceError(f"schedule: {schedule!r} cannot run this plan: {exc}", status=422, field="schedule") from None
-
-
-def _accepts_schedule(fn: Any) -> bool:
-    import inspect
-
-    try:
-        return "schedule" in inspect.signature(fn).parameters
-    except (TypeError, ValueError):
-        return False
 
 
 def predicted_summary(plan_obj: Any, sim: Any, microbatches: int, timeline_limit: int) -> dict[str, Any]:
@@ -84,10 +76,13 @@ def predicted_summary(plan_obj: Any, sim: Any, microbatches: int, timeline_limit
     return {
         "iteration_time_s": float(sim.iteration_time_s),
         "throughput": float(sim.throughput),
-        "throughput_unit": getattr(sim, "throughput_unit", "microbatches/s"),
+        "throughput_unit": sim.throughput_unit,
+        "samples_per_s": sim.samples_per_s,
         "bubble_fraction": float(sim.bubble_fraction),
         "utilization": [float(u) for u in sim.utilization],
-        "peak_activations": [int(p) for p in getattr(sim, "peak_activations", [])],
+        "peak_activations": [int(p) for p in sim.peak_activations],
+        "peak_memory_bytes": sim.peak_memory_bytes,
+        "workers": len(sim.utilization),
         "microbatches": microbatches,
         # The planner's objective (seconds per minibatch at steady state) against data
         # parallel on the same workers: >1 means the pipeline is predicted to be faster.

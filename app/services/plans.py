@@ -17,6 +17,7 @@ from app.models import Profile
 from app.schemas import PlanCreate, PlanPublic
 from app.services import planning, profiles
 from app.services.errors import NotFound, ServiceError
+from app.services.tx import begin_write
 
 PROFILE_TIMEOUT_S = 300
 _profiling = threading.Lock()  # one inline profiling at a time: a second what-if waits, then hits the cache
@@ -59,10 +60,11 @@ def create(session: Session, body: PlanCreate) -> PlanRow:
         prof = profile_for_model(session, body.model, body.model_args, body.batch_size)
     levels = planning.levels_of(body.levels, None)
     plan_obj = planning.make_plan(prof.data, levels, memory_bytes=body.memory_bytes, method=body.method)
-    sim = planning.simulate(plan_obj, body.schedule, body.microbatches)
+    sim = planning.simulate(plan_obj, body.schedule, body.microbatches, samples_per_microbatch=prof.batch_size)
     predicted = planning.predicted_summary(plan_obj, sim, body.microbatches, body.timeline_limit)
     request = body.model_dump(mode="json", exclude={"timeline_limit"})
     row = PlanRow(profile_id=prof.id, request=request, data=plan_obj.to_dict(), predicted=predicted)
+    begin_write(session)
     session.add(row)
     session.commit()
     return row

@@ -15,6 +15,7 @@ from sqlalchemy.orm import Session
 from app.models import Model, Profile
 from app.schemas import LayerRow, ProfilePublic
 from app.services.errors import NotFound, ServiceError
+from app.services.tx import begin_write
 
 
 def cache_key(model: str, model_args: dict[str, Any], batch_size: int, device: str = "cpu") -> str:
@@ -27,6 +28,7 @@ def cached(session: Session, key: str) -> Profile | None:
 
 
 def store(session: Session, data: dict[str, Any], *, name: str, origin: str, model_id: int | None = None) -> Profile:
+    begin_write(session)
     row = Profile(name=name, origin=origin, data=data, batch_size=data.get("batch_size"), model_id=model_id)
     session.add(row)
     session.flush()

@@ -50,6 +50,7 @@ class DbSink:
         self._metric_seq = self._max_seq(MetricPoint.seq)
         self._own_group = os.environ.get("PIPEBOARD_RUN_GROUP") == "1" if own_group is None else own_group
         self._last_watch = 0.0
+        self.session.commit()  # end the reads above: the first write must start a fresh transaction
 
     def _max_seq(self, column: Any, *where: Any) -> int:
         table = column.class_

@@ -32,6 +32,7 @@ from app.models import Plan as PlanRow
 from app.models import TimelineEvent as TimelineEventRow
 from app.services import events, jobs, planning, profiles
 from app.services.errors import ServiceError
+from app.services.tx import begin_write
 
 log = logging.getLogger(__name__)
 
@@ -56,6 +57,7 @@ def claim_next(task_id: str | None) -> int | None:
             )
             if candidate is None:
                 return None
+            begin_write(s)
             t = now()
             result = s.execute(
                 update(Job)
@@ -183,6 +185,9 @@ class JobRun:
         source, kind, default_args, model_id = profiles.resolve_model(self.session, model)
         args = {**default_args, **(spec.get("model_args") or {})}
         batch = int(spec.get("batch_size") or 32)
+        if job.kind == "train":
+            # The simulator charges one profiled batch per microbatch: measure at that size.
+            batch = max(1, batch // int(spec.get("microbatches") or 1))
         device = spec.get("device", "cpu")
         key = profiles.cache_key(model, args, batch, device)
         row = profiles.cached(self.session, key)
@@ -196,6 +201,7 @@ class JobRun:
             row = profiles.store(self.session, json.loads(out.read_text()), name=key, origin="profiled", model_id=model_id)
         else:
             self.progress("profile", f"using cached profile {row.id} of {model}")
+        begin_write(self.session)
         self.session.execute(update(Job).where(Job.id == job.id).values(profile_id=row.id, model_id=model_id))
         self.session.commit()
         return row.id
@@ -207,10 +213,12 @@ class JobRun:
         prof = profiles.get(self.session, profile_id)
         levels = planning.levels_of(spec.get("levels"), spec.get("workers"))
         plan_obj = planning.make_plan(prof.data, levels, memory_bytes=spec.get("memory_bytes"), method=spec["method"])
-        sim = planning.simulate(plan_obj, spec["schedule"], int(spec["microbatches"]))
+        micro = max(1, int(spec["batch_size"]) // int(spec["microbatches"]))
+        sim = planning.simulate(plan_obj, spec["schedule"], int(spec["microbatches"]), samples_per_microbatch=micro)
         predicted = planning.predicted_summary(plan_obj, sim, int(spec["microbatches"]), timeline_limit=0)
         request = {k: spec.get(k) for k in ("levels", "workers", "memory_bytes", "method", "schedule", "microbatches")}
         plan_row = PlanRow(profile_id=profile_id, request=request, data=plan_obj.to_dict(), predicted=predicted)
+        begin_write(self.session)
         self.session.add(plan_row)
         self.session.flush()
         rows = [
@@ -227,7 +235,7 @@ class JobRun:
         plan_path = workdir / "plan.json"
         plan_path.write_text(json.dumps(plan_obj.to_dict()))
         self.progress("train", "starting training")
-        timed_out = self.run_child(train_command(job.id, spec, plan_path, sum(planning.stage_replicas(plan_obj))),
+        timed_out = self.run_child(train_command(job.id, spec, plan_path),
                                    workdir / "train.log", phase="train", time_limit=(spec.get("stop") or {}).get("time_s"))
         summary = self.session.scalar(select(Job.summary).where(Job.id == job.id)) or {}
         if timed_out:
@@ -243,6 +251,7 @@ class JobRun:
                                     env=child_env(), start_new_session=True, cwd=str(log_path.parent))
         with self.lock:
             self.proc = proc
+        begin_write(self.session)
         self.session.execute(update(Job).where(Job.id == self.job_id).values(pid=proc.pid, pgid=proc.pid))
         self.session.commit()
         started = time.monotonic()
@@ -269,12 +278,12 @@ class JobRun:
         return timed_out
 
 
-def train_command(job_id: int, spec: dict[str, Any], plan_path: Path, workers: int) -> list[str]:
+def train_command(job_id: int, spec: dict[str, Any], plan_path: Path) -> list[str]:
     cmd = pipeboard_command() + ["train", "--model", spec["model"]]
     for k, v in (spec.get("model_args") or {}).items():
         cmd += ["--model-arg", f"{k}={v}"]
     cmd += ["--plan", str(plan_path), "--schedule", spec["schedule"], "--batch-size", str(spec["batch_size"]),
-            "--microbatches", str(spec["microbatches"]), "--workers", str(workers), "--job-id", str(job_id)]
+            "--microbatches", str(spec["microbatches"]), "--job-id", str(job_id), "--json"]
     stop = spec.get("stop") or {}
     if stop.get("epochs") is not None:
         cmd += ["--epochs", str(stop["epochs"])]
@@ -284,8 +293,12 @@ def train_command(job_id: int, spec: dict[str, Any], plan_path: Path, workers: i
         cmd += ["--target", str(stop["target"])]
     else:  # time rule: train "forever" and the runner stops it at the limit
         cmd += ["--epochs", "100000"]
-    for k, v in (spec.get("hyperparameters") or {}).items():
-        cmd += [f"--{k.replace('_', '-')}", str(v)]
+    hyper = spec.get("hyperparameters") or {}
+    for key in ("lr", "optimizer", "seed", "eval_every", "chunks"):
+        if hyper.get(key) is not None:
+            cmd += [f"--{key.replace('_', '-')}", str(hyper[key])]
+    if hyper.get("vertical_sync"):
+        cmd.append("--vertical-sync")
     return cmd
 
 

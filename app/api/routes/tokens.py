@@ -12,6 +12,7 @@ from app.core.security import AnyPrincipal, WriteAccess
 from app.models import ApiToken
 from app.schemas import Me, Page, TokenCreate, TokenCreated, TokenPublic
 from app.services.errors import NotFound
+from app.services.tx import begin_write
 
 router = APIRouter(prefix="/tokens", tags=["tokens"], route_class=ServiceRoute, responses=AUTH_RESPONSES)
 
@@ -71,6 +72,7 @@ def revoke_token(token_id: TokenId, session: SessionDep, _: WriteAccess) -> Toke
     row = session.get(ApiToken, token_id)
     if row is None:
         raise NotFound("token", token_id)
+    begin_write(session)
     session.execute(update(ApiToken).where(ApiToken.id == token_id).values(revoked=True))
     session.commit()
     session.refresh(row)

@@ -1,0 +1,121 @@
+"""End to end on the embedded deployment (SQLite database and broker): a job over HTTP and the
+CLI, its SSE stream to the end, run data; cancel and a SIGKILLed worker leave nothing behind.
+
+One deployment for the module: the first job measures the model's profile, later ones reuse
+it, which keeps the module to a few small runs.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+
+import pytest
+import yaml
+
+from tests.app.test_e2e_support import SMALL_JOB, Deployment, embedded_env, group_alive
+
+pytestmark = pytest.mark.slow
+
+
+@pytest.fixture(scope="module")
+def deployment(tmp_path_factory):
+    workdir = tmp_path_factory.mktemp("e2e-embedded")
+    dep = Deployment(embedded_env(workdir), workdir)
+    try:
+        dep.start_server()
+        dep.worker = dep.start_worker()
+        yield dep
+    finally:
+        dep.close()
+
+
+def wait_until(predicate, timeout: float, what: str, dep: Deployment) -> None:
+    deadline = time.monotonic() + timeout
+    while not predicate():
+        if time.monotonic() > deadline:
+            pytest.fail(f"timed out after {timeout}s waiting for {what}\n{dep.logs()}")
+        time.sleep(0.2)
+
+
+def test_cli_submit_wait_succeeds_and_run_data_is_there(deployment, tmp_path):
+    spec = tmp_path / "job.yaml"
+    spec.write_text(yaml.safe_dump({**SMALL_JOB, "name": "e2e-embedded"}))
+    done = subprocess.run(
+        [sys.executable, "-c", "from app.cli import main; main()", "submit", str(spec), "--wait", "--url", deployment.url],
+        capture_output=True, text=True, timeout=300, env={**os.environ, **deployment.env},
+    )
+    assert done.returncode == 0, f"{done.stdout}\n{done.stderr}\n{deployment.logs()}"
+    assert "succeeded" in done.stdout.splitlines()[-1]
+    job_id = int(done.stdout.split()[1])
+
+    # The whole log again from the start: lifecycle in order, data batches, one final end.
+    messages = list(deployment.events(job_id))
+    kinds = [m["event"] for m in messages]
+    statuses = [m["data"]["status"] for m in messages if m["event"] == "status"]
+    assert kinds[0] == "open" and kinds[-1] == "end" and kinds.count("end") == 1
+    assert statuses == ["queued", "running", "succeeded"]
+    assert "timeline" in kinds and "metrics" in kinds and "summary" in kinds
+    ids = [int(m["id"]) for m in messages if "id" in m and m["event"] != "open"]
+    assert ids == list(range(1, len(ids) + 1))
+
+    job = deployment.api("GET", f"/jobs/{job_id}")
+    assert job["status"] == "succeeded" and job["plan_id"] and job["profile_id"] and job["summary"]
+    measured = deployment.api("GET", f"/jobs/{job_id}/timeline")
+    assert measured["total"] > 0 and {e["worker"] for e in measured["events"]} == {0, 1}
+    assert {"F", "B"} <= {e["kind"] for e in measured["events"]}
+    predicted = deployment.api("GET", f"/jobs/{job_id}/timeline", params={"source": "predicted"})
+    assert predicted["total"] > 0
+    window = deployment.api("GET", f"/jobs/{job_id}/timeline", params={"step_from": 1, "step_to": 1})
+    assert window["events"] and {e["step"] for e in window["events"]} == {1}
+    metrics = deployment.api("GET", f"/jobs/{job_id}/metrics")
+    assert any("loss" in p["values"] for p in metrics["points"]) and "metric" in metrics["points"][-1]["values"]
+    trace = deployment.http.get(f"{deployment.url}/api/v1/jobs/{job_id}/trace")
+    assert trace.status_code == 200 and "attachment" in trace.headers["content-disposition"] and trace.json()["traceEvents"]
+
+    # Resume mid-stream with Last-Event-ID: exactly the rest, no repeats.
+    resumed = [int(m["id"]) for m in deployment.events(job_id, last_id=ids[2]) if m["event"] != "open"]
+    assert resumed == ids[3:]
+
+
+def test_cancel_while_running_leaves_no_process(deployment, tmp_path):
+    spec = tmp_path / "long.yaml"
+    spec.write_text(yaml.safe_dump({**SMALL_JOB, "stop": {"time_s": 300}}))
+    waiter = subprocess.Popen(
+        [sys.executable, "-c", "from app.cli import main; main()", "submit", str(spec), "--wait", "--url", deployment.url],
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env={**os.environ, **deployment.env},
+    )
+    try:
+        wait_until(lambda: deployment.api("GET", "/jobs", params={"status": "running"})["count"] == 1, 60, "a running job", deployment)
+        job_id = deployment.api("GET", "/jobs", params={"status": "running"})["data"][0]["id"]
+        row = deployment.wait_for_training(job_id)
+        assert group_alive(row.pgid)
+        cancelled = deployment.api("POST", f"/jobs/{job_id}/cancel")
+        assert cancelled["status"] == "cancelled"
+        wait_until(lambda: not group_alive(row.pgid), 15, f"process group {row.pgid} to end", deployment)
+        out, err = waiter.communicate(timeout=60)
+        assert waiter.returncode == 1 and "cancelled" in err, (out, err)
+    finally:
+        if waiter.poll() is None:
+            waiter.kill()
+
+
+def test_sigkilled_worker_fails_the_job_within_bounded_time(deployment):
+    job_id = deployment.api("POST", "/jobs", json={**SMALL_JOB, "stop": {"time_s": 300}})["id"]
+    row = deployment.wait_for_training(job_id)
+    os.kill(deployment.worker.pid, signal.SIGKILL)  # no warm shutdown, no task hand-back
+    killed_at = time.monotonic()
+    wait_until(lambda: deployment.api("GET", f"/jobs/{job_id}")["status"] == "failed", 20, "the job to fail", deployment)
+    elapsed = time.monotonic() - killed_at
+    job = deployment.api("GET", f"/jobs/{job_id}")
+    assert "heartbeat" in job["error"], job["error"]
+    wait_until(lambda: not group_alive(row.pgid), 15, "the orphaned run to end", deployment)
+    print(f"job failed {elapsed:.1f}s after its worker was SIGKILLed")
+    # Retryable: a new worker picks it up again.
+    deployment.worker = deployment.start_worker()
+    assert deployment.api("POST", f"/jobs/{job_id}/retry")["status"] == "queued"
+    wait_until(lambda: deployment.api("GET", f"/jobs/{job_id}")["status"] == "running", 60, "the retried job to run", deployment)
+    assert deployment.api("POST", f"/jobs/{job_id}/cancel")["status"] == "cancelled"

@@ -1,0 +1,169 @@
+"""A real deployment for end-to-end tests: uvicorn serving the API and `celery worker`
+processes, on a private SQLite database with the embedded SQLite broker or Redis."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+import uuid
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import httpx
+
+from app.core.db import make_engine
+from app.models import Base
+from app.services.sse import parse_stream
+from tests.conftest import ROOT, settings_from_env
+
+SMALL_JOB = {
+    "model": "mlp-digits",
+    "workers": 2,
+    "method": "time",  # two balanced stages: a real pipeline even for a tiny model
+    "schedule": "1f1b",
+    "microbatches": 2,
+    "batch_size": 16,
+    "stop": {"steps": 4},
+}
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def group_alive(pgid: int) -> bool:
+    try:
+        os.killpg(pgid, 0)
+        return True
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+
+
+def stop_process(process: subprocess.Popen, timeout: float = 15) -> None:
+    if process.poll() is not None:
+        return
+    try:
+        os.killpg(process.pid, signal.SIGTERM)
+        process.wait(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        os.killpg(process.pid, signal.SIGKILL)
+        process.wait()
+    except ProcessLookupError:
+        pass
+
+
+@dataclass
+class Deployment:
+    env: dict[str, str]
+    workdir: Path
+    processes: list[subprocess.Popen] = field(default_factory=list)
+    url: str = ""
+
+    def __post_init__(self) -> None:
+        engine = make_engine(settings_from_env(self.env).database_url)
+        Base.metadata.create_all(engine)
+        engine.dispose()
+        self.http = httpx.Client(timeout=30)
+
+    def _spawn(self, argv: list[str], name: str) -> subprocess.Popen:
+        log = open(self.workdir / f"{name}.log", "ab")
+        process = subprocess.Popen(argv, cwd=ROOT, env={**os.environ, **self.env}, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
+        self.processes.append(process)
+        return process
+
+    def start_server(self) -> None:
+        port = free_port()
+        self.url = f"http://127.0.0.1:{port}"
+        server = self._spawn([sys.executable, "-m", "uvicorn", "app.main:app", "--host", "127.0.0.1", "--port", str(port), "--log-level", "warning"], "server")
+        deadline = time.monotonic() + 60
+        while True:
+            if server.poll() is not None:
+                raise RuntimeError(f"server exited: {self.log('server')[-2000:]}")
+            try:
+                if self.http.get(self.url + "/api/v1/tokens/me").status_code == 200:
+                    return
+            except httpx.HTTPError:
+                pass
+            if time.monotonic() > deadline:
+                raise RuntimeError("server did not start")
+            time.sleep(0.2)
+
+    def start_worker(self) -> subprocess.Popen:
+        from app.worker import worker_argv
+
+        argv = worker_argv(concurrency=1, hostname=f"e2e-{uuid.uuid4().hex[:6]}@%h", loglevel="info")
+        return self._spawn([sys.executable, "-m", "celery", "-A", "app.worker:celery_app", *argv], f"worker-{len(self.processes)}")
+
+    def log(self, name: str) -> str:
+        path = self.workdir / f"{name}.log"
+        return path.read_text(errors="replace") if path.exists() else ""
+
+    def logs(self) -> str:
+        return "\n".join(f"--- {p.name}\n{p.read_text(errors='replace')[-3000:]}" for p in sorted(self.workdir.glob("*.log")))
+
+    def api(self, method: str, path: str, **kwargs: Any) -> Any:
+        response = self.http.request(method, self.url + "/api/v1" + path, **kwargs)
+        assert response.status_code < 400, f"{method} {path}: {response.status_code} {response.text}\n{self.logs()}"
+        return response.json()
+
+    def events(self, job_id: int, last_id: int = 0, timeout: float = 240, until: str = "end"):
+        """SSE messages (data decoded) until an event named ``until``."""
+        headers = {"Last-Event-ID": str(last_id)} if last_id else {}
+        deadline = time.monotonic() + timeout
+        with self.http.stream("GET", f"{self.url}/api/v1/jobs/{job_id}/events", headers=headers, timeout=httpx.Timeout(10, read=timeout)) as response:
+            assert response.status_code == 200
+            assert response.headers["content-type"].startswith("text/event-stream")
+            for message in parse_stream(response.iter_lines()):
+                message["data"] = json.loads(message["data"])
+                yield message
+                if message.get("event") == until or time.monotonic() > deadline:
+                    return
+
+    def job_row(self, job_id: int) -> Any:
+        from sqlalchemy.orm import Session
+
+        from app.models import Job
+
+        engine = make_engine(settings_from_env(self.env).database_url)
+        try:
+            with Session(engine) as s:
+                return s.get(Job, job_id)
+        finally:
+            engine.dispose()
+
+    def wait_for_training(self, job_id: int, timeout: float = 180) -> Any:
+        """Block until the run has reported measured timeline events; returns the job row."""
+        for message in self.events(job_id, timeout=timeout, until="timeline"):
+            assert message["event"] != "end", f"job ended early: {message['data']}\n{self.logs()}"
+        row = self.job_row(job_id)
+        assert row.pgid, "running job has no process group"
+        return row
+
+    def close(self) -> None:
+        for process in reversed(self.processes):
+            stop_process(process)
+        self.http.close()
+
+
+def embedded_env(tmp: Path) -> dict[str, str]:
+    return {"PIPEBOARD_DATA_DIR": str(tmp / "data"), "PIPEBOARD_HEARTBEAT_SECONDS": "0.5"}
+
+
+def redis_env(tmp: Path, redis_url: str) -> dict[str, str]:
+    return {
+        "PIPEBOARD_DATA_DIR": str(tmp / "data"),
+        "PIPEBOARD_BROKER_URL": redis_url,
+        "PIPEBOARD_RESULT_BACKEND": redis_url,
+        "PIPEBOARD_KEY_PREFIX": f"pbe2e-{uuid.uuid4().hex[:10]}:",
+        "PIPEBOARD_HEARTBEAT_SECONDS": "0.5",
+    }
