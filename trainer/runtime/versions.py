@@ -92,11 +92,14 @@ class WeightVersions:
         self.gather_grads()
         if self.stash and keep_current:
             fresh = self.pool.pop() if self.pool else [torch.empty_like(p) for p in self.params]
-            with torch.no_grad():
-                torch._foreach_copy_(fresh, [p.data for p in self.params])
-            for p, t in zip(self.params, fresh):
-                p.data = t
-        self.optimizer.step()
+            if not sgd_out_of_place(self.optimizer, self.params, fresh):
+                with torch.no_grad():
+                    torch._foreach_copy_(fresh, [p.data for p in self.params])
+                for p, t in zip(self.params, fresh):
+                    p.data = t
+                self.optimizer.step()
+        else:
+            self.optimizer.step()
         self.optimizer.zero_grad(set_to_none=True)
         old = self.current
         self.current = version
@@ -104,3 +107,40 @@ class WeightVersions:
             if not keep_current:  # the old version was updated in place: nothing may use it now
                 self.views.pop(old, None)
             self.views[version] = self._view()
+
+
+@torch.no_grad()
+def sgd_out_of_place(optimizer: torch.optim.Optimizer, params: list[torch.Tensor], out: list[torch.Tensor]) -> bool:
+    """For plain ``torch.optim.SGD``: write the updated weights into ``out`` and point the
+    parameters there, leaving the old storage untouched, in one pass (no copy, then update).
+    Same arithmetic, in the same order, as ``torch.optim.SGD``'s single-tensor step, and the same
+    optimizer state (``momentum_buffer``), so checkpoints stay interchangeable. Returns False
+    (nothing done) for any other optimizer or option it does not reproduce."""
+    if type(optimizer) is not torch.optim.SGD:
+        return False
+    groups = optimizer.param_groups
+    if any(g.get("differentiable") or isinstance(g["lr"], torch.Tensor) for g in groups):
+        return False
+    dest = {id(p): t for p, t in zip(params, out)}
+    for group in groups:
+        lr, wd, momentum = group["lr"], group["weight_decay"], group["momentum"]
+        for p in group["params"]:
+            t = dest[id(p)]
+            if p.grad is None:
+                t.copy_(p.data)
+                p.data = t
+                continue
+            grad = p.grad if not group["maximize"] else -p.grad
+            if wd != 0:
+                grad = grad.add(p.data, alpha=wd)
+            if momentum != 0:
+                state = optimizer.state[p]
+                buf = state.get("momentum_buffer")
+                if buf is None:
+                    buf = state["momentum_buffer"] = grad.detach().clone()
+                else:
+                    buf.mul_(momentum).add_(grad, alpha=1 - group["dampening"])
+                grad = grad.add(buf, alpha=momentum) if group["nesterov"] else buf
+            torch.add(p.data, grad, alpha=-lr, out=t)
+            p.data = t
+    return True

@@ -1,0 +1,270 @@
+"""Runtime benchmark: our schedules vs torch.distributed.pipelining vs the no-communication ceiling.
+
+    .venv/bin/python bench/runtime.py [--config a|b|both] [--rounds R] [--steps N]
+
+(a) mlp depth=8 width=1024, batch 64 in 8 microbatches, 2 stages on 2 processes.
+(b) the same model, batch 512 in 8 microbatches of 64 (compute-heavy).
+
+In one invocation, alternating round by round, it measures samples/s of
+- ours: ``run_training`` with 1f1b, gpipe and pipedream (steady state, instrumentation on);
+- torch: ``torch.distributed.pipelining`` Schedule1F1B on the same stage modules;
+- ceiling: two independent processes each doing one stage's per-microbatch forward+backward (and
+  its steps) with no communication, times (1 - the schedule's analytic bubble (p-1)/(m+p-1);
+  pipedream has none);
+- one process, one thread, on the full batch;
+and prints medians, the ratios the issue asks for, the instrumentation cost (1f1b with and
+without event recording), and the simulator's predicted iteration time fed the model's profile
+next to the measured one. Every process uses one torch thread. The machine is shared: numbers
+are noisy, so read the ratios, not single figures.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import statistics
+import sys
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+import torch  # noqa: E402
+import torch.multiprocessing as mp  # noqa: E402
+
+from trainer.runtime import RunConfig, run_training  # noqa: E402
+from trainer.runtime import model as model_mod  # noqa: E402
+from trainer.runtime.data import TrainStream  # noqa: E402
+from trainer.runtime.launch import free_port  # noqa: E402
+
+CONFIGS = {
+    "a": dict(batch_size=64, microbatches=8),
+    "b": dict(batch_size=512, microbatches=8),
+}
+MODEL_ARGS = {"depth": 8, "width": 1024}
+STAGES = 2
+OPTIMIZER = os.environ.get("BENCH_OPTIMIZER", "sgd")
+LR = 1e-4
+
+
+def run_cfg(schedule: str, batch_size: int, microbatches: int, steps: int, instrument: bool = True) -> RunConfig:
+    return RunConfig(model="mlp", model_args=MODEL_ARGS, schedule=schedule, batch_size=batch_size,
+                     microbatches=microbatches, num_stages=STAGES, steps=steps, eval_at_end=False,
+                     optimizer=OPTIMIZER, lr=LR, instrument=instrument)
+
+
+def ours(schedule: str, steps: int, instrument: bool = True, **c) -> float:
+    return run_training(run_cfg(schedule, steps=steps, instrument=instrument, **c))["samples_per_s"]
+
+
+def _stage_setup(cfg: RunConfig):
+    zoo = model_mod.load_zoo(cfg)
+    layers = model_mod.stage_layers(cfg, zoo, STAGES)
+    modules = model_mod.build_stages(zoo.model, zoo.example_input(cfg.microbatch_size), layers)
+    return zoo, modules
+
+
+class _Single(torch.nn.Module):
+    """torch.distributed.pipelining wants a plain tensor out of the last stage."""
+
+    def __init__(self, inner):
+        super().__init__()
+        self.inner = inner
+
+    def forward(self, *xs):
+        out = self.inner(*xs)
+        return out[0] if len(out) == 1 else out
+
+
+def _torch_worker(rank: int, port: int, cfg: RunConfig, steps: int, out) -> None:
+    import torch.distributed as dist
+    from torch.distributed.pipelining import PipelineStage, Schedule1F1B
+
+    torch.set_num_threads(1)
+    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=STAGES)
+    zoo, modules = _stage_setup(cfg)
+    module = _Single(modules[rank])
+    opt = zoo.make_optimizer(module.parameters())
+    stage = PipelineStage(module, rank, STAGES, torch.device("cpu"))
+    sched = Schedule1F1B(stage, cfg.microbatches, loss_fn=zoo.loss_fn)
+    stream = TrainStream(zoo, cfg.batch_size, 1, torch.device("cpu"))
+    times = []
+    for k in range(steps):
+        x, y = stream.microbatch(k)
+        if rank == 0:
+            sched.step(x)
+        else:
+            sched.step(target=y, losses=[])
+        opt.step()
+        opt.zero_grad(set_to_none=True)
+        times.append(time.perf_counter())
+    skip = max(1, steps // 10)
+    if rank == STAGES - 1:
+        out.put(cfg.batch_size * (steps - skip) / (times[-1] - times[skip - 1]))
+    dist.barrier()
+    dist.destroy_process_group()
+
+
+def torch_1f1b(steps: int, **c) -> float:
+    cfg = run_cfg("1f1b", steps=steps, **c)
+    ctx = mp.get_context("fork")
+    q = ctx.Queue()
+    port = free_port()
+    ps = [ctx.Process(target=_torch_worker, args=(r, port, cfg, steps, q)) for r in range(STAGES)]
+    for p in ps:
+        p.start()
+    value = q.get(timeout=600)
+    for p in ps:
+        p.join(60)
+    return value
+
+
+def _stage_work(rank: int, cfg: RunConfig, steps: int, step_every: int, out) -> None:
+    """One stage's compute for ``steps`` batches: M forward+backward, a step every ``step_every``."""
+    torch.set_num_threads(1)
+    zoo, modules = _stage_setup(cfg)
+    module = modules[rank]
+    opt = zoo.make_optimizer(module.parameters())
+    stream = TrainStream(zoo, cfg.batch_size, cfg.microbatches, torch.device("cpu"))
+    x0 = stream.microbatch(0)
+    with torch.no_grad():
+        inp = (x0[0],) if rank == 0 else tuple(modules[0](x0[0]))
+    M = cfg.microbatches
+    times = []
+    for k in range(steps):
+        for j in range(M):
+            xs = [t.detach().requires_grad_(rank > 0) for t in inp]
+            out_t = module(*xs)
+            if rank == STAGES - 1:
+                zoo.loss_fn(out_t[0], stream.microbatch(k * M + j)[1]).backward()
+            else:
+                out_t[0].backward(torch.ones_like(out_t[0]))
+            if (j + 1) % step_every == 0:
+                opt.step()
+                opt.zero_grad(set_to_none=True)
+        times.append(time.perf_counter())
+    skip = max(1, steps // 10)
+    out.put((rank, cfg.batch_size * (steps - skip) / (times[-1] - times[skip - 1])))
+
+
+def ceiling(steps: int, schedule: str, **c) -> float:
+    """Samples/s of the slower of two concurrent no-communication stage processes, times
+    (1 - analytic bubble)."""
+    cfg = run_cfg(schedule, steps=steps, **c)
+    M = cfg.microbatches
+    step_every = 1 if schedule == "pipedream" else M
+    ctx = mp.get_context("fork")
+    q = ctx.Queue()
+    ps = [ctx.Process(target=_stage_work, args=(r, cfg, steps, step_every, q)) for r in range(STAGES)]
+    for p in ps:
+        p.start()
+    rates = [q.get(timeout=600)[1] for _ in ps]
+    for p in ps:
+        p.join(60)
+    bubble = 0.0 if schedule == "pipedream" else (STAGES - 1) / (M + STAGES - 1)
+    return min(rates) * (1 - bubble)
+
+
+def _single_worker(cfg: RunConfig, steps: int, out) -> None:
+    torch.set_num_threads(1)
+    zoo = model_mod.load_zoo(cfg)
+    opt = zoo.make_optimizer(zoo.model.parameters())
+    stream = TrainStream(zoo, cfg.batch_size, 1, torch.device("cpu"))
+    times = []
+    for k in range(steps):
+        x, y = stream.microbatch(k)
+        zoo.loss_fn(zoo.model(x), y).backward()
+        opt.step()
+        opt.zero_grad(set_to_none=True)
+        times.append(time.perf_counter())
+    skip = max(1, steps // 10)
+    out.put(cfg.batch_size * (steps - skip) / (times[-1] - times[skip - 1]))
+
+
+def single(steps: int, **c) -> float:
+    """One process, one thread, the full batch per step."""
+    ctx = mp.get_context("fork")
+    q = ctx.Queue()
+    p = ctx.Process(target=_single_worker, args=(run_cfg("1f1b", steps=steps, **c), steps, q))
+    p.start()
+    value = q.get(timeout=600)
+    p.join(60)
+    return value
+
+
+def predicted_iteration_s(schedule: str, **c) -> float:
+    """The simulator's iteration time (one step of batch_size samples), fed the model's profile."""
+    from trainer.profile.profiler import profile_model
+    from trainer.schedule import build
+    from trainer.schedule.costs import StageCosts
+    from trainer.schedule.simulate import simulate
+
+    cfg = run_cfg(schedule, steps=1, **c)
+    torch.set_num_threads(1)
+    zoo = model_mod.load_zoo(cfg)
+    layers = model_mod.stage_layers(cfg, zoo, STAGES)
+    prof = profile_model(zoo.model, zoo.example_input(cfg.microbatch_size), batch_size=cfg.microbatch_size,
+                         optimizer=cfg.optimizer or zoo.optimizer, model_name="mlp")
+    by_name = {layer.name: layer for layer in prof.layers}
+    costs = []
+    for stage in layers:
+        fwd = sum(by_name[n].forward_ms for n in stage if n in by_name) / 1e3
+        bwd = sum(by_name[n].backward_ms for n in stage if n in by_name) / 1e3
+        costs.append(StageCosts(fwd_s=fwd, bwd_s=bwd))
+    M = cfg.microbatches
+    if schedule == "pipedream":  # steady state: the time per M minibatches of a long run
+        n = 10 * M
+        sim = simulate(build(schedule, STAGES, n), costs)
+        return sim.iteration_time_s / n * M
+    return simulate(build(schedule, STAGES, M), costs).iteration_time_s
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--config", choices=["a", "b", "both"], default="both")
+    ap.add_argument("--rounds", type=int, default=3)
+    ap.add_argument("--steps", type=int, default=30)
+    ap.add_argument("--schedules", default="1f1b,pipedream,gpipe")
+    args = ap.parse_args()
+    torch.set_num_threads(1)
+    schedules = args.schedules.split(",")
+    print(f"runtime benchmark: mlp depth=8 width=1024, {STAGES} stages, optimizer {OPTIMIZER}, "
+          f"{os.cpu_count()} CPUs (shared machine: noisy), torch {torch.__version__}, no GPU")
+    for name in (["a", "b"] if args.config == "both" else [args.config]):
+        c = CONFIGS[name]
+        steps = args.steps if name == "a" else max(6, args.steps // 4)
+        res: dict[str, list[float]] = {}
+        for r in range(args.rounds):
+            jobs = [(f"ours {s}", lambda s=s: ours(s, steps, **c)) for s in schedules]
+            jobs += [(f"ceiling {s}", lambda s=s: ceiling(steps, s, **c)) for s in schedules]
+            jobs += [("torch Schedule1F1B", lambda: torch_1f1b(steps, **c)),
+                     ("one process full batch", lambda: single(steps, **c))]
+            if name == "a":
+                jobs.append(("ours 1f1b uninstrumented", lambda: ours("1f1b", steps, instrument=False, **c)))
+            for label, fn in jobs:
+                res.setdefault(label, []).append(fn())
+            print(f"  config {name} round {r + 1}/{args.rounds} done", flush=True)
+        med = {k: statistics.median(v) for k, v in res.items()}
+        print(f"\n({name}) batch {c['batch_size']} in {c['microbatches']} microbatches, {steps} steps per run, "
+              f"median of {args.rounds} alternating rounds (samples/s):")
+        for k, v in med.items():
+            print(f"  {k:28s} {v:9.1f}   rounds: {', '.join(f'{x:.0f}' for x in res[k])}")
+        t = med["torch Schedule1F1B"]
+        for s in schedules:
+            print(f"  ours {s:10s} / torch 1F1B   = {med[f'ours {s}'] / t:5.2f}x")
+            print(f"  ours {s:10s} / its ceiling  = {med[f'ours {s}'] / med[f'ceiling {s}']:5.1%}")
+        print(f"  torch 1F1B / 1f1b ceiling    = {t / med['ceiling 1f1b']:5.1%}" if "ceiling 1f1b" in med else "")
+        if "ours pipedream" in med:
+            print(f"  ours pipedream / one process full batch = {med['ours pipedream'] / med['one process full batch']:5.2f}x")
+        if "ours 1f1b uninstrumented" in med:
+            cost = 1 - med["ours 1f1b"] / med["ours 1f1b uninstrumented"]
+            print(f"  instrumentation cost (1f1b): {cost:+.1%} of throughput")
+        for s in schedules:
+            pred = predicted_iteration_s(s, **c)
+            meas = c["batch_size"] / med[f"ours {s}"]
+            print(f"  simulator {s:10s}: predicted {pred * 1e3:7.1f} ms/step, measured {meas * 1e3:7.1f} ms/step "
+                  f"({pred / meas - 1:+.1%})")
+
+
+if __name__ == "__main__":
+    main()
