@@ -48,6 +48,13 @@ class Tables:
     parameters: np.ndarray  # (n,) bytes
     output_activation: np.ndarray  # (n,) bytes crossing a cut right after the state
     predecessors: list[np.ndarray]  # per state j, the indices of its ancestor states
+    _sums: dict | None = None
+
+    def block_sums(self) -> tuple[np.ndarray, np.ndarray]:
+        """(activations, parameters) of every block i..j as (n+1, n) differences, computed once."""
+        if self._sums is None:
+            self._sums = {"acts": _block_sums(self.activation), "params": _block_sums(self.parameters)}
+        return self._sums["acts"], self._sums["params"]
 
     @property
     def size(self) -> int:
@@ -77,7 +84,7 @@ def _block_sums(cum: np.ndarray) -> np.ndarray:
     return out
 
 
-def _stash_factor(total: np.ndarray | int, replicas: np.ndarray | int, machines: int) -> np.ndarray:
+def _stash_factor(total, replicas, machines: int):
     # ceil((M - (m+1)) / m') on integers, exactly as math.ceil on the reference's true division.
     return -((-(machines - np.asarray(total))) // np.asarray(replicas))
 
@@ -138,58 +145,68 @@ def _diagonal_plan(M: int, R: int):
     return mm, rr, targets, starts
 
 
-def solve_level(t: Tables, values: np.ndarray, opt: LevelOptions, bound: float = INF) -> np.ndarray:
-    """Fill the level's table; returns F with F[j, m, i] = the reference's A[i][j][m][0].
+def all_rows(opt: LevelOptions, n: int) -> np.ndarray:
+    """The block starts a level fills: row 0 at the final level (the reference's ``max_i = 1``)."""
+    return np.zeros(1, dtype=np.intp) if opt.final else np.arange(n + 1)
 
-    ``values`` is this level's ``compute_times`` ((n+1, n), +inf for empty). At the final level
-    only row i = 0 is filled (the reference's ``max_i = 1``). With a finite ``bound``, entries
-    above it may come out larger than the reference's (or +inf); every entry at or below it is
-    exact, because each candidate is the max of its parts and a part above the bound can only
-    produce a candidate above it.
+
+def solve_level(t: Tables, values: np.ndarray, opt: LevelOptions, rows: np.ndarray | None = None,
+                bound: np.ndarray | float = INF) -> np.ndarray:
+    """Fill the level's table: F[j, m, c] = the reference's A[rows[c]][j][m][0].
+
+    ``values`` is this level's ``compute_times`` ((n+1, n), +inf for empty); ``rows`` the
+    sorted block starts to fill (default ``all_rows``). With a finite ``bound`` (per row, or
+    one number), an entry above its row's bound may come out larger than the reference's (or
+    +inf), and every entry at or below it is exact: a candidate is the max of its parts, so a
+    part above the bound only ever yields a candidate above it.
     """
     n, M = t.size, opt.machines
-    rows = 1 if opt.final else n + 1
-    acts = _block_sums(t.activation)
-    params = _block_sums(t.parameters)
-    F = np.full((n, M, rows), INF)
+    rows = all_rows(opt, n) if rows is None else np.asarray(rows, dtype=np.intp)
+    bound = np.broadcast_to(np.asarray(bound, dtype=float), rows.shape)
+    pruning = bool(np.isfinite(bound).any())
+    acts, params = t.block_sums()
+    F = np.full((n, M, len(rows)), INF)
 
     # Single-stage blocks: the whole of i..j on m+1 machines, all-reduce over the machines below.
     init_m = 1 if opt.straight else M
-    for i in range(rows):
+    for c, i in enumerate(rows):
+        if i >= n:
+            continue
         for m in range(init_m):
-            F[i:, m, i] = single_stage_costs(values, acts, params, opt, i, slice(i, n), m)
-    if bound < INF:
+            F[i:, m, c] = single_stage_costs(values, acts, params, opt, i, slice(i, n), m)
+    if pruning:
         F[F > bound] = INF
 
     R = 1 if opt.straight else M - 1
     reps = np.arange(1, R + 1, dtype=float)  # m'
     diag = _diagonal_plan(M, R) if M > 1 else None
     for j in range(1, n):
-        top = min(j, rows)  # rows i <= k < j
+        top = int(np.searchsorted(rows, j))  # columns of rows i < j (i <= k < j)
         preds = t.predecessors[j]
-        if len(preds) and M > 1:
+        if top and len(preds) and M > 1:
+            preds = preds[preds >= rows[0]]
             cost = last_stage_costs(t, values, params, opt, preds, j, reps)  # (K, R)
             stash = acts[preds + 1, j] + params[preds + 1, j] if opt.memory_bytes is not None else None
-            if bound < INF:
-                keep = cost.min(axis=1) <= bound
+            if pruning:
+                keep = cost.min(axis=1) <= bound[:top].max()
                 preds, cost = preds[keep], cost[keep]
                 stash = stash[keep] if stash is not None else None
             if len(preds):
                 target_cost = _target_costs(cost, stash, opt)  # (K, R, M)
-                if rows == 1:
+                if len(rows) == 1:
                     _pull_single_row(F, j, preds, target_cost, diag)
                 else:
-                    _pull_all_rows(F, j, top, preds, target_cost, R, bound)
-        if opt.fewer_machines:
+                    _pull_rows(F, j, top, rows, preds, target_cost, R, bound if pruning else None)
+        if opt.fewer_machines and top:
             # A[i][j][m] may keep A[i][j][m-1] (the reference's use_fewer_machines), rows i < j.
             F[j, :, :top] = np.minimum.accumulate(F[j, :, :top], axis=0)
     return F
 
 
 def _pull_single_row(F: np.ndarray, j: int, preds: np.ndarray, target_cost: np.ndarray, diag) -> None:
-    """Row 0 only: every (k, m'', m') at once, then the best per target m = m'' + m'."""
+    """One row: every (k, m'', m') at once, then the best per target m = m'' + m'."""
     mm, rr, targets, starts = diag
-    prefix = F[preds, :, 0]  # (K, M): A[0][k][m'']
+    prefix = F[preds, :, 0]  # (K, M): A[i][k][m'']
     cand = np.maximum(prefix[:, mm], target_cost[:, rr, targets])  # (K, pairs)
     best = np.minimum.reduceat(cand.min(axis=0), starts)  # per m = 1..M-1
     np.minimum(F[j, 1:, 0], best, out=F[j, 1:, 0])
@@ -198,96 +215,126 @@ def _pull_single_row(F: np.ndarray, j: int, preds: np.ndarray, target_cost: np.n
 _CHUNK = 32  # predecessors per slab: keeps the temporaries in cache
 
 
-def _pull_all_rows(F: np.ndarray, j: int, top: int, preds: np.ndarray, target_cost: np.ndarray, R: int,
-                   bound: float) -> None:
-    """Every row i < j at once: A[i][j][m] = min over k, m' of max(A[i][k][m-m'], cost(k, j, m')).
+def _pull_rows(F: np.ndarray, j: int, top: int, rows: np.ndarray, preds: np.ndarray, target_cost: np.ndarray,
+               R: int, bound: np.ndarray | None) -> None:
+    """Rows i < j at once: A[i][j][m] = min over k, m' of max(A[i][k][m-m'], cost(k, j, m')).
 
     Predecessors come in ascending slabs, and a slab whose last state is k only reads rows
-    i <= k (row i is empty before state i). Under a finite bound, a slab also skips the rows
-    whose entries all exceed it and, per m', the states before the first affordable last stage;
-    these are slices, so a skipped part costs nothing (and keeps every candidate at or below
-    the bound).
+    i <= k (row i is empty before state i). Under a bound, a slab keeps only the rows with an
+    entry within it, and per m' only the states whose last stage is affordable for some row.
     """
     M = F.shape[1]
     best = np.full((M, top), INF)
-    scratch = np.empty((_CHUNK, M, top))
-    reduced = np.empty((M, top))
-    pruning = bound < INF
+    scratch = np.empty(_CHUNK * M * top)  # reused: fresh large temporaries would page-fault
+    reduced = np.empty(M * top)
     for lo in range(0, len(preds), _CHUNK):
         ks = preds[lo:lo + _CHUNK]
-        width = int(ks[-1]) + 1
+        width = int(np.searchsorted(rows, ks[-1], side="right"))
         part = F[ks, :, :width]  # (k, M, rows <= last k)
         tc = target_cost[lo:lo + _CHUNK]
-        first_col = 0
-        if pruning:
-            live_cols = np.nonzero((part <= bound).any(axis=(0, 1)))[0]
-            if len(live_cols) == 0:
+        cols = None
+        limit = np.inf
+        if bound is not None:
+            live = np.nonzero(part.min(axis=(0, 1)) <= bound[:width])[0]
+            if len(live) == 0:
                 continue
-            first_col = int(live_cols[0])
-            part = part[:, :, first_col:]
+            limit = float(bound[live].max())
+            if len(live) * 3 < width * 2:
+                cols, part = live, part[:, :, live]
+            elif live[0] > 0:
+                cols = np.arange(live[0], width)
+                part = part[:, :, live[0]:]
         w = part.shape[2]
         for r in range(1, R + 1):
             span = M - r
             cost_r = tc[:, r - 1, r:]  # (k, span): cost for target m = m'' + r
-            first_k = 0
-            if pruning:
-                affordable = np.nonzero(cost_r.min(axis=1) <= bound)[0]
-                if len(affordable) == 0:
+            sub = part
+            if bound is not None:
+                ok = cost_r.min(axis=1) <= limit
+                n_ok = int(np.count_nonzero(ok))
+                if n_ok == 0:
                     continue
-                first_k = int(affordable[0])
-            k = len(ks) - first_k
-            buf = scratch[:k, :span, :w]
-            np.maximum(part[first_k:, :span], cost_r[first_k:, :, None], out=buf)
-            red = reduced[:span, :w]
-            np.minimum.reduce(buf, axis=0, out=red)
-            dst = best[r:, first_col:first_col + w]
-            np.minimum(dst, red, out=dst)
+                if n_ok < len(ok):
+                    sub, cost_r = part[ok], cost_r[ok]
+            cand = scratch[: len(sub) * span * w].reshape(len(sub), span, w)
+            np.maximum(sub[:, :span], cost_r[:, :, None], out=cand)
+            red = reduced[: span * w].reshape(span, w)
+            np.minimum.reduce(cand, axis=0, out=red)
+            if cols is None:
+                np.minimum(best[r:, :width], red, out=best[r:, :width])
+            else:
+                best[r:, cols] = np.minimum(best[r:, cols], red)
     np.minimum(F[j, 1:, :top], best[1:], out=F[j, 1:, :top])
 
 
-def next_level_values(F: np.ndarray, n: int) -> np.ndarray:
+def next_level_values(F: np.ndarray, rows: np.ndarray, n: int) -> np.ndarray:
     """The next level's ``compute_times``: this level's best on all its machines, per block."""
     v = np.full((n + 1, n), INF)
-    v[: F.shape[2]] = F[:, -1, :].T
+    v[rows] = F[:, -1, :].T
     return v
 
 
 @dataclass
 class LevelSolution:
-    """A solved level: its inputs and its table, enough to read stages back out."""
+    """A solved level: its inputs and its table, enough to read stages back out.
+
+    Rows not solved up front (a shortcut may fill only some) are solved on first use.
+    """
 
     tables: Tables
     values: np.ndarray
     options: LevelOptions
+    rows: np.ndarray
     F: np.ndarray
+    next_override: np.ndarray | None = None
+    _extra: dict | None = None
+
+    def row_table(self, i: int) -> np.ndarray:
+        """(n, M): A[i][j][m][0] for every j and m."""
+        c = int(np.searchsorted(self.rows, i))
+        if c < len(self.rows) and self.rows[c] == i:
+            return self.F[:, :, c]
+        if self._extra is None:
+            self._extra = {}
+        if i not in self._extra:
+            row = np.array([i], dtype=np.intp)
+            self._extra[i] = solve_level(self.tables, self.values, self.options, row)[:, :, 0]
+        return self._extra[i]
 
     def best(self, i: int, j: int) -> float:
-        return float(self.F[j, -1, i])
+        return float(self.row_table(i)[j, -1])
+
+    def next_values(self) -> np.ndarray:
+        if self.next_override is not None:
+            return self.next_override
+        return next_level_values(self.F, self.rows, self.tables.size)
 
     def split(self, i: int, j: int) -> list[tuple[int, int, int]]:
         """Stages (start, end, replicas), half-open state ranges, of block i..j on all machines."""
         return _split(self, i, j, self.options.machines - 1)
 
 
-def solve(tables: Tables, values: np.ndarray, opt: LevelOptions, bound: float = INF) -> LevelSolution:
-    return LevelSolution(tables, values, opt, solve_level(tables, values, opt, bound))
+def solve(tables: Tables, values: np.ndarray, opt: LevelOptions, rows: np.ndarray | None = None,
+          bound: np.ndarray | float = INF) -> LevelSolution:
+    rows = all_rows(opt, tables.size) if rows is None else np.asarray(rows, dtype=np.intp)
+    return LevelSolution(tables, values, opt, rows, solve_level(tables, values, opt, rows, bound))
 
 
 def _split(sol: LevelSolution, i: int, j: int, m: int) -> list[tuple[int, int, int]]:
-    # Re-derive the choice behind F[j, i, m] by recomputing its candidates with the same
+    # Re-derive the choice behind A[i][j][m] by recomputing its candidates with the same
     # arithmetic (so equality is exact), in the reference's order of preference: the single
     # stage, then fewer machines, then the last-stage splits.
-    t, opt, F = sol.tables, sol.options, sol.F
-    target = F[j, m, i]
+    t, opt = sol.tables, sol.options
+    table = sol.row_table(i)
+    target = table[j, m]
     if not np.isfinite(target):
         raise ValueError(f"no feasible split for states {i}..{j} on {m + 1} machines")
-    acts = _block_sums(t.activation)
-    params = _block_sums(t.parameters)
+    acts, params = t.block_sums()
     if m == 0 or not opt.straight:
         single = float(single_stage_costs(sol.values, acts, params, opt, i, slice(j, j + 1), m)[0])
         if single == target:
             return [(i, j + 1, m + 1)]
-    if opt.fewer_machines and m > 0 and j > i and F[j, m - 1, i] == target:
+    if opt.fewer_machines and m > 0 and j > i and table[j, m - 1] == target:
         return _split(sol, i, j, m - 1)
     preds = t.predecessors[j]
     preds = preds[preds >= i]
@@ -302,7 +349,7 @@ def _split(sol: LevelSolution, i: int, j: int, m: int) -> list[tuple[int, int, i
             cost = np.where(stash > opt.memory_bytes, INF, last[:, col])
         else:
             cost = last[:, col]
-        cand = np.maximum(F[preds, m - r, i], cost)
+        cand = np.maximum(table[preds, m - r], cost)
         hits = np.nonzero(cand == target)[0]
         if len(hits):
             k = int(preds[hits[0]])

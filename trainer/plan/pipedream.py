@@ -14,7 +14,8 @@ import numpy as np
 
 from trainer.graph import StateChain, state_chain
 from trainer.plan.cluster import Leaf, build_stages, data_parallel_time, total_workers
-from trainer.plan.dp import LevelOptions, LevelSolution, Tables, level1_values, next_level_values, solve
+from trainer.plan.dp import LevelOptions, LevelSolution, Tables, level1_values, solve
+from trainer.plan import suffix
 from trainer.plan.errors import PlanError
 from trainer.plan.model import Level, LevelStage, Plan
 from trainer.profile.schema import Profile
@@ -43,49 +44,71 @@ def _level_options(levels, idx: int, rows_only_first: bool, **options) -> LevelO
     )
 
 
-def _bounds(tables: Tables, levels, **options) -> list[float]:
-    """Per level, a value above which no entry can matter to the optimum (+inf: no pruning).
+def _grid_rows(tables: Tables, count: int = 32) -> np.ndarray:
+    """Row 0 and the block starts nearest to ``count`` evenly spaced shares of the compute."""
+    cum = tables.compute
+    marks = np.searchsorted(cum, cum[-1] * np.arange(1, count) / count)
+    return np.unique(np.concatenate([[0], np.clip(marks + 1, 1, tables.size - 1)]))
 
-    An upper bound U on the optimum comes from the same DP restricted to blocks that start at
-    state 0 on every level (each level's machines all replicate one level-below pipeline), a
-    plan the full DP also considers. A level-k entry v enters level k+1 as ``(v + comm)/m'``
-    with m' <= M(k+1) and comm >= 0, so beyond ``U * M(k+1)`` (and so on down) it cannot be on
-    an optimal path. That needs comm >= 0, which holds for the blocks the top level reads; for
-    the blocks deeper levels read it holds when the states form a chain, else those levels are
-    left unpruned.
+
+def _bounds(tables: Tables, levels, **options) -> list[np.ndarray | float]:
+    """Per level, per block start, a value above which no entry can matter (+inf: no pruning).
+
+    The upper bound U on the optimum is the same DP restricted to blocks starting at a few
+    grid states: it only drops candidates, so the optimum is at most U. The top level reads a
+    block i..j of the level below as ``(v + comm)/m'``, with comm >= 0 and m' <= M for i = 0,
+    m' <= M - 1 otherwise (a later stage leaves a machine to the first), so entries above
+    ``U*M`` (resp. ``U*(M-1)``) cannot be on an optimal path. Deeper levels are bounded the
+    same way when the states form a chain; otherwise a block's comm can be negative there (the
+    reference subtracts the sums of states that are not ancestors) and they stay unpruned.
     """
     L = len(levels)
     if L == 1:
         return [math.inf]
+    grid = _grid_rows(tables)
     values = level1_values(tables)
     for idx in range(L):
-        sol = solve(tables, values, _level_options(levels, idx, True, **options))
-        values = next_level_values(sol.F, tables.size)
+        opt = _level_options(levels, idx, False, **options)
+        sol = solve(tables, values, opt, rows=None if opt.final else grid)
+        values = sol.next_values()
     upper = sol.best(0, tables.size - 1)
     if not math.isfinite(upper):
         return [math.inf] * L
     chain = all(len(p) == j for j, p in enumerate(tables.predecessors))
-    bounds = [math.inf] * L
-    bounds[-1] = upper * (1 + 1e-9)
-    for idx in range(L - 2, -1, -1):
-        if idx < L - 2 and not chain:
-            break
-        bounds[idx] = bounds[idx + 1] * levels[idx + 1][0] * (1 + 1e-9)
+    slack = 1 + 1e-9
+    bounds: list[np.ndarray | float] = [math.inf] * L
+    bounds[-1] = upper * slack
+    machines_above = levels[-1][0]
+    below_top = np.full(tables.size + 1, upper * (machines_above - 1) * slack)
+    below_top[0] = upper * machines_above * slack
+    bounds[-2] = below_top
+    if chain:
+        for idx in range(L - 3, -1, -1):
+            bounds[idx] = np.maximum.accumulate(bounds[idx + 1]) * levels[idx + 1][0] * slack
     return bounds
 
 
 def solve_levels(tables: Tables, levels, *, memory_bytes, straight, fewer_workers,
-                 activation_compression, prune: bool = True) -> list[LevelSolution]:
+                 activation_compression, prune: bool = True, shortcuts: bool = True) -> list[LevelSolution]:
     """Solve every level, innermost first; entries that cannot matter are pruned when ``prune``."""
     options = dict(memory_bytes=memory_bytes, straight=straight, fewer_workers=fewer_workers,
                    activation_compression=activation_compression)
-    bounds = _bounds(tables, levels, **options) if prune else [math.inf] * len(levels)
+    L = len(levels)
+    shortcut_below_top = shortcuts and L >= 2 and suffix.applies(
+        _level_options(levels, L - 2, False, **options), levels[-1][0], True)
+    # The bounds only pay off where full rows are solved; the shortcut leaves just the top.
+    wanted = prune and not (shortcut_below_top and L == 2)
+    bounds = _bounds(tables, levels, **options) if wanted else [math.inf] * L
     values = level1_values(tables)
     solutions = []
     for idx in range(len(levels)):
-        sol = solve(tables, values, _level_options(levels, idx, False, **options), bounds[idx])
+        opt = _level_options(levels, idx, False, **options)
+        if shortcut_below_top and idx == L - 2:
+            sol = suffix.solve_two_machine_below(tables, values, opt)
+        else:
+            sol = solve(tables, values, opt, bound=bounds[idx])
         solutions.append(sol)
-        values = next_level_values(sol.F, tables.size)
+        values = sol.next_values()
     return solutions
 
 
