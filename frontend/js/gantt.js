@@ -144,16 +144,17 @@ export function ganttLayout(rows, { title = '', range = null, uirevision = 'gant
   return baseLayout({
     title: title ? { text: title, x: 0, font: { size: 14 } } : undefined,
     barmode: 'overlay',
-    height: Math.max(180, 30 * rows.length + 110),
+    height: Math.max(180, 30 * rows.length + 100),
     hovermode: 'closest',
     uirevision,
     showlegend: true,
-    legend: { orientation: 'h', y: -0.12, yanchor: 'top' },
-    margin: { l: 110, r: 16, t: title ? 36 : 12, b: 40 },
+    // Legend on top, left, the level-of-detail note above it (the mode bar owns the right); ticks say seconds.
+    legend: { orientation: 'h', x: 0, y: 1, xanchor: 'left', yanchor: 'bottom' },
+    margin: { l: 110, r: 16, t: (title ? 28 : 0) + (note && rows.length ? 58 : 36), b: 30 },
     annotations: note ? [rows.length
-      ? { text: note, xref: 'paper', yref: 'paper', x: 1, y: 1, xanchor: 'right', yanchor: 'bottom', showarrow: false, font: { size: 11, color: '#52606d' } }
+      ? { text: note, xref: 'paper', yref: 'paper', x: 0, y: 1, xanchor: 'left', yanchor: 'bottom', yshift: 24, showarrow: false, font: { size: 11, color: '#52606d' } }
       : { text: note, xref: 'paper', yref: 'paper', x: 0.5, y: 0.5, showarrow: false, font: { size: 13, color: '#52606d' } }] : [],
-    xaxis: { title: { text: 'seconds' }, range: range || undefined, autorange: !range, zeroline: false },
+    xaxis: { ticksuffix: ' s', range: range || undefined, autorange: !range, zeroline: false },
     yaxis: { tickvals: rows.map((r) => r.index), ticktext: rows.map((r) => r.label), autorange: 'reversed', fixedrange: true },
   });
 }

@@ -2,15 +2,15 @@
 // `render(container, params) -> cleanup` so leaving a page closes its streams and timers.
 
 import { getToken, setToken, whoAmI } from './api.js';
-import { clear, h, navigate, notice } from './util.js';
+import { clear, ensurePlotly, h, navigate, notice } from './util.js';
 
 const ROUTES = [
   { pattern: /^\/?$/, redirect: '/jobs' },
   { pattern: /^\/jobs$/, page: 'jobs', nav: 'jobs', title: 'Jobs' },
-  { pattern: /^\/new$/, page: 'newjob', nav: 'new', title: 'New job' },
-  { pattern: /^\/jobs\/(\d+)$/, page: 'job', nav: 'jobs', title: 'Job', keys: ['id'] },
-  { pattern: /^\/plans\/(\d+)$/, page: 'plan', nav: 'new', title: 'Plan', keys: ['id'] },
-  { pattern: /^\/compare$/, page: 'compare', nav: 'compare', title: 'Compare' },
+  { pattern: /^\/new$/, page: 'newjob', nav: 'new', title: 'New job', charts: true },
+  { pattern: /^\/jobs\/(\d+)$/, page: 'job', nav: 'jobs', title: 'Job', charts: true, keys: ['id'] },
+  { pattern: /^\/plans\/(\d+)$/, page: 'plan', nav: 'new', title: 'Plan', charts: true, keys: ['id'] },
+  { pattern: /^\/compare$/, page: 'compare', nav: 'compare', title: 'Compare', charts: true },
   { pattern: /^\/signin$/, page: 'signin', nav: '', title: 'Sign in' },
 ];
 
@@ -44,7 +44,7 @@ async function route() {
   (match.r.keys || []).forEach((k, i) => { params[k] = match.m[i + 1]; });
   document.title = `${match.r.title}${params.id ? ` ${params.id}` : ''} · pipeboard`;
   try {
-    const module = await import(`./pages/${match.r.page}.js`);
+    const [module] = await Promise.all([import(`./pages/${match.r.page}.js`), match.r.charts ? ensurePlotly() : null]);
     if (mine !== generation) return; // the user moved on while the module loaded
     cleanup = await module.render(view, params);
     if (mine !== generation && typeof cleanup === 'function') cleanup();
@@ -76,6 +76,5 @@ window.addEventListener('pipeboard:unauthorized', () => {
 window.addEventListener('pipeboard:token', renderAuth);
 window.addEventListener('hashchange', () => { route(); view.focus({ preventScroll: true }); });
 
-if (!window.Plotly) view.append(notice('error', 'plotly.js did not load: charts cannot be drawn.'));
 renderAuth();
 route();

@@ -104,6 +104,25 @@ export function parseArgs(text) {
   return out;
 }
 
+let plotlyLoading = null;
+
+/** Load plotly.js once (its path is in <meta name="plotly-src">); resolves with window.Plotly. */
+export function ensurePlotly() {
+  if (window.Plotly) return Promise.resolve(window.Plotly);
+  if (!plotlyLoading) {
+    plotlyLoading = new Promise((resolve, reject) => {
+      const src = document.querySelector('meta[name="plotly-src"]')?.content;
+      if (!src) { reject(new Error('no plotly-src meta tag')); return; }
+      const script = document.createElement('script');
+      script.src = src;
+      script.onload = () => (window.Plotly ? resolve(window.Plotly) : reject(new Error('plotly.js loaded but defined nothing')));
+      script.onerror = () => { plotlyLoading = null; reject(new Error(`could not load ${src}`)); };
+      document.head.append(script);
+    });
+  }
+  return plotlyLoading;
+}
+
 /** Plotly layout defaults shared by every chart (readable on a narrow window too). */
 export function baseLayout(extra = {}) {
   return {

@@ -2,8 +2,10 @@
 
 - `chromium`: the executable; the tests skip when it is absent, except under CI=true where they
   fail (CI installs it). Never a downloaded browser.
-- `live_server`: `pipeboard up` (migrations, uvicorn, one real Celery worker on the embedded
-  SQLite broker) on a free port with its own data folder, shared by the module's tests.
+- `start_server(workers=1)`: `pipeboard up` (migrations, uvicorn, real Celery workers on the
+  embedded SQLite broker) on a free port with its own data folder; stopped after the module.
+- `static_server` / `module_page`: the dashboard's files alone, and a blank same-origin page with
+  plotly.js loaded, for tests of the JS modules that need no API.
 - `browser` / `page`: a headless Chromium and a fresh 1280x800 page per test whose console errors
   and uncaught exceptions are collected in `page.errors` (tests assert it is empty).
 - `shoot(page, name)`: a full-page screenshot under test-artifacts/ (git ignores it) to look at.
@@ -107,10 +109,19 @@ class LiveServer:
 
 
 @pytest.fixture(scope="module")
-def live_server(chromium: str, tmp_path_factory: pytest.TempPathFactory) -> Iterator[LiveServer]:
-    server = LiveServer(tmp_path_factory.mktemp("e2e") / "data")
-    yield server
-    server.stop()
+def start_server(chromium: str, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Callable[..., LiveServer]]:
+    """Factory: `start_server(workers=1, extra_env=None)`, each with its own data folder; all are
+    stopped when the module's tests are done."""
+    started: list[LiveServer] = []
+
+    def start(workers: int = 1, extra_env: dict[str, str] | None = None) -> LiveServer:
+        server = LiveServer(tmp_path_factory.mktemp("e2e") / "data", workers=workers, extra_env=extra_env)
+        started.append(server)
+        return server
+
+    yield start
+    for server in started:
+        server.stop()
 
 
 @pytest.fixture(scope="session")
@@ -130,14 +141,23 @@ def collect_errors(page: Any) -> list[str]:
     return errors
 
 
+@pytest.fixture(scope="module")
+def browser_context(browser: Any) -> Iterator[Any]:
+    """One context per test module: its pages share the HTTP cache, so plotly.js (served with a
+    year's max-age) is fetched once per module. Each server has its own origin (port), hence its
+    own localStorage."""
+    context = browser.new_context(viewport=VIEWPORT, accept_downloads=True)
+    yield context
+    context.close()
+
+
 @pytest.fixture
-def page(browser: Any) -> Iterator[Any]:
-    context = browser.new_context(viewport=VIEWPORT)
-    new_page = context.new_page()
+def page(browser_context: Any) -> Iterator[Any]:
+    new_page = browser_context.new_page()
     new_page.errors = collect_errors(new_page)
     new_page.set_default_timeout(20000)
     yield new_page
-    context.close()
+    new_page.close()
 
 
 @pytest.fixture
@@ -150,3 +170,59 @@ def shoot() -> Callable[[Any, str], Path]:
         return path
 
     return take
+
+
+@pytest.fixture(scope="session")
+def static_server(chromium: str) -> Iterator[str]:
+    """The dashboard's files alone (`mount_frontend` on a bare app, uvicorn in a thread): for
+    tests of the JS modules that need no API. Yields the base URL."""
+    import threading
+
+    import uvicorn
+    from fastapi import FastAPI
+
+    from app.frontend import mount_frontend
+
+    app = FastAPI()
+    mount_frontend(app)
+    server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=free_port(), log_level="warning"))
+    thread = threading.Thread(target=server.run, daemon=True)
+    thread.start()
+    deadline = time.monotonic() + 20
+    while not server.started and time.monotonic() < deadline:
+        time.sleep(0.05)
+    yield f"http://127.0.0.1:{server.config.port}"
+    server.should_exit = True
+    thread.join(timeout=10)
+
+
+BLANK_HTML = """<!doctype html><html><head><meta charset="utf-8"><script src="{plotly}"></script></head>
+<body><div id="chart" style="width:1200px"></div></body></html>"""
+
+
+@pytest.fixture(scope="module")
+def _blank_page(browser: Any, static_server: str) -> Iterator[Any]:
+    from app.frontend import plotly_path
+
+    context = browser.new_context(viewport=VIEWPORT)
+    shared = context.new_page()
+    shared.errors = collect_errors(shared)
+    shared.set_default_timeout(20000)
+    shared.route(f"{static_server}/blank", lambda route: route.fulfill(content_type="text/html", body=BLANK_HTML.format(plotly=plotly_path())))
+    shared.goto(f"{static_server}/blank")
+    shared.wait_for_function("() => !!window.Plotly")
+    yield shared
+    context.close()
+
+
+@pytest.fixture
+def module_page(_blank_page: Any) -> Any:
+    """A same-origin blank page with plotly.js loaded, for importing the dashboard's modules.
+
+    One page per test module (parsing plotly.js takes seconds here); each test gets a fresh
+    `#chart` div and an empty `errors` list.
+    """
+    _blank_page.evaluate("""() => { const old = document.getElementById('chart'); window.Plotly.purge(old);
+      const div = document.createElement('div'); div.id = 'chart'; div.style.width = '1200px'; old.replaceWith(div); }""")
+    _blank_page.errors.clear()
+    return _blank_page

@@ -38,7 +38,8 @@ export async function render(container, { ids = '' }) {
 
   const picked = jobs.filter((j) => chosen.has(j.id));
   if (!picked.length) {
-    charts.prepend(notice('empty', 'Pick two or more runs above.'));
+    charts.replaceWith(notice('empty', 'Pick two or more runs above to overlay them.'));
+    return null;
   }
   const metrics = await Promise.all(picked.map((j) => getMetrics(j.id).catch(() => [])));
   const color = (i) => STAGE_COLORS[i % STAGE_COLORS.length];

@@ -10,6 +10,23 @@ const METHODS = ['pipedream', 'uniform', 'time', 'params', 'dp'];
 const SCHEDULES = ['1f1b', 'gpipe', 'interleaved-1f1b', 'zb-h1', 'pipedream', 'dp'];
 const STOPS = [['steps', 'steps'], ['epochs', 'epochs'], ['target', 'target metric'], ['time_s', 'time (s)']];
 const LOCAL_BANDWIDTH = 5e9; // what the service assumes between local worker processes
+// API field (as error messages name it) -> the form control to mark and focus.
+const FIELD_IDS = {
+  name: 'f-name', model: 'f-model', model_args: 'f-model-args', data: 'f-data', workers: 'f-workers', levels: 'f-levels',
+  memory_bytes: 'f-memory', method: 'f-method', schedule: 'f-schedule', microbatches: 'f-microbatches', batch_size: 'f-batch',
+  stop: 'f-stop-value', hyperparameters: 'f-hyper', 'hyper-parameters': 'f-hyper', priority: 'f-priority', source: 'f-import-path',
+};
+
+/** Mark the control named at the start of `message` ("microbatches: ...") invalid and focus it. */
+function markField(form, message) {
+  form.querySelectorAll('[aria-invalid]').forEach((el) => el.removeAttribute('aria-invalid'));
+  const name = /^([A-Za-z_.\-]+):/.exec(message || '')?.[1]?.split('.')[0];
+  const el = name && document.getElementById(FIELD_IDS[name]);
+  if (!el) return;
+  el.setAttribute('aria-invalid', 'true');
+  el.setAttribute('aria-describedby', 'form-error');
+  el.focus();
+}
 
 function field(id, label, input, hint) {
   input.id = id;
@@ -78,7 +95,7 @@ export async function render(container) {
 
   const whatIf = h('section', { class: 'panel', id: 'what-if', 'aria-labelledby': 'what-if-title' },
     h('h2', { id: 'what-if-title', style: 'margin-top:0' }, 'The plan it would run'),
-    h('div', { id: 'what-if-body' }, notice('empty', 'Pick a model to see its plan.')));
+    h('div', { id: 'what-if-body' }, notice('empty', 'The plan appears here as you fill in the form.')));
   container.append(h('h1', {}, 'New job'), h('div', { class: 'row' }, h('div', { class: 'panel' }, form), whatIf));
 
   let controller = null;
@@ -190,6 +207,7 @@ export async function render(container) {
       navigate(`/jobs/${job.id}`);
     } catch (err) {
       formError.textContent = err instanceof ApiError ? `Not submitted: ${err.message}` : err.message;
+      markField(form, err.message);
       submit.disabled = false;
     }
   });

@@ -1,0 +1,146 @@
+"""Dashboard pages against the real API (`pipeboard up` with no Celery worker, so submitted jobs
+stay queued and every state is deterministic): empty and error states, the live jobs table with
+filters, cancel and retry, the new-job form's field errors and submission, a failed job's error,
+keyboard reach and a narrow window. Screenshots go to test-artifacts/."""
+
+from __future__ import annotations
+
+import re
+
+import pytest
+
+pytestmark = pytest.mark.e2e
+
+SPEC = {"model": "mlp-digits", "workers": 2, "schedule": "1f1b", "microbatches": 4, "stop": {"steps": 5}}
+
+
+@pytest.fixture(scope="module")
+def server(start_server):
+    return start_server(workers=0)
+
+
+def test_jobs_page_empty_state(server, page, shoot) -> None:
+    page.goto(f"{server.url}/#/jobs")
+    page.get_by_text("No jobs yet.").wait_for()
+    assert page.get_by_role("link", name="Submit the first one.").get_attribute("href") == "#/new"
+    shoot(page, "jobs-empty")
+    assert page.errors == []
+
+
+def test_jobs_table_filters_cancels_and_retries(server, page, shoot) -> None:
+    first = server.api("POST", "/jobs", {**SPEC, "name": "table-a"})
+    second = server.api("POST", "/jobs", {**SPEC, "name": "table-b", "schedule": "gpipe"})
+    page.goto(f"{server.url}/#/jobs")
+    row_a = page.locator(f'tr[data-job-id="{first["id"]}"]')
+    row_b = page.locator(f'tr[data-job-id="{second["id"]}"]')
+    row_a.wait_for()
+    assert row_a.get_attribute("data-status") == "queued"
+    assert "gpipe" in row_b.inner_text()
+
+    page.fill("#filter-text", "table-b")
+    row_a.wait_for(state="detached")
+    assert row_b.is_visible()
+    page.fill("#filter-text", "")
+
+    page.get_by_role("button", name=f"Cancel job {first['id']}").click()
+    page.wait_for_selector(f'tr[data-job-id="{first["id"]}"][data-status="cancelled"]')
+    page.select_option("#filter-status", "cancelled")
+    page.wait_for_selector(f'tr[data-job-id="{second["id"]}"]', state="detached")
+    shoot(page, "jobs-filtered-cancelled")
+    page.get_by_role("button", name=f"Retry job {first['id']}").click()
+    page.get_by_text("No cancelled jobs.").wait_for()  # the retried job is queued again
+    assert server.api("GET", f"/jobs/{first['id']}")["status"] == "queued"
+    assert page.errors == []
+
+
+def test_new_job_form_names_bad_fields_then_submits(server, page, shoot) -> None:
+    page.goto(f"{server.url}/#/new")
+    page.wait_for_selector('#f-model option[value="mlp-digits"]', state="attached")
+    page.select_option("#f-cluster-mode", "levels")
+    page.fill("#f-levels", "4 fast")
+    page.locator("#what-if-body .notice-error").filter(has_text="levels: line 1").wait_for()
+
+    page.select_option("#f-cluster-mode", "local")
+    page.fill("#f-microbatches", "0")
+    page.click("#submit-job")
+    error = page.locator("#form-error")
+    page.wait_for_function("() => document.querySelector('#form-error').textContent.includes('microbatches')")
+    assert "Not submitted" in error.inner_text()
+    assert page.get_attribute("#f-microbatches", "aria-invalid") == "true"
+    assert page.evaluate("() => document.activeElement.id") == "f-microbatches"
+    shoot(page, "new-job-error")
+
+    page.fill("#f-microbatches", "4")
+    page.fill("#f-name", "from-the-form")
+    page.click("#submit-job")
+    page.wait_for_url(re.compile(r"#/jobs/\d+$"))
+    job_id = int(page.url.rsplit("/", 1)[1])
+    assert server.api("GET", f"/jobs/{job_id}")["name"] == "from-the-form"
+    page.get_by_text("Queued").first.wait_for()
+    page.locator("h1", has_text="from-the-form").wait_for()
+    shoot(page, "job-queued")
+    # The form's 422 is an API answer, not a console error; nothing else may be logged.
+    assert [e for e in page.errors if "422" not in e] == []
+
+
+def test_failed_job_shows_its_error_and_trace_download(server, page) -> None:
+    job = server.api("POST", "/jobs", {**SPEC, "name": "to-fail"})
+    server.api("POST", f"/jobs/{job['id']}/cancel")
+    page.goto(f"{server.url}/#/jobs/{job['id']}")
+    page.locator(".badge", has_text="cancelled").wait_for()
+    assert page.get_by_role("button", name="Retry").is_visible()
+    with page.expect_download() as download:
+        page.click("#download-trace")
+    assert download.value.suggested_filename == f"job-{job['id']}.trace.json"
+    assert page.errors == []
+
+
+def test_unknown_page_and_unknown_job(server, page) -> None:
+    page.goto(f"{server.url}/#/nowhere")
+    page.get_by_text("No page at /nowhere").wait_for()
+    page.goto(f"{server.url}/#/jobs/987654")
+    page.locator(".notice-error", has_text="987654").wait_for()
+    assert all("404" in e for e in page.errors)  # the API's 404, logged by the browser as a failed fetch
+
+
+def test_keyboard_reaches_navigation_and_form(server, page) -> None:
+    page.goto(f"{server.url}/#/new")
+    page.wait_for_selector('#f-model option[value="mlp-digits"]', state="attached")
+    reached = []
+    for _ in range(40):
+        page.keyboard.press("Tab")
+        reached.append(page.evaluate("() => document.activeElement.id || document.activeElement.textContent.trim()"))
+    for wanted in ("Jobs", "New job", "Compare", "f-model", "f-workers", "f-schedule", "submit-job"):
+        assert wanted in reached, f"{wanted} not reachable by Tab: {reached}"
+
+
+def test_narrow_window_has_no_horizontal_scroll(server, page, shoot) -> None:
+    page.set_viewport_size({"width": 390, "height": 800})
+    for route in ("jobs", "new", "compare"):
+        page.goto(f"{server.url}/#/{route}")
+        page.locator("main h1").first.wait_for()
+        page.wait_for_timeout(300)
+        width = page.evaluate("() => document.documentElement.scrollWidth")
+        shoot(page, f"narrow-{route}")
+        assert width <= 392, f"#{route} is {width}px wide in a 390px window"
+
+
+def test_sign_in_when_the_api_answers_401(server, page, shoot) -> None:
+    # Last in this module: once a token exists, writes need one (reads stay open by default).
+    token = server.api("POST", "/tokens", {"name": "browser", "scope": "write"})["token"]
+    page.goto(f"{server.url}/#/new")
+    page.wait_for_selector('#f-model option[value="mlp-digits"]', state="attached")
+    page.wait_for_url(re.compile(r"#/signin\?next=(/|%2F)new$"))  # the what-if POST answered 401
+    page.fill("#token", "not-a-token")
+    page.click("#signin-form button[type=submit]")
+    page.locator("#signin-message", has_text="Not signed in").wait_for()
+    page.fill("#token", token)
+    page.click("#signin-form button[type=submit]")
+    page.wait_for_url(re.compile(r"#/new$"))
+    page.locator("#auth-status", has_text="browser (write)").wait_for()
+    page.fill("#f-name", "signed-in-job")
+    page.click("#submit-job")
+    page.wait_for_url(re.compile(r"#/jobs/\d+$"))
+    shoot(page, "signed-in")
+    assert page.evaluate("() => localStorage.getItem('pipeboard.token')") == token
+    assert all("401" in e for e in page.errors)
