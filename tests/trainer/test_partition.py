@@ -11,6 +11,15 @@ from trainer.partition import PartitionError, layer_names, run_stages, split_gra
 from trainer.profile.fxgraph import trace_layers
 
 
+@pytest.fixture(autouse=True)
+def _one_thread():
+    """One intra-op thread: the machine is shared, and oversubscribed threads make tiny ops slow."""
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(before)
+
+
 @pytest.fixture(scope="module")
 def resnet():
     entry = zoo.get("resnet-digits", channels=4, blocks=2)

@@ -157,8 +157,11 @@ def trace_layers(model: nn.Module, example_input: Any) -> LayerGraph:
         if not isinstance(value, torch.Tensor):
             raise UntraceableModelError(f"example input for {n.name!r} must be a tensor, got {type(value).__name__}")
     recorder = _Recorder(gm)
-    with torch.enable_grad():  # requires_grad of each value says which activations get gradients
-        recorder.run(*inputs)
+    try:
+        with torch.enable_grad():  # requires_grad of each value says which activations get gradients
+            recorder.run(*inputs)
+    except UntraceableModelError as exc:  # fx.Interpreter appends the node dump: keep one line
+        raise UntraceableModelError(str(exc).splitlines()[0]) from None
     values = recorder.values
 
     order = {n.name: i for i, n in enumerate(gm.graph.nodes)}

@@ -1,0 +1,83 @@
+"""`pipeboard profile MODEL`, `profile import`, `profile export`, `pipeboard models`."""
+
+from __future__ import annotations
+
+import pytest
+from typer.testing import CliRunner
+
+from app.cli import cli
+from tests.shared_data import graph_txt
+from trainer.profile import Profile
+
+
+@pytest.fixture()
+def run():
+    runner = CliRunner()
+
+    def invoke(*args: str):
+        return runner.invoke(cli, list(args))
+
+    return invoke
+
+
+def test_profile_a_zoo_model(run, tmp_path):
+    out = tmp_path / "p.json"
+    result = run("profile", "mlp", "--model-arg", "depth=2", "-a", "width=16", "--batch-size", "4",
+                 "--repeats", "2", "--warmup", "0", "-o", str(out))
+    assert result.exit_code == 0, result.output
+    prof = Profile.load(out)
+    assert prof.model == "mlp" and prof.batch_size == 4 and prof.meta["model_args"] == {"depth": 2, "width": 16}
+    assert len(prof.layers) == 6
+    assert "self-check" in result.output and "ratio" in result.output
+
+
+def test_import_then_export_round_trips(run, tmp_path):
+    source = graph_txt("resnet18")
+    js, txt = tmp_path / "r.json", tmp_path / "g.txt"
+    result = run("profile", "import", str(source), "-o", str(js))
+    assert result.exit_code == 0, result.output
+    assert "layers" in result.output
+    result = run("profile", "export", str(js), "-o", str(txt))
+    assert result.exit_code == 0, result.output
+    a, b = Profile.load(source), Profile.load(txt)
+    assert a.layers == b.layers and a.edges == b.edges
+
+
+@pytest.mark.parametrize("args,words", [
+    (["profile", "no-such-model"], ["unknown zoo model"]),
+    (["profile", "mlp", "-a", "depth"], ["--model-arg", "key=value"]),
+    (["profile", "mlp", "-a", "depth=0"], ["depth", ">= 1"]),
+    (["profile", "mlp", "--device", "tpu"], ["--device"]),
+    (["profile", "mlp", "--batch-size", "0"], ["--batch-size"]),
+    (["profile", "no_module_xyz:factory"], ["cannot import"]),
+    (["profile", "import", "/nonexistent/graph.txt"], ["/nonexistent/graph.txt"]),
+])
+def test_bad_input_is_one_line_and_nonzero(run, args, words):
+    result = run(*args)
+    assert result.exit_code != 0
+    lines = [line for line in result.output.splitlines() if line.strip()]
+    assert len(lines) == 1 and lines[0].startswith("error:"), result.output
+    for word in words:
+        assert word in lines[0], (word, lines[0])
+    assert "Traceback" not in result.output
+
+
+def test_bad_graph_txt_line_is_named(run, tmp_path):
+    bad = tmp_path / "graph.txt"
+    bad.write_text("node1 -- Input -- forward_compute_time=x, backward_compute_time=0, activation_size=1, parameter_size=0\n")
+    result = run("profile", "import", str(bad), "-o", str(tmp_path / "p.json"))
+    assert result.exit_code != 0 and "line 1" in result.output and "forward_compute_time" in result.output
+
+
+def test_models_lists_the_zoo(run):
+    result = run("models")
+    assert result.exit_code == 0
+    for name in ("mlp-digits", "cnn-digits", "resnet-digits", "transformer-text", "mlp"):
+        assert name in result.output
+    assert "perplexity" in result.output
+
+
+def test_profile_help_shows_the_model_form(run):
+    result = run("profile", "--help")
+    assert result.exit_code == 0
+    assert "pipeboard profile MODEL" in result.output and "import" in result.output and "export" in result.output

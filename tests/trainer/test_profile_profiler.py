@@ -1,0 +1,128 @@
+"""profile_model: names and edges a plan can execute, measured times, bytes, the self-check."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from trainer import zoo
+from trainer.partition import layer_names, run_stages, split_model
+from trainer.profile import Profile
+from trainer.profile.fxgraph import trace_layers
+from trainer.profile.profiler import profile_model, self_check_line
+
+
+@pytest.fixture(autouse=True)
+def _one_thread():
+    """One intra-op thread: the machine is shared, and oversubscribed threads make tiny ops slow."""
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(before)
+
+
+@pytest.fixture(scope="module")
+def resnet_profile():
+    entry = zoo.get("resnet-digits", channels=4, blocks=2)
+    x = entry.example_input(8)
+    calls = []
+    prof = profile_model(entry.model, x, batch_size=8, warmup=1, repeats=3,
+                         progress=lambda done, total, what: calls.append((done, total, what)), model_name="resnet-digits")
+    return entry, x, prof, calls
+
+
+def test_layers_and_edges_are_the_fx_graph(resnet_profile):
+    entry, x, prof, _ = resnet_profile
+    graph = trace_layers(entry.model, x)
+    assert prof.layer_names() == layer_names(entry.model, x)
+    assert prof.edges == graph.edges()
+    assert prof.layers[0].desc == "Input" and prof.layers[0].compute_ms == 0
+    # the residual join reads two layers
+    add_inputs = [src for src, dst in prof.edges if dst == "add"]
+    assert len(add_inputs) == 2
+    assert prof.model == "resnet-digits" and prof.batch_size == 8 and prof.device == "cpu"
+
+
+def test_times_are_measured_per_layer(resnet_profile):
+    _, _, prof, _ = resnet_profile
+    convs = [layer for layer in prof.layers if layer.desc.startswith("Conv2d")]
+    assert convs and all(layer.forward_ms > 0 and layer.backward_ms > 0 for layer in convs)
+    assert all(layer.forward_spread_ms >= 0 and layer.backward_spread_ms >= 0 for layer in prof.layers)
+    m = prof.meta
+    assert m["repeats"] == 3 and m["timer"] == "perf_counter"
+    assert m["step_ms"] > 0 and m["layer_sum_ms"] == pytest.approx(sum(layer.compute_ms for layer in prof.layers))
+    assert m["self_check_ratio"] == pytest.approx(m["layer_sum_ms"] / m["step_ms"])
+    line = self_check_line(prof)
+    assert "ratio" in line and f"{m['self_check_ratio']:.3f}" in line
+
+
+def test_bytes_follow_the_tensors(resnet_profile):
+    entry, x, prof, _ = resnet_profile
+    by_name = {layer.name: layer for layer in prof.layers}
+    stem = entry.model.stem
+    assert by_name["stem"].parameter_bytes == 4 * (stem.weight.numel() + stem.bias.numel())
+    assert by_name["stem"].optimizer_bytes == 2 * by_name["stem"].parameter_bytes  # Adam's two moments
+    assert by_name["stem"].activation_bytes == 4 * 8 * 4 * 8 * 8  # float32 [8, 4, 8, 8]
+    assert by_name["x"].activation_bytes == x.numel() * 4
+    total = sum(p.numel() * 4 for p in entry.model.parameters())
+    assert sum(layer.parameter_bytes for layer in prof.layers) == total
+
+
+def test_progress_reports_every_step(resnet_profile):
+    *_, calls = resnet_profile
+    assert calls[0][:2] == (0, 4) and calls[-1] == (4, 4, "done")
+    assert [c[0] for c in calls] == [0, 1, 2, 3, 4]
+
+
+def test_profile_round_trips_and_its_plan_executes(resnet_profile, tmp_path):
+    entry, x, prof, _ = resnet_profile
+    path = tmp_path / "p.json"
+    prof.save(path)
+    again = Profile.load(path)
+    assert again.to_dict() == prof.to_dict()
+    # any contiguous split of the profile's order is a stage assignment split_model runs
+    names = again.layer_names()
+    stages = split_model(entry.model, x, [names[:7], names[7:15], names[15:]])
+    assert torch.equal(run_stages(stages, x)[0], entry.model(x))
+
+
+def test_shared_module_parameters_count_once():
+    class Tied(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.lin = torch.nn.Linear(4, 4)
+
+        def forward(self, x):
+            return self.lin(torch.relu(self.lin(x)))
+
+    prof = profile_model(Tied(), torch.randn(2, 4), warmup=0, repeats=1, optimizer="sgd")
+    assert sum(layer.parameter_bytes for layer in prof.layers) == 4 * 20
+    assert sum(layer.optimizer_bytes for layer in prof.layers) == 4 * 20  # one momentum buffer
+    assert prof.batch_size == 2
+
+
+def test_multi_input_model_and_integer_tokens():
+    entry = zoo.get("transformer-text", dim=16, layers=1, heads=2, seq_len=8)
+    prof = profile_model(entry.model, entry.example_input(2), warmup=0, repeats=2)
+    by_name = {layer.name: layer for layer in prof.layers}
+    assert by_name["tokens"].activation_bytes == 2 * 8 * 8  # int64 ids
+    assert by_name["arange"].backward_ms == 0  # positions carry no gradient
+
+    class TwoInputs(torch.nn.Module):
+        def forward(self, a, b):
+            return a * 2 + b
+
+    prof2 = profile_model(TwoInputs(), (torch.randn(3, 2), torch.randn(3, 2)), warmup=0, repeats=1)
+    assert prof2.layer_names()[:2] == ["a", "b"] and prof2.meta["inputs"] == ["a", "b"]
+
+
+@pytest.mark.parametrize("kwargs,match", [
+    ({"repeats": 0}, "repeats"),
+    ({"optimizer": "lion"}, "optimizer"),
+    ({"device": "cuda"}, "cuda"),
+])
+def test_bad_arguments_are_refused(kwargs, match):
+    if kwargs.get("device") == "cuda" and torch.cuda.is_available():
+        pytest.skip("this machine has CUDA")
+    with pytest.raises(ValueError, match=match):
+        profile_model(torch.nn.Linear(2, 2), torch.randn(1, 2), **kwargs)

@@ -1,0 +1,152 @@
+"""User models: an untraceable model names the failing op; a bad import path says what is wrong."""
+
+from __future__ import annotations
+
+import sys
+import textwrap
+
+import pytest
+import torch
+from torch import nn
+
+from trainer.profile.fxgraph import UntraceableModelError, trace_layers
+from trainer.profile.profiler import profile_model
+from trainer.profile.usermodel import ModelSpecError, load_factory, resolve_model
+
+
+@pytest.fixture(autouse=True)
+def _one_thread():
+    """One intra-op thread: the machine is shared, and oversubscribed threads make tiny ops slow."""
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(before)
+
+
+class DataDependentBranch(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.lin = nn.Linear(4, 4)
+
+    def forward(self, x):
+        if x.sum() > 0:  # control flow on a tensor value: fx cannot trace it
+            return self.lin(x)
+        return x
+
+
+class NumpyCall(nn.Module):
+    def forward(self, x):
+        return torch.from_numpy(x.numpy())  # leaves torch: fx cannot trace it
+
+
+class ShapeMismatch(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.lin = nn.Linear(3, 4)
+
+    def forward(self, x):
+        return self.lin(x)
+
+
+def test_control_flow_names_the_line():
+    with pytest.raises(UntraceableModelError) as info:
+        trace_layers(DataDependentBranch(), torch.randn(2, 4))
+    message = str(info.value)
+    assert "DataDependentBranch" in message
+    assert "test_profile_untraceable.py" in message and "if x.sum() > 0" in message
+    assert "control flow" in message
+
+
+def test_a_call_outside_torch_names_the_line():
+    with pytest.raises(UntraceableModelError) as info:
+        profile_model(NumpyCall(), torch.randn(2, 4), warmup=0, repeats=1)
+    assert "x.numpy()" in str(info.value)
+
+
+def test_a_failing_op_names_the_node_and_module():
+    with pytest.raises(UntraceableModelError) as info:
+        trace_layers(ShapeMismatch(), torch.randn(2, 4))
+    message = str(info.value)
+    assert "'lin'" in message and "Linear" in message and "\n" not in message
+
+
+def test_wrong_number_of_inputs():
+    with pytest.raises(UntraceableModelError, match="takes 1 input"):
+        trace_layers(ShapeMismatch(), (torch.randn(2, 3), torch.randn(2, 3)))
+
+
+def test_non_tensor_output_is_refused():
+    class ReturnsDict(nn.Module):
+        def forward(self, x):
+            return {"y": x + 1}
+
+    with pytest.raises(UntraceableModelError, match="must return a tensor"):
+        trace_layers(ReturnsDict(), torch.randn(2))
+
+
+@pytest.fixture()
+def user_package(tmp_path, monkeypatch):
+    pkg = tmp_path / "usermodels_a"
+    pkg.mkdir()
+    (pkg / "__init__.py").write_text("")
+    (pkg / "nets.py").write_text(textwrap.dedent("""
+        import torch
+        from torch import nn
+
+        def good(width=4):
+            return nn.Sequential(nn.Linear(width, 2), nn.ReLU()), torch.randn(3, width)
+
+        def not_a_pair():
+            return nn.Linear(2, 2)
+
+        def bad_example():
+            return nn.Linear(2, 2), "x"
+
+        def untraceable():
+            class M(nn.Module):
+                def forward(self, x):
+                    while x.max() > 1:
+                        x = x / 2
+                    return x
+            return M(), torch.randn(2)
+    """))
+    (pkg / "broken.py").write_text("import not_a_real_module_xyz\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    yield "usermodels_a"
+    for name in [m for m in sys.modules if m.startswith("usermodels_a")]:
+        del sys.modules[name]
+
+
+def test_a_user_factory_profiles(user_package):
+    resolved = resolve_model(f"{user_package}.nets:good", model_args={"width": 6})
+    assert resolved.batch_size == 3
+    prof = profile_model(resolved.model, resolved.example_input, warmup=0, repeats=1)
+    assert prof.layer_names() == ["input_1", "_0", "_1"]  # fx names of a top-level Sequential
+    assert prof.layers[1].parameter_bytes == 4 * (6 * 2 + 2)
+
+
+@pytest.mark.parametrize("spec,words", [
+    ("nets_without_colon", ["unknown zoo model", "package.module:factory"]),
+    (":good", ["package.module:factory"]),
+    ("{pkg}.nets:missing", ["no callable", "missing"]),
+    ("{pkg}.broken:x", ["cannot import", "not_a_real_module_xyz"]),
+    ("{pkg}.nets:not_a_pair", ["(nn.Module, example_input)"]),
+    ("{pkg}.nets:bad_example", ["tensor"]),
+])
+def test_bad_import_paths_say_why(user_package, spec, words):
+    with pytest.raises(ModelSpecError) as info:
+        resolve_model(spec.format(pkg=user_package))
+    for word in words:
+        assert word in str(info.value), (word, str(info.value))
+
+
+def test_untraceable_user_factory_names_the_line(user_package):
+    model, example = load_factory(f"{user_package}.nets:untraceable")
+    with pytest.raises(UntraceableModelError) as info:
+        trace_layers(model, example)
+    assert "while x.max() > 1" in str(info.value)
+
+
+def test_unknown_factory_argument(user_package):
+    with pytest.raises(ModelSpecError, match="width"):
+        load_factory(f"{user_package}.nets:not_a_pair", width=3)
