@@ -35,11 +35,17 @@ def store(session: Session, data: dict[str, Any], *, name: str, origin: str, mod
     return row
 
 
-def resolve_model(session: Session, name: str) -> tuple[str, str, dict[str, Any], int | None]:
-    """(source, kind, default args, model id) of a zoo name or a registered model's name."""
+def resolve_model(session: Session, name: str, *, check_zoo: bool = True) -> tuple[str, str, dict[str, Any], int | None]:
+    """(source, kind, default args, model id) of a zoo name or a registered model's name.
+
+    ``check_zoo=False`` trusts a name the API already validated: listing the zoo imports torch,
+    which a worker need not pay for just to pass a name on to the profiling subprocess.
+    """
     row = session.scalar(select(Model).where(Model.name == name))
     if row is not None:
         return row.source, row.kind, dict(row.config or {}), row.id
+    if not check_zoo:
+        return name, "zoo", {}, None
     from trainer import zoo
 
     if name in zoo.names():

@@ -182,7 +182,7 @@ class JobRun:
     def profile_phase(self, job: Job, workdir: Path) -> int:
         spec = job.spec
         model = spec["model"]
-        source, kind, default_args, model_id = profiles.resolve_model(self.session, model)
+        source, kind, default_args, model_id = profiles.resolve_model(self.session, model, check_zoo=False)
         args = {**default_args, **(spec.get("model_args") or {})}
         batch = int(spec.get("batch_size") or 32)
         if job.kind == "train":
