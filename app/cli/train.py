@@ -114,8 +114,7 @@ def register(cli: typer.Typer) -> None:
         events_jsonl: Optional[str] = typer.Option(None, "--events-jsonl", help="Append every report as a JSON line."),
     ) -> None:
         """Train MODEL with a pipeline schedule on one process per stage replica."""
-        from trainer.runtime import ConfigError, RunConfig, RunFailed, run_training
-        from trainer.runtime.sinks import JsonlSink, MultiSink
+        from trainer.runtime.config import ConfigError, RunConfig
 
         if plan is not None and stages is not None:
             _fail("--plan and --stages: give one of them")
@@ -131,6 +130,9 @@ def register(cli: typer.Typer) -> None:
             if schedule == "dp" and plan_stages is not None:
                 cfg.stages = [[n for s in plan_stages for n in s]]
             cfg.validate()
+            from trainer.runtime.launch import RunFailed, run_training
+            from trainer.runtime.sinks import JsonlSink, MultiSink
+
             sinks: list[Any] = [ProgressSink(enabled=not as_json)]
             if events_jsonl:
                 sinks.append(JsonlSink(events_jsonl))
@@ -139,10 +141,12 @@ def register(cli: typer.Typer) -> None:
 
                 sinks.append(DbSink(job_id))
             summary = run_training(cfg, MultiSink(sinks))
-        except RunFailed as exc:
-            _fail(str(exc), code=1)
         except (ConfigError, ValueError, KeyError) as exc:
             _fail(str(exc).strip("'\""))
+        except Exception as exc:  # RunFailed, or anything else: one line, never a traceback
+            if type(exc).__name__ != "RunFailed":
+                exc = f"{type(exc).__name__}: {exc}"
+            _fail(str(exc), code=1)
         if as_json:
             typer.echo(json.dumps(summary, default=str))
         else:

@@ -2,10 +2,17 @@
 
 ``run_training(RunConfig(...), sink)`` starts one process per stage replica, runs the schedule
 (``gpipe``, ``1f1b``, ``interleaved-1f1b``, ``zb-h1``, ``pipedream``, ``dp``) and reports through
-the sink. See docs/runtime.md.
+the sink. See docs/runtime.md. Importing the package is cheap; torch loads with the launcher.
 """
 
 from trainer.runtime.config import ConfigError, RunConfig
-from trainer.runtime.launch import RunFailed, run_training
 
 __all__ = ["ConfigError", "RunConfig", "RunFailed", "run_training"]
+
+
+def __getattr__(name: str):
+    if name in ("RunFailed", "run_training"):
+        from trainer.runtime import launch
+
+        return getattr(launch, name)
+    raise AttributeError(f"module 'trainer.runtime' has no attribute {name!r}")

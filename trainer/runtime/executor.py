@@ -150,6 +150,7 @@ class Executor:
             if kind is Kind.FORWARD:
                 x, y = data(mb)
                 inputs = [x] if s == 0 else take(0, s, mb)
+                t0 = time.perf_counter()  # the wait for the input is its own (recv) event
                 if train:
                     sync = ddp_sync is None or mb in ddp_sync
                     out = stage.forward(mb, a.version, inputs, y if s == last_stage else None, sync_grads=sync)
@@ -164,6 +165,7 @@ class Executor:
                         outbox[(0, s, mb)] = out
             elif kind in (Kind.BACKWARD, Kind.BACKWARD_INPUT):
                 grads = None if s == last_stage else take(1, s, mb)
+                t0 = time.perf_counter()
                 in_grads = stage.backward(mb, grads)
                 if s > 0:
                     if rank_of(s - 1, mb) == self.rank:

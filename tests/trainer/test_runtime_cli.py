@@ -1,0 +1,58 @@
+"""`pipeboard train` end to end: JSON summary, JSON-lines reports, and one-line errors."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+PIPEBOARD = [sys.executable, "-c", "from app.cli import main; main()"]
+BASE = ["train", "--model", "mlp", "--model-arg", "depth=2", "--model-arg", "width=32", "--model-arg", "samples=512",
+        "--batch-size", "16", "--microbatches", "4"]
+
+
+def pipeboard(*args: str, timeout: float = 120) -> subprocess.CompletedProcess:
+    return subprocess.run([*PIPEBOARD, *args], capture_output=True, text=True, timeout=timeout)
+
+
+def test_train_json_summary_and_events_jsonl(tmp_path: Path):
+    log = tmp_path / "events.jsonl"
+    r = pipeboard(*BASE, "--stages", "2", "--schedule", "1f1b", "--steps", "6", "--json", "--events-jsonl", str(log))
+    assert r.returncode == 0, r.stderr
+    summary = json.loads(r.stdout.strip().splitlines()[-1])
+    assert summary["steps"] == 6 and summary["wall_s"] > 0 and summary["samples_per_s"] > 0
+    assert summary["final_metric"] is not None and summary["metric_name"] == "mse"
+    calls = [json.loads(line) for line in log.read_text().splitlines()]
+    kinds = [c["call"] for c in calls]
+    assert kinds[0] == "on_status" and kinds[-1] == "on_status" and "on_summary" in kinds
+    events = [e for c in calls if c["call"] == "on_events" for e in c["events"]]
+    # every microbatch's forward and backward on both stages, on one clock
+    for stage in (0, 1):
+        for kind in ("F", "B"):
+            assert len([e for e in events if e["stage"] == stage and e["kind"] == kind]) == 6 * 4
+    fwd0 = {(e["step"], e["microbatch"]): e for e in events if e["stage"] == 0 and e["kind"] == "F"}
+    fwd1 = {(e["step"], e["microbatch"]): e for e in events if e["stage"] == 1 and e["kind"] == "F"}
+    assert all(fwd1[k]["start"] >= fwd0[k]["end"] - 1e-3 for k in fwd0)  # stage 1 runs after stage 0
+    records = [r for c in calls if c["call"] == "on_metrics" for r in c["records"]]
+    assert [r["step"] for r in records if "loss" in r["values"]] == list(range(1, 7))
+    assert any("utilization.1" in r["values"] and "memory_bytes.0" in r["values"] for r in records)
+
+
+def test_train_summary_line_with_target(tmp_path: Path):
+    r = pipeboard(*BASE, "--stages", "2", "--schedule", "pipedream", "--target", "5.0", "--eval-every", "2")
+    assert r.returncode == 0, r.stderr
+    assert "target reached" in r.stdout and "samples/s" in r.stdout
+
+
+def test_bad_input_is_one_line_and_exit_code_2():
+    for args, field in [
+        (["--stages", "2", "--schedule", "nope", "--steps", "1"], "schedule"),
+        (["--stages", "2", "--schedule", "1f1b", "--steps", "1", "--epochs", "2"], "epochs"),
+        (["--stages", "2", "--schedule", "1f1b", "--steps", "1", "--resume"], "resume"),
+        (["--stages", "2", "--schedule", "1f1b", "--steps", "1", "--plan", "/nonexistent.json"], "--plan"),
+    ]:
+        r = pipeboard(*BASE, *args)
+        assert r.returncode == 2, (args, r.stdout, r.stderr)
+        lines = r.stderr.strip().splitlines()
+        assert len(lines) == 1 and field in lines[0] and "Traceback" not in r.stderr, r.stderr
