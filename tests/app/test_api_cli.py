@@ -1,0 +1,66 @@
+"""The CI command line: token creation, spec checking, one-line errors and exit codes."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import yaml
+
+from tests.conftest import ROOT
+
+CLI = [sys.executable, "-c", "from app.cli import main; main()"]
+
+
+def run(*args: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess:
+    return subprocess.run([*CLI, *args], capture_output=True, text=True, timeout=60, cwd=ROOT, env={**os.environ, **(env or {})})
+
+
+def test_example_job_spec_is_valid():
+    from app.schemas import JobCreate
+
+    spec = JobCreate.model_validate(yaml.safe_load((ROOT / "examples" / "job.yaml").read_text()))
+    assert spec.model == "mlp-digits" and spec.stop.steps == 40
+
+
+def test_bad_specs_fail_offline_with_one_line(tmp_path: Path):
+    missing = run("submit", str(tmp_path / "nope.yaml"), "--url", "http://127.0.0.1:9")
+    assert missing.returncode == 2 and missing.stderr.count("\n") == 1 and "nope.yaml" in missing.stderr
+    bad = tmp_path / "bad.yaml"
+    bad.write_text("model: mlp-digits\nstop: {steps: 1, epochs: 2}\n")
+    rule = run("submit", str(bad), "--url", "http://127.0.0.1:9")
+    assert rule.returncode == 2 and "stop" in rule.stderr and "Traceback" not in rule.stderr
+    bad.write_text("model: [unclosed\n")
+    assert run("submit", str(bad)).returncode == 2
+
+
+def test_unreachable_server_is_one_line(tmp_path: Path):
+    spec = tmp_path / "job.yaml"
+    spec.write_text("model: mlp-digits\n")
+    down = run("jobs", "list", "--url", "http://127.0.0.1:9")
+    assert down.returncode == 1 and down.stderr.startswith("error: cannot reach") and "Traceback" not in down.stderr
+    via_env = run("submit", str(spec), env={"PIPEBOARD_URL": "http://127.0.0.1:9"})
+    assert via_env.returncode == 1 and "127.0.0.1:9" in via_env.stderr
+
+
+def test_token_create_prints_the_secret_once(tmp_path: Path):
+    from sqlalchemy import select
+    from sqlalchemy.orm import Session
+
+    from app.core.db import make_engine
+    from app.core.security import hash_token
+    from app.models import ApiToken, Base
+
+    url = f"sqlite:///{tmp_path}/t.sqlite"
+    engine = make_engine(url)
+    Base.metadata.create_all(engine)
+    made = run("token", "create", "--name", "ci", "--scope", "write", env={"PIPEBOARD_DATABASE_URL": url})
+    assert made.returncode == 0, made.stderr
+    secret = made.stdout.strip()
+    with Session(engine) as s:
+        row = s.scalar(select(ApiToken))
+        assert row.name == "ci" and row.scope.value == "write" and row.token_hash == hash_token(secret)
+    assert run("token", "create", "--name", "x", "--scope", "admin", env={"PIPEBOARD_DATABASE_URL": url}).returncode == 2
+    engine.dispose()
