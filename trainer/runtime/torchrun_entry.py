@@ -1,0 +1,102 @@
+"""The runtime under torchrun (several nodes): the same worker code, rendezvous from the environment.
+
+    torchrun --nnodes N --nproc-per-node K ... -m trainer.runtime.torchrun_entry run.json [--events-jsonl PATH]
+
+``run.json`` holds ``RunConfig`` fields. torchrun supplies RANK, WORLD_SIZE, MASTER_ADDR and
+MASTER_PORT; the world size must equal the layout's worker count. Workers' reports reach rank 0
+through a TCPStore mailbox on MASTER_PORT + 1 (kept apart from the training process group, so
+reporting never waits on a pipeline transfer); rank 0 feeds them to a Reporter and prints the
+summary as one JSON line. Failure handling across nodes is torchrun's (it tears the job down when
+a worker exits non-zero); a hung peer surfaces as the process group's timeout.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import pickle
+import sys
+import threading
+import time
+from datetime import timedelta
+
+import torch.distributed as dist
+
+from trainer.runtime import model as model_mod
+from trainer.runtime.config import RunConfig
+from trainer.runtime.layout import resolve
+from trainer.runtime.report import Reporter
+from trainer.runtime.sinks import JsonlSink
+from trainer.runtime.worker import WorkerEnv, worker_main
+from trainer.sink import NullSink
+
+
+class StoreChannel:
+    """Messages of rank ``rank`` under keys ``msg/<rank>/<seq>``; rank 0 drains them in order."""
+
+    def __init__(self, store, rank: int) -> None:
+        self.store, self.rank, self.seq = store, rank, 0
+
+    def put(self, message) -> None:
+        self.store.set(f"msg/{self.rank}/{self.seq}", pickle.dumps(message))
+        self.seq += 1
+
+
+def drain(store, world: int, reporter: Reporter, stop: threading.Event) -> None:
+    next_seq = [0] * world
+    while True:
+        got = False
+        for r in range(world):
+            key = f"msg/{r}/{next_seq[r]}"
+            if store.check([key]):
+                reporter.handle(pickle.loads(store.get(key)))
+                store.delete_key(key)
+                next_seq[r] += 1
+                got = True
+        if not got:
+            if stop.is_set():
+                return
+            time.sleep(0.05)
+
+
+def main(argv: list[str] | None = None) -> None:
+    ap = argparse.ArgumentParser(prog="trainer.runtime.torchrun_entry")
+    ap.add_argument("config")
+    ap.add_argument("--events-jsonl")
+    args = ap.parse_args(argv)
+    rank, world = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
+    with open(args.config) as f:
+        cfg = RunConfig(**json.load(f))
+    cfg.validate()
+    zoo = model_mod.load_zoo(cfg)
+    layout = resolve(cfg)
+    cfg = cfg.with_(stages=model_mod.stage_layers(cfg, zoo, layout.virtual_stages), num_stages=None)
+    if resolve(cfg).world != world:
+        raise SystemExit(f"error: the layout needs {resolve(cfg).world} workers, torchrun started {world}")
+    store = dist.TCPStore(os.environ["MASTER_ADDR"], int(os.environ["MASTER_PORT"]) + 1, world, rank == 0,
+                          timeout=timedelta(seconds=cfg.hang_timeout_s + 60))
+    channel = StoreChannel(store, rank)
+    reporter = thread = None
+    stop = threading.Event()
+    if rank == 0:
+        sink = JsonlSink(args.events_jsonl) if args.events_jsonl else NullSink()
+        reporter = Reporter(sink, world, cfg.batch_size, zoo.metric_name)
+        thread = threading.Thread(target=drain, args=(store, world, reporter, stop), daemon=True)
+        thread.start()
+    wall0 = time.monotonic()
+    try:
+        worker_main(cfg, WorkerEnv(rank, world, "env://", None, channel, None))
+    finally:
+        if rank == 0:
+            stop.set()
+            thread.join(10)
+            reporter.maybe_flush(force=True)
+    if rank == 0:
+        summary = reporter.summary(cfg.target, zoo.higher_is_better, time.monotonic() - wall0)
+        reporter.sink.on_summary(summary)
+        print(json.dumps(summary, default=str), flush=True)
+
+
+if __name__ == "__main__":
+    main(sys.argv[1:])
