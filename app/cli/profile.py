@@ -77,6 +77,7 @@ def profile_cmd(
     warmup: int = typer.Option(3, "--warmup", help="steps run before measuring"),
     repeats: int = typer.Option(10, "--repeats", help="measured steps (medians are reported)"),
     seed: int = typer.Option(0, "--seed", help="weight seed of a zoo model"),
+    threads: int = typer.Option(1, "--threads", help="torch intra-op threads (a pipeline worker uses one)"),
 ) -> None:
     """Measure MODEL layer by layer and write a profile JSON."""
     if device not in ("cpu", "cuda"):
@@ -85,6 +86,8 @@ def profile_cmd(
         _fail(f"--batch-size must be >= 1, got {batch_size}")
     if warmup < 0 or repeats < 1:
         _fail("--warmup must be >= 0 and --repeats >= 1")
+    if threads < 1:
+        _fail(f"--threads must be >= 1, got {threads}")
     try:
         args = parse_model_args(model_arg)
     except ValueError as exc:
@@ -95,9 +98,10 @@ def profile_cmd(
     from trainer.profile.profiler import profile_model, self_check_line
     from trainer.profile.usermodel import resolve_model
 
-    if device == "cuda":
-        import torch
+    import torch
 
+    torch.set_num_threads(threads)
+    if device == "cuda":
         if not torch.cuda.is_available():
             _fail("--device cuda: CUDA is not available on this machine")
     try:

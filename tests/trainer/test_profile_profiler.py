@@ -26,7 +26,7 @@ def resnet_profile():
     entry = zoo.get("resnet-digits", channels=4, blocks=2)
     x = entry.example_input(8)
     calls = []
-    prof = profile_model(entry.model, x, batch_size=8, warmup=1, repeats=3,
+    prof = profile_model(entry.model, x, batch_size=8, warmup=1, repeats=3, timer="cpu",
                          progress=lambda done, total, what: calls.append((done, total, what)), model_name="resnet-digits")
     return entry, x, prof, calls
 
@@ -49,7 +49,7 @@ def test_times_are_measured_per_layer(resnet_profile):
     assert convs and all(layer.forward_ms > 0 and layer.backward_ms > 0 for layer in convs)
     assert all(layer.forward_spread_ms >= 0 and layer.backward_spread_ms >= 0 for layer in prof.layers)
     m = prof.meta
-    assert m["repeats"] == 3 and m["timer"] == "perf_counter"
+    assert m["repeats"] == 3 and m["timer"] == "thread_time"
     assert m["step_ms"] > 0 and m["layer_sum_ms"] == pytest.approx(sum(layer.compute_ms for layer in prof.layers))
     assert m["self_check_ratio"] == pytest.approx(m["layer_sum_ms"] / m["step_ms"])
     line = self_check_line(prof)
@@ -86,6 +86,13 @@ def test_profile_round_trips_and_its_plan_executes(resnet_profile, tmp_path):
     assert torch.equal(run_stages(stages, x)[0], entry.model(x))
 
 
+def test_wall_clock_timer_and_auto_choice():
+    model, x = torch.nn.Linear(3, 3), torch.randn(2, 3)
+    assert profile_model(model, x, warmup=0, repeats=1, timer="wall").meta["timer"] == "perf_counter"
+    # the autouse fixture runs torch on one thread: auto picks this thread's CPU time
+    assert profile_model(model, x, warmup=0, repeats=1).meta["timer"] == "thread_time"
+
+
 def test_shared_module_parameters_count_once():
     class Tied(torch.nn.Module):
         def __init__(self):
@@ -120,6 +127,7 @@ def test_multi_input_model_and_integer_tokens():
     ({"repeats": 0}, "repeats"),
     ({"optimizer": "lion"}, "optimizer"),
     ({"device": "cuda"}, "cuda"),
+    ({"timer": "sundial"}, "timer"),
 ])
 def test_bad_arguments_are_refused(kwargs, match):
     if kwargs.get("device") == "cuda" and torch.cuda.is_available():

@@ -9,7 +9,8 @@ needs it). Backward: a gradient hook on every layer output marks when autograd r
 layer; the time until the next mark is that layer's backward (its grad functions and the
 accumulation of its parameters' gradients). Times are the median over ``repeats`` steps after
 ``warmup`` steps, with the interquartile range as the spread. CPU marks are
-``time.perf_counter``, CUDA marks are CUDA events on the current stream.
+``time.thread_time`` (one torch thread) or ``time.perf_counter``, CUDA marks are CUDA events on
+the current stream.
 
 Self-check: the sum of all per-layer medians is compared with a measured whole training step
 (forward and backward of the unsplit model) and the ratio is stored in ``profile.meta``.
@@ -33,19 +34,33 @@ OPTIMIZER_STATE_FACTOR = {"adam": 2.0, "adamw": 2.0, "sgd": 1.0, "sgd-nomomentum
 Progress = Callable[[int, int, str], None]  # (steps done, steps total, what runs now)
 
 
-class _Clock:
-    """Time marks: wall clock on CPU, CUDA events on a GPU (read after a synchronize)."""
+TIMERS = ("auto", "wall", "cpu")
 
-    def __init__(self, device: torch.device):
+
+class _Clock:
+    """Time marks: CUDA events on a GPU (read after a synchronize); on CPU either the wall clock
+    or this thread's CPU time.
+
+    The CPU-time clock ignores the moments the OS runs another process instead of this one, which
+    on a shared machine otherwise land on random layers and inflate single samples by whole
+    scheduler slices. It only sees this thread's work, so ``auto`` uses it when torch computes on
+    one thread (the CPU autograd engine runs on the calling thread) and the wall clock otherwise.
+    """
+
+    def __init__(self, device: torch.device, timer: str = "auto"):
+        if timer not in TIMERS:
+            raise ValueError(f"timer must be one of {TIMERS}, got {timer!r}")
         self.cuda = device.type == "cuda"
-        self.kind = "cuda_event" if self.cuda else "perf_counter"
+        cpu_time = timer == "cpu" or (timer == "auto" and torch.get_num_threads() == 1)
+        self.kind = "cuda_event" if self.cuda else ("thread_time" if cpu_time else "perf_counter")
+        self._now = time.thread_time if self.kind == "thread_time" else time.perf_counter
 
     def mark(self) -> Any:
         if self.cuda:
             event = torch.cuda.Event(enable_timing=True)
             event.record()
             return event
-        return time.perf_counter()
+        return self._now()
 
     def sync(self) -> None:
         if self.cuda:
@@ -195,17 +210,21 @@ def profile_model(
     progress: Progress | None = None,
     optimizer: str = "adam",
     model_name: str = "",
+    timer: str = "auto",
 ) -> Profile:
     """Profile ``model`` on ``example_input`` (a tensor or a tuple of tensors).
 
     The model and input are moved to ``device`` and the model is put in training mode.
     ``batch_size`` defaults to the first input's leading dimension. ``optimizer`` sets the
-    optimizer-state bytes (see ``OPTIMIZER_STATE_FACTOR``).
+    optimizer-state bytes (see ``OPTIMIZER_STATE_FACTOR``). ``timer`` picks the CPU clock (see
+    ``_Clock``): ``auto``, ``wall`` or ``cpu``; CUDA always uses CUDA events.
     """
     if warmup < 0 or repeats < 1:
         raise ValueError("warmup must be >= 0 and repeats >= 1")
     if optimizer not in OPTIMIZER_STATE_FACTOR:
         raise ValueError(f"optimizer must be one of {sorted(OPTIMIZER_STATE_FACTOR)}, got {optimizer!r}")
+    if timer not in TIMERS:
+        raise ValueError(f"timer must be one of {TIMERS}, got {timer!r}")
     dev = torch.device(device)
     if dev.type == "cuda" and not torch.cuda.is_available():
         raise ValueError("device 'cuda' was requested but CUDA is not available on this machine")
@@ -215,7 +234,7 @@ def profile_model(
     if batch_size is None:
         batch_size = int(inputs[0].shape[0]) if inputs[0].dim() else 1
     lg = trace_layers(model, inputs)
-    clock = _Clock(dev)
+    clock = _Clock(dev, timer)
     owner = _owners(lg)
     params = list(model.parameters())
     steps = warmup + repeats
