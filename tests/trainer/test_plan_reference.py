@@ -1,0 +1,91 @@
+"""Our optimum equals the reference optimizer's on the shared PipeDream profiles.
+
+`../shared/pipedream-profiles/reference-plans.jsonl` holds what msr-fiddle/pipedream's
+`optimizer_graph_hierarchical.py` printed for 14 profiles under six configurations. Every line
+it finished is checked here except the few whose planning takes ~1 s each on this machine
+(two-level 4x4 on the 400-state models, gnmt_large's 16 workers), which `bench/planner.py`
+runs with all the others.
+"""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from tests.shared_data import SHARED_PROFILES, graph_txt, shared_profiles_dir
+from trainer.plan import plan
+from trainer.profile.schema import Profile
+
+SLOW = {("resnet101", "n4x4_10GBps_1.25GBps"), ("resnext101", "n4x4_10GBps_1.25GBps"),
+        ("densenet121", "n4x4_10GBps_1.25GBps"), ("gnmt_large", "n16_1GBps")}
+
+
+def parse_args(args: str) -> dict:
+    """The reference's command-line flags as our plan() keywords."""
+    tokens = args.split()
+    out = {"levels": [], "straight": False, "memory_constraint": False, "memory_bytes": None,
+           "activation_compression": None}
+    workers, bandwidths = [], []
+    i = 0
+    while i < len(tokens):
+        tok = tokens[i]
+        if tok in ("-n", "-b"):
+            i += 1
+            while i < len(tokens) and not tokens[i].startswith("-"):
+                (workers if tok == "-n" else bandwidths).append(float(tokens[i]))
+                i += 1
+            continue
+        if tok == "--straight_pipeline":
+            out["straight"] = True
+        elif tok == "--use_memory_constraint":
+            out["memory_constraint"] = True
+        elif tok == "-s":
+            out["memory_bytes"] = float(tokens[i + 1])
+            i += 1
+        elif tok == "--activation_compression_ratio":
+            out["activation_compression"] = float(tokens[i + 1])
+            i += 1
+        i += 1
+    out["levels"] = [(int(w), b) for w, b in zip(workers, bandwidths)]
+    return out
+
+
+def reference_lines():
+    path = SHARED_PROFILES / "reference-plans.jsonl"
+    if not path.is_file():
+        return [pytest.param(None, id="reference-plans-missing")]
+    lines = [json.loads(x) for x in path.read_text().splitlines()]
+    return [pytest.param(rec, id=f"{rec['profile']}-{rec['config']}",
+                         marks=[pytest.mark.slow] if (rec["profile"], rec["config"]) in SLOW else [])
+            for rec in lines if rec["rc"] == 0 and (rec["profile"], rec["config"]) not in SLOW]
+
+
+_profiles: dict[str, Profile] = {}
+
+
+@pytest.mark.parametrize("rec", reference_lines())
+def test_objective_equals_the_reference(rec):
+    shared_profiles_dir()
+    if rec is None:
+        pytest.fail("reference-plans.jsonl missing from the shared profiles")
+    name = rec["profile"]
+    if name not in _profiles:
+        _profiles[name] = Profile.load(graph_txt(name))
+    kw = parse_args(rec["args"])
+    result = plan(_profiles[name], **kw)
+    ref = rec["ref"]
+    assert result.state_graph == "antichain" and result.states == ref["states"]
+    assert result.predicted_time_s == pytest.approx(float(ref["pipeline_time_per_sample_s"]), rel=1e-12)
+    assert result.single_worker_time_s == pytest.approx(ref["single_stage_time_s"], rel=1e-12)
+    assert result.speedup_vs_single == pytest.approx(ref["speedup_vs_1"], rel=1e-9)
+    assert result.data_parallel_speedup_vs_single == pytest.approx(ref["dp_speedup_vs_1"], rel=1e-9)
+    assert result.speedup_vs_data_parallel == pytest.approx(ref["pipedream_vs_dp"], rel=1e-9)
+    # Same shape where the reference reports it: stages per level and their replicas sum.
+    ours = {lv.level: lv.stages for lv in result.levels}
+    for lv in ref["levels"]:
+        stages = ours[lv["level"]]
+        assert stages[0].start == 0 and stages[-1].end == ref["states"]
+        assert all(a.end == b.start for a, b in zip(stages, stages[1:]))
+        assert all(1 <= s.replicas <= kw["levels"][lv["level"] - 1][0] for s in stages)
+    assert result.workers_used == result.total_workers  # no --fewer-workers: every worker used
