@@ -134,3 +134,14 @@ def test_bad_arguments_are_refused(kwargs, match):
         pytest.skip("this machine has CUDA")
     with pytest.raises(ValueError, match=match):
         profile_model(torch.nn.Linear(2, 2), torch.randn(1, 2), **kwargs)
+
+
+@pytest.mark.parametrize("workers", [2, 3])
+def test_a_pipedream_plan_of_the_profile_executes_exactly(resnet_profile, workers):
+    plan_mod = pytest.importorskip("trainer.plan")
+    entry, x, prof, _ = resnet_profile
+    plan = plan_mod.plan(prof, [(workers, 1e9)], straight=True)
+    stages = [stage.layers for stage in plan.stages]
+    assert sorted(n for s in stages for n in s) == sorted(prof.layer_names())
+    modules = split_model(entry.model, x, stages)
+    assert torch.equal(run_stages(modules, x)[0], entry.model(x))
