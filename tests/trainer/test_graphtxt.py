@@ -76,6 +76,8 @@ BAD_CASES = [
     (GOOD.replace("\tnode2 -- node3", "\tnode2 -> node3"), ["line 5", "edge"]),
     (GOOD.replace("\tnode2 -- node3", "\tnode2 -- node9"), ["line 5", "node9"]),
     (GOOD.replace("node3 -- Add", "node2 -- Add"), ["line 3", "node2", "line 2"]),
+    (GOOD + "\tnode3 -- node2\n", ["line 5", "cycle", "node2 -> node3 -> node2"]),
+    (GOOD + "\tnode1 -- node1\n", ["line 6", "cycle", "node1 -> node1"]),
     ("", ["no node lines"]),
     ("\tnode1 -- node2\n", ["no node lines"]),
 ]
@@ -108,6 +110,7 @@ def test_load_picks_the_format_by_content(tmp_path):
     (lambda d: d["edges"].append(["node1", "ghost"]), ["edges[2]"]),
     (lambda d: d.update(layers=[]), ["layers"]),
     (lambda d: d["layers"][1].update(forward_ms="fast"), ["layers[1]", "forward_ms"]),
+    (lambda d: d["edges"].append(["node3", "node1"]), ["edges", "cycle", "node1 -> node2 -> node3 -> node1"]),
 ])
 def test_bad_profile_json_names_the_field(patch, words):
     data = parse_graph_txt(GOOD).to_dict()

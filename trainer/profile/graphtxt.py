@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import math
 
-from trainer.profile.schema import Layer, Profile, ProfileError
+from trainer.profile.schema import Layer, Profile, ProfileError, find_cycle
 
 _FIELDS = ("forward_compute_time", "backward_compute_time", "activation_size", "parameter_size")
 
@@ -96,11 +96,16 @@ def parse_graph_txt(text: str, model: str = "") -> Profile:
         layers.append(layer)
     if not layers:
         raise ProfileError("graph.txt: no node lines found")
+    edge_line: dict[tuple[str, str], int] = {}
     for lineno, src, dst in pending_edges:
         for end in (src, dst):
             if end not in seen:
                 raise ProfileError(f"graph.txt line {lineno}: edge names unknown node {end!r}")
         edges.append((src, dst))
+        edge_line.setdefault((src, dst), lineno)
+    cycle = find_cycle([layer.name for layer in layers], edges)
+    if cycle:  # the planner needs a DAG; name the line of the cycle's first edge
+        raise ProfileError(f"graph.txt line {edge_line[(cycle[0], cycle[1])]}: edges form a cycle: {' -> '.join(cycle)}")
     return Profile(layers=layers, edges=edges, model=model, meta={"source": "graph.txt"})
 
 

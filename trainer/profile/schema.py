@@ -50,6 +50,36 @@ class Layer:
         return self.forward_ms + self.backward_ms
 
 
+def find_cycle(names: list[str], edges: list[tuple[str, str]]) -> list[str] | None:
+    """A cycle of the edge graph as node names ``[a, b, ..., a]``, or None for a DAG.
+
+    Kahn's algorithm removes every node not on or behind a cycle; walking predecessors among the
+    rest must then revisit a node, and the walk from that node back to itself is a cycle.
+    """
+    indegree = dict.fromkeys(names, 0)
+    succ: dict[str, list[str]] = {n: [] for n in names}
+    pred: dict[str, list[str]] = {n: [] for n in names}
+    for a, b in edges:
+        succ[a].append(b)
+        pred[b].append(a)
+        indegree[b] += 1
+    ready = [n for n in names if indegree[n] == 0]
+    while ready:
+        for m in succ[ready.pop()]:
+            indegree[m] -= 1
+            if indegree[m] == 0:
+                ready.append(m)
+    left = {n for n in names if indegree[n] > 0}
+    if not left:
+        return None
+    walk, seen = [next(n for n in names if n in left)], set()
+    while walk[-1] not in seen:
+        seen.add(walk[-1])
+        walk.append(next(p for p in pred[walk[-1]] if p in left))
+    cycle = walk[walk.index(walk[-1]):]
+    return cycle[::-1]
+
+
 def _is_size(x: Any) -> bool:
     """A finite, non-negative number (times and byte counts)."""
     return isinstance(x, (int, float)) and not isinstance(x, bool) and math.isfinite(x) and x >= 0
@@ -136,6 +166,9 @@ class Profile:
             if not (isinstance(e, (list, tuple)) and len(e) == 2 and e[0] in names and e[1] in names):
                 raise ProfileError(f"profile JSON: edges[{i}] must be [src, dst] naming known layers")
             edges.append((e[0], e[1]))
+        cycle = find_cycle([layer.name for layer in layers], edges)
+        if cycle:
+            raise ProfileError(f"profile JSON: field 'edges' has a cycle: {' -> '.join(cycle)}")
         return cls(
             layers=layers,
             edges=edges,
