@@ -188,9 +188,18 @@ class AntichainWalk:
         self.anc = graph.ancestors()
         self.desc = graph.descendants()
         self.max_states = max_states
+        # Caches keyed by node set (a bitset); values keep the first call's list order.
         self._augmented: dict[int, list[int]] = {}
-        self._deaugmented: dict[int, list[int]] = {}
-        self._next: dict[int, list[list[int]]] = {}
+        self._deaugmented: dict[int, tuple[list[int], int]] = {}
+        self._next: dict[int, list[tuple[list[int], int]]] = {}
+        # Which ancestors of a node still have a consumer outside its down-set depends on the
+        # node alone, so it is computed once per node.
+        self._still_needed: dict[int, int] = {}
+        # Only a node with several consumers can have one outside a descendant's down-set.
+        self._branching = 0
+        for u in _bits(graph.alive):
+            if len(graph.succ[u]) > 1:
+                self._branching |= 1 << u
 
     @staticmethod
     def _key(nodes: list[int]) -> int:
@@ -199,46 +208,52 @@ class AntichainWalk:
             key |= 1 << u
         return key
 
-    def augment(self, antichain: list[int]) -> list[int]:
-        key = self._key(antichain)
+    def _needed_before(self, a: int) -> int:
+        found = self._still_needed.get(a)
+        if found is None:
+            before = self.anc[a]
+            keep = before | (1 << a)
+            found = 0
+            for p in _bits(before & self._branching):
+                for s in self.g.succ[p]:
+                    if not (keep >> s) & 1:
+                        found |= 1 << p
+                        break
+            self._still_needed[a] = found
+        return found
+
+    def augment(self, antichain: list[int], key: int | None = None) -> list[int]:
+        key = self._key(antichain) if key is None else key
         cached = self._augmented.get(key)
         if cached is not None:
             return cached
         extra = 0
         for a in antichain:
-            before = self.anc[a]
-            keep = before | (1 << a)
-            for p in _bits(before):
-                # p's output is still needed by something outside a's down-set.
-                for s in self.g.succ[p]:
-                    if not (keep >> s) & 1:
-                        extra |= 1 << p
-                        break
+            extra |= self._needed_before(a)
         result = _bits(extra) + list(antichain)
         self._augmented[key] = result
         return result
 
-    def deaugment(self, nodes: list[int]) -> list[int]:
-        key = self._key(nodes)
-        cached = self._deaugmented.get(key)
+    def deaugment(self, nodes: list[int], members: int) -> tuple[list[int], int]:
+        cached = self._deaugmented.get(members)
         if cached is not None:
             return cached
-        members = key
         result: list[int] = []
+        key = 0
         for u in nodes:
             if self.desc[u] & members:
                 continue  # something later in the set depends on u: u is not on the frontier
-            if u not in result:
+            if not (key >> u) & 1:
                 result.append(u)
-        self._deaugmented[key] = result
-        return result
+                key |= 1 << u
+        self._deaugmented[members] = (result, key)
+        return result, key
 
-    def successors_of(self, antichain: list[int]) -> list[list[int]]:
-        key = self._key(antichain)
+    def successors_of(self, antichain: list[int], key: int) -> list[tuple[list[int], int]]:
         cached = self._next.get(key)
         if cached is not None:
             return cached
-        augmented = self.augment(antichain)
+        augmented = self.augment(antichain, key)
         members = self._key(augmented)
         result = []
         for x in augmented:
@@ -248,7 +263,7 @@ class AntichainWalk:
                 if self.desc[nxt] & members:
                     continue  # advancing to nxt would skip over a node still in the set
                 replaced = [nxt if y == x else y for y in augmented]
-                result.append(self.deaugment(replaced))
+                result.append(self.deaugment(replaced, (members & ~(1 << x)) | (1 << nxt)))
         self._next[key] = result
         return result
 
@@ -256,29 +271,28 @@ class AntichainWalk:
         """Return (augmented antichain per state id, out-edges per state id), ids by discovery."""
         sources = self.g.sources()
         start = [sources[0]]
-        ids = {self._key(start): 0}
-        augmented = [self.augment(start)]
+        start_key = self._key(start)
+        ids = {start_key: 0}
+        augmented = [self.augment(start, start_key)]
         edges: list[list[int]] = [[]]
-        queue = [start]
+        queue = [(start, start_key)]
         head = 0
         expanded: set[int] = set()
         while head < len(queue):
-            antichain = queue[head]
+            antichain, key = queue[head]
             head += 1
-            key = self._key(antichain)
             if key in expanded:
                 continue
             expanded.add(key)
-            for nxt in self.successors_of(antichain):
-                nkey = self._key(nxt)
+            for nxt, nkey in self.successors_of(antichain, key):
                 if nkey not in ids:
                     if len(ids) >= self.max_states:
                         raise StateLimitExceeded(f"more than {self.max_states} antichain states")
                     ids[nkey] = len(ids)
-                    augmented.append(self.augment(nxt))
+                    augmented.append(self.augment(nxt, nkey))
                     edges.append([])
                 edges[ids[key]].append(ids[nkey])
-                queue.append(nxt)
+                queue.append((nxt, nkey))
         return augmented, edges
 
 
