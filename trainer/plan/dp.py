@@ -179,6 +179,11 @@ def solve_level(t: Tables, values: np.ndarray, opt: LevelOptions, rows: np.ndarr
 
     R = 1 if opt.straight else M - 1
     reps = np.arange(1, R + 1, dtype=float)  # m'
+    pairs = sum(len(p) for p in t.predecessors)
+    if len(rows) == 1 and M > 1 and pairs * M <= 1_000_000:
+        # Few enough (k, j) pairs to hold them all: machine count outermost, as the reference.
+        _solve_one_row_by_machines(F, t, values, opt, int(rows[0]), reps, float(bound[0]))
+        return F
     diag = _diagonal_plan(M, R) if M > 1 else None
     for j in range(1, n):
         top = int(np.searchsorted(rows, j))  # columns of rows i < j (i <= k < j)
@@ -201,6 +206,57 @@ def solve_level(t: Tables, values: np.ndarray, opt: LevelOptions, rows: np.ndarr
             # A[i][j][m] may keep A[i][j][m-1] (the reference's use_fewer_machines), rows i < j.
             F[j, :, :top] = np.minimum.accumulate(F[j, :, :top], axis=0)
     return F
+
+
+def _solve_one_row_by_machines(F: np.ndarray, t: Tables, values: np.ndarray, opt: LevelOptions, row: int,
+                               reps: np.ndarray, bound: float) -> None:
+    """One row, in the reference's loop order: machine count outermost, every (k, j) pair of
+    the state DAG at once (A[i][j][m] reads only A[i][k][m - m'] with m' >= 1)."""
+    n, M = t.size, opt.machines
+    acts, params = t.block_sums()
+    pk = np.concatenate([p[p >= row] for p in t.predecessors]).astype(np.intp)
+    pj = np.concatenate([np.full(int((p >= row).sum()), j, dtype=np.intp) for j, p in enumerate(t.predecessors)])
+    cost = pair_stage_costs(t, values, params, opt, pk, pj, reps)  # (P, R)
+    if bound < INF:
+        keep = cost.min(axis=1) <= bound
+        pk, pj, cost = pk[keep], pj[keep], cost[keep]
+    ends, starts = np.unique(pj, return_index=True)
+    stash = acts[pk + 1, pj] + params[pk + 1, pj] if opt.memory_bytes is not None else None
+    cost_t = np.ascontiguousarray(cost.T)  # (R, P): one row per m'
+    table = np.ascontiguousarray(F[:, :, 0].T)  # (M, n): one row per machine count
+    later = slice(row + 1, n)  # the reference's j > i, for fewer machines
+    for m in range(1, M):
+        if opt.fewer_machines:
+            np.minimum(table[m, later], table[m - 1, later], out=table[m, later])
+        if len(pk) == 0:
+            continue
+        r_max = min(len(reps), m)
+        # prefix[r'-1, p] = A[i][k_p][m - r'] for m' = 1..r_max
+        prefix = np.take(table[m - r_max:m][::-1], pk, axis=1)
+        c = cost_t[:r_max]
+        if stash is not None:
+            factor = _stash_factor(m + 1, np.arange(1, r_max + 1), M)
+            c = np.where(stash[None, :] * factor[:, None] > opt.memory_bytes, INF, c)
+        np.maximum(prefix, c, out=prefix)
+        best = np.minimum.reduceat(prefix.min(axis=0), starts)
+        np.minimum(table[m, ends], best, out=best)
+        table[m, ends] = best
+    F[:, :, 0] = table.T
+
+
+def pair_stage_costs(t: Tables, values, params, opt: LevelOptions, pk: np.ndarray, pj: np.ndarray, reps: np.ndarray):
+    """``last_stage_costs`` for arbitrary (k, j) pairs: the same terms in the same order."""
+    bw, n = opt.bandwidth, t.size
+    v_last = values[pk + 1, pj][:, None]
+    p_last = params[pk + 1, pj][:, None]
+    last = (v_last + (4 * (reps - 1) * p_last) / (bw * reps)) / reps
+    if opt.activation_compression is not None:
+        t_in = (2.0 * t.output_activation[pk])[:, None] / (bw * reps) / opt.activation_compression
+        last = np.maximum(last, t_in)
+        t_out = (2.0 * t.output_activation[pj])[:, None] / (bw * reps) / opt.activation_compression
+        t_out[pj == n - 1] = -INF  # nothing is sent after the last state
+        last = np.maximum(last, t_out)
+    return last
 
 
 def _pull_single_row(F: np.ndarray, j: int, preds: np.ndarray, target_cost: np.ndarray, diag) -> None:
