@@ -27,6 +27,8 @@ import sys
 import time
 from pathlib import Path
 
+# bench/ holds scripts named like stdlib modules (profile.py): keep it off the import path.
+sys.path = [p for p in sys.path if Path(p or ".").resolve() != Path(__file__).resolve().parent]
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 import torch  # noqa: E402

@@ -27,7 +27,8 @@ def run(tmp_path, **kw):
     return cfg, summary, trained, states
 
 
-@pytest.mark.parametrize("schedule,stages", [("gpipe", 2), ("1f1b", 2), ("1f1b", 3), ("gpipe", 3)])
+@pytest.mark.parametrize("schedule,stages", [("gpipe", 2), ("1f1b", 2), ("1f1b", 3), ("gpipe", 3),
+                                             ("interleaved-1f1b", 2), ("zb-h1", 2)])
 def test_sync_schedules_equal_gradient_accumulation(tmp_path, schedule, stages):
     cfg, summary, trained, _ = run(tmp_path, schedule=schedule, num_stages=stages, steps=4)
     assert summary["steps"] == 4
