@@ -10,7 +10,8 @@ import numpy as np
 import pytest
 
 from tests.shared_data import graph_txt, shared_profiles_dir
-from trainer.graph import LayerGraph, StateLimitExceeded, antichain_states, linearised_states, state_chain
+from trainer.graph import LayerGraph, StateLimitExceeded
+from trainer.plan.states import antichain_states, linearised_states, state_chain
 from trainer.plan import PlanError
 from trainer.profile.schema import Layer, Profile
 

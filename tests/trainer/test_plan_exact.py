@@ -15,7 +15,7 @@ import random
 
 import pytest
 
-from trainer.graph import state_chain
+from trainer.plan.states import state_chain
 from trainer.plan import plan
 from trainer.plan.pipedream import solve_levels, tables_of
 from trainer.profile.schema import Layer, Profile

@@ -17,7 +17,7 @@ import math
 
 import numpy as np
 
-from trainer.graph import StateChain, state_chain
+from trainer.plan.states import StateChain, state_chain
 from trainer.plan.cluster import Leaf, build_stages, data_parallel_time, total_workers
 from trainer.plan.model import Level, LevelStage, Plan
 from trainer.profile.schema import Profile

@@ -10,7 +10,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
-from trainer.graph import StateChain
+from trainer.plan.states import StateChain
 from trainer.plan.errors import PlanError
 from trainer.plan.model import Stage
 

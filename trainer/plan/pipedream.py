@@ -12,9 +12,10 @@ import math
 
 import numpy as np
 
-from trainer.graph import StateChain, state_chain
+from trainer.plan.states import StateChain, state_chain
 from trainer.plan.cluster import Leaf, build_stages, data_parallel_time, total_workers
-from trainer.plan.dp import LevelOptions, LevelSolution, Tables, level1_values, solve
+from trainer.plan.dp import LevelOptions, Tables, level1_values
+from trainer.plan.solution import LevelSolution, solve
 from trainer.plan import suffix
 from trainer.plan.errors import PlanError
 from trainer.plan.model import Level, LevelStage, Plan

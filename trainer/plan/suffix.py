@@ -16,7 +16,8 @@ from __future__ import annotations
 
 import numpy as np
 
-from trainer.plan.dp import INF, LevelOptions, LevelSolution, Tables, _stash_factor, solve
+from trainer.plan.dp import INF, LevelOptions, Tables, _stash_factor
+from trainer.plan.solution import LevelSolution, solve
 
 
 def applies(opt: LevelOptions, machines_above: int, above_is_final: bool) -> bool:

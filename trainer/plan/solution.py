@@ -1,0 +1,97 @@
+"""A solved DP level, and reading its stages back out.
+
+``_split`` re-derives each choice by recomputing its candidates with the DP's own arithmetic,
+so equality with the stored optimum is exact and nothing but the table needs keeping.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from trainer.plan.dp import (INF, LevelOptions, Tables, _stash_factor, all_rows, last_stage_costs,
+                             next_level_values, single_stage_costs, solve_level)
+
+
+@dataclass
+class LevelSolution:
+    """A solved level: its inputs and its table, enough to read stages back out.
+
+    Rows not solved up front (a shortcut may fill only some) are solved on first use.
+    """
+
+    tables: Tables
+    values: np.ndarray
+    options: LevelOptions
+    rows: np.ndarray
+    F: np.ndarray
+    next_override: np.ndarray | None = None
+    _extra: dict | None = None
+
+    def row_table(self, i: int) -> np.ndarray:
+        """(n, M): A[i][j][m][0] for every j and m."""
+        c = int(np.searchsorted(self.rows, i))
+        if c < len(self.rows) and self.rows[c] == i:
+            return self.F[:, :, c]
+        if self._extra is None:
+            self._extra = {}
+        if i not in self._extra:
+            row = np.array([i], dtype=np.intp)
+            self._extra[i] = solve_level(self.tables, self.values, self.options, row)[:, :, 0]
+        return self._extra[i]
+
+    def best(self, i: int, j: int) -> float:
+        return float(self.row_table(i)[j, -1])
+
+    def next_values(self) -> np.ndarray:
+        if self.next_override is not None:
+            return self.next_override
+        return next_level_values(self.F, self.rows, self.tables.size)
+
+    def split(self, i: int, j: int) -> list[tuple[int, int, int]]:
+        """Stages (start, end, replicas), half-open state ranges, of block i..j on all machines."""
+        return _split(self, i, j, self.options.machines - 1)
+
+
+def solve(tables: Tables, values: np.ndarray, opt: LevelOptions, rows: np.ndarray | None = None,
+          bound: np.ndarray | float = INF) -> LevelSolution:
+    rows = all_rows(opt, tables.size) if rows is None else np.asarray(rows, dtype=np.intp)
+    return LevelSolution(tables, values, opt, rows, solve_level(tables, values, opt, rows, bound))
+
+
+def _split(sol: LevelSolution, i: int, j: int, m: int) -> list[tuple[int, int, int]]:
+    # Re-derive the choice behind A[i][j][m] by recomputing its candidates with the same
+    # arithmetic (so equality is exact), in the reference's order of preference: the single
+    # stage, then fewer machines, then the last-stage splits.
+    t, opt = sol.tables, sol.options
+    table = sol.row_table(i)
+    target = table[j, m]
+    if not np.isfinite(target):
+        raise ValueError(f"no feasible split for states {i}..{j} on {m + 1} machines")
+    acts, params = t.block_sums()
+    if m == 0 or not opt.straight:
+        single = float(single_stage_costs(sol.values, acts, params, opt, i, slice(j, j + 1), m)[0])
+        if single == target:
+            return [(i, j + 1, m + 1)]
+    if opt.fewer_machines and m > 0 and j > i and table[j, m - 1] == target:
+        return _split(sol, i, j, m - 1)
+    preds = t.predecessors[j]
+    preds = preds[preds >= i]
+    max_rep = 1 if opt.straight else m
+    reps = np.arange(1, max_rep + 1, dtype=float)
+    last = last_stage_costs(t, sol.values, params, opt, preds, j, reps)
+    M = opt.machines
+    for col, r in enumerate(range(1, max_rep + 1)):
+        if opt.memory_bytes is not None:
+            factor = _stash_factor(m + 1, r, M)
+            stash = (acts[preds + 1, j] + params[preds + 1, j]) * factor
+            cost = np.where(stash > opt.memory_bytes, INF, last[:, col])
+        else:
+            cost = last[:, col]
+        cand = np.maximum(table[preds, m - r], cost)
+        hits = np.nonzero(cand == target)[0]
+        if len(hits):
+            k = int(preds[hits[0]])
+            return _split(sol, i, k, m - r) + [(k + 1, j + 1, r)]
+    raise ValueError(f"internal: could not re-derive the split of states {i}..{j} on {m + 1} machines")

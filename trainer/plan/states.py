@@ -1,0 +1,148 @@
+"""State chains: what the planner's DP reads about a profile, per state.
+
+Exact antichain states (the reference's, in its order) when they number at most a limit,
+otherwise a linearised topological order in which every tensor crossing a cut is counted.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from trainer.graph import AntichainWalk, LayerGraph, StateLimitExceeded, _bits, _reverse_postorder
+from trainer.profile.schema import Profile
+
+
+@dataclass
+class StateChain:
+    """What the planner's DP needs, per state in the reference's topological order.
+
+    Cumulative quantities are sums over the state's down-set: ``compute_s`` (forward+backward,
+    seconds), ``forward_s``, ``backward_s``, ``activation`` and ``parameters`` (bytes);
+    ``output_activation`` is what crosses a cut right after the state. ``ancestors[j, k]`` says
+    state k precedes state j in the state DAG (a stage may run from k+1 to j).
+    """
+
+    kind: str  # "antichain" (exact) or "linearised" (topological order treated as a chain)
+    downsets: list[int]
+    frontiers: list[list[int]]
+    compute_s: np.ndarray
+    forward_s: np.ndarray
+    backward_s: np.ndarray
+    activation: np.ndarray
+    parameters: np.ndarray
+    output_activation: np.ndarray
+    ancestors: np.ndarray
+    graph: LayerGraph
+
+    @property
+    def size(self) -> int:
+        return len(self.downsets)
+
+    def is_chain(self) -> bool:
+        n = self.size
+        return bool(self.ancestors.sum() == n * (n - 1) // 2)
+
+    def layers_between(self, start: int, end: int) -> list[int]:
+        """Layers of states start..end-1 (half-open, as the reference prints stages), file order."""
+        upper = self.downsets[end - 1]
+        lower = self.downsets[start - 1] if start > 0 else 0
+        return _bits(upper & ~lower)
+
+
+def _bool_rows(masks: list[int], width: int) -> np.ndarray:
+    nbytes = (width + 7) // 8
+    raw = b"".join(m.to_bytes(nbytes, "little") for m in masks)
+    bits = np.unpackbits(np.frombuffer(raw, dtype=np.uint8).reshape(len(masks), nbytes), axis=1, bitorder="little")
+    return bits[:, :width].astype(bool)
+
+
+def _chain_from(graph: LayerGraph, kind: str, downsets: list[int], frontiers: list[list[int]],
+                ancestors: np.ndarray, out_act: np.ndarray) -> StateChain:
+    width = len(graph.names)
+    member = _bool_rows(downsets, width).astype(float)
+    fwd = graph.forward_ms / 1000.0
+    bwd = graph.backward_ms / 1000.0
+    return StateChain(
+        kind=kind,
+        downsets=downsets,
+        frontiers=frontiers,
+        compute_s=member @ ((graph.forward_ms + graph.backward_ms) / 1000.0),
+        forward_s=member @ fwd,
+        backward_s=member @ bwd,
+        activation=member @ graph.activation,
+        parameters=member @ graph.parameters,
+        output_activation=out_act,
+        ancestors=ancestors,
+        graph=graph,
+    )
+
+
+def antichain_states(graph: LayerGraph, max_states: int = 2000) -> StateChain:
+    """The reference's antichain states; raises ``StateLimitExceeded`` past ``max_states``."""
+    augmented, edges = AntichainWalk(graph, max_states).run()
+    order = _reverse_postorder(edges)
+    position = {sid: i for i, sid in enumerate(order)}
+    anc_of = graph.ancestors()
+    downsets, frontiers = [], []
+    for sid in order:
+        down = 0
+        for u in augmented[sid]:
+            down |= anc_of[u] | (1 << u)
+        downsets.append(down)
+        frontiers.append(augmented[sid])
+    n = len(order)
+    state_anc = [0] * n
+    parents: list[list[int]] = [[] for _ in range(n)]
+    for sid, outs in enumerate(edges):
+        for t in outs:
+            parents[position[t]].append(position[sid])
+    for j in range(n):
+        acc = 0
+        for p in parents[j]:
+            acc |= state_anc[p] | (1 << p)
+        state_anc[j] = acc
+    out_act = np.array([sum(graph.activation[u] for u in f) for f in frontiers], dtype=float)
+    return _chain_from(graph, "antichain", downsets, frontiers, _bool_rows(state_anc, n), out_act)
+
+
+def linearised_states(graph: LayerGraph) -> StateChain:
+    """A topological order as a chain: state k = the first k+1 layers; every crossing tensor counts."""
+    order = graph.topological_order()
+    n = len(order)
+    pos = {u: i for i, u in enumerate(order)}
+    # Layer u's output crosses every cut between u and its last consumer.
+    delta = np.zeros(n + 1)
+    for u in order:
+        if graph.succ[u]:
+            last = max(pos[v] for v in graph.succ[u])
+            delta[pos[u]] += graph.activation[u]
+            delta[last] -= graph.activation[u]
+    out_act = np.cumsum(delta)[:n]
+    downsets, frontiers = [], []
+    down = 0
+    for i, u in enumerate(order):
+        down |= 1 << u
+        downsets.append(down)
+        frontiers.append([w for w in order[: i + 1] if graph.succ[w] and max(pos[v] for v in graph.succ[w]) > i]
+                         if n <= 400 else [u])
+    ancestors = np.tril(np.ones((n, n), dtype=bool), k=-1)
+    return _chain_from(graph, "linearised", downsets, frontiers, ancestors, out_act)
+
+
+def state_chain(profile: Profile, max_states: int = 2000, linearise: bool | None = None) -> StateChain:
+    """Exact antichain states when they number at most ``max_states``, else a linearised order.
+
+    ``linearise=True`` forces the linear order, ``False`` forces exact states (may raise
+    ``StateLimitExceeded``), ``None`` chooses.
+    """
+    graph = LayerGraph.from_profile(profile)
+    if linearise:
+        return linearised_states(graph)
+    try:
+        return antichain_states(graph, max_states)
+    except StateLimitExceeded:
+        if linearise is False:
+            raise
+        return linearised_states(graph)
