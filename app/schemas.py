@@ -155,6 +155,7 @@ class PlanCreate(BaseModel):
     method: Method = "pipedream"
     schedule: ScheduleName = Field(default="1f1b", description="Schedule simulated for the predicted timeline.")
     microbatches: int = Field(default=8, ge=1, le=1024, description="Microbatches per simulated iteration.")
+    chunks: int = Field(default=1, ge=1, le=16, description="Model chunks per worker (interleaved-1f1b).")
     timeline_limit: int = Field(default=5000, ge=0, le=200000, description="At most this many predicted events returned.")
 
     @model_validator(mode="after")

@@ -42,7 +42,7 @@ def stage_replicas(plan_obj: Any) -> list[int]:
     return plan_replicas(plan_obj)
 
 
-def simulate(plan_obj: Any, schedule: str, microbatches: int, *, samples_per_microbatch: int | None = None) -> Any:
+def simulate(plan_obj: Any, schedule: str, microbatches: int, *, samples_per_microbatch: int | None = None, chunks: int = 1) -> Any:
     """SimResult of ``schedule`` on the plan's stages; 422 naming `schedule` if it cannot run.
 
     A simulated microbatch costs what the profile measured for one of its batches, so callers
@@ -58,7 +58,7 @@ def simulate(plan_obj: Any, schedule: str, microbatches: int, *, samples_per_mic
             costs = [StageCosts(fwd_s=sum(c.fwd_s for c in costs), bwd_s=sum(c.bwd_s for c in costs),
                                 allreduce_s=max(c.allreduce_s for c in costs))]
             replicas = [sum(replicas)]
-        sched = build(schedule, len(costs), microbatches, replicas=replicas)
+        sched = build(schedule, len(costs), microbatches, replicas=replicas, chunks=chunks)
         return run_sim(sched, costs, samples_per_microbatch=samples_per_microbatch)
     except (ScheduleError, ValueError) as exc:
         raise ServiceError(f"schedule: {schedule!r} cannot run this plan: {exc}", status=422, field="schedule") from None

@@ -214,7 +214,8 @@ class JobRun:
         levels = planning.levels_of(spec.get("levels"), spec.get("workers"))
         plan_obj = planning.make_plan(prof.data, levels, memory_bytes=spec.get("memory_bytes"), method=spec["method"])
         micro = max(1, int(spec["batch_size"]) // int(spec["microbatches"]))
-        sim = planning.simulate(plan_obj, spec["schedule"], int(spec["microbatches"]), samples_per_microbatch=micro)
+        sim = planning.simulate(plan_obj, spec["schedule"], int(spec["microbatches"]), samples_per_microbatch=micro,
+                                chunks=int((spec.get("hyperparameters") or {}).get("chunks") or 1))
         predicted = planning.predicted_summary(plan_obj, sim, int(spec["microbatches"]), timeline_limit=0)
         request = {k: spec.get(k) for k in ("levels", "workers", "memory_bytes", "method", "schedule", "microbatches")}
         plan_row = PlanRow(profile_id=profile_id, request=request, data=plan_obj.to_dict(), predicted=predicted)
