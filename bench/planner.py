@@ -97,6 +97,7 @@ def main() -> None:
         rec = json.loads(line)
         reference[(rec["profile"], rec["config"])] = rec
     rows = []
+    plan(chain_profile(8), levels=[(2, 1e9)])  # warm up imports and NumPy before timing
     header = (f"{'profile':14s} {'config':22s} {'states':>7s} {'ours (s)':>17s} {'reference (s)':>17s} {'rel diff':>8s} "
               f"{'our wall':>9s} {'our cpu':>8s} {'ref wall':>9s} {'cpu/ref':>8s}")
     print(header)

@@ -13,11 +13,12 @@ import itertools
 import math
 import random
 
+import numpy as np
 import pytest
 
 from trainer.plan.states import state_chain
 from trainer.plan import plan
-from trainer.plan.pipedream import solve_levels, tables_of
+from trainer.plan.pipedream import _bounds, solve_levels, tables_of
 from trainer.profile.schema import Layer, Profile
 
 
@@ -192,3 +193,22 @@ def test_random_plans_match_brute_force_and_cover_the_graph(seed):
     assert len(ranks) == len(set(ranks)) == result.workers_used <= result.total_workers
     assert all(len(st.workers) == st.replicas for st in result.stages)
     assert all(0 <= r < result.total_workers for r in ranks)
+
+
+@pytest.mark.parametrize("levels", [[(3, 10e9), (3, 1e9)], [(2, 25e9), (4, 2e9)], [(2, 10e9), (2, 4e9), (2, 1e9)]])
+def test_pruning_keeps_the_optimum_on_longer_chains(levels, monkeypatch):
+    monkeypatch.setattr("trainer.plan.pipedream.DIRECT_BELOW", 0)
+    # Chains get the strongest pruning (compute-per-worker bounds); compare with no pruning
+    # on chains too long for the brute force, and with the brute force on a shorter one.
+    rng = random.Random(len(levels) * 7 + levels[0][0])
+    profile = random_profile(rng, 40, 0.0)
+    t = tables_of(state_chain(profile))
+    options = dict(memory_bytes=None, straight=False, fewer_workers=False, activation_compression=1.0)
+    full = solve_levels(t, levels, prune=False, shortcuts=False, **options)[-1].best(0, t.size - 1)
+    pruned = solve_levels(t, levels, **options)[-1].best(0, t.size - 1)
+    assert pruned == full
+    assert any(np.isfinite(b).any() for b in map(np.asarray, _bounds(t, levels, **options)[:-1]))
+    short = tables_of(state_chain(random_profile(rng, 8, 0.0)))
+    assert solve_levels(short, levels, **options)[-1].best(0, short.size - 1) == pytest.approx(
+        brute_plan(short, levels), rel=1e-12)
+

@@ -32,6 +32,10 @@ def tables_of(chain: StateChain) -> Tables:
     )
 
 
+# Below this much work (states^3 x machines^2) solving directly beats computing bounds first.
+DIRECT_BELOW = 3e6
+
+
 def _level_options(levels, idx: int, rows_only_first: bool, **options) -> LevelOptions:
     return LevelOptions(
         machines=levels[idx][0],
@@ -82,6 +86,15 @@ def _bounds(tables: Tables, levels, **options) -> list[np.ndarray | float]:
     machines_above = levels[-1][0]
     below_top = np.full(tables.size + 1, upper * (machines_above - 1) * slack)
     below_top[0] = upper * machines_above * slack
+    if chain:
+        # Every stage of a chain costs at least its compute over its workers, so the states
+        # before block i need ceil(compute / (U * workers per top machine)) top machines, and
+        # the block can only have the rest.
+        per_machine = math.prod(w for w, _ in levels[:-1])
+        before = np.concatenate([[0.0], tables.compute])  # compute of states 0..i-1, per row i
+        needed = np.ceil(before / (upper * slack * per_machine) - 1e-9)
+        room = np.maximum(machines_above - np.maximum(needed, 1), 0)
+        below_top[1:] = np.minimum(below_top[1:], upper * room[1:] * slack)
     bounds[-2] = below_top
     if chain:
         for idx in range(L - 3, -1, -1):
@@ -98,7 +111,9 @@ def solve_levels(tables: Tables, levels, *, memory_bytes, straight, fewer_worker
     shortcut_below_top = shortcuts and L >= 2 and suffix.applies(
         _level_options(levels, L - 2, False, **options), levels[-1][0], True)
     # The bounds only pay off where full rows are solved; the shortcut leaves just the top.
-    wanted = prune and not (shortcut_below_top and L == 2)
+    n = tables.size
+    small = n * n * n * max(w for w, _ in levels) ** 2 < DIRECT_BELOW
+    wanted = prune and not small and not (shortcut_below_top and L == 2)
     bounds = _bounds(tables, levels, **options) if wanted else [math.inf] * L
     values = level1_values(tables)
     solutions = []
