@@ -188,6 +188,8 @@ def test_random_plans_match_brute_force_and_cover_the_graph(seed):
     assert sorted(stage_of) == sorted(profile.layer_names())
     assert sum(len(st.layers) for st in result.stages) == len(profile.layers)
     assert all(stage_of[a] <= stage_of[b] for a, b in profile.edges)
+    for level in result.levels:  # each level's stages also hold every layer once
+        assert sorted(name for st in level.stages for name in st.layers) == sorted(profile.layer_names())
     # Workers: disjoint ranks, as many as replicas, within the cluster.
     ranks = [r for st in result.stages for r in st.workers]
     assert len(ranks) == len(set(ranks)) == result.workers_used <= result.total_workers

@@ -130,7 +130,7 @@ def baseline_plan(profile: Profile, levels, method: str, *, activation_compressi
         speedup_vs_data_parallel=dp_time / best if best > 0 else math.inf,
         data_parallel_speedup_vs_single=single / dp_time if dp_time > 0 else math.inf,
         noam=math.ceil(used / stages[0].replicas),
-        levels=[Level(1, W, levels[0][1], [LevelStage(st.start_state, st.end_state, st.replicas, st.compute_s)
+        levels=[Level(1, W, levels[0][1], [LevelStage(st.start_state, st.end_state, st.replicas, st.compute_s, list(st.layers))
                                             for st in stages])],
         stages=stages,
         options={"activation_compression": activation_compression, "flat": True},

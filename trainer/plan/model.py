@@ -26,6 +26,7 @@ class LevelStage:
     end: int
     replicas: int
     compute_s: float  # forward + backward of its layers on one worker, as the reference prints
+    layers: list[str] = field(default_factory=list)  # its layers, in topological order
 
 
 @dataclass

@@ -205,12 +205,15 @@ def pipedream_plan(profile: Profile, levels, *, memory_bytes=None, memory_constr
     single = float(tables.compute[-1])
     dp_time = data_parallel_time(single, float(tables.parameters[-1]), levels)
     used = sum(st.replicas for st in stages)
+    # A level's stage holds the flat stages inside its state range.
+    layers_in = lambda s, e: [name for st in stages if s <= st.start_state < e for name in st.layers]  # noqa: E731
     level_out = [
         Level(
             level=lvl + 1,
             workers=levels[lvl][0],
             bandwidth=levels[lvl][1],
-            stages=[LevelStage(s, e, r, Tables.block(tables, tables.compute, s, e - 1)) for s, e, r, _ in stages_]
+            stages=[LevelStage(s, e, r, Tables.block(tables, tables.compute, s, e - 1), layers_in(s, e))
+                    for s, e, r, _ in stages_],
         )
         for lvl, stages_ in enumerate(per_level)
     ]
