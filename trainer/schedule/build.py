@@ -5,6 +5,7 @@ from __future__ import annotations
 from trainer.schedule import topology as topo_mod
 from trainer.schedule.actions import Schedule, ScheduleError
 from trainer.schedule.engine import gc_paused
+from trainer.schedule.hoist import hoist_receives
 from trainer.schedule.flush import gpipe_ops, one_f_one_b_ops
 from trainer.schedule.interleaved import interleaved_programs
 from trainer.schedule.pipedream import pipedream_programs
@@ -71,7 +72,7 @@ def build(
         else:
             make = gpipe_ops if name == "gpipe" else one_f_one_b_ops
             programs = [make(topo, w.rank, w.stages[0], microbatches, split) for w in topo.workers]
-        actions = place(topo, [StaticPolicy(p) for p in programs])
+        actions = hoist_receives(*place(topo, [StaticPolicy(p) for p in programs]))
     meta = {
         "sync": SYNC[name],
         "physical_stages": 1 if name == "dp" else num_stages,

@@ -63,7 +63,9 @@ def grad_key(stage: int, mb: int) -> tuple[int, int, int]:
     return (1, stage, mb)
 
 
-def place(topo: Topology, policies: list[Policy]) -> list[list[Action]]:
+def place(topo: Topology, policies: list[Policy]) -> tuple[list[list[Action]], list[tuple]]:
+    """The action lists, and the log of synchronising events in the order they happened:
+    ("pair", sender, index, receiver, index) and ("all", worker, index, group size)."""
     last = topo.num_stages - 1
     n = topo.num_workers
     out: list[list[Action]] = [[] for _ in range(n)]
@@ -74,6 +76,7 @@ def place(topo: Topology, policies: list[Policy]) -> list[list[Action]]:
     # collective rendezvous: (stage, occurrence) -> members arrived so far
     entered: dict[tuple[int, int], list[int]] = {}
     ar_count: dict[tuple[int, int], int] = {}
+    log: list[tuple] = []
 
     def ready_for(w: int) -> Ready:
         def ready(a: Action) -> bool:
@@ -114,6 +117,7 @@ def place(topo: Topology, policies: list[Policy]) -> list[list[Action]]:
             return
         out[src].append(send)
         out[dst].append(recv)
+        log.append(("pair", src, len(out[src]) - 1, dst, len(out[dst]) - 1))
         have[dst].add(key)
         if waiting[dst]:
             dispatch(dst, now)
@@ -123,6 +127,8 @@ def place(topo: Topology, policies: list[Policy]) -> list[list[Action]]:
     while heap:
         now, _, w, a = heapq.heappop(heap)
         out[w].append(a)
+        if a.kind is Kind.ALLREDUCE:
+            log.append(("all", w, len(out[w]) - 1, len(a.group or ())))
         s, mb = a.stage, a.microbatch
         if a.kind is Kind.FORWARD and s < last:
             dst = topo.rank_of(s + 1, mb)
@@ -138,4 +144,4 @@ def place(topo: Topology, policies: list[Policy]) -> list[list[Action]]:
         raise ScheduleError(
             f"compute order cannot complete: workers {stuck[:8]} wait for inputs that never arrive"
         )
-    return out
+    return out, log

@@ -95,7 +95,6 @@ class _Replay:
         self.cur = [dict.fromkeys(w.stages, 0) for w in schedule.workers]
         self.reduced = [dict.fromkeys(w.stages, False) for w in schedule.workers]
         self.vsync = bool(schedule.meta.get("vertical_sync"))
-        self.waiters: list[list[int]] = [[] for _ in range(self.n)]
         self.holders = [0] * schedule.num_stages
         for spec in schedule.workers:
             for st in spec.stages:
@@ -159,8 +158,7 @@ class _Replay:
             raise ScheduleError(f"worker {w}: {a} goes to worker {a.peer}, but worker {expect} runs its consumer")
         b = self.at(a.peer)
         if b is None or b.kind is not recv_kind or b.peer != w:
-            self.waiters[a.peer].append(w)
-            return False
+            return False  # the peer re-queues this worker when it reaches a receive from it
         if b.stage != dst_stage or b.microbatch != a.microbatch:
             raise ScheduleError(
                 f"worker {w} sends {a} while worker {a.peer} waits for {b} from it: out of order, deadlock with blocking sends"
@@ -171,11 +169,8 @@ class _Replay:
 
     def allreduce(self, w: int, a: Action) -> bool:
         group = a.group or ()
-        absent = [m for m in group if not (b := self.at(m)) or b.kind is not Kind.ALLREDUCE]
-        if absent:
-            for m in absent:
-                self.waiters[m].append(w)
-            return False
+        if any(not (b := self.at(m)) or b.kind is not Kind.ALLREDUCE for m in group):
+            return False  # the last member to arrive completes it
         for m in group:
             b = self.at(m)
             if b.stage != a.stage or tuple(b.group or ()) != tuple(group):
@@ -187,12 +182,13 @@ class _Replay:
         return True
 
     def advance(self, w: int) -> None:
+        """Move a worker past a rendezvous another worker completed; it continues from the queue."""
         self.pc[w] += 1
-        self.queue.extend(self.waiters[w])
-        self.waiters[w].clear()
         self.queue.append(w)
 
     def run(self) -> None:
+        # A worker that reaches a RECV re-queues its sender, which may be parked at the SEND;
+        # the last member to reach an ALLREDUCE completes it. So nobody needs a wake-up list.
         self.queue = deque(range(self.n))
         while self.queue:
             w = self.queue.popleft()
@@ -207,11 +203,12 @@ class _Replay:
                 elif a.kind is Kind.ALLREDUCE:
                     if not self.allreduce(w, a):
                         break
-                else:  # a RECV: its sender moves both sides
+                else:  # a RECV: its sender moves both sides, so wake the sender if it waits at a send
+                    b = self.at(a.peer)
+                    if b is not None and b.kind in PAIR and b.peer == w:
+                        self.queue.append(a.peer)
                     break
                 self.pc[w] += 1
-                self.queue.extend(self.waiters[w])
-                self.waiters[w].clear()
         stuck = [w for w in range(self.n) if self.at(w) is not None]
         if stuck:
             where = "; ".join(f"worker {w} at {self.at(w)} (peer {self.at(w).peer})" for w in stuck[:4])

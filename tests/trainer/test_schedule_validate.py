@@ -1,0 +1,106 @@
+"""The validator rejects broken schedules and finds deadlocks in the all-blocking model."""
+
+from __future__ import annotations
+
+import copy
+import random
+from dataclasses import replace
+
+import pytest
+
+from trainer.schedule import Action, Kind, Schedule, ScheduleError, WorkerSpec, build
+from trainer.schedule.validate import validate
+
+F, B, SA, RA, SG, RG, ST = Kind.FORWARD, Kind.BACKWARD, Kind.SEND_ACT, Kind.RECV_ACT, Kind.SEND_GRAD, Kind.RECV_GRAD, Kind.STEP
+
+
+def two_stage(w0: list[Action], w1: list[Action], m: int = 1) -> Schedule:
+    return Schedule("hand", 2, m, [WorkerSpec(0, (0,)), WorkerSpec(1, (1,))], [w0, w1], {"sync": True})
+
+
+GOOD0 = [Action(F, 0, 0), Action(SA, 0, 0, peer=1), Action(RG, 0, 0, peer=1), Action(B, 0, 0), Action(ST, 0, -1, 1)]
+GOOD1 = [Action(RA, 1, 0, peer=0), Action(F, 1, 0), Action(B, 1, 0), Action(SG, 1, 0, peer=0), Action(ST, 1, -1, 1)]
+
+
+def test_a_hand_written_schedule_passes():
+    report = validate(two_stage(GOOD0, GOOD1))
+    assert report.peak_activations == [1, 1]
+    assert report.stashed_versions == [1, 1]
+
+
+def test_receiving_before_sending_on_both_sides_deadlocks():
+    w0 = [GOOD0[0], GOOD0[2], GOOD0[1], *GOOD0[3:]]  # waits for the gradient before sending the activation
+    with pytest.raises(ScheduleError, match="deadlock"):
+        validate(two_stage(w0, GOOD1))
+
+
+def test_messages_out_of_order_deadlock_with_blocking_sends():
+    w0 = [Action(F, 0, 0), Action(F, 0, 1), Action(SA, 0, 0, peer=1), Action(SA, 0, 1, peer=1),
+          Action(RG, 0, 0, peer=1), Action(B, 0, 0), Action(RG, 0, 1, peer=1), Action(B, 0, 1), Action(ST, 0, -1, 1)]
+    w1 = [Action(RA, 1, 1, peer=0), Action(RA, 1, 0, peer=0), Action(F, 1, 0), Action(F, 1, 1),
+          Action(B, 1, 0), Action(SG, 1, 0, peer=0), Action(B, 1, 1), Action(SG, 1, 1, peer=0), Action(ST, 1, -1, 1)]  # fmt: skip
+    with pytest.raises(ScheduleError, match="out of order"):
+        validate(two_stage(w0, w1, m=2))
+
+
+@pytest.mark.parametrize(
+    "w0,w1,message",
+    [
+        (GOOD0, [GOOD1[1], *GOOD1[2:]], "before its input"),  # forward without receiving
+        (GOOD0[:3] + GOOD0[4:], GOOD1, "missing B0@s0"),  # a backward missing
+        ([GOOD0[3], *GOOD0], GOOD1, "twice"),  # a duplicate compute
+        (GOOD0, [GOOD1[0], GOOD1[2], GOOD1[1], *GOOD1[3:]], "before its forward"),
+        (GOOD0[:4] + [Action(ST, 0, -1, 2)], GOOD1, "version 2 after 0"),  # an update skipped
+        (GOOD0[:3] + [Action(B, 0, 0, version=1)] + GOOD0[4:], GOOD1, "weight stashing"),
+        (GOOD0, GOOD1[:3] + [Action(SG, 1, 0, peer=1)] + GOOD1[4:], "peer 1"),  # sends to itself
+        ([Action(F, 1, 0), *GOOD0], GOOD1, "holds stages"),
+        (GOOD0, GOOD1[:1] + [Action(F, 1, 0, version=3)] + GOOD1[2:], "weight version 3"),
+    ],
+)
+def test_broken_schedules_are_rejected(w0, w1, message):
+    with pytest.raises(ScheduleError, match=message):
+        validate(two_stage(w0, w1))
+
+
+def test_a_send_to_the_wrong_replica_is_rejected():
+    schedule = build("1f1b", 2, 4, replicas=[1, 2])
+    acts = schedule.actions[0]
+    i = next(i for i, a in enumerate(acts) if a.kind is SA and a.microbatch == 1)
+    acts[i] = replace(acts[i], peer=1)  # microbatch 1 belongs to replica 1 (worker 2)
+    with pytest.raises(ScheduleError, match="worker 2 runs its consumer"):
+        validate(schedule)
+
+
+def test_replicas_must_all_reduce_before_stepping():
+    schedule = build("gpipe", 2, 4, replicas=[1, 2])
+    for w in (1, 2):
+        schedule.actions[w] = [a for a in schedule.actions[w] if a.kind is not Kind.ALLREDUCE]
+    with pytest.raises(ScheduleError, match="without an all-reduce"):
+        validate(schedule)
+
+
+def test_an_all_reduce_missing_on_one_replica_deadlocks():
+    schedule = build("1f1b", 2, 4, replicas=[1, 2])
+    schedule.actions[2] = [a for a in schedule.actions[2] if a.kind is not Kind.ALLREDUCE]
+    with pytest.raises(ScheduleError, match="deadlock|all-reduce"):
+        validate(schedule)
+
+
+def test_random_reorderings_of_a_worker_are_caught_or_valid():
+    """Swapping two neighbouring actions either still runs or is rejected, never silently wrong."""
+    rng = random.Random(5)
+    base = build("1f1b", 3, 5)
+    rejected = 0
+    for _ in range(60):
+        schedule = copy.deepcopy(base)
+        w = rng.randrange(3)
+        i = rng.randrange(len(schedule.actions[w]) - 1)
+        acts = schedule.actions[w]
+        acts[i], acts[i + 1] = acts[i + 1], acts[i]
+        try:
+            report = validate(schedule)
+        except ScheduleError:
+            rejected += 1
+            continue
+        assert len(report.peak_activations) == 3
+    assert rejected > 0
