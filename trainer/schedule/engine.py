@@ -75,16 +75,21 @@ def durations(costs) -> np.ndarray:
 
 def compile_programs(schedule: Schedule, cols: list[tuple], dur: np.ndarray) -> list[Program]:
     S = schedule.num_stages
+    # a compute waits for a transfer iff its input is received somewhere (on its own worker,
+    # in a valid schedule); a datum is numbered (mb * S + receiving stage) * 2 + is_gradient
+    received = np.zeros(2 * S * max(schedule.microbatches, 1) + 2 * S + 2, dtype=bool)
+    for code, stage, mb, _ in cols:
+        received[((mb * S + stage) * 2 + (code == RG))[(code == RA) | (code == RG)]] = True
     progs = []
     for acts, (code, stage, mb, _) in zip(schedule.actions, cols):
-        base = (mb * S + stage) * 2  # key = (mb * S + receiving stage) * 2 + is_gradient
-        key = np.full(len(code), -1, dtype=np.int64)
-        for c, k in ((RA, base), (RG, base + 1), (SA, base + 2), (SG, base - 1)):
-            sel = code == c
-            key[sel] = k[sel]
-        for c, k, recv in ((F, base, RA), (B, base + 1, RG), (BI, base + 1, RG)):
-            sel = (code == c) & np.isin(k, base[code == recv] + (recv == RG))
-            key[sel] = k[sel]
+        base = (mb * S + stage) * 2
+        key = np.select(
+            [code == RA, code == RG, code == SA, code == SG, code == F, (code == B) | (code == BI)],
+            [base, base + 1, base + 2, base - 1, base, base + 1],
+            -1,
+        )
+        is_compute = code <= BI
+        key[is_compute & ~received[np.where(is_compute, key, 0)]] = -1
         for i in np.flatnonzero(code == AR):
             key[i] = len(acts[i].group or ())
         d = dur[stage, code] if len(code) else np.zeros(0)
