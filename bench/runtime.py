@@ -221,13 +221,37 @@ def predicted_iteration_s(schedule: str, **c) -> float:
     return simulate(build(schedule, STAGES, M), costs).iteration_time_s
 
 
+def time_to_accuracy(model: str, batch_size: int, microbatches: int) -> None:
+    """Train ``model`` to its zoo target under each schedule on 2 processes; print the records."""
+    from trainer.zoo import describe
+
+    info = next(d for d in describe() if d["name"] == model)
+    print(f"\ntime to accuracy: {model} to {info['metric']} {info['target']}, batch {batch_size} in "
+          f"{microbatches} microbatches, 2 processes, the model's own optimizer")
+    for schedule in ("pipedream", "1f1b", "gpipe", "dp"):
+        layout = dict(workers=2) if schedule == "dp" else dict(num_stages=2)
+        cfg = RunConfig(model=model, schedule=schedule, batch_size=batch_size, microbatches=microbatches,
+                        target=info["target"], max_steps=3000, **layout)
+        t = time.monotonic()
+        s = run_training(cfg)
+        hit = next((e for e in s["evaluations"] if (e["metric"] >= info["target"]) == info["higher_is_better"]), None)
+        where = (f"reached at step {hit['step']} (epoch {hit['step'] / s['steps'] * s['epochs']:.1f}), "
+                 f"{s['time_to_target_s']:.2f} s of training") if hit else "not reached"
+        print(f"  {schedule:10s} {where}; final {info['metric']} {s['final_metric']:.4f}, "
+              f"{s['samples_per_s']:.0f} samples/s, run wall {time.monotonic() - t:.1f} s")
+
+
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--config", choices=["a", "b", "both"], default="both")
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--steps", type=int, default=30)
     ap.add_argument("--schedules", default="1f1b,pipedream,gpipe")
+    ap.add_argument("--tta", metavar="MODEL", help="instead: time to accuracy of a zoo model (e.g. mlp-digits)")
     args = ap.parse_args()
+    if args.tta:
+        time_to_accuracy(args.tta, 64, 4)
+        return
     torch.set_num_threads(1)
     schedules = args.schedules.split(",")
     print(f"runtime benchmark: mlp depth=8 width=1024, {STAGES} stages, optimizer {OPTIMIZER}, "

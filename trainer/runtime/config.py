@@ -51,7 +51,7 @@ class RunConfig:
     device: str = "cpu"
     threads: int = 1  # torch intra-op threads per worker process
     instrument: bool = True  # record every action's start and end
-    hang_timeout_s: float = 60.0  # a worker silent this long counts as hung
+    hang_timeout_s: float = 30.0  # a worker making no progress this long (not waiting on a peer) is hung
     start_method: str | None = None  # default: fork on CPU (no re-import of torch), spawn on CUDA
     master_port: int | None = None  # default: a free port
     fail_at: dict[str, int] | None = None  # testing aid: {"rank": r, "step": s} makes rank r exit

@@ -70,6 +70,8 @@ def resolve(cfg: RunConfig) -> Layout:
             p = len(cfg.stages) // chunks
         if cfg.workers is not None and cfg.workers != p:
             raise ConfigError(f"workers: interleaved-1f1b runs one worker per stage ({p}), got {cfg.workers}")
+        if cfg.replicas is not None and any(r != 1 for r in cfg.replicas):
+            raise ConfigError("replicas: interleaved-1f1b does not replicate stages (the plan has replicas > 1)")
         return Layout(cfg.schedule, p, chunks, (1,) * p, False)
     if chunks != 1:
         raise ConfigError(f"chunks: only interleaved-1f1b holds several chunks per worker, not {cfg.schedule}")

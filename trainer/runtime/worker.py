@@ -10,6 +10,7 @@ from __future__ import annotations
 import os
 import time
 import traceback
+from contextlib import contextmanager
 from dataclasses import dataclass
 from datetime import timedelta
 from typing import Any
@@ -192,20 +193,33 @@ def train(cfg: RunConfig, env: WorkerEnv) -> None:
             stop = cfg.target is not None and metric is not None and _reached(zoo, metric, cfg.target)
             env.channel.put(("eval", rank, step, recorder.now(), metric)) if is_reporter else None
             flags = torch.tensor([0.0 if metric is None else metric, float(stop)], dtype=torch.float64)
-            dist.broadcast(flags, src=rank_of(S - 1, 0), group=control)
+            with blocked(heartbeat):
+                dist.broadcast(flags, src=rank_of(S - 1, 0), group=control)
             metric, stop = float(flags[0]), bool(flags[1])
         if cfg.checkpoint_dir and (_due(step, cfg.checkpoint_every) or step == total or stop):
             state = {"step": step, "rng": torch.get_rng_state(),
                      "stages": {s: {"module": st.module.state_dict(), "optimizer": st.optimizer.state_dict()}
                                 for s, st in stages.items()}}
             checkpoint.save_rank(cfg.checkpoint_dir, step, rank, state)
-            dist.barrier(group=control)
+            with blocked(heartbeat):
+                dist.barrier(group=control)
             if rank == 0:
                 checkpoint.mark_complete(cfg.checkpoint_dir, step, ckpt_layout)
         if stop:
             break
     env.channel.put(("finished", rank, step, recorder.now(), metric))
-    dist.barrier(group=control)
+    with blocked(heartbeat):
+        dist.barrier(group=control)
+
+
+@contextmanager
+def blocked(heartbeat: Heartbeat):
+    """Mark this worker as waiting on its peers (not hung) while in a collective."""
+    heartbeat.waiting(True)
+    try:
+        yield
+    finally:
+        heartbeat.waiting(False)
 
 
 def _lcm(values) -> int:
