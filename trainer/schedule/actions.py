@@ -17,6 +17,11 @@ Conventions
 - Communication actions name the peer worker. A ``SEND_*`` is posted asynchronously; the matching
   ``RECV_*`` on the peer completes when the data has arrived. ``ALLREDUCE`` is collective over
   ``group`` (the workers holding replicas of ``stage``).
+- ``stage`` on a transfer is the acting worker's own stage: SEND_ACT(s) sends stage s's output,
+  RECV_ACT(s) receives stage s's input, SEND_GRAD(s) sends the gradient of s's input back,
+  RECV_GRAD(s) receives the gradient of s's output.
+- A runtime may post each RECV when it reaches it and wait only when the consuming compute comes
+  up; the lists also run when every send and receive blocks (see docs/schedules.md).
 """
 
 from __future__ import annotations
