@@ -46,7 +46,7 @@ def _replicas(raw: str | None) -> list[int] | None:
 
 def _plan_costs(path: Path, schedule: str):
     from trainer.schedule.actions import ScheduleError
-    from trainer.schedule.costs import StageCosts, costs_from_plan, plan_replicas
+    from trainer.schedule.costs import costs_from_plan, data_parallel_costs_from_plan, plan_replicas
 
     try:
         data = json.loads(path.read_text())
@@ -55,13 +55,12 @@ def _plan_costs(path: Path, schedule: str):
     except json.JSONDecodeError as exc:
         raise UsageError(f"PLAN: {path} is not JSON (line {exc.lineno}: {exc.msg})") from None
     try:
-        costs, replicas = costs_from_plan(data), plan_replicas(data)
+        if schedule == "dp":  # the whole model on every worker of the plan
+            costs, workers = data_parallel_costs_from_plan(data)
+            return costs, [workers]
+        return costs_from_plan(data), plan_replicas(data)
     except ScheduleError as exc:
         raise UsageError(f"PLAN: {exc}") from None
-    if schedule == "dp":  # the whole model on every worker
-        whole = StageCosts(fwd_s=sum(c.fwd_s for c in costs), bwd_s=sum(c.bwd_s for c in costs))
-        return [whole], [sum(replicas)]
-    return costs, replicas
 
 
 def simulate_command(

@@ -136,3 +136,27 @@ def plan_replicas(plan: Any) -> list[int]:
     if hasattr(plan, "to_dict"):
         plan = plan.to_dict()
     return [int(_get(st, "replicas", default=1) or 1) for st in _get(plan, "stages") or []]
+
+
+def data_parallel_costs_from_plan(plan: Any) -> tuple[list[StageCosts], int]:
+    """The whole model on every worker, for schedule ``dp``: (one StageCosts, workers).
+
+    The planner's ``data_parallel_time_s`` is seconds per minibatch with all ``total_workers``
+    running the whole model and all-reducing after each minibatch, i.e.
+    (single-worker time + all-reduce) / workers; the all-reduce is recovered from that.
+    """
+    if hasattr(plan, "to_dict"):
+        plan = plan.to_dict()
+    stages = costs_from_plan(plan)
+    workers = int(_get(plan, "total_workers", default=0) or sum(plan_replicas(plan)))
+    compute = sum(c.fwd_s + c.bwd_s for c in stages)
+    dp_time = _get(plan, "data_parallel_time_s")
+    allreduce = max(0.0, float(dp_time) * workers - compute) if dp_time is not None and workers > 1 else 0.0
+    whole = StageCosts(
+        fwd_s=sum(c.fwd_s for c in stages),
+        bwd_s=sum(c.bwd_s for c in stages),
+        allreduce_s=allreduce,
+        activation_bytes=sum(c.activation_bytes for c in stages),
+        weight_bytes=sum(c.weight_bytes for c in stages),
+    )
+    return [whole], workers
