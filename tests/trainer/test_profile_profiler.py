@@ -54,6 +54,9 @@ def test_times_are_measured_per_layer(resnet_profile):
     assert m["self_check_ratio"] == pytest.approx(m["layer_sum_ms"] / m["step_ms"])
     line = self_check_line(prof)
     assert "ratio" in line and f"{m['self_check_ratio']:.3f}" in line
+    off = Profile(layers=prof.layers, meta={**m, "self_check_ratio": 0.5})
+    assert "outside 0.85..1.15" in self_check_line(off)
+    assert "outside" not in self_check_line(Profile(layers=prof.layers, meta={**m, "self_check_ratio": 1.0}))
 
 
 def test_bytes_follow_the_tensors(resnet_profile):

@@ -31,6 +31,9 @@ from trainer.profile.schema import Layer, Profile
 # Optimizer-state bytes per parameter byte: Adam keeps two moments, SGD with momentum one buffer.
 OPTIMIZER_STATE_FACTOR = {"adam": 2.0, "adamw": 2.0, "sgd": 1.0, "sgd-nomomentum": 0.0}
 
+# Where the self-check ratio should fall when per-layer times account for the whole step.
+SELF_CHECK_BAND = (0.85, 1.15)
+
 Progress = Callable[[int, int, str], None]  # (steps done, steps total, what runs now)
 
 
@@ -302,5 +305,9 @@ def self_check_line(profile: Profile) -> str:
     m = profile.meta
     ratio = m.get("self_check_ratio")
     ratio_s = f"{ratio:.3f}" if isinstance(ratio, (int, float)) else "n/a"
-    return (f"self-check: sum of per-layer forward+backward {m.get('layer_sum_ms', 0.0):.3f} ms vs measured "
+    line = (f"self-check: sum of per-layer forward+backward {m.get('layer_sum_ms', 0.0):.3f} ms vs measured "
             f"whole step {m.get('step_ms', 0.0):.3f} ms: ratio {ratio_s}")
+    if isinstance(ratio, (int, float)) and not SELF_CHECK_BAND[0] <= ratio <= SELF_CHECK_BAND[1]:
+        line += (f" (outside {SELF_CHECK_BAND[0]}..{SELF_CHECK_BAND[1]}: noisy timings, or a busy machine "
+                 f"with the wall clock; try more --repeats or --threads 1)")
+    return line
