@@ -115,7 +115,7 @@ export async function getTimeline(id, { source = 'measured', ...query } = {}, si
 /** Metric points as {step, wall_s, epoch, values: {...}}. */
 export async function getMetrics(id, signal) {
   const data = await request('GET', `/jobs/${id}/metrics`, { signal });
-  const rows = Array.isArray(data) ? data : data?.data ?? data?.metrics ?? [];
+  const rows = Array.isArray(data) ? data : data?.points ?? data?.data ?? [];
   return rows.map(normalizeMetric);
 }
 

@@ -72,11 +72,16 @@ export function newestStepsRange(events, steps) {
   return Number.isFinite(lo) ? [lo, hi > lo ? hi : lo + 1e-6] : null;
 }
 
-/** Microbatches per second through stage 0's forward, from the end times of those actions. */
-export function timelineRate(events) {
-  const ends = events.filter((e) => e.kind === 'F' && e.stage === 0).map((e) => e.end).sort((a, b) => a - b);
-  if (ends.length < 2 || ends[ends.length - 1] <= ends[0]) return null;
-  return (ends.length - 1) / (ends[ends.length - 1] - ends[0]);
+/** Median over steps of (last end - first start) of the step's actions: seconds per iteration. */
+export function medianStepTime(events) {
+  const spans = new Map();
+  for (const e of events) {
+    const s = spans.get(e.step ?? 0);
+    if (!s) spans.set(e.step ?? 0, [e.start, e.end]);
+    else { if (e.start < s[0]) s[0] = e.start; if (e.end > s[1]) s[1] = e.end; }
+  }
+  const times = [...spans.values()].map(([a, b]) => b - a).filter((t) => t > 0).sort((a, b) => a - b);
+  return times.length ? times[Math.floor(times.length / 2)] : null;
 }
 
 function traceFor(kindIndex, bars, aggregated) {
@@ -154,7 +159,7 @@ export function ganttLayout(rows, { title = '', range = null, uirevision = 'gant
     annotations: note ? [rows.length
       ? { text: note, xref: 'paper', yref: 'paper', x: 0, y: 1, xanchor: 'left', yanchor: 'bottom', yshift: 24, showarrow: false, font: { size: 11, color: '#52606d' } }
       : { text: note, xref: 'paper', yref: 'paper', x: 0.5, y: 0.5, showarrow: false, font: { size: 13, color: '#52606d' } }] : [],
-    xaxis: { ticksuffix: ' s', range: range || undefined, autorange: !range, zeroline: false },
+    xaxis: { ticksuffix: 's', range: range || undefined, autorange: !range, zeroline: false },
     yaxis: { tickvals: rows.map((r) => r.index), ticktext: rows.map((r) => r.label), autorange: 'reversed', fixedrange: true },
   });
 }

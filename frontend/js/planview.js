@@ -24,7 +24,7 @@ export function planStats(planPublic) {
     stat('replication', stages.map((s) => s.replicas).join(' · ') || '–'),
     stat('time / minibatch', fmtSeconds(plan.predicted_time_s)),
     stat('vs data parallel', speedup ? `${fmtNumber(speedup)}×` : '–', 'stat-speedup'),
-    stat(`throughput (${(pred.throughput_unit || '').replace('microbatches', 'mb')})`, fmtNumber(pred.throughput)),
+    stat(`predicted ${pred.throughput_unit || 'throughput'}`, fmtNumber(pred.throughput)),
     stat('bubble', pred.bubble_fraction === undefined ? '–' : `${(pred.bubble_fraction * 100).toFixed(1)}%`));
 }
 
@@ -126,13 +126,13 @@ export async function renderPlan(container, planPublic, profile) {
   const commDiv = h('div', { class: 'chart', id: 'plan-comm' });
   const memDiv = h('div', { class: 'chart', id: 'plan-memory' });
   const tputDiv = h('div', { class: 'chart', id: 'plan-throughput' });
-  container.append(
+  container.append(...[
     planStats(planPublic),
     stageStrip(plan),
     plan.exact === false ? h('p', { class: 'muted small' }, `Planned over a linearised topological order (${plan.states} states): too many antichains for the exact search.`) : null,
     h('div', { class: 'panel' }, layerDiv),
     h('div', { class: 'grid2' }, h('div', { class: 'panel' }, commDiv), h('div', { class: 'panel' }, memDiv)),
-    h('div', { class: 'grid2' }, h('div', { class: 'panel' }, tputDiv), h('div', { class: 'panel' }, stageTable(plan))));
+    h('div', { class: 'grid2' }, h('div', { class: 'panel' }, tputDiv), h('div', { class: 'panel' }, stageTable(plan)))].filter(Boolean));
   await Promise.all([
     layerChart(layerDiv, plan, profile),
     stageBars(commDiv, plan, 'activation_bytes_out', 'Communication: activation bytes out per minibatch', 1),

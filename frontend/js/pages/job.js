@@ -8,7 +8,7 @@
 
 import { cancelJob, eventsUrl, fetchTrace, getJob, getMetrics, getPlan, getTimeline, normalizeMetric, retryJob } from '../api.js';
 import { lineChart, series, utilisationFromMetrics, utilisationFromTimeline } from '../charts.js';
-import { GanttChart, timelineRate } from '../gantt.js';
+import { GanttChart, medianStepTime } from '../gantt.js';
 import { openInPerfetto, saveBytes } from '../perfetto.js';
 import { openStream } from '../sse.js';
 import { clear, durationBetween, fmtNumber, fmtPercent, fmtSeconds, h, notice, statusBadge } from '../util.js';
@@ -19,7 +19,7 @@ const WINDOWS = [[1, 'last step'], [3, 'last 3 steps'], [10, 'last 10 steps'], [
 const fromCompact = (r) => ({ worker: r[0], stage: r[1], replica: r[2], microbatch: r[3], kind: r[4], start: r[5], end: r[6], step: r[7] });
 
 export async function render(container, { id }) {
-  const state = { job: null, metrics: [], metricSeqs: new Set(), predicted: [], stream: null, closed: false, lastStatus: '' };
+  const state = { job: null, metrics: [], metricSeqs: new Set(), predicted: [], predictedTried: 0, stream: null, closed: false };
   let job;
   try {
     job = await getJob(id);
@@ -116,16 +116,18 @@ export async function render(container, { id }) {
     drawPredictionError();
   }
 
+  /** Measured against predicted time per iteration (median over the measured steps). */
   function drawPredictionError() {
-    const measured = timelineRate(live.events);
-    const expected = timelineRate(state.predicted);
+    const measured = medianStepTime(live.events);
+    const expected = state.predictedIteration || medianStepTime(state.predicted);
     if (!measured || !expected) {
-      predNote.textContent = state.predicted.length ? 'Prediction error: waiting for measured steps.' : 'No predicted timeline for this job.';
+      if (state.predicted.length) predNote.textContent = 'Prediction error: waiting for measured steps.';
+      else predNote.textContent = FINAL.has(state.job.status) ? 'No predicted timeline for this job.' : 'The prediction appears once the job has been planned.';
       return;
     }
     const err = (measured - expected) / expected;
-    predNote.textContent = `Predicted ${fmtNumber(expected)} microbatches/s through stage 0, measured ${fmtNumber(measured)}: `
-      + `prediction error ${err >= 0 ? '+' : ''}${fmtPercent(err)} (${err >= 0 ? 'faster' : 'slower'} than predicted).`;
+    predNote.textContent = `Predicted ${fmtSeconds(expected)} per iteration, measured ${fmtSeconds(measured)} (median over steps): `
+      + `prediction error ${err >= 0 ? '+' : ''}${fmtPercent(err)}${Math.abs(err) > 1 ? `, the run takes ${fmtNumber(measured / expected)}× the predicted time` : ''}.`;
   }
 
   function addMetrics(points) {
@@ -165,8 +167,6 @@ export async function render(container, { id }) {
         metricsChanged = true;
       } else if (m.type === 'status' || m.type === 'summary' || m.type === 'end') {
         statusChanged = true;
-        if (m.type === 'status' && d.status === 'running' && state.lastStatus !== 'running') loadPredicted();
-        if (d.status) state.lastStatus = d.status;
       } else if (m.type === 'progress') {
         progress.textContent = [d.phase, d.message].filter(Boolean).join(': ');
       }
@@ -175,6 +175,9 @@ export async function render(container, { id }) {
     if (events.length || metricsChanged) drawCharts();
     if (statusChanged) await refreshJob();
     else drawStats();
+    // The plan (and its prediction) appears once the run has profiled and planned: ask again,
+    // at most every few seconds, until there is one.
+    if (!state.predicted.length && Date.now() - state.predictedTried > 3000) loadPredicted();
   }
 
   function follow() {
@@ -190,9 +193,14 @@ export async function render(container, { id }) {
   }
 
   async function loadPredicted() {
+    state.predictedTried = Date.now();
     try {
       let rows = await getTimeline(id, { source: 'predicted', limit: 20000 });
-      if (!rows.length && state.job.plan_id) rows = (await getPlan(state.job.plan_id)).predicted?.timeline || [];
+      if (state.job.plan_id) {
+        const plan = await getPlan(state.job.plan_id);
+        state.predictedIteration = plan.predicted?.iteration_time_s || null;
+        if (!rows.length) rows = plan.predicted?.timeline || [];
+      }
       state.predicted = rows;
       await predicted.setEvents(rows);
       drawPredictionError();
