@@ -130,6 +130,22 @@ def test_tuple_valued_layer_crosses_as_flat_tensors():
     assert len(out) == 2 and all(torch.equal(a, b) for a, b in zip(out, expected))
 
 
+def test_a_returned_tuple_layer_leaves_the_last_stage_flat():
+    class Halves(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.lin = nn.Linear(4, 6)
+
+        def forward(self, x):
+            return self.lin(x).chunk(2, dim=-1)
+
+    model, x = Halves(), torch.randn(3, 4)
+    names = layer_names(model, x)
+    stages = split_model(model, x, _cuts(names, [2]))
+    out = run_stages(stages, x)
+    assert len(out) == 2 and all(torch.equal(a, b) for a, b in zip(out, model(x)))
+
+
 def test_stage_accepts_a_tuple_or_separate_tensors(resnet):
     model, x = resnet
     names = layer_names(model, x)

@@ -204,7 +204,9 @@ def trace_layers(model: nn.Module, example_input: Any) -> LayerGraph:
     output_is_tuple = isinstance(out_arg, (tuple, list))
     outputs = []
     for item in (out_arg if output_is_tuple else (out_arg,)):
-        if not isinstance(item, fx.Node) or not is_layer.get(item.name) or _tensor_arity(values[item.name]) is not None:
+        # a tuple-valued layer returned as a whole (``return x.chunk(2)``) is flattened like any
+        # other crossing value
+        if not isinstance(item, fx.Node) or not is_layer.get(item.name):
             raise UntraceableModelError("the model must return a tensor or a flat tuple of tensors")
         outputs.append(item.name)
     kept = {layer.name: _detach(values[layer.name]) for layer in layers}
