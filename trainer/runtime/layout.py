@@ -87,6 +87,9 @@ def resolve(cfg: RunConfig) -> Layout:
         replicas = (cfg.workers // p,) * p
     else:
         replicas = (1,) * p
+    if cfg.schedule == "pipedream" and any(cfg.microbatches % r for r in replicas):
+        raise ConfigError(f"microbatches: pipedream's replicas all-reduce once per round, so {cfg.microbatches} "
+                          f"microbatches must be a multiple of every stage's replica count {list(replicas)}")
     if cfg.vertical_sync and cfg.schedule != "pipedream":
         raise ConfigError("vertical_sync: applies to the pipedream schedule only")
     return Layout(cfg.schedule, p, 1, replicas, cfg.vertical_sync)
