@@ -148,3 +148,19 @@ def test_a_pipedream_plan_of_the_profile_executes_exactly(resnet_profile, worker
     assert sorted(n for s in stages for n in s) == sorted(prof.layer_names())
     modules = split_model(entry.model, x, stages)
     assert torch.equal(run_stages(modules, x)[0], entry.model(x))
+
+
+def test_a_parameter_read_directly_is_a_layer_and_keeps_no_hooks():
+    class Functional(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.weight = torch.nn.Parameter(torch.randn(5, 3))
+
+        def forward(self, x):
+            return torch.nn.functional.linear(x, self.weight).relu()
+
+    model = Functional()
+    prof = profile_model(model, torch.randn(4, 3), warmup=1, repeats=2)
+    by_name = {layer.name: layer for layer in prof.layers}
+    assert by_name["weight"].parameter_bytes == 5 * 3 * 4 and ("weight", "linear") in prof.edges
+    assert not model.weight._backward_hooks  # the profiler's gradient hooks were removed

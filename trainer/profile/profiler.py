@@ -125,6 +125,8 @@ class _LayerClock(fx.Interpreter):
         self.clock = clock
         self.forward_marks: list[tuple[str, Any, Any]] = []  # (layer, start, end)
         self.backward_marks: list[tuple[str, Any]] = []  # (layer, when autograd reached it)
+        # A hook on a leaf (a parameter read by get_attr) outlives the step: removed after it.
+        self.handles: list[Any] = []
 
     def run_node(self, n: fx.Node) -> Any:
         if n.op in ("placeholder", "output"):
@@ -139,7 +141,7 @@ class _LayerClock(fx.Interpreter):
         if n.name in self.layer_names:
             for t in value if isinstance(value, (tuple, list)) else (value,):
                 if isinstance(t, torch.Tensor) and t.requires_grad:
-                    t.register_hook(self._reached(n.name))
+                    self.handles.append(t.register_hook(self._reached(n.name)))
         return value
 
     def _reached(self, name: str) -> Callable[[torch.Tensor], None]:
@@ -176,8 +178,12 @@ def _instrumented_step(lg: LayerGraph, owner: dict[str, str], clock: _Clock, inp
     _zero_grads(params)
     runner = _LayerClock(lg, owner, clock)
     out = runner.run(*inputs)
-    _backward(out)
-    end = clock.mark()
+    try:
+        _backward(out)
+        end = clock.mark()
+    finally:
+        for handle in runner.handles:
+            handle.remove()
     clock.sync()
     fwd: dict[str, float] = {}
     for layer, a, b in runner.forward_marks:
