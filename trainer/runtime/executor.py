@@ -76,12 +76,15 @@ class Executor:
         event_mb: Callable[[int], int] | None = None,
         rank_of: Callable[[int, int], int] | None = None,
         record: bool = True,
+        event_step: Callable[[int], int] | None = None,
     ) -> None:
         """Execute ``actions``. ``data(mb)`` gives (input, target) of microbatch ``mb``;
         ``step_of(mb)`` the training step (iteration) it belongs to; ``on_step_done(k)`` runs
         after the last action of step ``k``; ``ddp_sync``: microbatches whose backward
         all-reduces (DistributedDataParallel), None for all; ``event_mb(mb)`` the microbatch
-        number events carry (global numbering); ``rank_of`` overrides the stage placement."""
+        number events carry (global numbering); ``rank_of`` overrides the stage placement;
+        ``event_step(mb)`` the step events carry (default ``step_of``; pipedream: the minibatch,
+        as the simulator's timelines have it)."""
         hb, p2p = self.heartbeat, self.p2p
         rec = self.recorder if record else _NO_RECORD
         rank_of = rank_of or self.rank_of
@@ -95,14 +98,15 @@ class Executor:
         last_use: dict[tuple[int, int], int] = {}
         step_end: dict[int, int] = {}
         step_at: list[int] = []  # actions without a microbatch belong to the step before them
-        current_step = step_of(0)
+        event_step = event_step or step_of
+        current_step, last_mb = step_of(0), 0
         for i, a in enumerate(actions):
             if a.kind in COMPUTE:
                 last_use[(a.stage, a.version)] = i
             if a.microbatch >= 0:
-                current_step = step_of(a.microbatch)
+                current_step, last_mb = step_of(a.microbatch), a.microbatch
             step_end[current_step] = i
-            step_at.append(current_step)
+            step_at.append(event_step(last_mb))
         releases: dict[int, list[tuple[int, int]]] = defaultdict(list)
         for key, i in last_use.items():
             releases[i].append(key)
@@ -134,7 +138,7 @@ class Executor:
             hb.waiting(True)
             tensors = pending.wait()
             hb.waiting(False)
-            rec.record(Kind.RECV_GRAD if kind else Kind.RECV_ACT, stage, event_mb(mb), t0, time.perf_counter(), step_of(mb))
+            rec.record(Kind.RECV_GRAD if kind else Kind.RECV_ACT, stage, event_mb(mb), t0, time.perf_counter(), event_step(mb))
             return tensors
 
         for i, a in enumerate(actions):

@@ -175,7 +175,7 @@ def train(cfg: RunConfig, env: WorkerEnv) -> None:
             base = step
             executor.run(actions, lambda mb, b=base: _data(stream, stages, S, b * M + mb),
                          step_of=lambda mb, b=base: b + mb // M, on_step_done=on_step_done,
-                         event_mb=lambda mb, b=base: b * M + mb)
+                         event_mb=lambda mb, b=base: b * M + mb, event_step=lambda mb, b=base: b * M + mb)
             for st in stages.values():
                 st.versions.reset(0)
         else:
