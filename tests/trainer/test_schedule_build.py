@@ -24,7 +24,7 @@ CASES = [
     ("1f1b", 4, 9, {"replicas": [1, 2, 3, 1]}),
     ("zb-h1", 3, 8, {"replicas": [2, 1, 2]}),
     ("pipedream", 4, 12, {"replicas": [2, 1, 3, 1]}),
-    ("pipedream", 3, 12, {"replicas": [3, 2, 1], "vertical_sync": True}),
+    ("pipedream", 3, 12, {"replicas": [2, 2, 2], "vertical_sync": True}),
 ]
 
 
@@ -161,6 +161,7 @@ def test_receives_are_posted_before_the_compute_they_overlap():
         (("zb-h1", 4, 8), {"split_backward": False}, "split_backward"),
         (("1f1b", 4, 8), {"vertical_sync": True}, "vertical_sync"),
         (("dp", 4, 8), {"replicas": [2, 2]}, "one stage"),
+        (("pipedream", 2, 12), {"replicas": [2, 1], "vertical_sync": True}, "same replica count"),
     ],
 )
 def test_bad_arguments_name_the_problem(args, kw, message):

@@ -49,11 +49,15 @@ class Kind(str, Enum):
 
     @property
     def is_compute(self) -> bool:
-        return self in (Kind.FORWARD, Kind.BACKWARD, Kind.BACKWARD_INPUT, Kind.BACKWARD_WEIGHT)
+        return self in _COMPUTE
 
     @property
     def is_comm(self) -> bool:
-        return self in (Kind.SEND_ACT, Kind.RECV_ACT, Kind.SEND_GRAD, Kind.RECV_GRAD, Kind.ALLREDUCE)
+        return self in _COMM
+
+
+_COMPUTE = frozenset((Kind.FORWARD, Kind.BACKWARD, Kind.BACKWARD_INPUT, Kind.BACKWARD_WEIGHT))
+_COMM = frozenset((Kind.SEND_ACT, Kind.RECV_ACT, Kind.SEND_GRAD, Kind.RECV_GRAD, Kind.ALLREDUCE))
 
 
 @dataclass(frozen=True, slots=True)

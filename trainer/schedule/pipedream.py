@@ -11,7 +11,8 @@ replica) and then step together, so they always hold the same version. This need
 minibatches to be a multiple of every stage's replica count.
 
 Weight stashing: a backward uses the version its forward used. With vertical sync every stage
-runs minibatch ``i`` (forward and backward) with the version the input stage used for ``i``.
+runs minibatch ``i`` (forward and backward) with the version the input stage used for ``i``;
+that needs equal replica counts on all stages (a version counts rounds of a stage's replicas).
 """
 
 from __future__ import annotations
@@ -28,6 +29,11 @@ def pipedream_programs(topo: Topology, m: int, vertical_sync: bool, split: bool)
                 f"microbatches ({m}) must be a multiple of stage {s}'s replicas ({topo.replicas(s)}) "
                 "for pipedream: replicas all-reduce after each round of backwards"
             )
+    if vertical_sync and len({topo.replicas(s) for s in range(topo.num_stages)}) > 1:
+        raise ScheduleError(
+            "vertical_sync needs the same replica count on every stage: a version counts rounds of a "
+            "stage's replicas, so versions of stages with different counts name different minibatches"
+        )
     programs: list[list[Action]] = [[] for _ in range(topo.num_workers)]
     input_version: dict[int, int] = {}  # minibatch -> version the input stage used
     for s in range(topo.num_stages):
