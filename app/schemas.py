@@ -149,7 +149,7 @@ class PlanCreate(BaseModel):
     profile_id: int | None = Field(default=None, ge=1, description="A stored profile; or give `model`.")
     model: str | None = Field(default=None, min_length=1, max_length=300, description="A zoo/registered model whose profile is cached (profiled on first use).")
     model_args: dict[str, Any] = Field(default_factory=dict)
-    batch_size: int = Field(default=32, ge=1, le=65536, description="Batch size of the profile used with `model`.")
+    batch_size: int = Field(default=32, ge=1, le=65536, description="With `model`: the job's batch size; the profile is measured per microbatch (batch_size // microbatches), as a job does.")
     levels: list[Level] = Field(min_length=1, max_length=4, description="Cluster levels, innermost first.")
     memory_bytes: float | None = Field(default=None, gt=0, description="Memory per worker; enables the memory constraint.")
     method: Method = "pipedream"

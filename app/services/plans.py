@@ -57,7 +57,8 @@ def create(session: Session, body: PlanCreate) -> PlanRow:
         if prof is None:
             raise NotFound("profile", body.profile_id)
     else:
-        prof = profile_for_model(session, body.model, body.model_args, body.batch_size)
+        # Same cache key as a job's profile: one microbatch's worth of samples.
+        prof = profile_for_model(session, body.model, body.model_args, max(1, body.batch_size // body.microbatches))
     levels = planning.levels_of(body.levels, None)
     plan_obj = planning.make_plan(prof.data, levels, memory_bytes=body.memory_bytes, method=body.method)
     sim = planning.simulate(plan_obj, body.schedule, body.microbatches, samples_per_microbatch=prof.batch_size, chunks=body.chunks)

@@ -77,7 +77,7 @@ def test_cli_submit_wait_succeeds_and_run_data_is_there(deployment, tmp_path):
     assert trace.status_code == 200 and "attachment" in trace.headers["content-disposition"] and trace.json()["traceEvents"]
 
     # The what-if by model name reuses the profile the job measured (same microbatch size).
-    what_if = deployment.api("POST", "/plans", json={"model": "mlp-digits", "batch_size": 8, "levels": [{"workers": 2, "bandwidth": 1e9}], "method": "time"})
+    what_if = deployment.api("POST", "/plans", json={"model": "mlp-digits", "batch_size": 16, "microbatches": 2, "levels": [{"workers": 2, "bandwidth": 1e9}], "method": "time"})
     assert what_if["profile_id"] == job["profile_id"] and what_if["predicted"]["timeline"]
 
     # Resume mid-stream with Last-Event-ID: exactly the rest, no repeats.
