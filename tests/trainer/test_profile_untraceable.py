@@ -70,6 +70,29 @@ def test_a_failing_op_names_the_node_and_module():
     assert "'lin'" in message and "Linear" in message and "\n" not in message
 
 
+class OptionalMask(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.lin = nn.Linear(3, 3)
+
+    def forward(self, x, mask=None, scale=2.0):
+        y = self.lin(x)
+        if mask is not None:  # plain Python control flow on a default: traced as the constant
+            y = y * mask
+        return y * scale
+
+
+def test_arguments_with_defaults_are_traced_as_constants():
+    model, x = OptionalMask(), torch.randn(2, 3)
+    graph = trace_layers(model, x)
+    assert graph.input_names() == ["x"] and [layer.name for layer in graph.layers][1:] == ["lin", "mul"]
+    prof = profile_model(model, x, warmup=0, repeats=1)
+    assert prof.layer_names() == ["x", "lin", "mul"]
+    # given explicitly, the mask is an input like any other
+    both = trace_layers(model, (x, torch.ones(2, 3)))
+    assert both.input_names() == ["x", "mask"]
+
+
 def test_wrong_number_of_inputs():
     with pytest.raises(UntraceableModelError, match="takes 1 input"):
         trace_layers(ShapeMismatch(), (torch.randn(2, 3), torch.randn(2, 3)))

@@ -13,6 +13,7 @@ Layer names are fx node names, so a plan made from a profile names the nodes tha
 
 from __future__ import annotations
 
+import inspect
 import operator
 import os
 import traceback
@@ -75,14 +76,56 @@ def _user_frame(exc: BaseException) -> str:
     return f" at {os.path.basename(f.filename)}:{f.lineno} in {f.name}(): `{(f.line or '').strip()}`"
 
 
-def symbolic_trace(model: nn.Module) -> fx.GraphModule:
+def _defaults_beyond(model: nn.Module, n_inputs: int) -> dict[str, Any]:
+    """forward's parameters after the first ``n_inputs`` when all of them have defaults (e.g.
+    ``mask=None``): traced as those constants. Empty when there are none or one lacks a default."""
     try:
-        return fx.symbolic_trace(model)
+        params = list(inspect.signature(model.forward).parameters.values())
+    except (TypeError, ValueError):
+        return {}
+    rest = params[n_inputs:]
+    positional = (inspect.Parameter.POSITIONAL_ONLY, inspect.Parameter.POSITIONAL_OR_KEYWORD, inspect.Parameter.KEYWORD_ONLY)
+    if not rest or any(p.kind not in positional or p.default is inspect.Parameter.empty for p in rest):
+        return {}
+    return {p.name: p.default for p in rest}
+
+
+def _drop_constant_inputs(gm: fx.GraphModule, n_inputs: int) -> None:
+    """Remove the placeholders fx keeps for constant arguments, with the checks it attaches to
+    them, so the graph's inputs are exactly the example's tensors."""
+    placeholders = [n for n in gm.graph.nodes if n.op == "placeholder"]
+    doomed: list[fx.Node] = []
+    seen: set[fx.Node] = set()
+    stack = list(placeholders[n_inputs:])
+    while stack:
+        node = stack.pop()
+        if node in seen:
+            continue
+        seen.add(node)
+        doomed.append(node)
+        stack.extend(node.users)
+    if any(user not in seen for node in doomed for user in node.users) or any(n.op == "output" for n in doomed):
+        return  # a constant argument feeds the computation itself; keep the graph as it is
+    order = {n: i for i, n in enumerate(gm.graph.nodes)}
+    for node in sorted(doomed, key=order.__getitem__, reverse=True):
+        gm.graph.erase_node(node)
+    gm.recompile()
+
+
+def symbolic_trace(model: nn.Module, n_inputs: int | None = None) -> fx.GraphModule:
+    """fx-trace ``model``; with ``n_inputs``, forward parameters beyond them that have defaults
+    are traced as those defaults."""
+    constants = _defaults_beyond(model, n_inputs) if n_inputs is not None else {}
+    try:
+        gm = fx.symbolic_trace(model, concrete_args=constants or None)
     except Exception as exc:  # fx raises TraceError, TypeError, RuntimeError, ... depending on the op
         first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
         raise UntraceableModelError(
             f"cannot trace {type(model).__name__} with torch.fx{_user_frame(exc)}: {first}"
         ) from None
+    if constants:
+        _drop_constant_inputs(gm, n_inputs)
+    return gm
 
 
 def _op_label(node: fx.Node, gm: fx.GraphModule) -> str:
@@ -146,8 +189,8 @@ def _detach(value: Any) -> Any:
 
 def trace_layers(model: nn.Module, example_input: Any) -> LayerGraph:
     """Trace ``model``, run it once on ``example_input`` and group its nodes into layers."""
-    gm = symbolic_trace(model)
     inputs = as_tuple(example_input)
+    gm = symbolic_trace(model, len(inputs))
     placeholders = [n for n in gm.graph.nodes if n.op == "placeholder"]
     if len(placeholders) != len(inputs):
         raise UntraceableModelError(
