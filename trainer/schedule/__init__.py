@@ -1,11 +1,19 @@
 """Pipeline schedules as data, their validator, simulator and Chrome-trace export.
 
 ``build(name, stages, microbatches, ...)`` returns a ``Schedule`` (ordered actions per worker);
-the runtime executes those lists unchanged and ``simulate`` predicts their timeline.
+the runtime executes those lists unchanged, ``validate`` checks them and ``simulate`` predicts
+their timeline. See docs/schedules.md.
+
+Note: the functions ``validate`` and ``simulate`` share their names with their modules; import
+other names from the modules with ``from trainer.schedule.simulate import SimResult``.
 """
 
 from trainer.schedule.actions import Action, Kind, Schedule, ScheduleError, TimelineEvent, WorkerSpec
 from trainer.schedule.build import SCHEDULES, build, names
+from trainer.schedule.costs import StageCosts, costs_from_plan, costs_uniform
+from trainer.schedule.simulate import SimResult, simulate
+from trainer.schedule.trace import to_chrome_trace
+from trainer.schedule.validate import ValidationReport, validate
 
 __all__ = [
     "Action",
@@ -13,8 +21,16 @@ __all__ = [
     "SCHEDULES",
     "Schedule",
     "ScheduleError",
+    "SimResult",
+    "StageCosts",
     "TimelineEvent",
+    "ValidationReport",
     "WorkerSpec",
     "build",
+    "costs_from_plan",
+    "costs_uniform",
     "names",
+    "simulate",
+    "to_chrome_trace",
+    "validate",
 ]
