@@ -40,6 +40,8 @@ def test_pipedream_steady_state_has_no_bubble():
     # after the warm-up every stage finishes one minibatch per F + B
     ends = sorted(e.end for e in result.timeline if e.kind == "B" and e.stage == 0)
     assert ends[30] - ends[10] == pytest.approx(20 * (FWD + BWD))
+    assert result.steady_throughput == pytest.approx(1 / (FWD + BWD))
+    assert result.throughput < result.steady_throughput  # the whole run includes fill and drain
 
 
 def test_1f1b_has_a_bubble_in_its_steady_state_only_when_stages_differ():

@@ -189,14 +189,25 @@ def run(schedule: Schedule, progs: list[Program]) -> Trace:
     return Trace(index, start, transfers)
 
 
-def worker_stats(progs: list[Program], trace: Trace):
-    """Busy and compute seconds per worker, start and end, and the steady-state idle share.
+@dataclass
+class WorkerStats:
+    busy: list[float]  # seconds per worker in compute, step, all-reduce
+    compute: list[float]  # seconds per worker in F, B, BI, W
+    t0: float
+    t1: float
+    steady_bubble: float | None
+    steady_rate: float | None  # input-stage backwards per second within the steady state
+
+
+def worker_stats(progs: list[Program], trace: Trace) -> WorkerStats:
+    """What the summary needs from the loop's trace.
 
     The steady state runs from the last worker's first backward to the first worker's last
-    forward (stats.py defines the same for any timeline).
+    forward (stats.py defines the same for any timeline). Its rate counts the backwards of the
+    input stage that end inside it, from the first to the last of them.
     """
     busy, compute, first_b, last_f, lo, hi = [], [], {}, {}, [], []
-    spans = []
+    spans, input_ends = [], []
     for w, (p, idx, st) in enumerate(zip(progs, trace.index, trace.start)):
         idx = np.asarray(idx, dtype=np.int64)
         begin = np.asarray(st, dtype=np.float64)
@@ -210,10 +221,15 @@ def worker_stats(progs: list[Program], trace: Trace):
         bwd, fwd = (code == B) | (code == BI), code == F
         if bwd.any() and fwd.any():
             first_b[w], last_f[w] = float(begin[bwd].min()), float(end[fwd].max())
-    steady = None
+        input_ends.append(end[bwd & (p.stage[idx] == 0)])
+    steady = rate = None
     if first_b:
         s0, s1 = max(first_b.values()), min(last_f.values())
         if s1 > s0:
             held = sum(float(np.clip(np.minimum(spans[w][1], s1) - np.maximum(spans[w][0], s0), 0, None).sum()) for w in first_b)
             steady = max(0.0, 1.0 - held / ((s1 - s0) * len(first_b)))
-    return busy, compute, steady, min(lo, default=0.0), max(hi, default=0.0)
+            ends = np.sort(np.concatenate(input_ends))
+            ends = ends[(ends >= s0) & (ends <= s1)]
+            if len(ends) > 1 and ends[-1] > ends[0]:
+                rate = (len(ends) - 1) / float(ends[-1] - ends[0])
+    return WorkerStats(busy, compute, min(lo, default=0.0), max(hi, default=0.0), steady, rate)

@@ -37,6 +37,7 @@ class SimResult:
     stashed_versions: list[int]  # per worker, weight versions held at once
     peak_memory_bytes: list[int] | None  # per worker, when the costs give bytes
     steady_bubble_fraction: float | None  # idle share once every worker runs 1F1B, before the drain
+    steady_throughput: float | None  # microbatches per second within that steady state
     samples_per_s: float | None = None
     extra: dict[str, Any] = field(default_factory=dict)
     _make_timeline: Any = field(default=None, repr=False, compare=False)
@@ -75,11 +76,11 @@ def simulate(schedule: Schedule, costs: list[StageCosts], *, samples_per_microba
         cols = [columns(acts) for acts in schedule.actions]
         progs = compile_programs(schedule, cols, durations(per_stage))
         trace = run(schedule, progs)
-        busy, compute, steady, t0, t1 = worker_stats(progs, trace)
+        stats = worker_stats(progs, trace)
         activations, versions = memory_profile(schedule, cols)
     n = len(schedule.workers)
-    t1 = max([t1] + [end for *_, end in trace.transfers])
-    span = t1 - t0
+    busy, compute = stats.busy, stats.compute
+    span = max([stats.t1] + [end for *_, end in trace.transfers]) - stats.t0
     throughput = schedule.microbatches / span if span > 0 else float("inf")
     return SimResult(
         iteration_time_s=span,
@@ -90,7 +91,8 @@ def simulate(schedule: Schedule, costs: list[StageCosts], *, samples_per_microba
         peak_activations=activations,
         stashed_versions=versions,
         peak_memory_bytes=_peak_memory(schedule, per_stage, activations, versions),
-        steady_bubble_fraction=steady,
+        steady_bubble_fraction=stats.steady_bubble,
+        steady_throughput=stats.steady_rate,
         samples_per_s=None if samples_per_microbatch is None else throughput * samples_per_microbatch,
         extra={"schedule": schedule.name, "workers": n, "microbatches": schedule.microbatches},
         _make_timeline=lambda: _timeline(schedule, progs, trace),
