@@ -19,12 +19,8 @@ def pick_steps(steps: Sequence[int], budget_events: int, events_per_step: float)
     if not distinct or events_per_step <= 0:
         return set(distinct)
     keep = max(1, int(budget_events // max(events_per_step, 1.0)))
-    if keep >= len(distinct):
-        return set(distinct)
-    stride = len(distinct) / keep
-    chosen = {distinct[min(len(distinct) - 1, int(i * stride))] for i in range(keep)}
-    chosen.add(distinct[-1])  # the newest step is what a live view follows
-    return chosen
+    # evenly() always keeps the last: the newest step is what a live view follows.
+    return set(evenly(distinct, keep))
 
 
 def evenly(items: Sequence[T], limit: int) -> list[T]:

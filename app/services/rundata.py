@@ -46,14 +46,17 @@ def timeline(
     downsampled = total > limit
     if downsampled:
         # Whole steps are kept or dropped, so every bar shown is a real, complete iteration.
-        keep = pick_steps([s for s, _ in per_step], limit, total / max(len(per_step), 1))
+        counts = dict(per_step)
+        keep = pick_steps(list(counts), limit, total / max(len(counts), 1))
+        while len(keep) > 1 and sum(counts[s] for s in keep) > limit:  # uneven steps: drop the oldest
+            keep.discard(min(keep))
         where.append(T.step.in_(sorted(keep)))
     rows = session.scalars(select(T).where(*where).order_by(T.seq)).all()
     return TimelinePublic(
         source=src.value,
         events=[
             TimelineEventPublic(worker=r.worker, stage=r.stage, replica=r.replica, microbatch=r.microbatch, kind=r.kind, start=r.start, end=r.end, step=r.step)
-            for r in rows[: limit if downsampled else None]
+            for r in rows
         ],
         total=total,
         downsampled=downsampled,

@@ -270,6 +270,10 @@ class JobRun:
         finally:
             # Whatever the leader did, nothing of the group outlives the phase.
             _signal_group(proc.pid, signal.SIGKILL)
+            try:
+                proc.wait(timeout=5)  # reap the leader: no zombie left in the group either
+            except subprocess.TimeoutExpired:
+                log.warning("job %s: process %s did not exit after SIGKILL", self.job_id, proc.pid)
             with self.lock:
                 self.proc = None
         if self.stop.is_set():

@@ -40,13 +40,17 @@ def free_port() -> int:
 
 
 def group_alive(pgid: int) -> bool:
-    try:
-        os.killpg(pgid, 0)
-        return True
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
+    """Whether any live process is in group ``pgid``. Zombies do not count: they have ended and
+    only wait for a parent to reap them (orphans' parent here, PID 1, may never do so)."""
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            text = stat.read_text()
+        except OSError:
+            continue
+        fields = text[text.rindex(")") + 2 :].split()  # after "pid (comm) "
+        if fields[0] != "Z" and int(fields[2]) == pgid:
+            return True
+    return False
 
 
 def stop_process(process: subprocess.Popen, timeout: float = 15) -> None:

@@ -1,0 +1,112 @@
+"""The runner's mechanics without torch: claiming in priority order, one winner per job,
+process groups ended on cancel, and a run's sink ending its own group when its job is over."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import threading
+import time
+
+import pytest
+from sqlalchemy import update
+
+from app.core.db import get_sessionmaker
+from app.models import Job, JobStatus
+from app.services import jobs, runner
+from tests.app.test_e2e_support import group_alive
+from tests.app.test_services_support import live_db, new_job  # noqa: F401  (fixture)
+from tests.conftest import ROOT
+
+
+def status_of(job_id: int) -> JobStatus:
+    with get_sessionmaker()() as s:
+        return s.get(Job, job_id).status
+
+
+def test_claims_follow_priority_and_each_job_is_claimed_once(live_db):
+    low = new_job(priority=0)
+    high = new_job(priority=9)
+    mid = new_job(priority=5)
+    claimed: list[int] = []
+    threads = [threading.Thread(target=lambda: claimed.append(runner.claim_next("t"))) for _ in range(4)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert sorted(c for c in claimed if c) == sorted([low, high, mid]) and claimed.count(None) == 1
+    assert {status_of(j) for j in (low, high, mid)} == {JobStatus.RUNNING}
+    first = new_job(priority=1)
+    second = new_job(priority=2)
+    assert runner.claim_next("t") == second and runner.claim_next("t") == first
+
+
+def test_cancel_ends_the_whole_process_group(live_db, tmp_path):
+    job_id = new_job()
+    assert runner.claim_next("t") == job_id
+    run = runner.JobRun(job_id)
+    monitor = threading.Thread(target=run._monitor, daemon=True)
+    monitor.start()
+    # A leader with two children that ignore nothing: all three share the new group.
+    script = "import subprocess, sys, time; [subprocess.Popen([sys.executable, '-c', 'import time; time.sleep(600)']) for _ in range(2)]; time.sleep(600)"
+    result: dict = {}
+
+    def child() -> None:
+        try:
+            run.run_child([sys.executable, "-c", script], tmp_path / "child.log", phase="train")
+        except runner.Stopped:
+            result["stopped"] = True
+
+    worker = threading.Thread(target=child)
+    worker.start()
+    deadline = time.monotonic() + 20
+    while True:
+        with get_sessionmaker()() as s:
+            pgid = s.get(Job, job_id).pgid
+        if pgid:
+            break
+        assert time.monotonic() < deadline
+        time.sleep(0.1)
+    time.sleep(0.5)
+    with get_sessionmaker()() as s:
+        jobs.finish(s, job_id, JobStatus.CANCELLED, expected=(JobStatus.RUNNING,))
+    worker.join(timeout=15)
+    run.stop.set()
+    assert result.get("stopped") and not group_alive(pgid)
+
+
+def test_sink_ends_its_group_when_the_job_is_over(live_db):
+    job_id = new_job("running")
+    code = (
+        "import time\n"
+        "from app.services.run_sink import DbSink\n"
+        f"sink = DbSink({job_id}, own_group=True)\n"
+        "for i in range(600):\n"
+        "    sink.on_status('running', str(i))\n"
+        "    time.sleep(0.1)\n"
+    )
+    proc = subprocess.Popen([sys.executable, "-c", code], cwd=ROOT, env=dict(os.environ), start_new_session=True)
+    try:
+        time.sleep(3)
+        assert proc.poll() is None
+        with get_sessionmaker()() as s:
+            jobs.finish(s, job_id, JobStatus.FAILED, expected=(JobStatus.RUNNING,), error="worker lost")
+        assert proc.wait(timeout=15) == -15  # SIGTERM from its own sink
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+
+
+@pytest.mark.parametrize("stop", [{"steps": 7}, {"epochs": 1.5}, {"target": 0.9}, {"time_s": 30}])
+def test_train_command_carries_the_spec(stop):
+    from pathlib import Path
+
+    spec = {"model": "mlp-digits", "model_args": {"hidden": 16}, "schedule": "1f1b", "batch_size": 32, "microbatches": 4,
+            "stop": stop, "hyperparameters": {"lr": 0.1, "seed": 3, "vertical_sync": True, "chunks": 1}}
+    cmd = runner.train_command(5, spec, Path("/tmp/plan.json"))
+    assert cmd[cmd.index("--job-id") + 1] == "5" and cmd[cmd.index("--model-arg") + 1] == "hidden=16"
+    assert "--vertical-sync" in cmd and cmd[cmd.index("--lr") + 1] == "0.1"
+    key = next(iter(stop))
+    flag = {"steps": "--steps", "epochs": "--epochs", "target": "--target", "time_s": "--epochs"}[key]
+    assert flag in cmd
