@@ -226,7 +226,10 @@ def worker_stats(progs: list[Program], trace: Trace) -> WorkerStats:
     if first_b:
         s0, s1 = max(first_b.values()), min(last_f.values())
         if s1 > s0:
-            held = sum(float(np.clip(np.minimum(spans[w][1], s1) - np.maximum(spans[w][0], s0), 0, None).sum()) for w in first_b)
+            held = sum(
+                float(np.clip(np.minimum(spans[w][1], s1) - np.maximum(spans[w][0], s0), 0, None).sum())
+                for w in first_b
+            )
             steady = max(0.0, 1.0 - held / ((s1 - s0) * len(first_b)))
             ends = np.sort(np.concatenate(input_ends))
             ends = ends[(ends >= s0) & (ends <= s1)]

@@ -16,8 +16,6 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
-import numpy as np
-
 from trainer.schedule.actions import Schedule, ScheduleError, TimelineEvent
 from trainer.schedule.costs import StageCosts
 from trainer.schedule.engine import Program, Trace, compile_programs, durations, gc_paused, run, worker_stats
@@ -110,7 +108,8 @@ def _timeline(schedule: Schedule, progs: list[Program], trace: Trace) -> list[Ti
             if mb >= 0:
                 last_mb = mb
             kind = NAME[p.codes[i]]
-            timeline.append(TimelineEvent(w, p.stages[i], replica, mb, kind, start, start + p.durs[i], 0 if sync else last_mb))
+            end = start + p.durs[i]
+            timeline.append(TimelineEvent(w, p.stages[i], replica, mb, kind, start, end, 0 if sync else last_mb))
     for src, code, stage, mb, start, end in trace.transfers:
         replica = schedule.workers[src].replica
         timeline.append(TimelineEvent(src, stage, replica, mb, NAME[code], start, end, 0 if sync else mb))

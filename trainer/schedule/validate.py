@@ -125,7 +125,8 @@ class _Replay:
                 raise ScheduleError(f"worker {w}: {a} runs before its gradient from stage {s + 1} arrived")
             if a.version != self.version[fwd]:
                 raise ScheduleError(
-                    f"worker {w}: {a} uses version {a.version} but its forward used {self.version[fwd]} (weight stashing)"
+                    f"worker {w}: {a} uses version {a.version} but its forward used {self.version[fwd]} "
+                    "(weight stashing)"
                 )
             if k is not Kind.BACKWARD_WEIGHT and s > 0 and self.where[(Kind.FORWARD, s - 1, mb)] == w:
                 self.have[w].add((1, s - 1, mb))
@@ -161,7 +162,8 @@ class _Replay:
             return False  # the peer re-queues this worker when it reaches a receive from it
         if b.stage != dst_stage or b.microbatch != a.microbatch:
             raise ScheduleError(
-                f"worker {w} sends {a} while worker {a.peer} waits for {b} from it: out of order, deadlock with blocking sends"
+                f"worker {w} sends {a} while worker {a.peer} waits for {b} from it: "
+                "out of order, deadlock with blocking sends"
             )
         self.have[a.peer].add((0 if a.kind is Kind.SEND_ACT else 1, dst_stage, a.microbatch))
         self.advance(a.peer)
@@ -174,7 +176,9 @@ class _Replay:
         for m in group:
             b = self.at(m)
             if b.stage != a.stage or tuple(b.group or ()) != tuple(group):
-                raise ScheduleError(f"worker {w} all-reduces {a} group {group} while worker {m} is at {b} group {b.group}")
+                raise ScheduleError(
+                    f"worker {w} all-reduces {a} group {group} while worker {m} is at {b} group {b.group}"
+                )
         for m in group:
             self.reduced[m][a.stage] = True
             if m != w:
