@@ -19,6 +19,12 @@ def server(start_server):
     return start_server(workers=0)
 
 
+@pytest.fixture(scope="module")
+def write_token(server) -> str:
+    """The server's first API token: from then on its writes need one (so tests using it run last)."""
+    return server.api("POST", "/tokens", {"name": "browser", "scope": "write"})["token"]
+
+
 def test_jobs_page_empty_state(server, page, shoot) -> None:
     page.goto(f"{server.url}/#/jobs")
     page.get_by_text("No jobs yet.").wait_for()
@@ -95,6 +101,47 @@ def test_failed_job_shows_its_error_and_trace_download(server, page) -> None:
     assert page.errors == []
 
 
+# ui.perfetto.dev is out of reach here: this page plays its side of the documented hand-off
+# (answer PING with PONG, then take {perfetto: {buffer, title}}) so the dashboard's side is real.
+PERFETTO_STAND_IN = """<!doctype html><title>perfetto</title><script>
+window.addEventListener('message', (e) => {
+  if (e.data === 'PING') { e.source.postMessage('PONG', e.origin); return; }
+  if (e.data && e.data.perfetto) {
+    const p = e.data.perfetto;
+    document.title = 'got ' + p.title;
+    window.received = new TextDecoder().decode(new Uint8Array(p.buffer));
+  }
+});
+</script>"""
+
+
+def test_open_in_perfetto_hands_over_the_trace(server, page, browser_context) -> None:
+    job = server.api("POST", "/jobs", {**SPEC, "name": "perfetto"})
+    server.api("POST", f"/jobs/{job['id']}/cancel")
+    browser_context.route("https://ui.perfetto.dev/**", lambda route: route.fulfill(content_type="text/html", body=PERFETTO_STAND_IN))
+    try:
+        page.goto(f"{server.url}/#/jobs/{job['id']}")
+        with page.expect_popup() as popup_info:
+            page.click("#open-perfetto")
+        popup = popup_info.value
+        popup.wait_for_function("() => document.title.startsWith('got ')")
+        assert popup.title() == f"got pipeboard job {job['id']}"
+        import json
+
+        received = json.loads(popup.evaluate("() => window.received"))
+        expected = json.loads(httpx_get(f"{server.url}/api/v1/jobs/{job['id']}/trace"))
+        assert received == expected
+        assert page.errors == []
+    finally:
+        browser_context.unroute("https://ui.perfetto.dev/**")
+
+
+def httpx_get(url: str) -> str:
+    import httpx
+
+    return httpx.get(url, timeout=30).text
+
+
 def test_unknown_page_and_unknown_job(server, page) -> None:
     page.goto(f"{server.url}/#/nowhere")
     page.get_by_text("No page at /nowhere").wait_for()
@@ -125,9 +172,45 @@ def test_narrow_window_has_no_horizontal_scroll(server, page, shoot) -> None:
         assert width <= 392, f"#{route} is {width}px wide in a 390px window"
 
 
-def test_sign_in_when_the_api_answers_401(server, page, shoot) -> None:
+STREAM = """async ([url, resume]) => {
+  const { openStream } = await import('/js/sse.js');
+  return await new Promise((resolve) => {
+    const batches = [];
+    openStream(url, {
+      lastEventId: resume,
+      onBatch: (messages) => batches.push(messages.map((m) => [m.type, m.id])),
+      isTerminal: (m) => m.type === 'end',
+      onState: (state) => { if (state === 'closed') resolve(batches); },
+    });
+  });
+}"""
+
+
+@pytest.mark.parametrize("with_token", [False, True], ids=["eventsource", "fetch-with-token"])
+def test_event_stream_batches_messages_and_resumes_after_an_id(server, page, request, with_token) -> None:
+    job = server.api("POST", "/jobs", {**SPEC, "name": f"stream-{with_token}"})
+    server.api("POST", f"/jobs/{job['id']}/cancel")
+    last = server.api("GET", f"/jobs/{job['id']}")["last_event_seq"]
+    page.goto(f"{server.url}/#/compare")
+    if with_token:  # EventSource cannot send Authorization: the fetch transport does
+        token = request.getfixturevalue("write_token")
+        page.evaluate("(t) => localStorage.setItem('pipeboard.token', t)", token)
+    url = f"/api/v1/jobs/{job['id']}/events"
+    batches = page.evaluate(STREAM, [url, None])
+    messages = [m for batch in batches for m in batch]
+    ids = [int(i) for _, i in messages if i]
+    assert [t for t, _ in messages if t != "open"][-1] == "end"
+    assert ids == sorted(ids) and ids[-1] == last
+    assert len(batches) < len(messages)  # delivered in batches, not one call per message
+    resumed = [m for batch in page.evaluate(STREAM, [url, "1"]) for m in batch if m[0] != "open"]
+    assert int(resumed[0][1]) == 2 and resumed[-1][0] == "end"  # nothing before id 2 again
+
+
+def test_sign_in_when_the_api_answers_401(server, write_token, page, shoot) -> None:
     # Last in this module: once a token exists, writes need one (reads stay open by default).
-    token = server.api("POST", "/tokens", {"name": "browser", "scope": "write"})["token"]
+    token = write_token
+    page.goto(f"{server.url}/#/jobs")
+    page.evaluate("() => localStorage.clear()")  # the pages of this module share one browser context
     page.goto(f"{server.url}/#/new")
     page.wait_for_selector('#f-model option[value="mlp-digits"]', state="attached")
     page.wait_for_url(re.compile(r"#/signin\?next=(/|%2F)new$"))  # the what-if POST answered 401
