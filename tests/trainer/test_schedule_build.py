@@ -162,6 +162,7 @@ def test_receives_are_posted_before_the_compute_they_overlap():
         (("1f1b", 4, 8), {"vertical_sync": True}, "vertical_sync"),
         (("dp", 4, 8), {"replicas": [2, 2]}, "one stage"),
         (("pipedream", 2, 12), {"replicas": [2, 1], "vertical_sync": True}, "same replica count"),
+        (("1f1b", 64, 10**6), {}, "more than this builder handles"),
     ],
 )
 def test_bad_arguments_name_the_problem(args, kw, message):

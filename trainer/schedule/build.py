@@ -13,6 +13,7 @@ from trainer.schedule.placement import StaticPolicy, place
 from trainer.schedule.zerobubble import zero_bubble_ops
 
 SCHEDULES = ("gpipe", "1f1b", "interleaved-1f1b", "zb-h1", "pipedream", "dp")
+MAX_UNITS = 1 << 20  # (virtual stage, microbatch) pairs: ~3 M actions, seconds to build, 1-2 GB
 SYNC = {"gpipe": True, "1f1b": True, "interleaved-1f1b": True, "zb-h1": True, "pipedream": False, "dp": True}
 
 
@@ -43,6 +44,11 @@ def build(
         raise ScheduleError(f"microbatches must be >= 1, got {microbatches}")
     if chunks < 1:
         raise ScheduleError(f"chunks must be >= 1, got {chunks}")
+    units = (1 if name == "dp" else num_stages) * chunks * microbatches
+    if units > MAX_UNITS:
+        raise ScheduleError(
+            f"microbatches x stages x chunks = {units} is more than this builder handles ({MAX_UNITS})"
+        )
     if chunks > 1 and name != "interleaved-1f1b":
         raise ScheduleError(f"chunks > 1 needs schedule 'interleaved-1f1b', not {name!r}")
     if vertical_sync and name != "pipedream":
