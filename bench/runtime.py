@@ -6,7 +6,10 @@
 (b) the same model, batch 512 in 8 microbatches of 64 (compute-heavy).
 
 In one invocation, alternating round by round, it measures samples/s of
-- ours: ``run_training`` with 1f1b, gpipe and pipedream (steady state, instrumentation on);
+- ours: ``run_training`` with 1f1b, gpipe and pipedream (steady state, instrumentation on). In
+  pipedream every microbatch is a PipeDream minibatch with its own weight update, so (a) also
+  runs ``pipedream:1``: whole 64-sample minibatches, one update per 64 samples like the
+  synchronous runs (PipeDream needs no microbatches: minibatches in flight fill the pipeline);
 - torch: ``torch.distributed.pipelining`` Schedule1F1B on the same stage modules;
 - ceiling: two independent processes each doing one stage's per-microbatch forward+backward (and
   its steps) with no communication, times (1 - the schedule's analytic bubble (p-1)/(m+p-1);
@@ -50,8 +53,11 @@ LR = 1e-4
 
 
 def run_cfg(schedule: str, batch_size: int, microbatches: int, steps: int, instrument: bool = True) -> RunConfig:
-    return RunConfig(model="mlp", model_args=MODEL_ARGS, schedule=schedule, batch_size=batch_size,
-                     microbatches=microbatches, num_stages=STAGES, steps=steps, eval_at_end=False,
+    """``schedule`` may carry its own microbatch count: ``pipedream:1`` is pipedream on whole
+    batches (one update per batch_size samples, as the synchronous runs make)."""
+    name, _, own = schedule.partition(":")
+    return RunConfig(model="mlp", model_args=MODEL_ARGS, schedule=name, batch_size=batch_size,
+                     microbatches=int(own) if own else microbatches, num_stages=STAGES, steps=steps, eval_at_end=False,
                      optimizer=OPTIMIZER, lr=LR, instrument=instrument)
 
 
@@ -154,7 +160,7 @@ def ceiling(steps: int, schedule: str, **c) -> float:
     (1 - analytic bubble)."""
     cfg = run_cfg(schedule, steps=steps, **c)
     M = cfg.microbatches
-    step_every = 1 if schedule == "pipedream" else M
+    step_every = 1 if cfg.schedule == "pipedream" else M
     ctx = mp.get_context("fork")
     q = ctx.Queue()
     ps = [ctx.Process(target=_stage_work, args=(r, cfg, steps, step_every, q)) for r in range(STAGES)]
@@ -163,7 +169,7 @@ def ceiling(steps: int, schedule: str, **c) -> float:
     rates = [q.get(timeout=600)[1] for _ in ps]
     for p in ps:
         p.join(60)
-    bubble = 0.0 if schedule == "pipedream" else (STAGES - 1) / (M + STAGES - 1)
+    bubble = 0.0 if cfg.schedule == "pipedream" else (STAGES - 1) / (M + STAGES - 1)
     return min(rates) * (1 - bubble)
 
 
@@ -232,11 +238,11 @@ def predicted_iteration_s(schedule: str, **c) -> tuple[float, float]:
             fwd = sum(by_name[n].forward_ms for n in stage if n in by_name) / 1e3
             bwd = sum(by_name[n].backward_ms for n in stage if n in by_name) / 1e3
             costs.append(StageCosts(fwd_s=fwd, bwd_s=bwd, step_s=_step_seconds(zoo, module) if with_step else 0.0))
-        if schedule == "pipedream":  # steady state: the time per M minibatches of a long run
+        if cfg.schedule == "pipedream":  # steady state: the time per M minibatches of a long run
             n = 20 * M
-            out.append(simulate(build(schedule, STAGES, n), costs).iteration_time_s / n * M)
+            out.append(simulate(build(cfg.schedule, STAGES, n), costs).iteration_time_s / n * M)
         else:
-            out.append(simulate(build(schedule, STAGES, M), costs).iteration_time_s)
+            out.append(simulate(build(cfg.schedule, STAGES, M), costs).iteration_time_s)
     return out[0], out[1]
 
 
@@ -265,7 +271,8 @@ def main() -> None:
     ap.add_argument("--config", choices=["a", "b", "both"], default="both")
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--steps", type=int, default=30)
-    ap.add_argument("--schedules", default="1f1b,pipedream,gpipe")
+    ap.add_argument("--schedules", default="1f1b,gpipe,pipedream,pipedream:1",
+                    help="comma-separated; name:M overrides the microbatch count (pipedream:1 = whole batches)")
     ap.add_argument("--tta", metavar="MODEL", help="instead: time to accuracy of a zoo model (e.g. mlp-digits)")
     args = ap.parse_args()
     if args.tta:
@@ -278,10 +285,11 @@ def main() -> None:
     for name in (["a", "b"] if args.config == "both" else [args.config]):
         c = CONFIGS[name]
         steps = args.steps if name == "a" else max(6, args.steps // 4)
+        scheds = [x for x in schedules if name == "a" or ":" not in x]
         res: dict[str, list[float]] = {}
         for r in range(args.rounds):
-            jobs = [(f"ours {s}", lambda s=s: ours(s, steps, **c)) for s in schedules]
-            jobs += [(f"ceiling {s}", lambda s=s: ceiling(steps, s, **c)) for s in schedules]
+            jobs = [(f"ours {s}", lambda s=s: ours(s, steps, **c)) for s in scheds]
+            jobs += [(f"ceiling {s}", lambda s=s: ceiling(steps, s, **c)) for s in scheds]
             jobs += [("torch Schedule1F1B", lambda: torch_1f1b(steps, **c)),
                      ("one process full batch", lambda: single(steps, **c))]
             if name == "a":
@@ -295,16 +303,17 @@ def main() -> None:
         for k, v in med.items():
             print(f"  {k:28s} {v:9.1f}   rounds: {', '.join(f'{x:.0f}' for x in res[k])}")
         t = med["torch Schedule1F1B"]
-        for s in schedules:
-            print(f"  ours {s:10s} / torch 1F1B   = {med[f'ours {s}'] / t:5.2f}x")
-            print(f"  ours {s:10s} / its ceiling  = {med[f'ours {s}'] / med[f'ceiling {s}']:5.1%}")
+        for s in scheds:
+            print(f"  ours {s:12s} / torch 1F1B   = {med[f'ours {s}'] / t:5.2f}x")
+            print(f"  ours {s:12s} / its ceiling  = {med[f'ours {s}'] / med[f'ceiling {s}']:5.1%}")
         print(f"  torch 1F1B / 1f1b ceiling    = {t / med['ceiling 1f1b']:5.1%}" if "ceiling 1f1b" in med else "")
-        if "ours pipedream" in med:
-            print(f"  ours pipedream / one process full batch = {med['ours pipedream'] / med['one process full batch']:5.2f}x")
+        for s in scheds:
+            if s.startswith("pipedream"):
+                print(f"  ours {s} / one process full batch = {med[f'ours {s}'] / med['one process full batch']:5.2f}x")
         if "ours 1f1b uninstrumented" in med:
             cost = 1 - med["ours 1f1b"] / med["ours 1f1b uninstrumented"]
             print(f"  instrumentation cost (1f1b): {cost:+.1%} of throughput")
-        for s in schedules:
+        for s in scheds:
             bare, stepped = predicted_iteration_s(s, **c)
             meas = c["batch_size"] / med[f"ours {s}"]
             print(f"  simulator {s:10s}: measured {meas * 1e3:7.1f} ms/step; predicted from the profile "
