@@ -13,9 +13,10 @@ from __future__ import annotations
 import json
 import logging
 import time
-from collections.abc import Iterator
+from collections.abc import AsyncIterator
 from typing import Any
 
+import anyio
 from sqlalchemy import select
 
 from app.core.db import get_sessionmaker
@@ -49,10 +50,15 @@ class _Cursor:
             self.ended = True
         return frame(ev["data"], event=ev["event"], id=ev["seq"])
 
-    def catch_up(self) -> Iterator[str]:
+    def _read(self) -> list[dict[str, Any]]:
+        with get_sessionmaker()() as s:
+            return events.since(s, self.job_id, self.last, limit=500)
+
+    async def catch_up(self) -> AsyncIterator[str]:
         while not self.ended:
-            with get_sessionmaker()() as s:
-                batch = events.since(s, self.job_id, self.last, limit=500)
+            # Database calls run in the thread pool only for the query itself: a waiting stream
+            # holds no thread, so many open dashboards cannot starve the API's sync routes.
+            batch = await anyio.to_thread.run_sync(self._read)
             if not batch:
                 return
             for ev in batch:
@@ -68,7 +74,8 @@ def job_exists(job_id: int) -> bool:
 
 def _final_without_more(cursor: _Cursor) -> str | None:
     """A job already final whose log the client has fully read (e.g. resumed after its end):
-    repeat the end so the client stops instead of waiting forever."""
+    repeat the end so the client stops instead of waiting forever. Also reaps stale jobs, so a
+    stream watching a job whose worker died ends too."""
     with get_sessionmaker()() as s:
         jobs.reap_stale(s)
         status = s.scalar(select(Job.status).where(Job.id == cursor.job_id))
@@ -76,29 +83,31 @@ def _final_without_more(cursor: _Cursor) -> str | None:
             return None
         if events.since(s, cursor.job_id, cursor.last, limit=1):
             return None
-    cursor.ended = True
     return frame({"status": status.value, "message": "job already finished"}, event=events.END_EVENT, id=cursor.last)
 
 
-def stream(job_id: int, last_event_id: int = 0) -> Iterator[str]:
+async def stream(job_id: int, last_event_id: int = 0) -> AsyncIterator[str]:
     cursor = _Cursor(job_id, last_event_id)
     yield frame({"job_id": job_id, "resume_from": last_event_id}, event="open", retry_ms=RETRY_MS)
     url = events.redis_url()
     if url:
         try:
-            yield from _follow_redis(cursor, url)
+            async for out in _follow_redis(cursor, url):
+                yield out
             return
         except Exception as exc:  # Redis gone: the database still has everything
             log.warning("job %s stream: Redis failed (%s); tailing the database", job_id, exc)
-    yield from _follow_database(cursor)
+    async for out in _follow_database(cursor):
+        yield out
 
 
-def _housekeeping(cursor: _Cursor, state: dict[str, float]) -> Iterator[str]:
+async def _housekeeping(cursor: _Cursor, state: dict[str, float]) -> AsyncIterator[str]:
     now = time.monotonic()
     if now - state["reap"] >= REAP_EVERY_S:
         state["reap"] = now
-        end = _final_without_more(cursor)
+        end = await anyio.to_thread.run_sync(_final_without_more, cursor)
         if end:
+            cursor.ended = True
             yield end
             return
     if now - cursor.sent_at >= KEEPALIVE_S:
@@ -106,47 +115,52 @@ def _housekeeping(cursor: _Cursor, state: dict[str, float]) -> Iterator[str]:
         yield comment("keep-alive")
 
 
-def _follow_database(cursor: _Cursor) -> Iterator[str]:
+async def _follow_database(cursor: _Cursor) -> AsyncIterator[str]:
     state = {"reap": 0.0}
     while not cursor.ended:
         sent = False
-        for out in cursor.catch_up():
+        async for out in cursor.catch_up():
             sent = True
             yield out
         if cursor.ended:
             return
         if not sent:
-            yield from _housekeeping(cursor, state)
+            async for out in _housekeeping(cursor, state):
+                yield out
             if not cursor.ended:
-                time.sleep(POLL_S)
+                await anyio.sleep(POLL_S)
 
 
-def _follow_redis(cursor: _Cursor, url: str) -> Iterator[str]:
-    import redis
+async def _follow_redis(cursor: _Cursor, url: str) -> AsyncIterator[str]:
+    import redis.asyncio as aioredis
 
-    client = redis.Redis.from_url(url, socket_connect_timeout=2)
+    client = aioredis.Redis.from_url(url, socket_connect_timeout=2)
     pubsub = client.pubsub(ignore_subscribe_messages=True)
-    pubsub.subscribe(events.channel(cursor.job_id))
+    await pubsub.subscribe(events.channel(cursor.job_id))
     state = {"reap": 0.0}
     try:
-        yield from cursor.catch_up()  # after subscribing: anything committed meanwhile is in one of the two
+        async for out in cursor.catch_up():  # after subscribing: a commit meanwhile is in one of the two
+            yield out
         while not cursor.ended:
-            message = pubsub.get_message(timeout=0.5)
+            message = await pubsub.get_message(ignore_subscribe_messages=True, timeout=0.5)
             if message is None:
                 # Quiet: cover a publish that failed (the database is authoritative).
-                yield from cursor.catch_up()
+                async for out in cursor.catch_up():
+                    yield out
                 if not cursor.ended:
-                    yield from _housekeeping(cursor, state)
+                    async for out in _housekeeping(cursor, state):
+                        yield out
                 continue
             ev = json.loads(message["data"])
             if ev["seq"] > cursor.last + 1:
-                yield from cursor.catch_up()  # a gap: read the missing rows first
+                async for out in cursor.catch_up():  # a gap: read the missing rows first
+                    yield out
             out = cursor.emit(ev)
             if out:
                 yield out
     finally:
         try:
-            pubsub.close()
-            client.close()
+            await pubsub.aclose()
+            await client.aclose()
         except Exception:
             pass

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import json
 import threading
 import time
@@ -21,6 +22,15 @@ from trainer.sink import MetricRecord
 
 def parse(chunks: list[str]) -> list[dict]:
     return list(parse_stream("".join(chunks).split("\n")))
+
+
+def collect(job_id: int, last: int) -> list[str]:
+    """Run the (async) stream to its end, as the server would."""
+
+    async def run() -> list[str]:
+        return [chunk async for chunk in stream.stream(job_id, last)]
+
+    return asyncio.run(run())
 
 
 def test_frame_round_trips_through_the_parser():
@@ -78,8 +88,7 @@ def test_stream_catches_up_follows_and_ends(live_db):
     chunks: list[str] = []
 
     def consume() -> None:
-        for chunk in stream.stream(job_id, 0):
-            chunks.append(chunk)
+        chunks.extend(collect(job_id, 0))
 
     reader = threading.Thread(target=consume)
     reader.start()
@@ -100,9 +109,9 @@ def test_stream_resumes_after_last_event_id_and_ends_for_finished_jobs(live_db):
     with get_sessionmaker()() as s:
         events.append(s, job_id, [("progress", {"n": i}) for i in range(5)])
         jobs.finish(s, job_id, JobStatus.FAILED, expected=(JobStatus.RUNNING,), error="boom")
-    resumed = parse(list(stream.stream(job_id, 3)))
+    resumed = parse(collect(job_id, 3))
     assert [m["id"] for m in resumed[1:]] == ["4", "5", "6", "7"]
     assert json.loads(resumed[-1]["data"])["error"] == "boom"
     # reconnecting after the end: one `end` again, then the stream closes
-    after_end = parse(list(stream.stream(job_id, 7)))
+    after_end = parse(collect(job_id, 7))
     assert [m["event"] for m in after_end] == ["open", "end"]
