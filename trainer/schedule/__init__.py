@@ -4,7 +4,7 @@
 the runtime executes those lists unchanged, ``validate`` checks them and ``simulate`` predicts
 their timeline. See docs/schedules.md.
 
-Note: the functions ``validate`` and ``simulate`` share their names with their modules; import
+Note: the functions ``build``, ``validate`` and ``simulate`` share their names with their modules; import
 other names from the modules with ``from trainer.schedule.simulate import SimResult``.
 """
 

@@ -11,8 +11,9 @@ with blocking sends one of them must receive second. So the lists are replayed i
 where two workers wait for each other (or a longer cycle forms), one RECV sinks below the next
 action that is not a receive, and the replay goes on. A gradient's receive sinks first, and a
 receive that then passes only a send loses no overlap. Every sink puts one more non-receive above
-a RECV and none goes below its consumer, so this ends; if nothing can sink, the placement's
-lists, which always run, are kept.
+a RECV and none goes below its consumer, so this ends. If nothing can sink, the workers it is
+stuck at keep the placement's receives and it starts over; in the end the placement's lists,
+which always run, are kept.
 """
 
 from __future__ import annotations
@@ -55,10 +56,10 @@ def _apply(actions: list[list[Action]], moves: dict[tuple[int, int], int]) -> li
     return orders
 
 
-def _settle(orders: list[list[int]], log: list[tuple], consumer: dict[tuple[int, int], int], grads: set) -> bool:
+def _settle(orders: list[list[int]], log: list[tuple], consumer: dict[tuple[int, int], int], grads: set) -> list[int]:
     """Replay with every send, receive and all-reduce blocking, repairing ``orders`` in place.
 
-    Returns False if it gets stuck where no receive can sink (see the module docstring).
+    Returns the workers it is stuck at where no receive can sink (see the module docstring), or [].
     """
     partner: dict[tuple[int, int], tuple] = {}
     i = 0
@@ -126,10 +127,8 @@ def _settle(orders: list[list[int]], log: list[tuple], consumer: dict[tuple[int,
             else:
                 blocked[w] = False
         stuck = [w for w in range(n) if at[w] >= 0]
-        if not stuck:
-            return True
-        if not sink_one(stuck):  # a longer cycle
-            return False
+        if not stuck or not sink_one(stuck):  # done, or a cycle no sinking resolves
+            return stuck
 
 
 def hoist_receives(actions: list[list[Action]], log: list[tuple]) -> list[list[Action]]:
@@ -139,8 +138,12 @@ def hoist_receives(actions: list[list[Action]], log: list[tuple]) -> list[list[A
         for i, a in enumerate(acts):
             if a.kind in RECEIVES:
                 consumer[(w, i)] = use[(RECEIVES[a.kind], a.stage, a.microbatch)]
-    orders = _apply(actions, _targets(actions))
     grads = {(w, i) for w, i in consumer if actions[w][i].kind is Kind.RECV_GRAD}
-    if not _settle(orders, log, consumer, grads):
-        return actions
-    return [[acts[i] for i in order] for acts, order in zip(actions, orders)]
+    moves = _targets(actions)
+    for _ in range(4):  # where no sinking helps, the stuck workers keep their receives in place
+        orders = _apply(actions, moves)
+        stuck = set(_settle(orders, log, consumer, grads))
+        if not stuck:
+            return [[acts[i] for i in order] for acts, order in zip(actions, orders)]
+        moves = {k: v for k, v in moves.items() if k[0] not in stuck}
+    return actions
