@@ -25,6 +25,9 @@ CASES = [
     ("zb-h1", 3, 8, {"replicas": [2, 1, 2]}),
     ("pipedream", 4, 12, {"replicas": [2, 1, 3, 1]}),
     ("pipedream", 3, 12, {"replicas": [2, 2, 2], "vertical_sync": True}),
+    # receives that no sinking can settle: those workers keep the placement's order
+    ("zb-h1", 3, 6, {"replicas": [1, 3, 1]}),
+    ("pipedream", 6, 12, {"replicas": [1, 1, 3, 2, 1, 1]}),
 ]
 
 

@@ -56,7 +56,9 @@ def _apply(actions: list[list[Action]], moves: dict[tuple[int, int], int]) -> li
     return orders
 
 
-def _settle(orders: list[list[int]], log: list[tuple], consumer: dict[tuple[int, int], int], grads: set) -> list[int]:
+def _settle(
+    orders: list[list[int]], log: list[tuple], consumer: dict[tuple[int, int], int], grads: set
+) -> list[int]:
     """Replay with every send, receive and all-reduce blocking, repairing ``orders`` in place.
 
     Returns the workers it is stuck at where no receive can sink (see the module docstring), or [].
