@@ -124,3 +124,12 @@ def test_optimizer_matches_declaration():
     entry = zoo.get("mlp-digits", hidden=8)
     opt = entry.make_optimizer(entry.model.parameters())
     assert isinstance(opt, torch.optim.Adam) and opt.param_groups[0]["lr"] == entry.lr
+
+
+def test_train_to_target_reaches_the_digits_target():
+    from trainer.zoo.fit import train_to_target
+
+    entry = zoo.get("mlp-digits")
+    result = train_to_target(entry, max_seconds=60)
+    assert result.reached and result.metric >= entry.target and result.steps > 0
+    assert result.epochs * entry.batches_per_epoch(entry.default_batch_size) == result.steps
