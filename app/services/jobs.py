@@ -23,7 +23,7 @@ from sqlalchemy import and_, delete, func, or_, select, update
 from sqlalchemy.orm import Session
 
 from app.core.config import get_settings
-from app.models import Job, JobEvent, JobStatus, MetricPoint
+from app.models import Job, JobEvent, JobStatus, MetricPoint, Model
 from app.models import TimelineEvent as TimelineEventRow
 from app.schemas import JobCreate, JobPublic
 from app.services import events
@@ -39,18 +39,39 @@ def utcnow() -> datetime:
     return datetime.now(timezone.utc)
 
 
-def validate_model_name(name: str) -> None:
-    """Jobs train zoo models (what `pipeboard train --model` runs); 422 naming `model` otherwise."""
+def validate_model(session: Session, name: str, model_args: dict[str, Any]) -> None:
+    """Jobs train zoo models (what `pipeboard train --model` runs) with arguments they take;
+    422 naming `model` or `model_args.<key>` otherwise, before anything is queued."""
     from trainer import zoo
 
     names = list(zoo.names())
     if name not in names:
+        if session.scalar(select(Model.id).where(Model.name == name)) is not None:
+            raise ServiceError(f"model: {name!r} is a registered import-path model; jobs train zoo models "
+                               "(profile and plan it with POST /profiles and POST /plans)", status=422, field="model")
         raise ServiceError(f"model: unknown model {name!r}; known: {', '.join(names)}", status=422, field="model")
+    validate_model_args(name, model_args)
+
+
+@lru_cache(maxsize=1)
+def zoo_args() -> dict[str, frozenset[str]]:
+    """Each zoo model's argument names (from trainer.zoo.describe(), which does not change)."""
+    from trainer import zoo
+
+    return {d["name"]: frozenset(d.get("args") or {}) for d in zoo.describe()}
+
+
+def validate_model_args(name: str, model_args: dict[str, Any]) -> None:
+    accepted = zoo_args().get(name, frozenset())
+    for key in model_args:
+        if key not in accepted:
+            takes = ", ".join(sorted(accepted)) or "no arguments"
+            raise ServiceError(f"model_args.{key}: {name} does not take {key!r} (it takes: {takes})", status=422, field=f"model_args.{key}")
 
 
 def submit(session: Session, spec: JobCreate, *, kind: str = "train", enqueue: bool = True) -> Job:
     if kind == "train":
-        validate_model_name(spec.model)
+        validate_model(session, spec.model, spec.model_args)
     begin_write(session)
     job = Job(
         name=spec.name or f"{spec.model} {spec.schedule}",

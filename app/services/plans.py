@@ -25,6 +25,10 @@ _profiling = threading.Lock()  # one inline profiling at a time: a second what-i
 
 def profile_for_model(session: Session, model: str, model_args: dict, batch_size: int) -> Profile:
     source, kind, default_args, model_id = profiles.resolve_model(session, model)
+    if kind == "zoo":
+        from app.services.jobs import validate_model_args
+
+        validate_model_args(model, model_args)
     args = {**default_args, **model_args}
     key = profiles.cache_key(model, args, batch_size)
     row = profiles.cached(session, key)

@@ -60,6 +60,10 @@ def test_cancel_queued_then_retry(client, session):
 def test_errors_name_the_field(client):
     unknown = client.post("/api/v1/jobs", json={**JOB, "model": "no-such-model"})
     assert unknown.status_code == 422 and "model" in unknown.json()["detail"]
+    bad_arg = client.post("/api/v1/jobs", json={**JOB, "model_args": {"wings": 2}})
+    assert bad_arg.status_code == 422 and bad_arg.json()["detail"].startswith("model_args.wings:")
+    hyper = client.post("/api/v1/jobs", json={**JOB, "hyperparameters": {"momentum": 0.9}})
+    assert hyper.status_code == 422 and "hyperparameters.momentum" in hyper.json()["detail"]
     bad_schedule = client.post("/api/v1/jobs", json={**JOB, "schedule": "zigzag"})
     assert bad_schedule.status_code == 422 and "schedule" in bad_schedule.json()["detail"]
     two_rules = client.post("/api/v1/jobs", json={**JOB, "stop": {"steps": 3, "epochs": 1}})

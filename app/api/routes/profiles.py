@@ -30,7 +30,9 @@ router = APIRouter(prefix="/profiles", tags=["profiles"], route_class=ServiceRou
     responses={422: {"model": ValidationFailed, "description": "Unknown model or invalid arguments."}},
 )
 def create_profile(body: ProfileCreate, session: SessionDep, _: WriteAccess) -> JobPublic:
-    profiles.resolve_model(session, body.model)  # 422 naming `model` before anything is queued
+    _, kind, _, _ = profiles.resolve_model(session, body.model)  # 422 naming `model` before anything is queued
+    if kind == "zoo":
+        jobs.validate_model_args(body.model, body.model_args)
     spec = JobCreate(name=f"profile {body.model}", model=body.model, batch_size=body.batch_size, workers=1, stop={"steps": 1})
     job = jobs.submit(session, spec, kind="profile", enqueue=False)
     job.spec = {**job.spec, "model_args": body.model_args, "device": body.device, "repeats": body.repeats}
