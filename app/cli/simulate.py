@@ -16,6 +16,9 @@ from typing import Any, Optional
 import typer
 
 
+SCHEDULE_NAMES = ("gpipe", "1f1b", "interleaved-1f1b", "zb-h1", "pipedream", "dp")  # help text; build checks
+
+
 class UsageError(ValueError):
     """A bad command line; the message names the option."""
 
@@ -145,23 +148,27 @@ def _print_human(schedule: Any, result: Any) -> None:
 def register(cli: typer.Typer) -> None:
     """Add `pipeboard simulate` to the app."""
 
+    opt = typer.Option
+
     @cli.command("simulate")
     def simulate_cmd(
-        plan: Optional[Path] = typer.Argument(None, help="A plan JSON from `pipeboard plan` (or use --stages)."),
-        stages: Optional[str] = typer.Option(None, "--stages", help="Number of pipeline stages P (uniform)."),
-        fwd: Optional[str] = typer.Option(None, "--fwd", help="Forward ms per microbatch per stage."),
-        bwd: Optional[str] = typer.Option(None, "--bwd", help="Backward ms per microbatch per stage."),
-        comm: Optional[str] = typer.Option(None, "--comm", help="Ms per activation or gradient transfer (default 0)."),
-        allreduce: Optional[str] = typer.Option(None, "--allreduce", help="Ms per all-reduce among replicas."),
-        replicas: Optional[str] = typer.Option(None, "--replicas", help="Replicas per stage, e.g. 1,2,1."),
-        schedule: Optional[str] = typer.Option(None, "--schedule", help="gpipe, 1f1b, interleaved-1f1b, zb-h1, pipedream, dp."),
-        microbatches: Optional[str] = typer.Option(None, "--microbatches", help="Per iteration (pipedream: minibatches)."),
-        chunks: Optional[str] = typer.Option(None, "--chunks", help="Model chunks per worker (interleaved-1f1b)."),
-        vertical_sync: bool = typer.Option(False, "--vertical-sync", help="pipedream: one weight version per minibatch."),
-        split_backward: Optional[bool] = typer.Option(None, "--split-backward/--no-split-backward", help="Split B into BI and W."),
-        trace: Optional[Path] = typer.Option(None, "--trace", help="Write the predicted timeline as Chrome trace JSON."),
-        gantt: Optional[Path] = typer.Option(None, "--gantt", help="Write the predicted Gantt chart as HTML."),
-        as_json: bool = typer.Option(False, "--json", help="Print the results as JSON."),
+        plan: Optional[Path] = typer.Argument(
+            None, metavar="PLAN.json", help="A plan JSON from `pipeboard plan` (or use --stages)."
+        ),
+        stages: Optional[str] = opt(None, "--stages", metavar="P", help="Pipeline stages (uniform)."),
+        fwd: Optional[str] = opt(None, "--fwd", metavar="MS", help="Forward ms per microbatch per stage."),
+        bwd: Optional[str] = opt(None, "--bwd", metavar="MS", help="Backward ms per microbatch per stage."),
+        comm: Optional[str] = opt(None, "--comm", metavar="MS", help="Ms per activation or gradient transfer (0)."),
+        allreduce: Optional[str] = opt(None, "--allreduce", metavar="MS", help="Ms per all-reduce among replicas."),
+        replicas: Optional[str] = opt(None, "--replicas", metavar="R,R,...", help="Replicas per stage, e.g. 1,2,1."),
+        schedule: Optional[str] = opt(None, "--schedule", metavar="NAME", help=", ".join(SCHEDULE_NAMES) + "."),
+        microbatches: Optional[str] = opt(None, "--microbatches", metavar="M", help="Per iteration (pipedream: all)."),
+        chunks: Optional[str] = opt(None, "--chunks", metavar="V", help="Model chunks per worker (interleaved)."),
+        vertical_sync: bool = opt(False, "--vertical-sync", help="pipedream: one weight version per minibatch."),
+        split_backward: Optional[bool] = opt(None, "--split-backward/--no-split-backward", help="B as BI and W."),
+        trace: Optional[Path] = opt(None, "--trace", help="Write the predicted timeline as Chrome trace JSON."),
+        gantt: Optional[Path] = opt(None, "--gantt", help="Write the predicted Gantt chart as HTML."),
+        as_json: bool = opt(False, "--json", help="Print the results as JSON."),
     ) -> None:
         """Predict iteration time, bubble, utilisation and memory of a pipeline schedule."""
         from trainer.schedule.actions import ScheduleError

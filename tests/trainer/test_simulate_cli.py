@@ -97,3 +97,10 @@ def test_a_plan_that_is_not_json(tmp_path):
     assert res.exit_code == 2 and "stages" in res.stderr
     res = run(str(path), "--stages", "2", "--schedule", "1f1b", "--microbatches", "4")
     assert res.exit_code == 2 and "not both" in res.stderr
+
+
+def test_help_lists_the_schedules_the_builder_knows():
+    from app.cli.simulate import SCHEDULE_NAMES
+    from trainer.schedule import SCHEDULES
+
+    assert SCHEDULE_NAMES == SCHEDULES
