@@ -49,7 +49,7 @@ class RunConfig:
     resume: bool = False
     # Machinery
     device: str = "cpu"
-    threads: int = 1  # torch intra-op threads per worker process
+    threads: int | None = None  # torch threads per worker; default: the usable cores / workers (>= 1)
     instrument: bool = True  # record every action's start and end
     hang_timeout_s: float = 30.0  # a worker making no progress this long (not waiting on a peer) is hung
     start_method: str | None = None  # default: fork on CPU (no re-import of torch), spawn on CUDA
@@ -108,7 +108,7 @@ class RunConfig:
             raise ConfigError(f"lr: must be > 0, got {self.lr}")
         if self.device not in ("cpu", "cuda"):
             raise ConfigError(f"device: must be cpu or cuda, got {self.device!r}")
-        if self.threads < 1:
+        if self.threads is not None and self.threads < 1:
             raise ConfigError(f"threads: must be >= 1, got {self.threads}")
         if self.hang_timeout_s <= 0:
             raise ConfigError(f"hang_timeout_s: must be > 0, got {self.hang_timeout_s}")

@@ -88,8 +88,8 @@ def _stages_of(cfg: RunConfig, rank: int) -> tuple[int, ...]:
 
 
 def train(cfg: RunConfig, env: WorkerEnv) -> None:
-    torch.set_num_threads(cfg.threads)
     rank, world = env.rank, env.world
+    torch.set_num_threads(cfg.threads or _threads_per_worker(world))
     device = torch.device(f"cuda:{rank % torch.cuda.device_count()}" if cfg.device == "cuda" else "cpu")
     if device.type == "cuda":
         torch.cuda.set_device(device)
@@ -220,6 +220,17 @@ def blocked(heartbeat: Heartbeat):
         yield
     finally:
         heartbeat.waiting(False)
+
+
+def _threads_per_worker(world: int) -> int:
+    """Share this machine's usable cores among the workers on it (2 cores, 2 stages: 1 each), so
+    stage processes do not oversubscribe the cores and slow each other down."""
+    local = int(os.environ.get("LOCAL_WORLD_SIZE", world))
+    try:
+        cores = len(os.sched_getaffinity(0))
+    except AttributeError:
+        cores = os.cpu_count() or 1
+    return max(1, cores // max(1, local))
 
 
 def _lcm(values) -> int:
