@@ -86,11 +86,17 @@ def _settle(
         at[w] = orders[w][pc[w]] if pc[w] < len(orders[w]) else -1
 
     def sink_target(w: int) -> int | None:
-        """Where the RECV w waits at may go: below the next non-receive, above its consumer."""
+        """Where the RECV w waits at may go: below the next non-receive, above its consumer.
+
+        It passes other receives as a block, but never one from the same peer: messages between
+        two workers stay in order (the blocking model matches them in order)."""
         if (w, at[w]) not in consumer:
             return None
         o, j = orders[w], pc[w] + 1
-        while j < len(o) and (w, o[j]) in consumer:  # pass other receives as a block
+        peer = partner[(w, at[w])][0][0]
+        while j < len(o) and (w, o[j]) in consumer:
+            if partner[(w, o[j])][0][0] == peer:
+                return None
             j += 1
         return j if j < len(o) and o[j] != consumer[(w, at[w])] else None
 
