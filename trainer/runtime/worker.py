@@ -123,6 +123,10 @@ def train(cfg: RunConfig, env: WorkerEnv) -> None:
             ddp = torch.nn.parallel.DistributedDataParallel(module, process_group=None)
         stages[s] = Stage(s, module, zoo.make_optimizer(module.parameters()), is_first=s == 0, is_last=s == S - 1,
                           loss_fn=zoo.loss_fn, stash=stash, loss_scale=scale, ddp=ddp)
+    # Every worker built the whole model (same seed, same weights); keep only its own stages, so
+    # a worker's memory is its stages' memory.
+    del modules, module
+    zoo.model = None
 
     # ---- where to start ------------------------------------------------------------------
     stream = TrainStream(zoo, cfg.batch_size, M, device)
