@@ -79,6 +79,7 @@ def simulate_command(
     chunks: str | None,
     vertical_sync: bool,
     split_backward: bool | None,
+    shared_links: bool = False,
 ) -> tuple[Any, Any]:
     """Build and simulate; returns (schedule, SimResult). Raises UsageError or ScheduleError."""
     from trainer.schedule import SCHEDULES, build
@@ -121,7 +122,7 @@ def simulate_command(
     built = build(
         schedule, p, m, replicas=reps, chunks=v, vertical_sync=vertical_sync, split_backward=split_backward
     )
-    return built, simulate(built, costs)
+    return built, simulate(built, costs, shared_links=shared_links)
 
 
 def _print_human(schedule: Any, result: Any) -> None:
@@ -166,6 +167,7 @@ def register(cli: typer.Typer) -> None:
         chunks: Optional[str] = opt(None, "--chunks", metavar="V", help="Model chunks per worker (interleaved)."),
         vertical_sync: bool = opt(False, "--vertical-sync", help="pipedream: one weight version per minibatch."),
         split_backward: Optional[bool] = opt(None, "--split-backward/--no-split-backward", help="B as BI and W."),
+        shared_links: bool = opt(False, "--shared-links", help="Both directions between two workers share a link."),
         trace: Optional[Path] = opt(None, "--trace", help="Write the predicted timeline as Chrome trace JSON."),
         gantt: Optional[Path] = opt(None, "--gantt", help="Write the predicted Gantt chart as HTML."),
         as_json: bool = opt(False, "--json", help="Print the results as JSON."),
@@ -176,7 +178,7 @@ def register(cli: typer.Typer) -> None:
         try:
             built, result = simulate_command(
                 plan, stages, fwd, bwd, comm, allreduce, replicas, schedule, microbatches, chunks,
-                vertical_sync, split_backward,
+                vertical_sync, split_backward, shared_links,
             )  # fmt: skip
             if trace is not None:
                 from trainer.schedule.trace import to_chrome_trace

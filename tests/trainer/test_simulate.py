@@ -181,3 +181,16 @@ def test_any_interleaved_pipeline_builds_validates_and_simulates(p, chunks, grou
     result = simulate(schedule, costs_uniform(p, 1.0, 2.0, comm_s=comm))
     if comm == 0:
         assert result.bubble_fraction == pytest.approx((p - 1) / (chunks * p * groups + p - 1))
+
+
+def test_shared_links_carry_one_transfer_at_a_time():
+    m, comm = 4, 1.0
+    schedule = build("gpipe", 2, m)
+    costs = costs_uniform(2, 0.1, 0.1, comm_s=comm)
+    free = simulate(schedule, costs)
+    shared = simulate(schedule, costs, shared_links=True)
+    spans = sorted((e.start, e.end) for e in shared.timeline if e.kind.startswith("send_"))
+    assert len(spans) == 2 * m
+    assert all(a_end <= b_start + 1e-12 for (_, a_end), (b_start, _) in zip(spans, spans[1:]))
+    assert shared.iteration_time_s >= 2 * m * comm  # every activation and gradient crosses the one link
+    assert free.iteration_time_s < 2 * m * comm  # side by side they overlap

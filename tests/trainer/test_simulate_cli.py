@@ -27,6 +27,13 @@ def test_json_gives_the_analytic_numbers():
     assert len(data["utilization"]) == 4
 
 
+def test_shared_links_slow_a_communication_bound_pipeline():
+    args = ["--stages", "2", "--fwd", "0.1", "--bwd", "0.1", "--comm", "1", "--schedule", "gpipe", "--microbatches", "4"]
+    free = json.loads(run(*args, "--json").stdout)
+    shared = json.loads(run(*args, "--shared-links", "--json").stdout)
+    assert shared["iteration_time_s"] > free["iteration_time_s"]
+
+
 def test_interleaved_comm_and_human_output():
     res = run("--stages", "2", "--fwd", "1", "--bwd", "2", "--schedule", "interleaved-1f1b", "--chunks", "2",
               "--microbatches", "4", "--comm", "0.5")  # fmt: skip

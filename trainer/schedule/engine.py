@@ -8,6 +8,7 @@ producing that input wakes it, so every action is handled once. Timing model: se
 from __future__ import annotations
 
 import gc
+from bisect import bisect_right
 from contextlib import contextmanager
 from dataclasses import dataclass
 
@@ -99,7 +100,33 @@ def compile_programs(schedule: Schedule, cols: list[tuple], dur: np.ndarray) -> 
     return progs
 
 
-def run(schedule: Schedule, progs: list[Program]) -> Trace:
+class SharedLinks:
+    """One link per pair of workers, carrying both directions one transfer at a time.
+
+    The planner counts a stage boundary's activations and their gradients against one link's
+    bandwidth; this is the same assumption. The loop meets transfers out of time order, so each
+    takes the earliest gap on its link that starts no sooner than it is ready (a transfer placed
+    earlier is never moved, so times already used stay valid).
+    """
+
+    def __init__(self) -> None:
+        self.busy: dict[tuple[int, int], list[tuple[float, float]]] = {}
+
+    def book(self, a: int, b: int, ready: float, d: float) -> float:
+        spans = self.busy.setdefault((a, b) if a < b else (b, a), [])
+        i = bisect_right(spans, (ready, float("inf")))
+        begin = ready
+        if i > 0 and spans[i - 1][1] > begin:
+            begin = spans[i - 1][1]
+        while i < len(spans) and spans[i][0] < begin + d:
+            begin = max(begin, spans[i][1])
+            i += 1
+        spans.insert(i, (begin, begin + d))
+        return begin
+
+
+def run(schedule: Schedule, progs: list[Program], links: SharedLinks | None = None) -> Trace:
+    """Walk the programs; ``links`` makes transfers between two workers share one link."""
     S, M = schedule.num_stages, schedule.microbatches
     nw = len(progs)
     nkeys = 2 * S * max(M, 1)
@@ -107,6 +134,7 @@ def run(schedule: Schedule, progs: list[Program]) -> Trace:
     recv_post: list[float | None] = [None] * nkeys
     arrival: list[float | None] = [None] * nkeys
     sender = [0] * nkeys
+    receiver = [0] * nkeys
     xfer = [0.0] * nkeys  # transfer time, known from the SEND
     parked = [-1] * nkeys  # worker waiting for the datum
     clock = [0.0] * nw
@@ -139,7 +167,7 @@ def run(schedule: Schedule, progs: list[Program]) -> Trace:
             elif c <= RG:  # a transfer starts once both ends are posted
                 key = keys[i]
                 if c & 1:  # RECV_ACT, RECV_GRAD
-                    recv_post[key] = t
+                    recv_post[key], receiver[key] = t, w
                     other = send_post[key]
                     if other is None:
                         i += 1
@@ -154,6 +182,8 @@ def run(schedule: Schedule, progs: list[Program]) -> Trace:
                         continue
                     src, code, s = w, c, p.stages[i]
                 begin = t if t > other else other
+                if links is not None and d > 0:
+                    begin = links.book(src, receiver[key], begin, d)
                 arrival[key] = begin + d
                 if d > 0:
                     transfers.append((src, code, s, p.mbs[i], begin, begin + d))

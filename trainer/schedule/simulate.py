@@ -5,7 +5,8 @@ The model is the runtime the action lists are written for:
 - a SEND is posted without blocking the worker; a RECV posts a receive without blocking; a
   transfer starts once both are posted and takes the stage's send time; the compute that needs
   the data waits for it to arrive (pre-posted receives overlap transfers with compute);
-- transfers do not contend (full-duplex links, one per pair of workers);
+- transfers do not contend, unless ``shared_links=True``: then the transfers between two workers,
+  both directions, take turns on one link (the planner's assumption);
 - an ALLREDUCE starts when its whole group has reached it and takes the stage's all-reduce time.
 
 The loop itself lives in engine.py.
@@ -18,7 +19,16 @@ from typing import Any
 
 from trainer.schedule.actions import Schedule, ScheduleError, TimelineEvent
 from trainer.schedule.costs import StageCosts
-from trainer.schedule.engine import Program, Trace, compile_programs, durations, gc_paused, run, worker_stats
+from trainer.schedule.engine import (
+    Program,
+    SharedLinks,
+    Trace,
+    compile_programs,
+    durations,
+    gc_paused,
+    run,
+    worker_stats,
+)
 from trainer.schedule.stash import CODES, columns, memory_profile
 
 NAME = {code: kind.value for kind, code in CODES.items()}
@@ -67,13 +77,19 @@ def stage_costs(schedule: Schedule, costs: list[StageCosts]) -> list[StageCosts]
     raise ScheduleError(f"costs list {len(costs)} stages; the schedule has {n} (or {p} with chunks)")
 
 
-def simulate(schedule: Schedule, costs: list[StageCosts], *, samples_per_microbatch: int | None = None) -> SimResult:
+def simulate(
+    schedule: Schedule,
+    costs: list[StageCosts],
+    *,
+    samples_per_microbatch: int | None = None,
+    shared_links: bool = False,
+) -> SimResult:
     """Predict the timeline of ``schedule`` under per-stage ``costs``."""
     per_stage = stage_costs(schedule, costs)
     with gc_paused():
         cols = [columns(acts) for acts in schedule.actions]
         progs = compile_programs(schedule, cols, durations(per_stage))
-        trace = run(schedule, progs)
+        trace = run(schedule, progs, SharedLinks() if shared_links else None)
         stats = worker_stats(progs, trace)
         activations, versions = memory_profile(schedule, cols)
     n = len(schedule.workers)
