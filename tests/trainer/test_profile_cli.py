@@ -81,3 +81,29 @@ def test_profile_help_shows_the_model_form(run):
     result = run("profile", "--help")
     assert result.exit_code == 0
     assert "pipeboard profile MODEL" in result.output and "import" in result.output and "export" in result.output
+
+
+def test_profile_a_user_factory_and_an_untraceable_one(run, tmp_path, monkeypatch):
+    (tmp_path / "cli_user_models_a.py").write_text(
+        "import torch\n"
+        "from torch import nn\n\n"
+        "def small(width=3):\n"
+        "    return nn.Sequential(nn.Linear(width, 2), nn.Tanh()), torch.randn(5, width)\n\n"
+        "class Branchy(nn.Module):\n"
+        "    def forward(self, x):\n"
+        "        if x.mean() > 0:\n"
+        "            return x\n"
+        "        return -x\n\n"
+        "def branchy():\n"
+        "    return Branchy(), torch.randn(2)\n"
+    )
+    monkeypatch.syspath_prepend(str(tmp_path))
+    out = tmp_path / "u.json"
+    result = run("profile", "cli_user_models_a:small", "-a", "width=4", "--repeats", "1", "--warmup", "0", "-o", str(out))
+    assert result.exit_code == 0, result.output
+    prof = Profile.load(out)
+    assert prof.model == "cli_user_models_a:small" and prof.batch_size == 5 and len(prof.layers) == 3
+    result = run("profile", "cli_user_models_a:branchy", "-o", str(tmp_path / "b.json"))
+    lines = [line for line in result.output.splitlines() if line.strip()]
+    assert result.exit_code != 0 and len(lines) == 1
+    assert "if x.mean() > 0" in lines[0] and "cli_user_models_a.py" in lines[0]
