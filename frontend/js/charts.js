@@ -27,8 +27,9 @@ export function lineChart(div, traces, { title, xTitle = 'wall time (s)', yTitle
   const layout = baseLayout({
     title: { text: title, x: 0, font: { size: 14 } },
     height: 260,
-    xaxis: { title: { text: xTitle }, zeroline: false },
-    yaxis: { title: { text: yTitle }, range: yRange, zeroline: false },
+    // Without points, axes would show a made-up range: show only the message.
+    xaxis: { title: { text: xTitle }, zeroline: false, visible: has },
+    yaxis: { title: { text: yTitle }, range: yRange, zeroline: false, visible: has },
     showlegend: traces.length > 1,
     annotations: has ? [] : [{ text: empty, showarrow: false, xref: 'paper', yref: 'paper', x: 0.5, y: 0.5, font: { color: '#52606d' } }],
   });

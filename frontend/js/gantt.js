@@ -159,7 +159,7 @@ export function ganttLayout(rows, { title = '', range = null, uirevision = 'gant
     annotations: note ? [rows.length
       ? { text: note, xref: 'paper', yref: 'paper', x: 0, y: 1, xanchor: 'left', yanchor: 'bottom', yshift: 24, showarrow: false, font: { size: 11, color: '#52606d' } }
       : { text: note, xref: 'paper', yref: 'paper', x: 0.5, y: 0.5, showarrow: false, font: { size: 13, color: '#52606d' } }] : [],
-    xaxis: { ticksuffix: 's', range: range || undefined, autorange: !range, zeroline: false },
+    xaxis: { ticksuffix: 's', range: range || undefined, autorange: !range, zeroline: false, visible: rows.length > 0 },
     yaxis: { tickvals: rows.map((r) => r.index), ticktext: rows.map((r) => r.label), autorange: 'reversed', fixedrange: true },
   });
 }
