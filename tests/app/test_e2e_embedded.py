@@ -80,6 +80,15 @@ def test_cli_submit_wait_succeeds_and_run_data_is_there(deployment, tmp_path):
     what_if = deployment.api("POST", "/plans", json={"model": "mlp-digits", "batch_size": 16, "microbatches": 2, "levels": [{"workers": 2, "bandwidth": 1e9}], "method": "time"})
     assert what_if["profile_id"] == job["profile_id"] and what_if["predicted"]["timeline"]
 
+    # A profiling task for the same model and size: a job of kind `profile` that reuses it.
+    task = deployment.api("POST", "/profiles", json={"model": "mlp-digits", "batch_size": 8})
+    assert task["status"] == "queued"
+    ends = [m for m in deployment.events(task["id"], timeout=60) if m["event"] == "end"]
+    assert ends[0]["data"]["status"] == "succeeded"
+    assert deployment.api("GET", f"/jobs/{task['id']}")["summary"] == {"profile_id": job["profile_id"]}
+    rows = deployment.api("GET", f"/profiles/{job['profile_id']}")["layers"]
+    assert rows and all(r["forward_ms"] >= 0 for r in rows)
+
     # Resume mid-stream with Last-Event-ID: exactly the rest, no repeats.
     resumed = [int(m["id"]) for m in deployment.events(job_id, last_id=ids[2]) if m["event"] != "open"]
     assert resumed == ids[3:]
