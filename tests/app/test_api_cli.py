@@ -64,3 +64,42 @@ def test_token_create_prints_the_secret_once(tmp_path: Path):
         assert row.name == "ci" and row.scope.value == "write" and row.token_hash == hash_token(secret)
     assert run("token", "create", "--name", "x", "--scope", "admin", env={"PIPEBOARD_DATABASE_URL": url}).returncode == 2
     engine.dispose()
+
+
+def test_jobs_commands_against_a_server(tmp_path: Path):
+    """list/show/cancel/retry over HTTP with a token from the environment (no worker: jobs stay queued)."""
+    import json
+
+    from sqlalchemy.orm import Session
+
+    from app.core.db import make_engine
+    from app.core.security import create_token
+    from tests.app.test_e2e_support import Deployment, embedded_env
+    from tests.conftest import settings_from_env
+
+    dep = Deployment(embedded_env(tmp_path), tmp_path)
+    try:
+        engine = make_engine(settings_from_env(dep.env).database_url)
+        with Session(engine) as s:
+            _, write = create_token(s, "ci", "write")
+            _, read = create_token(s, "viewer", "read")
+            s.commit()
+        engine.dispose()
+        dep.start_server()
+        env = {**dep.env, "PIPEBOARD_URL": dep.url, "PIPEBOARD_TOKEN": write}
+        spec = tmp_path / "job.yaml"
+        spec.write_text("model: mlp-digits\nstop: {steps: 2}\npriority: 3\n")
+        submitted = run("submit", str(spec), env=env)
+        assert submitted.returncode == 0 and "queued (position 1)" in submitted.stdout, submitted.stderr
+        job_id = submitted.stdout.split()[1]
+        listed = json.loads(run("jobs", "list", "--json", env=env).stdout)
+        assert listed["count"] == 1 and listed["data"][0]["priority"] == 3
+        assert json.loads(run("jobs", "show", job_id, env=env).stdout)["status"] == "queued"
+        denied = run("jobs", "cancel", job_id, "--token", read, env=env)
+        assert denied.returncode == 1 and "403" in denied.stderr and "write token" in denied.stderr
+        assert f"job {job_id} cancelled" in run("jobs", "cancel", job_id, env=env).stdout
+        again = run("jobs", "cancel", job_id, env=env)
+        assert again.returncode == 2 and "already cancelled" in again.stderr
+        assert "queued (attempt 1)" in run("jobs", "retry", job_id, env=env).stdout
+    finally:
+        dep.close()
