@@ -9,7 +9,6 @@ levels, with every option, must give the same numbers as ``trainer.plan``.
 
 from __future__ import annotations
 
-import itertools
 import math
 import random
 
@@ -39,8 +38,24 @@ def random_profile(rng: random.Random, n_layers: int, edge_p: float) -> Profile:
     return Profile(layers=layers, edges=edges, model="random")
 
 
+def chain_profile(rng: random.Random, n_layers: int) -> Profile:
+    profile = random_profile(rng, n_layers, 0.0)
+    profile.edges = [(f"l{i}", f"l{i + 1}") for i in range(n_layers - 1)]
+    return profile
+
+
 def _block(cum, i, j):
     return cum[j] if i == 0 else cum[j] - cum[i - 1]
+
+
+def compositions(total: int, parts: int):
+    """Every way to write ``total`` as an ordered sum of ``parts`` positive integers."""
+    if parts == 1:
+        yield (total,)
+        return
+    for first in range(1, total - parts + 2):
+        for rest in compositions(total - first, parts - 1):
+            yield (first,) + rest
 
 
 def brute_level(t, values, M, B, below, rows, straight, fewer, memory, acr):
@@ -96,9 +111,7 @@ def brute_level(t, values, M, B, below, rows, straight, fewer, memory, acr):
             for path in chains(i, j):
                 s = len(path)
                 for total in totals:
-                    for reps in itertools.product(range(1, total + 1), repeat=s):
-                        if sum(reps) != total:
-                            continue
+                    for reps in compositions(total, s):
                         value = first_stage(i, path[0], reps[0])
                         used = reps[0]
                         for a, b, c in zip(path, path[1:], reps[1:]):
@@ -197,20 +210,34 @@ def test_random_plans_match_brute_force_and_cover_the_graph(seed):
     assert all(0 <= r < result.total_workers for r in ranks)
 
 
-@pytest.mark.parametrize("levels", [[(3, 10e9), (3, 1e9)], [(2, 25e9), (4, 2e9)], [(2, 10e9), (2, 4e9), (2, 1e9)]])
-def test_pruning_keeps_the_optimum_on_longer_chains(levels, monkeypatch):
+@pytest.mark.parametrize("levels,opts", [
+    ([(3, 10e9), (3, 1e9)], {}),
+    ([(2, 25e9), (4, 2e9)], {}),
+    ([(2, 10e9), (2, 4e9), (2, 1e9)], {}),
+    ([(6, 1e9)], {}),
+    ([(16, 1e9)], {"fewer_workers": True}),
+    ([(5, 2e9)], {"memory_bytes": 2e8}),
+    ([(4, 1e9)], {"straight": True}),
+])
+def test_pruning_keeps_the_optimum_on_longer_chains(levels, opts, monkeypatch):
     monkeypatch.setattr("trainer.plan.pipedream.DIRECT_BELOW", 0)
-    # Chains get the strongest pruning (compute-per-worker bounds); compare with no pruning
-    # on chains too long for the brute force, and with the brute force on a shorter one.
+    # Chains get the strongest pruning (compute-per-worker bounds, bands at the top level);
+    # compare with no pruning on chains too long for the brute force, and with the brute
+    # force on a shorter one.
     rng = random.Random(len(levels) * 7 + levels[0][0])
-    profile = random_profile(rng, 40, 0.0)
+    profile = chain_profile(rng, 40)
     t = tables_of(state_chain(profile))
+    assert t.size == 39
     options = dict(memory_bytes=None, straight=False, fewer_workers=False, activation_compression=1.0)
+    options.update(opts)
     full = solve_levels(t, levels, prune=False, shortcuts=False, **options)[-1].best(0, t.size - 1)
     pruned = solve_levels(t, levels, **options)[-1].best(0, t.size - 1)
     assert pruned == full
-    assert any(np.isfinite(b).any() for b in map(np.asarray, _bounds(t, levels, **options)[:-1]))
-    short = tables_of(state_chain(random_profile(rng, 8, 0.0)))
-    assert solve_levels(short, levels, **options)[-1].best(0, short.size - 1) == pytest.approx(
-        brute_plan(short, levels), rel=1e-12)
+    assert math.isfinite(full)
+    if len(levels) > 1:
+        assert any(np.isfinite(b).any() for b in map(np.asarray, _bounds(t, levels, **options)[:-1]))
+    short = tables_of(state_chain(chain_profile(rng, 8 if max(w for w, _ in levels) <= 6 else 6)))
+    expected = brute_plan(short, levels, straight=options["straight"], fewer=options["fewer_workers"],
+                          memory=options["memory_bytes"])
+    assert solve_levels(short, levels, **options)[-1].best(0, short.size - 1) == pytest.approx(expected, rel=1e-12)
 

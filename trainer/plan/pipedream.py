@@ -16,7 +16,7 @@ from trainer.plan.states import StateChain, state_chain
 from trainer.plan.cluster import Leaf, build_stages, data_parallel_time, total_workers
 from trainer.plan.dp import LevelOptions, Tables, level1_values
 from trainer.plan.solution import LevelSolution, solve
-from trainer.plan import suffix
+from trainer.plan import band, suffix
 from trainer.plan.errors import PlanError
 from trainer.plan.model import Level, LevelStage, Plan
 from trainer.profile.schema import Profile
@@ -102,6 +102,16 @@ def _bounds(tables: Tables, levels, **options) -> list[np.ndarray | float]:
     return bounds
 
 
+def _solve_top_of_chain(tables: Tables, values, opt: LevelOptions, upper: float, per_machine: int) -> LevelSolution:
+    """The top level of a chain, solved only within the bands an optimal plan can reach."""
+    if not math.isfinite(upper):
+        upper = band.grid_upper_bound(tables, values, opt)
+    if not math.isfinite(upper):
+        return solve(tables, values, opt)
+    F = band.solve_top_of_chain(tables, values, opt, upper, per_machine)
+    return LevelSolution(tables, values, opt, np.zeros(1, dtype=np.intp), F)
+
+
 def solve_levels(tables: Tables, levels, *, memory_bytes, straight, fewer_workers,
                  activation_compression, prune: bool = True, shortcuts: bool = True) -> list[LevelSolution]:
     """Solve every level, innermost first; entries that cannot matter are pruned when ``prune``."""
@@ -114,6 +124,7 @@ def solve_levels(tables: Tables, levels, *, memory_bytes, straight, fewer_worker
     n = tables.size
     small = n * n * n * max(w for w, _ in levels) ** 2 < DIRECT_BELOW
     wanted = prune and not small and not (shortcut_below_top and L == 2)
+    chain = band.is_chain(tables)
     bounds = _bounds(tables, levels, **options) if wanted else [math.inf] * L
     values = level1_values(tables)
     solutions = []
@@ -121,6 +132,8 @@ def solve_levels(tables: Tables, levels, *, memory_bytes, straight, fewer_worker
         opt = _level_options(levels, idx, False, **options)
         if shortcut_below_top and idx == L - 2:
             sol = suffix.solve_two_machine_below(tables, values, opt)
+        elif idx == L - 1 and chain and prune and not small:
+            sol = _solve_top_of_chain(tables, values, opt, bounds[-1], math.prod(w for w, _ in levels[:-1]))
         else:
             sol = solve(tables, values, opt, bound=bounds[idx])
         solutions.append(sol)

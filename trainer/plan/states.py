@@ -141,8 +141,14 @@ def state_chain(profile: Profile, max_states: int = 2000, linearise: bool | None
     if linearise:
         return linearised_states(graph)
     try:
-        return antichain_states(graph, max_states)
+        chain = antichain_states(graph, max_states)
     except StateLimitExceeded:
         if linearise is False:
             raise
         return linearised_states(graph)
+    if chain.downsets[-1] != graph.alive and linearise is None:
+        # The reference walks from the first source only; with several sources (after its
+        # Input removal) it would leave layers out of every stage's cost. Never on the shared
+        # profiles; elsewhere, plan every layer on a linear order instead.
+        return linearised_states(graph)
+    return chain
