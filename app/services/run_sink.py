@@ -16,6 +16,7 @@ import logging
 import os
 import signal
 import time
+from enum import Enum
 from typing import Any, Sequence
 
 from sqlalchemy import func, insert, select, update
@@ -37,7 +38,12 @@ WATCH_INTERVAL_S = 1.0
 
 def compact(ev: TimelineEvent) -> list[Any]:
     """[worker, stage, replica, microbatch, kind, start, end, step]: the SSE wire form."""
-    return [ev.worker, ev.stage, ev.replica, ev.microbatch, ev.kind, round(ev.start, 6), round(ev.end, 6), ev.step]
+    return [ev.worker, ev.stage, ev.replica, ev.microbatch, _kind(ev.kind), round(ev.start, 6), round(ev.end, 6), ev.step]
+
+
+def _kind(kind: Any) -> str:
+    # A Kind member or its value; str() of a (str, Enum) member is "Kind.FORWARD" on 3.11.
+    return kind.value if isinstance(kind, Enum) else str(kind)
 
 
 class DbSink:
@@ -68,7 +74,7 @@ class DbSink:
         first = self._timeline_seq + 1
         rows = [
             {"job_id": self.job_id, "source": EventSource.MEASURED, "seq": first + i, "worker": e.worker, "stage": e.stage,
-             "replica": e.replica, "microbatch": e.microbatch, "kind": str(e.kind), "start": float(e.start), "end": float(e.end), "step": e.step}
+             "replica": e.replica, "microbatch": e.microbatch, "kind": _kind(e.kind), "start": float(e.start), "end": float(e.end), "step": e.step}
             for i, e in enumerate(events)
         ]
         self.session.execute(insert(TimelineEventRow), rows)

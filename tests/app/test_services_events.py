@@ -16,7 +16,7 @@ from app.services import events, jobs, stream
 from app.services.run_sink import DbSink
 from app.services.sse import frame, parse_stream
 from tests.app.test_services_support import live_db, new_job  # noqa: F401  (fixture)
-from trainer.schedule.actions import TimelineEvent
+from trainer.schedule.actions import Kind, TimelineEvent
 from trainer.sink import MetricRecord
 
 
@@ -63,7 +63,7 @@ def test_dbsink_writes_rows_and_announces_them(live_db):
     sink = DbSink(job_id, own_group=False)
     sink.on_status("running", "step 1", step=1)
     sink.on_events([TimelineEvent(0, 0, 0, m, "F", m * 0.1, m * 0.1 + 0.05, step=0) for m in range(4)])
-    sink.on_events([TimelineEvent(1, 1, 0, 0, "B", 0.5, 0.6, step=1)])
+    sink.on_events([TimelineEvent(1, 1, 0, 0, Kind.BACKWARD, 0.5, 0.6, step=1)])
     sink.on_metrics([MetricRecord(step=1, wall_s=0.7, epoch=0.1, values={"loss": 2.0, "samples_per_s": 100.0})])
     sink.on_summary({"samples_per_s": 123.0, "final_metric": float("nan")})
     sink.close()
