@@ -37,6 +37,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+import kombu.pools
 import pytest
 
 for _name in [n for n in os.environ if n.startswith("PIPEBOARD_") and not n.startswith("PIPEBOARD_TEST_")]:
@@ -234,6 +235,10 @@ class RunningWorker:
             except ProcessLookupError:
                 pass
         self.client.close()
+        # kombu keeps global Redis connection pools with after-fork hooks; a later fork in this
+        # process (the trainer runtime forks its workers) runs those hooks in the child, which
+        # then hangs on sockets shared with the parent. Drop the pools, and the hooks with them.
+        kombu.pools.reset()
         return self.process.returncode
 
 
