@@ -7,9 +7,9 @@ queued job it rightly never ends (it is covered by the end-to-end tests).
 
 from __future__ import annotations
 
+import os
 import threading
 import time
-from pathlib import Path
 
 import pytest
 import schemathesis
@@ -29,13 +29,12 @@ _lock = threading.Lock()
 
 def build_app():
     """The real app on a private SQLite file (made at import: the schema needs the app)."""
-    import tempfile
-
     from sqlalchemy.orm import sessionmaker
 
     from app.main import create_app
+    from tests.conftest import SESSION_DIR  # removed with the test session
 
-    db = Path(tempfile.mkdtemp(prefix="pipeboard-schemathesis-")) / "api.sqlite"
+    db = SESSION_DIR / f"schemathesis-{os.getpid()}.sqlite"
     engine = make_engine(f"sqlite:///{db}")
     Base.metadata.create_all(engine)
     factory = sessionmaker(bind=engine, expire_on_commit=False)
