@@ -21,9 +21,10 @@ try:  # the installed distribution's version, as pyproject.toml declares it
 except metadata.PackageNotFoundError:  # running from a tree that was never installed
     VERSION = "0+unknown"
 
-# Broker schemes the worker and the health check know how to talk to.
-BROKER_SCHEMES = ("sqlalchemy+sqlite", "sqla+sqlite", "redis", "rediss", "amqp", "pyamqp", "memory")
-RESULT_SCHEMES = ("db+sqlite", "db+postgresql", "db+postgresql+psycopg", "redis", "rediss", "rpc", "cache+memory")
+# Broker schemes the worker and the health check know how to talk to. In-process ones
+# (memory://) are left out on purpose: the worker is always another process.
+BROKER_SCHEMES = ("sqlalchemy+sqlite", "sqla+sqlite", "redis", "rediss", "amqp", "pyamqp")
+RESULT_SCHEMES = ("db+sqlite", "db+postgresql", "db+postgresql+psycopg", "redis", "rediss", "rpc")
 DATABASE_SCHEMES = ("sqlite", "postgresql", "postgresql+psycopg")
 
 

@@ -57,6 +57,7 @@ def test_get_settings_is_cached_until_cleared(monkeypatch: pytest.MonkeyPatch, t
     ("field", "value", "named"),
     [
         ("broker_url", "kafka://broker:9092", "PIPEBOARD_BROKER_URL"),
+        ("broker_url", "memory://", "PIPEBOARD_BROKER_URL"),  # in-process: no worker could see it
         ("database_url", "mysql://db/x", "PIPEBOARD_DATABASE_URL"),
         ("result_backend", "mongodb://r", "PIPEBOARD_RESULT_BACKEND"),
     ],
