@@ -1,6 +1,7 @@
 # pipeboard: `make up` serves it, `make test` tests it. Both create .venv on first use.
 
-PYTHON ?= python3.11
+# Python 3.11 (torch 2.13.0's CPU wheel on these machines is built for it); else python3.
+PYTHON ?= $(shell command -v python3.11 || command -v python3)
 VENV := .venv
 BIN := $(VENV)/bin
 INSTALLED := $(VENV)/.installed
