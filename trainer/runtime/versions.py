@@ -2,9 +2,10 @@
 
 PipeDream's own runtime broke on PyTorch >= 1.5 because it copied stashed weights back into the
 parameters in place, under tensors that autograd had saved for a pending backward. Here every
-version is its own set of tensors: a forward runs (through ``torch.func.functional_call``) against
-the leaf tensors of the version it was given, its autograd graph keeps exactly those, and the
-matching backward therefore uses the weights its forward used.
+version is its own set of tensors: a forward runs against the leaf tensors of the version it was
+given (swapped into the module's parameter slots for that call, see ``Stage._call_with``), its
+autograd graph keeps exactly those, and the matching backward therefore uses the weights its
+forward used.
 
 The optimizer (any ``torch.optim`` optimizer, so its state dict checkpoints as usual) owns the
 module's ``nn.Parameter`` objects. A step normally updates them in place. When the version they
@@ -49,17 +50,23 @@ class WeightVersions:
         if self.stash:
             self.views = {version: self._view()}
 
-    def weights(self, version: int) -> dict[str, torch.Tensor] | None:
-        """The tensors a forward of ``version`` runs against (None: the module's own)."""
+    def tensors(self, version: int) -> list[torch.Tensor] | None:
+        """The tensors (in ``self.names`` order) a forward of ``version`` runs against; None:
+        the module's own parameters (no stashing)."""
         if not self.stash:
             return None
         try:
-            return dict(zip(self.names, self.views[version]))
+            return self.views[version]
         except KeyError:
             raise RuntimeError(
                 f"weight version {version} is not available (have {sorted(self.views)}): "
                 "the schedule asks for a version this stage has released or not produced yet"
             ) from None
+
+    def weights(self, version: int) -> dict[str, torch.Tensor] | None:
+        """``tensors(version)`` by parameter name (for ``torch.func.functional_call``)."""
+        tensors = self.tensors(version)
+        return None if tensors is None else dict(zip(self.names, tensors))
 
     def release(self, version: int) -> None:
         """No later action uses ``version``: recycle its storage unless the parameters hold it."""
