@@ -73,3 +73,29 @@ def test_uniform_split_balances_and_keeps_every_stage_non_empty():
     assert uniform_split(names[:3], [1, 1000, 1], 3) == [["l0"], ["l1"], ["l2"]]
     with pytest.raises(ValueError, match="stages"):
         uniform_split(names[:2], [1, 1], 3)
+
+
+def test_forward_of_an_old_version_uses_its_weights_in_every_slot_including_tied_ones():
+    from trainer.runtime.stage import Stage
+
+    class Tied(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.a, self.b = torch.nn.Linear(4, 4), torch.nn.Linear(4, 4)
+            self.b.weight = self.a.weight
+
+        def forward(self, x):
+            return (self.b(torch.tanh(self.a(x))),)
+
+    torch.manual_seed(0)
+    m = Tied()
+    before = copy.deepcopy(m)
+    stage = Stage(0, m, torch.optim.SGD(m.parameters(), lr=0.5), is_first=True, is_last=False, loss_fn=None,
+                  stash=True, loss_scale=1.0)
+    x = torch.randn(3, 4)
+    stage.forward(0, 0, [x], None)
+    stage.backward(0, [torch.ones(3, 4)])
+    stage.step(1, keep_current=True)  # version 0 kept as its own tensors
+    assert torch.equal(stage._call(0, [x])[0], before(x)[0])
+    assert not torch.equal(stage._call(1, [x])[0], before(x)[0])
+    assert torch.equal(stage._call(1, [x])[0], m(x)[0])  # version 1 is what the module holds now
