@@ -172,7 +172,7 @@ export function ganttTraces(events, { range = null, rows = workerRows(events), w
   const inView = events.filter((e) => e.end >= lo && e.start <= hi);
   if (inView.length <= lodThreshold) return { traces: exactTraces(inView, rows), rows, aggregated: false, shown: inView.length };
   const laneOf = [...KINDS, OTHER_KIND].map((k) => (k.lane === 'comm' ? 1 : 0));
-  const bars = aggregateByPixel(inView, rows, view, Math.max(100, Math.round(widthPx / 2)), KIND_INDEX, laneOf);
+  const bars = aggregateByPixel(inView, rows, view, Math.max(100, Math.round(widthPx / 3)), KIND_INDEX, laneOf);
   return { traces: aggregatedTraces(bars), rows, aggregated: true, shown: inView.length };
 }
 
@@ -229,7 +229,7 @@ export class GanttChart {
     const range = this.viewRange();
     const widthPx = this.div.clientWidth || 1100;
     const { traces, rows, aggregated, shown } = ganttTraces(this.events, { range, widthPx, lodThreshold: this.lodThreshold });
-    const note = aggregated ? `${shown.toLocaleString('en-US')} actions in view, aggregated per pixel: zoom in for single actions` : '';
+    const note = aggregated ? `${shown.toLocaleString('en-US')} actions in view, aggregated per 3-pixel column: zoom in for single actions` : '';
     const layout = ganttLayout(rows, { title: this.title, range, uirevision: this.revision, note });
     this.drawing = window.Plotly.react(this.div, traces, layout, PLOT_CONFIG).then(() => {
       this.listen();

@@ -86,7 +86,7 @@ def test_big_timeline_is_aggregated_then_exact_when_zoomed(module_page, shoot) -
     after = module_page.evaluate(ZOOM)
     assert before["rows"] == 8  # every worker still shows
     assert before["bars"] < 8 * 2 * 700  # at most rows x lanes x pixel columns, not 100,000
-    assert "aggregated per pixel" in before["notes"][0]
+    assert "aggregated per 3-pixel column" in before["notes"][0]
     assert "zoom in for single actions" in before["hover"]
     # 20 ms of 8 workers at one action per ms and worker: ~160 single actions, drawn exactly.
     assert 150 <= after["bars"] <= 200
