@@ -18,6 +18,7 @@ from trainer.plan.dp import INF, LevelOptions, Tables, _stash_factor, pair_stage
 
 
 def is_chain(t: Tables) -> bool:
+    """Every state precedes every later one (a chain of layers, or a linearised order)."""
     return all(len(p) == j for j, p in enumerate(t.predecessors))
 
 
@@ -26,12 +27,16 @@ def grid_upper_bound(t: Tables, values: np.ndarray, opt: LevelOptions, count: in
     full DP also considers, so its value bounds the optimum from above."""
     n, M = t.size, opt.machines
     cum = t.compute
-    grid = np.unique(np.searchsorted(cum, cum[-1] * np.arange(1, count) / count))
-    grid = grid[grid < n - 1]
+    order = np.argsort(cum, kind="stable")
+    grid = np.unique(order[np.minimum(np.searchsorted(cum[order], cum[-1] * np.arange(1, count) / count), n - 1)])
+    on_grid = np.zeros(n, dtype=bool)
+    on_grid[grid] = True
+    on_grid[n - 1] = False
     F = _fresh_table(t, values, opt)
     reps = np.arange(1, (1 if opt.straight else M - 1) + 1, dtype=float)
-    pk = np.concatenate([grid[grid < j] for j in range(n)]).astype(np.intp)
-    pj = np.concatenate([np.full(int((grid < j).sum()), j, dtype=np.intp) for j in range(n)])
+    picked = [p[on_grid[p]] for p in t.predecessors]
+    pk = np.concatenate(picked).astype(np.intp)
+    pj = np.concatenate([np.full(len(p), j, dtype=np.intp) for j, p in enumerate(picked)])
     _sweep(F, t, values, opt, pk, pj, reps, lambda m: slice(0, n))
     return float(F[n - 1, M - 1])
 
@@ -72,40 +77,48 @@ def _sweep(F, t: Tables, values, opt: LevelOptions, pk, pj, reps, ends_for) -> N
 
 def solve_top_of_chain(t: Tables, values: np.ndarray, opt: LevelOptions, upper: float,
                        workers_per_machine: int) -> np.ndarray:
-    """F (n, M, 1) for row 0 of a final level on a chain, exact wherever an optimal plan goes."""
+    """F (n, M, 1) for row 0 of a final level, exact wherever an optimal plan goes.
+
+    Needs every stage to cost at least its compute over its workers: true on a chain at any
+    level, and at level 1 of any DAG (row 0's stages are real differences of down-sets).
+    """
     n, M = t.size, opt.machines
     cum = t.compute
     total = float(cum[-1])
     cap = upper * (1 + 1e-9) * workers_per_machine
+    tol = 1e-12 * total
     F = _fresh_table(t, values, opt)
     F[F > upper * (1 + 1e-9)] = INF
-    # Band of m: states j with cum[j] <= cap*(m+1) and total - cum[j] <= cap*(M-1-m).
-    lo = [int(np.searchsorted(cum, total - cap * (M - 1 - m) - 1e-12 * total, side="left")) for m in range(M)]
-    hi = [int(np.searchsorted(cum, cap * (m + 1) + 1e-12 * total, side="right")) for m in range(M)]
+    # Band of m: states j whose compute fits m+1 machines and whose rest fits the other M-1-m.
+    bands = [np.nonzero((cum <= cap * (m + 1) + tol) & (total - cum <= cap * (M - 1 - m) + tol))[0] for m in range(M)]
+    chain = is_chain(t)
+    if not chain:
+        precedes = np.zeros((n, n), dtype=bool)  # precedes[j, k]: k is an ancestor of j
+        for j, p in enumerate(t.predecessors):
+            precedes[j, p] = True
+    acts, params = t.block_sums()
     R = 1 if opt.straight else M - 1
     for m in range(1, M):
         if opt.fewer_machines:
             np.minimum(F[1:, m], F[1:, m - 1], out=F[1:, m])
-        j_lo, j_hi = max(lo[m], 1), min(hi[m], n)
-        if j_lo >= j_hi:
+        js = bands[m][bands[m] > 0]
+        if len(js) == 0:
             continue
-        js = np.arange(j_lo, j_hi)
         best = np.full(len(js), INF)
         for r in range(1, min(R, m) + 1):
-            k_lo, k_hi = lo[m - r], min(hi[m - r], j_hi - 1)
-            if k_lo >= k_hi:
+            ks = bands[m - r]
+            ks = ks[ks < js[-1]]
+            if len(ks) == 0:
                 continue
-            ks = np.arange(k_lo, k_hi)
-            kk, jj = np.meshgrid(ks, js, indexing="ij")
-            valid = kk < jj
-            pk, pj = kk[valid], jj[valid]
-            cost = pair_stage_costs(t, values, t.block_sums()[1], opt, pk, pj, np.array([float(r)]))[:, 0]
+            valid = precedes[np.ix_(js, ks)].T if not chain else ks[:, None] < js[None, :]
+            kk, jj = np.nonzero(valid)
+            pk, pj = ks[kk], js[jj]
+            cost = pair_stage_costs(t, values, params, opt, pk, pj, np.array([float(r)]))[:, 0]
             if opt.memory_bytes is not None:
-                acts, params = t.block_sums()
                 stash = (acts[pk + 1, pj] + params[pk + 1, pj]) * _stash_factor(m + 1, r, M)
                 cost = np.where(stash > opt.memory_bytes, INF, cost)
-            cand = np.full(kk.shape, INF)
-            cand[valid] = np.maximum(F[pk, m - r], cost)
+            cand = np.full(valid.shape, INF)
+            cand[kk, jj] = np.maximum(F[pk, m - r], cost)
             np.minimum(best, cand.min(axis=0), out=best)
-        F[j_lo:j_hi, m] = np.minimum(F[j_lo:j_hi, m], best)
+        F[js, m] = np.minimum(F[js, m], best)
     return F[:, :, None]
