@@ -126,8 +126,9 @@ def _target_costs(cost: np.ndarray, stash: np.ndarray | None, opt: LevelOptions)
     depends on m: the reference's stash is ceil((M - (m+1)) / m') times the stage's bytes)."""
     K, R = cost.shape
     M = opt.machines
-    out = np.broadcast_to(cost[:, :, None], (K, R, M)).copy()
+    out = np.broadcast_to(cost[:, :, None], (K, R, M))  # a read-only view unless masked below
     if stash is not None:
+        out = out.copy()
         r = np.arange(1, R + 1)[:, None]
         m = np.arange(M)[None, :]
         factor = _stash_factor(m + 1, r, M)  # (R, M)
