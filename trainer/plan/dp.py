@@ -287,7 +287,10 @@ def _pull_rows(F: np.ndarray, j: int, top: int, rows: np.ndarray, preds: np.ndar
     for lo in range(0, len(preds), _CHUNK):
         ks = preds[lo:lo + _CHUNK]
         width = int(np.searchsorted(rows, ks[-1], side="right"))
-        part = F[ks, :, :width]  # (k, M, rows <= last k)
+        if int(ks[-1]) - int(ks[0]) + 1 == len(ks):  # contiguous (chains): a view, no copy
+            part = F[int(ks[0]):int(ks[-1]) + 1, :, :width]
+        else:
+            part = F[ks, :, :width]  # (k, M, rows <= last k)
         tc = target_cost[lo:lo + _CHUNK]
         cols = None
         limit = np.inf
