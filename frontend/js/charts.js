@@ -22,15 +22,17 @@ export function keysWithPrefix(points, prefix) {
   return [...keys].sort((a, b) => Number(a.slice(prefix.length)) - Number(b.slice(prefix.length)) || a.localeCompare(b));
 }
 
-export function lineChart(div, traces, { title, xTitle = 'wall time (s)', yTitle = '', yRange, empty = 'no points yet' } = {}) {
+export function lineChart(div, traces, { title, xTitle = '', xSuffix = 's', yTitle = '', yRange, empty = 'no points yet' } = {}) {
+  // x is wall time by default: ticks say "2s", leaving room below them for a legend.
   const has = traces.some((t) => t.x.length);
   const layout = baseLayout({
     title: { text: title, x: 0, font: { size: 14 } },
     height: 260,
     // Without points, axes would show a made-up range: show only the message.
-    xaxis: { title: { text: xTitle }, zeroline: false, visible: has },
+    xaxis: { title: { text: xTitle }, ticksuffix: xSuffix, zeroline: false, visible: has },
     yaxis: { title: { text: yTitle }, range: yRange, zeroline: false, visible: has },
     showlegend: traces.length > 1,
+    legend: { orientation: 'h', x: 0, y: -0.12, yanchor: 'top' },
     annotations: has ? [] : [{ text: empty, showarrow: false, xref: 'paper', yref: 'paper', x: 0.5, y: 0.5, font: { color: '#52606d' } }],
   });
   return window.Plotly.react(div, traces.map((t) => ({ type: 'scatter', mode: t.x.length > 60 ? 'lines' : 'lines+markers', ...t })), layout, PLOT_CONFIG);

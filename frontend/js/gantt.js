@@ -152,16 +152,33 @@ export function ganttLayout(rows, { title = '', range = null, uirevision = 'gant
     height: Math.max(180, 30 * rows.length + 100),
     hovermode: 'closest',
     uirevision,
-    showlegend: true,
-    // Legend on top, left, the level-of-detail note above it (the mode bar owns the right); ticks say seconds.
-    legend: { orientation: 'h', x: 0, y: 1, xanchor: 'left', yanchor: 'bottom' },
-    margin: { l: 110, r: 16, t: (title ? 28 : 0) + (note && rows.length ? 58 : 36), b: 30 },
+    // The colour key is HTML above the chart (see kindKey): a Plotly legend that wraps onto
+    // several lines would eat into the fixed height. The level-of-detail note sits top left.
+    showlegend: false,
+    margin: { l: 110, r: 16, t: (title ? 28 : 0) + (note && rows.length ? 30 : 12), b: 30 },
     annotations: note ? [rows.length
-      ? { text: note, xref: 'paper', yref: 'paper', x: 0, y: 1, xanchor: 'left', yanchor: 'bottom', yshift: 24, showarrow: false, font: { size: 11, color: '#52606d' } }
+      ? { text: note, xref: 'paper', yref: 'paper', x: 0, y: 1, xanchor: 'left', yanchor: 'bottom', yshift: 6, showarrow: false, font: { size: 11, color: '#52606d' } }
       : { text: note, xref: 'paper', yref: 'paper', x: 0.5, y: 0.5, showarrow: false, font: { size: 13, color: '#52606d' } }] : [],
     xaxis: { ticksuffix: 's', range: range || undefined, autorange: !range, zeroline: false, visible: rows.length > 0 },
     yaxis: { tickvals: rows.map((r) => r.index), ticktext: rows.map((r) => r.label), autorange: 'reversed', fixedrange: true },
   });
+}
+
+/** The colour key of the kinds present in `events`, as HTML (it wraps on a narrow window). */
+export function kindKey(events) {
+  const present = new Set(events.map((e) => e.kind));
+  const key = document.createElement('div');
+  key.className = 'gantt-key';
+  for (const k of [...KINDS, OTHER_KIND]) {
+    if (!present.has(k.kind) && !(k === OTHER_KIND && [...present].some((p) => !KIND_INDEX.has(p)))) continue;
+    const item = document.createElement('span');
+    const swatch = document.createElement('i');
+    swatch.style.background = k.color;
+    if (k.lane === 'comm') swatch.className = 'comm';
+    item.append(swatch, k.label);
+    key.append(item);
+  }
+  return key;
 }
 
 /** Traces for the events inside `range` (exact, or aggregated when there are too many). */
@@ -231,6 +248,13 @@ export class GanttChart {
     const { traces, rows, aggregated, shown } = ganttTraces(this.events, { range, widthPx, lodThreshold: this.lodThreshold });
     const note = aggregated ? `${shown.toLocaleString('en-US')} actions in view, aggregated per 3-pixel column: zoom in for single actions` : '';
     const layout = ganttLayout(rows, { title: this.title, range, uirevision: this.revision, note });
+    const kinds = [...new Set(this.events.map((e) => e.kind))].sort().join();
+    if (kinds !== this.kinds) {
+      this.kinds = kinds;
+      this.key?.remove();
+      this.key = kindKey(this.events);
+      this.div.before(this.key);
+    }
     this.drawing = window.Plotly.react(this.div, traces, layout, PLOT_CONFIG).then(() => {
       this.listen();
       this.onDraw({ rows, aggregated, shown });

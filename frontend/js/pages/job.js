@@ -213,15 +213,12 @@ export async function render(container, { id }) {
   drawHeader();
   await Promise.all([live.setEvents([]), loadPredicted()]);
   if (FINAL.has(job.status)) {
-    try {
-      const [rows, points] = await Promise.all([getTimeline(id, { limit: 100000 }), getMetrics(id)]);
-      addMetrics(points);
-      await live.setEvents(rows);
-    } catch (err) {
-      errorBox.append(notice('error', `Could not load the run data: ${err.message}`));
-    }
+    // Metrics are small and come first; a long run's timeline follows when it has arrived.
+    const failed = (what) => (err) => errorBox.append(notice('error', `Could not load the ${what}: ${err.message}`));
+    const metricsDone = getMetrics(id).then((points) => { addMetrics(points); drawCharts(); drawStats(); }, failed('metrics'));
+    const timelineDone = getTimeline(id, { limit: 100000 }).then((rows) => live.setEvents(rows), failed('timeline'));
+    await Promise.all([metricsDone, timelineDone]);
     drawCharts();
-    drawStats();
   } else {
     drawCharts();
     follow();
