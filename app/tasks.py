@@ -7,6 +7,10 @@ that stops gracefully mid-job hands it back; a SIGKILLed one is covered by heart
 
 from __future__ import annotations
 
+from typing import Any
+
+from celery import signals
+
 from app.services import runner
 from app.worker import celery_app
 
@@ -15,3 +19,10 @@ from app.worker import celery_app
 def run_job(self, job_id: int) -> int | None:
     """Claim and run the best queued job (usually ``job_id``); returns the id it ran."""
     return runner.run_next(self.request.id)
+
+
+@signals.worker_shutting_down.connect
+def _abandon_running_jobs(**_: Any) -> None:
+    """Ctrl-C / SIGTERM on a worker: fail its running jobs (retryable) and end their runs now,
+    rather than wait for runs of any length or orphan them when the worker is killed later."""
+    runner.abandon_all("the worker was stopped while the job ran")

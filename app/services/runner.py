@@ -39,6 +39,10 @@ log = logging.getLogger(__name__)
 TERM_GRACE_S = 3.0
 POLL_S = 0.2
 
+# Runs in progress in this process, so a stopping worker can end them (see abandon_all).
+_active: dict[int, "JobRun"] = {}
+_active_lock = threading.Lock()
+
 
 class Stopped(Exception):
     """The job was cancelled or reaped while this worker ran it."""
@@ -144,6 +148,8 @@ class JobRun:
     def execute(self) -> None:
         monitor = threading.Thread(target=self._monitor, name=f"job-{self.job_id}-monitor", daemon=True)
         monitor.start()
+        with _active_lock:
+            _active[self.job_id] = self
         try:
             job = self.session.get(Job, self.job_id)
             workdir = get_settings().data_dir / "jobs" / str(job.id) / f"attempt-{job.attempt}"
@@ -161,6 +167,8 @@ class JobRun:
             log.exception("job %s failed", self.job_id)
             self.done(JobStatus.FAILED, error=f"{type(exc).__name__}: {exc}")
         finally:
+            with _active_lock:
+                _active.pop(self.job_id, None)
             self.stop.set()
             self.kill_child()
             monitor.join(timeout=5)
@@ -320,6 +328,22 @@ def _tail(path: Path, lines: int = 15) -> str:
     except OSError:
         return ""
     return "\n".join(text[-lines:])
+
+
+def abandon_all(reason: str) -> list[int]:
+    """Fail every job this process runs (retryable) and let their runs end their groups.
+
+    Called when the worker begins to shut down: a warm shutdown would otherwise wait for runs
+    of any length, and a later SIGKILL of the worker would orphan them (each run is its own
+    session, outside the worker's process group)."""
+    with _active_lock:
+        runs = list(_active.values())
+    for run in runs:
+        with get_sessionmaker()() as s:
+            jobs.finish(s, run.job_id, JobStatus.FAILED, expected=(JobStatus.RUNNING,),
+                        error=f"{reason} ({socket.gethostname()}); the job can be retried", message="worker stopped")
+        run.stop.set()  # the task's thread ends the child's group and returns
+    return [run.job_id for run in runs]
 
 
 def run_next(task_id: str | None = None) -> int | None:

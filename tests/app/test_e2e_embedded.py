@@ -129,3 +129,17 @@ def test_sigkilled_worker_fails_the_job_within_bounded_time(deployment):
     print(f"job failed {elapsed:.1f}s after its worker was SIGKILLed")
     retried = deployment.api("POST", f"/jobs/{job_id}/retry")  # retryable, first in the queue
     assert retried["status"] == "queued" and retried["queue_position"] == 1 and retried["attempt"] == 1
+
+
+def test_stopping_a_worker_fails_its_job_and_ends_the_run(deployment):
+    """Ctrl-C on `pipeboard up` (SIGTERM to the worker): no waiting on the run, no orphan."""
+    deployment.worker = deployment.start_worker()  # picks up the job retried above
+    queued = deployment.api("GET", "/jobs", params={"status": "queued"})["data"]
+    assert queued, "the previous test leaves a retried job queued"
+    job_id = queued[0]["id"]
+    row = deployment.wait_for_training(job_id, after=queued[0]["last_event_seq"])
+    os.killpg(deployment.worker.pid, signal.SIGTERM)
+    assert deployment.worker.wait(timeout=30) is not None
+    job = deployment.api("GET", f"/jobs/{job_id}")
+    assert job["status"] == "failed" and "worker was stopped" in job["error"], job
+    wait_until(lambda: not group_alive(row.pgid), 15, "the run to end", deployment)

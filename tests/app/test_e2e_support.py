@@ -145,9 +145,10 @@ class Deployment:
         finally:
             engine.dispose()
 
-    def wait_for_training(self, job_id: int, timeout: float = 180) -> Any:
-        """Block until the run has reported measured timeline events; returns the job row."""
-        for message in self.events(job_id, timeout=timeout, until="timeline"):
+    def wait_for_training(self, job_id: int, timeout: float = 180, after: int = 0) -> Any:
+        """Block until the run has reported measured timeline events (after log entry ``after``,
+        e.g. a retry's); returns the job row."""
+        for message in self.events(job_id, last_id=after, timeout=timeout, until="timeline"):
             assert message["event"] != "end", f"job ended early: {message['data']}\n{self.logs()}"
         row = self.job_row(job_id)
         assert row.pgid, "running job has no process group"
