@@ -120,3 +120,23 @@ def test_live_chart_follows_newest_steps_until_the_user_zooms(module_page) -> No
     assert out["resumed"][0] == pytest.approx(4.0) and out["resumed"][1] == pytest.approx(5.6)
     assert out["following"] is True
     assert out["changes"] == [False, True]
+
+
+LOD = """async () => {
+  const { KIND_INDEX, KINDS, OTHER_KIND } = await import('/js/gantt.js');
+  const { aggregateByPixel } = await import('/js/gantt_lod.js');
+  const laneOf = [...KINDS, OTHER_KIND].map((k) => (k.lane === 'comm' ? 1 : 0));
+  const events = [];
+  // One worker: 100 forwards in [0, 1), a bubble in [1, 2), 100 backwards in [2, 3),
+  // and a transfer under the backwards (communication lane).
+  for (let i = 0; i < 100; i++) events.push({ worker: 0, kind: 'F', start: i / 100, end: (i + 0.9) / 100 });
+  for (let i = 0; i < 100; i++) events.push({ worker: 0, kind: 'B', start: 2 + i / 100, end: 2 + (i + 0.9) / 100 });
+  events.push({ worker: 0, kind: 'send_grad', start: 2, end: 3 });
+  const bars = aggregateByPixel(events, [{ worker: 0, index: 0 }], [0, 3], 30, KIND_INDEX, laneOf);
+  return bars.map((b) => [KINDS[b.kind].kind, Math.round(b.start * 10) / 10, Math.round(b.end * 10) / 10, b.count]);
+}"""
+
+
+def test_aggregation_keeps_bubbles_and_counts_actions(module_page) -> None:
+    bars = module_page.evaluate(LOD)
+    assert bars == [["F", 0.0, 1.0, 100], ["B", 2.0, 3.0, 100], ["send_grad", 2.0, 3.0, 1]]
