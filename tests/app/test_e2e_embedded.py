@@ -133,9 +133,11 @@ def test_sigkilled_worker_fails_the_job_within_bounded_time(deployment):
 
 def test_stopping_a_worker_fails_its_job_and_ends_the_run(deployment):
     """Ctrl-C on `pipeboard up` (SIGTERM to the worker): no waiting on the run, no orphan."""
-    deployment.worker = deployment.start_worker()  # picks up the job retried above
+    if deployment.worker.poll() is not None:
+        deployment.worker = deployment.start_worker()  # picks up the job retried above, if any
     queued = deployment.api("GET", "/jobs", params={"status": "queued"})["data"]
-    assert queued, "the previous test leaves a retried job queued"
+    if not queued:  # run on its own
+        queued = [deployment.api("POST", "/jobs", json={**SMALL_JOB, "stop": {"time_s": 300}})]
     job_id = queued[0]["id"]
     row = deployment.wait_for_training(job_id, after=queued[0]["last_event_seq"])
     os.killpg(deployment.worker.pid, signal.SIGTERM)
