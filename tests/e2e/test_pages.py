@@ -33,6 +33,17 @@ def test_jobs_page_empty_state(server, page, shoot) -> None:
     assert page.errors == []
 
 
+def test_jobs_page_error_state_and_recovery(server, page) -> None:
+    # The network fails (the route is aborted in the browser): an error with a way to try again.
+    page.route("**/api/v1/jobs?*", lambda route: route.abort())
+    page.goto(f"{server.url}/#/jobs")
+    page.locator(".notice-error", has_text="cannot reach the server").wait_for()
+    page.unroute("**/api/v1/jobs?*")
+    page.get_by_role("button", name="Try again").click()
+    page.get_by_text("No jobs yet.").wait_for()
+    assert all("ERR_FAILED" in e for e in page.errors)
+
+
 def test_jobs_table_filters_cancels_and_retries(server, page, shoot) -> None:
     first = server.api("POST", "/jobs", {**SPEC, "name": "table-a"})
     second = server.api("POST", "/jobs", {**SPEC, "name": "table-b", "schedule": "gpipe"})
