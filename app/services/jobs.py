@@ -91,7 +91,11 @@ def submit(session: Session, spec: JobCreate, *, kind: str = "train", enqueue: b
 
 def enqueue_run(job_id: int) -> None:
     """One Celery task per queued job; the task claims the best queued job when it starts."""
-    producer(get_settings().broker_url).send_task("pipeboard.run_job", args=[job_id])
+    app = producer(get_settings().broker_url)
+    # A connection of our own rather than kombu's global producer pool: the pool registers
+    # after-fork hooks that would run (and can hang) in processes this one forks later.
+    with app.connection_for_write() as connection:
+        app.send_task("pipeboard.run_job", args=[job_id], connection=connection)
 
 
 @lru_cache(maxsize=4)
