@@ -221,6 +221,7 @@ def test_random_plans_match_brute_force_and_cover_the_graph(seed):
 ])
 def test_pruning_keeps_the_optimum_on_longer_chains(levels, opts, monkeypatch):
     monkeypatch.setattr("trainer.plan.pipedream.DIRECT_BELOW", 0)
+    monkeypatch.setattr("trainer.plan.pipedream.BAND_ABOVE", 0)
     # Chains get the strongest pruning (compute-per-worker bounds, bands at the top level);
     # compare with no pruning on chains too long for the brute force, and with the brute
     # force on a shorter one.

@@ -42,6 +42,8 @@ def tables_of(chain: StateChain) -> Tables:
 
 # Below this much work (states^3 x machines^2) solving directly beats computing bounds first.
 DIRECT_BELOW = 3e6
+# Above this much top-level work (states^2 x machines^2) a chain's top level is solved in bands.
+BAND_ABOVE = 2e7
 
 
 def _level_options(levels, idx: int, rows_only_first: bool, **options) -> LevelOptions:
@@ -140,7 +142,7 @@ def solve_levels(tables: Tables, levels, *, memory_bytes, straight, fewer_worker
         opt = _level_options(levels, idx, False, **options)
         if shortcut_below_top and idx == L - 2:
             sol = suffix.solve_two_machine_below(tables, values, opt)
-        elif idx == L - 1 and chain and prune and not small:
+        elif idx == L - 1 and chain and prune and n * n * opt.machines ** 2 > BAND_ABOVE:
             sol = _solve_top_of_chain(tables, values, opt, bounds[-1], math.prod(w for w, _ in levels[:-1]))
         else:
             sol = solve(tables, values, opt, bound=bounds[idx])
