@@ -77,6 +77,14 @@ const list = (data) => (Array.isArray(data) ? { data, count: data.length } : { d
 
 // ---- jobs ---------------------------------------------------------------------------------
 
+/** The best validation metric of a run: highest, or lowest for perplexity and losses. */
+export function bestMetric(summary) {
+  const values = (summary.evaluations || []).map((e) => e.metric).filter((v) => Number.isFinite(v));
+  if (!values.length) return summary.best_metric ?? summary.final_metric ?? null;
+  const lowerIsBetter = /perplexity|loss|error/i.test(summary.metric_name || '');
+  return lowerIsBetter ? Math.min(...values) : Math.max(...values);
+}
+
 /** A job in the shape the pages use, whatever optional fields the service fills. */
 export function normalizeJob(job) {
   const spec = job.spec || {};
@@ -90,7 +98,7 @@ export function normalizeJob(job) {
     schedule: spec.schedule ?? job.schedule ?? '',
     queuePosition: job.queue_position ?? null,
     samplesPerS: summary.samples_per_s ?? job.samples_per_s ?? null,
-    bestMetric: summary.best_metric ?? summary.final_metric ?? job.best_metric ?? null,
+    bestMetric: bestMetric(summary),
     metricName: summary.metric_name ?? null,
   };
 }

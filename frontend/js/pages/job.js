@@ -86,8 +86,9 @@ export async function render(container, { id }) {
     clear(stats).append(...[
       ['status', j.status],
       ['samples/s', fmtNumber(j.samplesPerS ?? lastSpeed)],
-      [j.metricName || 'metric', fmtNumber(j.bestMetric ?? metric.at(-1))],
+      [`best ${j.metricName || 'metric'}`, fmtNumber(j.bestMetric ?? metric.at(-1))],
       ['steps', j.summary?.steps ?? state.metrics.at(-1)?.step ?? '–'],
+      ...(j.summary?.target != null ? [['time to target', j.summary.reached_target ? fmtSeconds(j.summary.time_to_target_s) : 'not reached']] : []),
       ['duration', fmtSeconds(durationBetween(j.started_at, j.finished_at))],
       ['attempt', j.attempt ?? 0],
     ].map(([label, value]) => h('div', { class: 'stat' }, h('div', { class: 'value' }, value), h('div', { class: 'label' }, label))));
