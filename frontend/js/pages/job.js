@@ -173,9 +173,9 @@ export async function render(container, { id }) {
       }
     }
     if (events.length) live.add(events);
-    if (events.length || metricsChanged) drawCharts();
-    if (statusChanged) await refreshJob();
+    if (statusChanged) await refreshJob(); // first: the summary names the metric
     else drawStats();
+    if (events.length || metricsChanged || statusChanged) drawCharts();
     // The plan (and its prediction) appears once the run has profiled and planned: ask again,
     // at most every few seconds, until there is one.
     if (!state.predicted.length && Date.now() - state.predictedTried > 3000) loadPredicted();
