@@ -135,7 +135,7 @@ export async function renderPlan(container, planPublic, profile) {
     h('div', { class: 'grid2' }, h('div', { class: 'panel' }, tputDiv), h('div', { class: 'panel' }, stageTable(plan)))].filter(Boolean));
   await Promise.all([
     layerChart(layerDiv, plan, profile),
-    stageBars(commDiv, plan, 'activation_bytes_out', 'Communication: activation bytes out per minibatch', 1),
+    stageBars(commDiv, plan, 'activation_bytes_out', (plan.stages || []).length > 1 ? 'Communication: activation bytes out per minibatch' : 'Communication: one stage, nothing crosses a cut', 1),
     stageBars(memDiv, plan, 'memory_bytes', 'Memory per worker of each stage (bytes)', 1),
     throughputChart(tputDiv, plan),
   ]);
