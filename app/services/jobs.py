@@ -85,8 +85,19 @@ def submit(session: Session, spec: JobCreate, *, kind: str = "train", enqueue: b
     events.append(session, job.id, [("status", {"status": "queued", "message": "submitted"})], commit=False)
     session.commit()
     if enqueue:
-        enqueue_run(job.id)
+        enqueue_or_fail(session, job.id)
     return job
+
+
+def enqueue_or_fail(session: Session, job_id: int) -> None:
+    """Queue the job's task; if the broker cannot take it, the job fails (retryable) and the
+    client gets a 503 saying so, rather than a job that waits forever for a task that never comes."""
+    try:
+        enqueue_run(job_id)
+    except Exception as exc:
+        reason = f"broker: cannot queue the job ({type(exc).__name__}: {exc})"
+        finish(session, job_id, JobStatus.FAILED, expected=(JobStatus.QUEUED,), error=reason, message="not queued")
+        raise ServiceError(reason, status=503, field="broker") from None
 
 
 def enqueue_run(job_id: int) -> None:
@@ -95,7 +106,8 @@ def enqueue_run(job_id: int) -> None:
     # A connection of our own rather than kombu's global producer pool: the pool registers
     # after-fork hooks that would run (and can hang) in processes this one forks later.
     with app.connection_for_write() as connection:
-        app.send_task("pipeboard.run_job", args=[job_id], connection=connection)
+        app.send_task("pipeboard.run_job", args=[job_id], connection=connection, ignore_result=True,
+                      retry_policy={"max_retries": 2, "interval_start": 0.1, "interval_step": 0.2, "interval_max": 0.5})
 
 
 @lru_cache(maxsize=4)
@@ -234,7 +246,7 @@ def retry(session: Session, job_id: int) -> Job:
     published = events.append(session, job_id, [("status", {"status": "queued", "message": "retry"})], commit=False)
     session.commit()
     events.publish(job_id, published)
-    enqueue_run(job_id)
+    enqueue_or_fail(session, job_id)
     session.refresh(job)
     return job
 

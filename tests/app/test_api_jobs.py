@@ -89,3 +89,18 @@ def test_empty_run_data(client):
     timeline = client.get(f"/api/v1/jobs/{job['id']}/timeline").json()
     assert timeline["events"] == [] and timeline["total"] == 0 and timeline["steps"] == []
     assert client.get(f"/api/v1/jobs/{job['id']}/metrics").json() == {"points": [], "total": 0, "downsampled": False}
+
+
+def test_unreachable_broker_fails_the_job_with_503(client, monkeypatch):
+    monkeypatch.setenv("PIPEBOARD_BROKER_URL", "redis://127.0.0.1:9/0")  # nothing listens there
+    from app.core.config import get_settings
+
+    get_settings.cache_clear()
+    try:
+        refused = client.post("/api/v1/jobs", json=JOB)
+    finally:
+        monkeypatch.delenv("PIPEBOARD_BROKER_URL")
+        get_settings.cache_clear()
+    assert refused.status_code == 503 and refused.json()["detail"].startswith("broker: cannot queue")
+    failed = client.get("/api/v1/jobs", params={"status": "failed"}).json()
+    assert failed["count"] == 1 and "broker" in failed["data"][0]["error"]

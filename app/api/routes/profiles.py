@@ -37,7 +37,7 @@ def create_profile(body: ProfileCreate, session: SessionDep, _: WriteAccess) -> 
     job = jobs.submit(session, spec, kind="profile", enqueue=False)
     job.spec = {**job.spec, "model_args": body.model_args, "device": body.device, "repeats": body.repeats}
     session.commit()
-    jobs.enqueue_run(job.id)
+    jobs.enqueue_or_fail(session, job.id)
     return jobs.to_public(session, job)
 
 
