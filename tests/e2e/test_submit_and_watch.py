@@ -46,6 +46,19 @@ def test_submit_through_the_form_and_watch_it_succeed(start_server, page, shoot)
     assert page.locator("#stat-speedup").is_visible()
     shoot(page, "new-job-what-if")
 
+    # Debounced: a burst of edits makes one new what-if request, for the last value.
+    plan_posts = []
+    page.on("request", lambda r: plan_posts.append(r.post_data_json) if r.method == "POST" and r.url.endswith("/api/v1/plans") else None)
+    for value in ("5", "6", "2"):
+        page.fill("#f-microbatches", value)
+    for _ in range(100):  # until the debounced request went out (the page's timer, not ours)
+        if plan_posts:
+            break
+        page.wait_for_timeout(100)
+    page.wait_for_timeout(700)  # longer than the debounce: no second request follows
+    assert [p["microbatches"] for p in plan_posts] == [2]
+    page.fill("#f-microbatches", "4")
+
     page.click("#submit-job")
     page.wait_for_url(re.compile(r"#/jobs/\d+$"))
     job_id = int(page.url.rsplit("/", 1)[1])
