@@ -284,7 +284,7 @@ def main() -> None:
           f"{os.cpu_count()} CPUs (shared machine: noisy), torch {torch.__version__}, no GPU")
     for name in (["a", "b"] if args.config == "both" else [args.config]):
         c = CONFIGS[name]
-        steps = args.steps if name == "a" else max(6, args.steps // 4)
+        steps = args.steps if name == "a" else max(8, args.steps // 2)
         scheds = [x for x in schedules if name == "a" or ":" not in x]
         res: dict[str, list[float]] = {}
         for r in range(args.rounds):
