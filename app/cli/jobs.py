@@ -115,12 +115,12 @@ def describe_event(message: dict[str, Any]) -> str | None:
         text = data.get("status") or data.get("phase") or ""
         return f"[{kind}] {text}: {data.get('message', '')}".rstrip(": ")
     if kind == "metrics" and data.get("points"):
-        last = data["points"][-1]
-        values = ", ".join(f"{k}={v:.4g}" for k, v in last.get("values", {}).items() if "." not in k)
-        return f"[metrics] step {last.get('step')}: {values}"
-    if kind == "summary":
-        return f"[summary] {json.dumps(data)}"
-    return None
+        latest: dict[str, float] = {}  # a batch mixes training points and evaluations
+        for point in data["points"]:
+            latest.update({k: v for k, v in point.get("values", {}).items() if "." not in k})
+        values = ", ".join(f"{k}={v:.4g}" for k, v in latest.items())
+        return f"[metrics] step {data['points'][-1].get('step')}: {values}"
+    return None  # the summary is printed once, at the end
 
 
 def wait_for(api: Api, job_id: int, quiet: bool = False, after: int = 0) -> dict[str, Any]:
@@ -135,9 +135,15 @@ def finish_with(job: dict[str, Any]) -> None:
     status = job["status"]
     if status == "succeeded":
         summary = job.get("summary") or {}
-        typer.echo(f"job {job['id']} succeeded" + (f": {json.dumps(summary)}" if summary else ""))
+        keys = ("steps", "samples_per_s", "metric_name", "final_metric", "final_loss", "wall_s", "stopped_by", "profile_id")
+        shown = ", ".join(f"{k}={_short(summary[k])}" for k in keys if summary.get(k) is not None)
+        typer.echo(f"job {job['id']} succeeded" + (f": {shown}" if shown else ""))
         return
     fail(f"job {job['id']} {status}" + (f": {job['error']}" if job.get("error") else ""), 1)
+
+
+def _short(value: Any) -> str:
+    return f"{value:.4g}" if isinstance(value, float) else str(value)
 
 
 def print_table(rows: list[dict[str, Any]], count: int) -> None:
