@@ -94,6 +94,18 @@ def test_cli_submit_wait_succeeds_and_run_data_is_there(deployment, tmp_path):
     assert resumed == ids[3:]
 
 
+def test_failing_job_exits_nonzero_with_its_error(deployment, tmp_path):
+    spec = tmp_path / "bad.yaml"  # data parallel replicas cannot run an interleaved schedule
+    spec.write_text(yaml.safe_dump({**SMALL_JOB, "method": "dp", "schedule": "interleaved-1f1b"}))
+    done = subprocess.run(
+        [sys.executable, "-c", "from app.cli import main; main()", "submit", str(spec), "--wait", "--url", deployment.url],
+        capture_output=True, text=True, timeout=120, env={**os.environ, **deployment.env},
+    )
+    assert done.returncode == 1, (done.stdout, done.stderr)
+    last = done.stderr.strip().splitlines()[-1]
+    assert last.startswith("error: job ") and "failed: schedule:" in last and "interleaved-1f1b" in last
+
+
 def test_cancel_while_running_leaves_no_process(deployment, tmp_path):
     spec = tmp_path / "long.yaml"
     spec.write_text(yaml.safe_dump({**SMALL_JOB, "stop": {"time_s": 300}}))
