@@ -152,49 +152,67 @@ def all_rows(opt: LevelOptions, n: int) -> np.ndarray:
 
 
 def solve_level(t: Tables, values: np.ndarray, opt: LevelOptions, rows: np.ndarray | None = None,
-                bound: np.ndarray | float = INF) -> np.ndarray:
+                bound: np.ndarray | float = INF, caps: np.ndarray | None = None,
+                end_bounds: np.ndarray | None = None) -> np.ndarray:
     """Fill the level's table: F[j, m, c] = the reference's A[rows[c]][j][m][0].
 
     ``values`` is this level's ``compute_times`` ((n+1, n), +inf for empty); ``rows`` the
     sorted block starts to fill (default ``all_rows``). With a finite ``bound`` (per row, or
     one number), an entry above its row's bound may come out larger than the reference's (or
     +inf), and every entry at or below it is exact: a candidate is the max of its parts, so a
-    part above the bound only ever yields a candidate above it.
+    part above the bound only ever yields a candidate above it. With ``caps`` (per row, the
+    last end state that matters, see ``chaincap``), entries of row ``rows[c]`` past
+    ``caps[c]`` are left +inf or larger than the reference's; every entry up to it is exact,
+    as it only reads entries of its own row that end earlier. ``end_bounds`` (len(rows), n), a
+    bound per block rather than per row, prunes the same way (an entry of a block above it and
+    any candidate above it are dropped); each must be at least the block's true bound.
     """
     n, M = t.size, opt.machines
     rows = all_rows(opt, n) if rows is None else np.asarray(rows, dtype=np.intp)
     bound = np.broadcast_to(np.asarray(bound, dtype=float), rows.shape)
-    pruning = bool(np.isfinite(bound).any())
+    pruning = bool(np.isfinite(bound).any()) or end_bounds is not None
+    by_end = np.ascontiguousarray(np.asarray(end_bounds, dtype=float).T) if end_bounds is not None else None
     acts, params = t.block_sums()
     F = np.full((n, M, len(rows)), INF)
+    # first_col[j]: the first row whose cap reaches j (rows before it need nothing ending at j).
+    first_col = (np.searchsorted(np.maximum.accumulate(caps), np.arange(n)) if caps is not None
+                 else np.zeros(n, dtype=np.intp))
 
     # Single-stage blocks: the whole of i..j on m+1 machines, all-reduce over the machines below.
     init_m = 1 if opt.straight else M
     for c, i in enumerate(rows):
         if i >= n:
             continue
+        end = n if caps is None else min(n, int(caps[c]) + 1)
+        if end <= i:
+            continue
+        limit = bound[c] if by_end is None else np.minimum(bound[c], by_end[i:end, c])
         for m in range(init_m):
-            F[i:, m, c] = single_stage_costs(values, acts, params, opt, i, slice(i, n), m)
-    if pruning:
-        F[F > bound] = INF
+            costs = single_stage_costs(values, acts, params, opt, i, slice(i, end), m)
+            if pruning:  # (only this row's entries are finite yet: no pass over the whole table)
+                costs = np.where(costs > limit, INF, costs)
+            F[i:end, m, c] = costs
 
     R = 1 if opt.straight else M - 1
     reps = np.arange(1, R + 1, dtype=float)  # m'
     pairs = sum(len(p) for p in t.predecessors)
-    if len(rows) == 1 and M > 1 and pairs * M <= 1_000_000:
+    if len(rows) == 1 and M > 1 and pairs * M <= 1_000_000 and caps is None:
         # Few enough (k, j) pairs to hold them all: machine count outermost, as the reference.
         _solve_one_row_by_machines(F, t, values, opt, int(rows[0]), reps, float(bound[0]))
         return F
     diag = _diagonal_plan(M, R) if M > 1 else None
     for j in range(1, n):
         top = int(np.searchsorted(rows, j))  # columns of rows i < j (i <= k < j)
+        lo = int(first_col[j])
+        # Bounds of the blocks ending at j (a candidate for a block only matters within it).
+        j_bound = bound if by_end is None else np.minimum(bound, by_end[j])
         preds = t.predecessors[j]
-        if top and len(preds) and M > 1:
-            preds = preds[preds >= rows[0]]
+        if top > lo and len(preds) and M > 1:
+            preds = preds[preds >= rows[lo]]
             cost = last_stage_costs(t, values, params, opt, preds, j, reps)  # (K, R)
             stash = acts[preds + 1, j] + params[preds + 1, j] if opt.memory_bytes is not None else None
             if pruning:
-                keep = cost.min(axis=1) <= bound[:top].max()
+                keep = cost.min(axis=1) <= j_bound[lo:top].max()
                 preds, cost = preds[keep], cost[keep]
                 stash = stash[keep] if stash is not None else None
             if len(preds):
@@ -202,7 +220,7 @@ def solve_level(t: Tables, values: np.ndarray, opt: LevelOptions, rows: np.ndarr
                 if len(rows) == 1:
                     _pull_single_row(F, j, preds, target_cost, diag)
                 else:
-                    _pull_rows(F, j, top, rows, preds, target_cost, R, bound if pruning else None)
+                    _pull_rows(F, j, top, rows, preds, target_cost, R, j_bound if pruning else None, lo)
         if opt.fewer_machines and top:
             # A[i][j][m] may keep A[i][j][m-1] (the reference's use_fewer_machines), rows i < j.
             F[j, :, :top] = np.minimum.accumulate(F[j, :, :top], axis=0)
@@ -273,32 +291,38 @@ _CHUNK = 32  # predecessors per slab: keeps the temporaries in cache
 
 
 def _pull_rows(F: np.ndarray, j: int, top: int, rows: np.ndarray, preds: np.ndarray, target_cost: np.ndarray,
-               R: int, bound: np.ndarray | None) -> None:
+               R: int, bound: np.ndarray | None, first: int = 0) -> None:
     """Rows i < j at once: A[i][j][m] = min over k, m' of max(A[i][k][m-m'], cost(k, j, m')).
 
+    Only the row columns ``first..top-1`` are filled (earlier rows need nothing ending at j).
     Predecessors come in ascending slabs, and a slab whose last state is k only reads rows
     i <= k (row i is empty before state i). Under a bound, a slab keeps only the rows with an
     entry within it, and per m' only the states whose last stage is affordable for some row.
     """
     M = F.shape[1]
-    best = np.full((M, top), INF)
-    scratch = np.empty(_CHUNK * M * top)  # reused: fresh large temporaries would page-fault
-    reduced = np.empty(M * top)
+    span_rows = top - first
+    best = np.full((M, span_rows), INF)
+    scratch = np.empty(_CHUNK * M * span_rows)  # reused: fresh large temporaries would page-fault
+    reduced = np.empty(M * span_rows)
+    row_bound = bound[first:top] if bound is not None else None
     for lo in range(0, len(preds), _CHUNK):
         ks = preds[lo:lo + _CHUNK]
-        width = int(np.searchsorted(rows, ks[-1], side="right"))
+        width = int(np.searchsorted(rows, ks[-1], side="right")) - first  # columns first..(last k)
         if int(ks[-1]) - int(ks[0]) + 1 == len(ks):  # contiguous (chains): a view, no copy
-            part = F[int(ks[0]):int(ks[-1]) + 1, :, :width]
+            part = F[int(ks[0]):int(ks[-1]) + 1, :, first:first + width]
         else:
-            part = F[ks, :, :width]  # (k, M, rows <= last k)
+            part = F[ks, :, first:first + width]  # (k, M, rows <= last k)
         tc = target_cost[lo:lo + _CHUNK]
         cols = None
         limit = np.inf
-        if bound is not None:
-            live = np.nonzero(part.min(axis=(0, 1)) <= bound[:width])[0]
+        m_lo = 0  # the fewest machines m'' with an entry within the bound (fewer: all +inf)
+        if row_bound is not None:
+            per_m = part.min(axis=0)  # (M, rows)
+            live = np.nonzero(per_m.min(axis=0) <= row_bound[:width])[0]
             if len(live) == 0:
                 continue
-            limit = float(bound[live].max())
+            limit = float(row_bound[live].max())
+            m_lo = int(np.argmax(per_m[:, live].min(axis=1) <= limit))
             if len(live) * 3 < width * 2:
                 cols, part = live, part[:, :, live]
             elif live[0] > 0:
@@ -306,25 +330,28 @@ def _pull_rows(F: np.ndarray, j: int, top: int, rows: np.ndarray, preds: np.ndar
                 part = part[:, :, live[0]:]
         w = part.shape[2]
         for r in range(1, R + 1):
-            span = M - r
-            cost_r = tc[:, r - 1, r:]  # (k, span): cost for target m = m'' + r
-            sub = part
+            span = M - r - m_lo
+            if span <= 0:
+                break
+            cost_r = tc[:, r - 1, r + m_lo:]  # (k, span): cost for target m = m'' + r
+            sub = part[:, m_lo:]
             if bound is not None:
                 ok = cost_r.min(axis=1) <= limit
                 n_ok = int(np.count_nonzero(ok))
                 if n_ok == 0:
                     continue
                 if n_ok < len(ok):
-                    sub, cost_r = part[ok], cost_r[ok]
+                    sub, cost_r = sub[ok], cost_r[ok]
             cand = scratch[: len(sub) * span * w].reshape(len(sub), span, w)
             np.maximum(sub[:, :span], cost_r[:, :, None], out=cand)
             red = reduced[: span * w].reshape(span, w)
             np.minimum.reduce(cand, axis=0, out=red)
+            out_m = slice(r + m_lo, M)
             if cols is None:
-                np.minimum(best[r:, :width], red, out=best[r:, :width])
+                np.minimum(best[out_m, :width], red, out=best[out_m, :width])
             else:
-                best[r:, cols] = np.minimum(best[r:, cols], red)
-    np.minimum(F[j, 1:, :top], best[1:], out=F[j, 1:, :top])
+                best[out_m, cols] = np.minimum(best[out_m, cols], red)
+    np.minimum(F[j, 1:, first:top], best[1:], out=F[j, 1:, first:top])
 
 
 def next_level_values(F: np.ndarray, rows: np.ndarray, n: int) -> np.ndarray:

@@ -24,7 +24,7 @@ from trainer.plan.states import StateChain, state_chain
 from trainer.plan.cluster import Leaf, build_stages, data_parallel_time, total_workers
 from trainer.plan.dp import LevelOptions, Tables, level1_values
 from trainer.plan.solution import LevelSolution, solve
-from trainer.plan import band, suffix
+from trainer.plan import band, chaincap, suffix
 from trainer.plan.errors import PlanError
 from trainer.plan.model import Level, LevelStage, Plan
 from trainer.profile.schema import Profile
@@ -44,6 +44,9 @@ def tables_of(chain: StateChain) -> Tables:
 DIRECT_BELOW = 3e6
 # Above this much top-level work (states^2 x machines^2) a chain's top level is solved in bands.
 BAND_ABOVE = 2e7
+# A chain on three or more levels first tries this multiple of its compute over its workers as
+# the upper bound on the optimum (chaincap.solve_within corrects a wrong guess).
+GUESS_ABOVE_COMPUTE = 1.25
 
 
 def _level_options(levels, idx: int, rows_only_first: bool, **options) -> LevelOptions:
@@ -86,7 +89,12 @@ def _bounds(tables: Tables, levels, **options) -> list[np.ndarray | float]:
         opt = _level_options(levels, idx, False, **options)
         sol = solve(tables, values, opt, rows=None if opt.final else grid)
         values = sol.next_values()
-    upper = sol.best(0, tables.size - 1)
+    return _bounds_from_upper(tables, levels, sol.best(0, tables.size - 1))
+
+
+def _bounds_from_upper(tables: Tables, levels, upper: float) -> list[np.ndarray | float]:
+    """``_bounds`` for a given upper bound on the optimum."""
+    L = len(levels)
     if not math.isfinite(upper):
         return [math.inf] * L
     chain = all(len(p) == j for j, p in enumerate(tables.predecessors))
@@ -135,17 +143,44 @@ def solve_levels(tables: Tables, levels, *, memory_bytes, straight, fewer_worker
     small = n * n * n * max(w for w, _ in levels) ** 2 < DIRECT_BELOW
     wanted = prune and not small and not (shortcut_below_top and L == 2)
     chain = band.is_chain(tables)
+    if wanted and chain and L >= 3:
+        # Long chains on many levels: block caps from a guessed upper bound (chaincap), which
+        # also spares the grid solve that ``_bounds`` would spend on finding one. The guess:
+        # a little above compute over workers, the least any plan can take.
+        guess = float(tables.compute[-1]) / math.prod(w for w, _ in levels) * GUESS_ABOVE_COMPUTE
+        if guess > 0:
+            solutions = chaincap.solve_within(
+                lambda upper: solve_chain_within(tables, levels, options, upper, shortcut_below_top), guess, n)
+            if solutions is not None:
+                return solutions
     bounds = _bounds(tables, levels, **options) if wanted else [math.inf] * L
+    return _solve_in_order(tables, levels, options, bounds, [None] * L, shortcut_below_top, prune)
+
+
+def solve_chain_within(tables: Tables, levels, options: dict, upper: float,
+                       shortcut_below_top: bool) -> list[LevelSolution]:
+    """A chain's levels, exact if the optimum is at most ``upper`` (else a real plan's value
+    above it, or +inf): per-level bounds and chaincap's block limits, all derived from it."""
+    return _solve_in_order(tables, levels, options, _bounds_from_upper(tables, levels, upper),
+                           chaincap.limits(tables, levels, upper), shortcut_below_top, True)
+
+
+def _solve_in_order(tables: Tables, levels, options: dict, bounds, limits, shortcut_below_top: bool,
+                    prune: bool) -> list[LevelSolution]:
+    """Every level, innermost first, under the given per-level bounds and (caps, block bounds)."""
+    L, n = len(levels), tables.size
+    chain = band.is_chain(tables)
     values = level1_values(tables)
     solutions = []
-    for idx in range(len(levels)):
+    for idx in range(L):
         opt = _level_options(levels, idx, False, **options)
         if shortcut_below_top and idx == L - 2:
             sol = suffix.solve_two_machine_below(tables, values, opt)
         elif idx == L - 1 and chain and prune and n * n * opt.machines ** 2 > BAND_ABOVE:
             sol = _solve_top_of_chain(tables, values, opt, bounds[-1], math.prod(w for w, _ in levels[:-1]))
         else:
-            sol = solve(tables, values, opt, bound=bounds[idx])
+            caps, end_bounds = limits[idx] if limits[idx] is not None else (None, None)
+            sol = solve(tables, values, opt, bound=bounds[idx], caps=caps, end_bounds=end_bounds)
         solutions.append(sol)
         values = sol.next_values()
     return solutions

@@ -55,9 +55,10 @@ class LevelSolution:
 
 
 def solve(tables: Tables, values: np.ndarray, opt: LevelOptions, rows: np.ndarray | None = None,
-          bound: np.ndarray | float = INF) -> LevelSolution:
+          bound: np.ndarray | float = INF, caps: np.ndarray | None = None,
+          end_bounds: np.ndarray | None = None) -> LevelSolution:
     rows = all_rows(opt, tables.size) if rows is None else np.asarray(rows, dtype=np.intp)
-    return LevelSolution(tables, values, opt, rows, solve_level(tables, values, opt, rows, bound))
+    return LevelSolution(tables, values, opt, rows, solve_level(tables, values, opt, rows, bound, caps, end_bounds))
 
 
 def _split(sol: LevelSolution, i: int, j: int, m: int) -> list[tuple[int, int, int]]:
