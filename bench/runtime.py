@@ -213,10 +213,33 @@ def _step_seconds(zoo, module, repeats: int = 10) -> float:
     return statistics.median(times[2:])
 
 
-def predicted_iteration_s(schedule: str, **c) -> tuple[float, float]:
-    """The simulator's time per step (batch_size samples) fed the model's profile (per-stage
-    forward and backward summed over its layers), without and with each stage's measured
-    optimizer step time."""
+def _stage_fb_seconds(zoo, modules, example, repeats: int = 20) -> list[tuple[float, float]]:
+    """Median forward and backward time of each whole stage on one microbatch (one process, the
+    stages' weights as cold as in a run: every stage runs in turn)."""
+    with torch.no_grad():
+        inputs, xs = [], (example,)
+        for m in modules:
+            inputs.append(xs)
+            xs = m(*xs)
+    times: list[list[tuple[float, float]]] = [[] for _ in modules]
+    for _ in range(repeats + 3):
+        for k, m in enumerate(modules):
+            xs = [t.detach().requires_grad_(k > 0) for t in inputs[k]]
+            t0 = time.perf_counter()
+            out = m(*xs)
+            t1 = time.perf_counter()
+            out[0].backward(torch.ones_like(out[0]))
+            times[k].append((t1 - t0, time.perf_counter() - t1))
+    return [(statistics.median(f for f, _ in ts[3:]), statistics.median(b for _, b in ts[3:])) for ts in times]
+
+
+_PREDICTION_INPUTS: dict = {}
+
+
+def predicted_iteration_s(schedule: str, **c) -> dict[str, float]:
+    """The simulator's time per step (batch_size samples) for three cost sources: the model's
+    profile (per-layer forward and backward summed per stage), the profile plus each stage's
+    measured optimizer step, and whole-stage forward/backward times plus the step."""
     from trainer.profile.profiler import profile_model
     from trainer.schedule import build
     from trainer.schedule.costs import StageCosts
@@ -224,26 +247,34 @@ def predicted_iteration_s(schedule: str, **c) -> tuple[float, float]:
 
     cfg = run_cfg(schedule, steps=1, **c)
     torch.set_num_threads(1)
-    zoo = model_mod.load_zoo(cfg)
-    layers = model_mod.stage_layers(cfg, zoo, STAGES)
-    prof = profile_model(zoo.model, zoo.example_input(cfg.microbatch_size), batch_size=cfg.microbatch_size,
-                         optimizer=cfg.optimizer or zoo.optimizer, model_name="mlp")
-    modules = model_mod.build_stages(zoo.model, zoo.example_input(cfg.microbatch_size), layers)
-    by_name = {layer.name: layer for layer in prof.layers}
+    key = cfg.microbatch_size
+    if key not in _PREDICTION_INPUTS:
+        zoo = model_mod.load_zoo(cfg)
+        layers = model_mod.stage_layers(cfg, zoo, STAGES)
+        example = zoo.example_input(cfg.microbatch_size)
+        prof = profile_model(zoo.model, example, batch_size=cfg.microbatch_size,
+                             optimizer=cfg.optimizer or zoo.optimizer, model_name="mlp")
+        modules = model_mod.build_stages(zoo.model, example, layers)
+        by_name = {layer.name: layer for layer in prof.layers}
+        profiled = [(sum(by_name[n].forward_ms for n in st if n in by_name) / 1e3,
+                     sum(by_name[n].backward_ms for n in st if n in by_name) / 1e3) for st in layers]
+        steps = [_step_seconds(zoo, m) for m in modules]
+        _PREDICTION_INPUTS[key] = (profiled, steps, _stage_fb_seconds(zoo, modules, example))
+    profiled, steps, staged = _PREDICTION_INPUTS[key]
     M = cfg.microbatches
-    out = []
-    for with_step in (False, True):
-        costs = []
-        for stage, module in zip(layers, modules):
-            fwd = sum(by_name[n].forward_ms for n in stage if n in by_name) / 1e3
-            bwd = sum(by_name[n].backward_ms for n in stage if n in by_name) / 1e3
-            costs.append(StageCosts(fwd_s=fwd, bwd_s=bwd, step_s=_step_seconds(zoo, module) if with_step else 0.0))
+    sources = {
+        "profile": [StageCosts(fwd_s=f, bwd_s=b) for f, b in profiled],
+        "profile+step": [StageCosts(fwd_s=f, bwd_s=b, step_s=st) for (f, b), st in zip(profiled, steps)],
+        "stages+step": [StageCosts(fwd_s=f, bwd_s=b, step_s=st) for (f, b), st in zip(staged, steps)],
+    }
+    out = {}
+    for name, costs in sources.items():
         if cfg.schedule == "pipedream":  # steady state: the time per M minibatches of a long run
             n = 20 * M
-            out.append(simulate(build(cfg.schedule, STAGES, n), costs).iteration_time_s / n * M)
+            out[name] = simulate(build(cfg.schedule, STAGES, n), costs).iteration_time_s / n * M
         else:
-            out.append(simulate(build(cfg.schedule, STAGES, M), costs).iteration_time_s)
-    return out[0], out[1]
+            out[name] = simulate(build(cfg.schedule, STAGES, M), costs).iteration_time_s
+    return out
 
 
 def time_to_accuracy(model: str, batch_size: int, microbatches: int) -> None:
@@ -316,12 +347,14 @@ def main() -> None:
         if "ours 1f1b uninstrumented" in med:
             cost = 1 - med["ours 1f1b"] / med["ours 1f1b uninstrumented"]
             print(f"  instrumentation cost (1f1b): {cost:+.1%} of throughput")
+        print("  simulator, ms per step: measured (median run) vs predicted from "
+              "[profile | profile + measured step | whole-stage F/B + step]:")
         for s in scheds:
-            bare, stepped = predicted_iteration_s(s, **c)
+            pred = predicted_iteration_s(s, **c)
             meas = c["batch_size"] / med[f"ours {s}"]
-            print(f"  simulator {s:10s}: measured {meas * 1e3:7.1f} ms/step; predicted from the profile "
-                  f"{bare * 1e3:7.1f} ({bare / meas - 1:+.1%}), with measured step time {stepped * 1e3:7.1f} "
-                  f"({stepped / meas - 1:+.1%})")
+            best = c["batch_size"] / max(res[f"ours {s}"])
+            print(f"    {s:12s} measured {meas * 1e3:7.1f} (best run {best * 1e3:7.1f}); predicted "
+                  + " | ".join(f"{v * 1e3:7.1f} ({v / meas - 1:+.0%})" for v in pred.values()))
 
 
 if __name__ == "__main__":
