@@ -180,7 +180,10 @@ def _solve_in_order(tables: Tables, levels, options: dict, bounds, limits, short
             sol = _solve_top_of_chain(tables, values, opt, bounds[-1], math.prod(w for w, _ in levels[:-1]))
         else:
             caps, end_bounds = limits[idx] if limits[idx] is not None else (None, None)
-            sol = solve(tables, values, opt, bound=bounds[idx], caps=caps, end_bounds=end_bounds)
+            # Capped chain levels also skip, in compiled code, candidates their compute rules out.
+            workers = math.prod(w for w, _ in levels[:idx]) if caps is not None else None
+            sol = solve(tables, values, opt, bound=bounds[idx], caps=caps, end_bounds=end_bounds,
+                        chain_workers=workers)
         solutions.append(sol)
         values = sol.next_values()
     return solutions

@@ -56,9 +56,10 @@ class LevelSolution:
 
 def solve(tables: Tables, values: np.ndarray, opt: LevelOptions, rows: np.ndarray | None = None,
           bound: np.ndarray | float = INF, caps: np.ndarray | None = None,
-          end_bounds: np.ndarray | None = None) -> LevelSolution:
+          end_bounds: np.ndarray | None = None, chain_workers: int | None = None) -> LevelSolution:
     rows = all_rows(opt, tables.size) if rows is None else np.asarray(rows, dtype=np.intp)
-    return LevelSolution(tables, values, opt, rows, solve_level(tables, values, opt, rows, bound, caps, end_bounds))
+    return LevelSolution(tables, values, opt, rows,
+                         solve_level(tables, values, opt, rows, bound, caps, end_bounds, chain_workers))
 
 
 def _split(sol: LevelSolution, i: int, j: int, m: int) -> list[tuple[int, int, int]]:
