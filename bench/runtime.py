@@ -297,6 +297,42 @@ def time_to_accuracy(model: str, batch_size: int, microbatches: int) -> None:
               f"{s['samples_per_s']:.0f} samples/s, run wall {time.monotonic() - t:.1f} s")
 
 
+def instrumentation_cost(pairs: int, schedule: str, steps: int) -> None:
+    """Alternate instrumented and uninstrumented runs of config (a); print the paired ratios."""
+    ratios, offs = [], []
+    for _ in range(pairs):
+        on = ours(schedule, steps, instrument=True, **CONFIGS["a"])
+        off = ours(schedule, steps, instrument=False, **CONFIGS["a"])
+        ratios.append(on / off)
+        offs.append(off)
+        print(f"  {schedule}: instrumented {on:7.1f}, uninstrumented {off:7.1f} samples/s ({on / off - 1:+.1%})", flush=True)
+    print(f"instrumentation cost ({schedule}, config a, median of {pairs} back-to-back pairs): "
+          f"{1 - statistics.median(ratios):+.1%} of throughput (end-to-end; the machine's noise dominates)")
+    # The same cost measured directly: what instrumentation adds to one worker's step (recording
+    # each of its actions, then shipping the step's events to the launcher), against the step time.
+    from trainer.runtime.instrument import Recorder
+    from trainer.schedule.actions import Kind
+
+    ctx = mp.get_context("fork")
+    q = ctx.Queue()
+    rec = Recorder(time.perf_counter())
+    actions_per_step = 4 * CONFIGS["a"]["microbatches"] + 1  # F, B, send, recv per microbatch + step
+    n = 2000
+    t = time.perf_counter()
+    for i in range(n):
+        for _ in range(actions_per_step):
+            t0 = time.perf_counter()
+            rec.record(Kind.FORWARD, 0, i, t0, time.perf_counter(), i)
+        events, busy = rec.take()
+        q.put(("step", 0, i, 0.0, busy, [], 0, events))
+    per_step = (time.perf_counter() - t) / n
+    for _ in range(n):
+        q.get()
+    step_s = CONFIGS["a"]["batch_size"] / max(offs)  # the fastest step measured: the largest share
+    print(f"  direct: {per_step * 1e6:.0f} us of instrumentation per worker step ({actions_per_step} actions) "
+          f"against a {step_s * 1e3:.0f} ms step: {per_step / step_s:.2%} of throughput")
+
+
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--config", choices=["a", "b", "both"], default="both")
@@ -305,7 +341,12 @@ def main() -> None:
     ap.add_argument("--schedules", default="1f1b,gpipe,pipedream,pipedream:1",
                     help="comma-separated; name:M overrides the microbatch count (pipedream:1 = whole batches)")
     ap.add_argument("--tta", metavar="MODEL", help="instead: time to accuracy of a zoo model (e.g. mlp-digits)")
+    ap.add_argument("--instrumentation-pairs", type=int, metavar="N",
+                    help="instead: N back-to-back instrumented/uninstrumented pairs (gpipe, config a)")
     args = ap.parse_args()
+    if args.instrumentation_pairs:
+        instrumentation_cost(args.instrumentation_pairs, "gpipe", args.steps)
+        return
     if args.tta:
         time_to_accuracy(args.tta, 64, 4)
         return
