@@ -10,6 +10,7 @@ import numpy as np
 import pytest
 
 from trainer.plan import chaincap
+from trainer.plan.chainkernel import available as chainkernel_available
 from trainer.plan.pipedream import solve_chain_within, solve_levels, tables_of
 from trainer.plan.states import state_chain
 from tests.trainer.test_plan_exact import chain_profile
@@ -35,7 +36,13 @@ def _objective(solutions, t) -> float:
     (7, [(2, 100e9), (2, 40e9), (2, 10e9), (2, 1e9)], {}),
     (8, [(4, 100e9), (4, 25e9), (4, 3.125e9)], {"layers": 120}),
 ])
-def test_capped_chain_equals_the_straightforward_dp(seed, levels, opts, monkeypatch):
+@pytest.mark.parametrize("compiled", [True, False])
+def test_capped_chain_equals_the_straightforward_dp(seed, levels, opts, compiled, monkeypatch):
+    # compiled: bands and the windowed loop (chainkernel); else the NumPy DP under the same caps.
+    if compiled and not chainkernel_available():
+        pytest.skip("numba not installed")
+    if not compiled:
+        monkeypatch.setattr("trainer.plan.chainkernel.available", lambda: False)
     calls = []
     real = chaincap.solve_within
     monkeypatch.setattr(chaincap, "solve_within", lambda *a, **k: calls.append(a[1]) or real(*a, **k))
@@ -67,6 +74,16 @@ def test_any_first_guess_ends_at_the_optimum(factor):
     assert solutions is not None
     assert _objective(solutions, t) == full
     assert (len(passes) == 1) == (factor >= 1.0)
+
+
+def test_envelope_keeps_the_max_of_all_lines():
+    rng = np.random.default_rng(0)
+    for _ in range(50):
+        lines = np.column_stack([rng.uniform(0, 10, 30), rng.uniform(0, 5, 30)])
+        hull = chaincap._envelope(lines)
+        p = rng.uniform(0, 20, 500)
+        assert len(hull) < len(lines)
+        np.testing.assert_allclose(chaincap._evaluate(hull, p), chaincap._evaluate(lines, p), rtol=1e-12)
 
 
 def test_caps_cut_rows_short_and_bounds_fall_along_a_row():

@@ -73,14 +73,27 @@ def _scaled(lines: np.ndarray, replicas) -> np.ndarray:
 
 
 def _envelope(lines: np.ndarray) -> np.ndarray:
-    """Drop lines below another everywhere on p >= 0 (intercept no higher, slope no smaller)."""
+    """The lines of max(b - s p) that are highest somewhere on p >= 0 (the upper envelope).
+
+    Removing a line only ever lowers the max where rounding put two lines within a few ulps of
+    each other, far inside the slack ``limits`` adds."""
     order = np.lexsort((-lines[:, 0], lines[:, 1]))  # by slope, then highest intercept first
-    keep, best = [], -math.inf
+    pareto, best = [], -math.inf
     for b, s in lines[order]:
         if b > best:  # a higher intercept than every line of smaller or equal slope
-            keep.append((b, s))
+            pareto.append((b, s))
             best = b
-    return np.array(keep).reshape(-1, 2)
+    hull: list[tuple[float, float]] = []
+    for b3, s3 in pareto:  # slopes ascending, intercepts ascending
+        while len(hull) >= 2:
+            (b1, s1), (b2, s2) = hull[-2], hull[-1]
+            # The middle line is above its neighbours only for p in [x23, x12]: empty if x23 >= x12.
+            if (b3 - b2) * (s2 - s1) >= (b2 - b1) * (s3 - s2):
+                hull.pop()
+            else:
+                break
+        hull.append((b3, s3))
+    return np.array(hull).reshape(-1, 2)
 
 
 def _evaluate(lines: np.ndarray, p: np.ndarray) -> np.ndarray:

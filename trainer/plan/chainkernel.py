@@ -21,30 +21,46 @@ from __future__ import annotations
 
 import numpy as np
 
-try:  # the planner works without it (NumPy path); numba makes long chains fast
-    from numba import njit
-except ImportError:  # pragma: no cover - numba is a dependency; this keeps a broken install usable
-    njit = None
+import importlib.util
 
 SLACK = 1 + 1e-9
+_compiled = None
 
 
 def available() -> bool:
-    return njit is not None
+    """Whether numba is installed (the planner falls back to the NumPy DP without it)."""
+    return importlib.util.find_spec("numba") is not None
 
 
-def _pull_rows_windowed(F, j, first, top, rows, preds, costs, R, row_bound, compute, compute_t, workers, slack):
-    """F[j, m, c] = min(F[j, m, c], min over k in preds, m' of max(F[k, m - m', c], cost)),
-    for the row columns first..top-1, skipping candidates the compute bounds rule out.
-    ``costs[t, m' - 1, p]`` is the last stage's cost from ``preds[p]`` on m' replicas for the
-    target m = t (one t for every m when no memory check makes it depend on m). ``compute[i, k]``
-    is the compute of states i..k, and ``compute_t`` its transpose. Every walk over k reads
-    contiguous memory (F is best stored [c, m, j] underneath)."""
-    M = F.shape[1]
+def pull_rows_windowed(*args) -> None:
+    """``_pull_rows_windowed`` compiled on first use (numba is imported only when a long chain
+    needs it, so ``pipeboard plan`` keeps starting fast; the machine code is cached on disk)."""
+    global _compiled
+    if _compiled is None:
+        from numba import njit
+
+        _compiled = njit(cache=True, nogil=True)(_pull_rows_windowed)
+    _compiled(*args)
+
+
+def _pull_rows_windowed(G, j, first, top, rows, caps, preds, costs, R, row_bound, compute, compute_t, workers,
+                        slack, fewer):
+    """For each row column c in first..top-1 whose cap reaches j (row i = rows[c]):
+    A[i][j][m] = min(A[i][j][m], min over k in preds, m' of max(A[i][k][m - m'], cost)), then,
+    with ``fewer``, A[i][j][m] = min(A[i][j][m], A[i][j][m-1]) (the reference's fewer machines).
+
+    A row's entries live in a band: A[i][j][m] = G[c, m, j - i], so every walk over k is
+    contiguous. ``costs[t, m' - 1, p]`` is the last stage's cost from ``preds[p]`` on m'
+    replicas for the target m = t (one t for every m when no memory check makes it depend on
+    m). ``compute[i, k]`` is the compute of states i..k, ``compute_t`` its transpose."""
+    M = G.shape[1]
     K = preds.shape[0]
     per_target = costs.shape[0] > 1
     for c in range(first, top):
         i = rows[c]
+        if caps[c] < j:
+            continue  # nothing of row i ending at j matters
+        d = j - i
         # preds[start:] are the states k >= i (row i's prefix must hold at least state i).
         lo, hi = 0, K
         while lo < hi:
@@ -54,15 +70,13 @@ def _pull_rows_windowed(F, j, first, top, rows, preds, costs, R, row_bound, comp
             else:
                 hi = mid
         start = lo
-        if start >= K:
-            continue
         for m in range(1, M):
-            b = F[j, m, c]
+            if start >= K:
+                break
+            b = G[c, m, d]
             for r in range(1, min(R, m) + 1):
                 mm = m - r
                 limit = min(b, row_bound[c]) * slack
-                if not limit < np.inf:
-                    limit = np.inf
                 # The last k whose prefix can fit: c(i..k) <= limit * w * (mm+1) (a bit of slack
                 # on top, so sums a few ulps off monotone cannot hide a state from the search).
                 cap = limit * workers * (mm + 1) * slack
@@ -83,12 +97,13 @@ def _pull_rows_windowed(F, j, first, top, rows, preds, costs, R, row_bound, comp
                     cost = costs[m if per_target else 0, r - 1, idx]
                     if cost >= b:
                         continue
-                    v = F[k, mm, c]
+                    v = G[c, mm, k - i]
                     if v < cost:
                         v = cost
                     if v < b:
                         b = v
-            F[j, m, c] = b
-
-
-pull_rows_windowed = njit(cache=True, nogil=True)(_pull_rows_windowed) if njit is not None else None
+            G[c, m, d] = b
+        if fewer:
+            for m in range(1, M):
+                if G[c, m - 1, d] < G[c, m, d]:
+                    G[c, m, d] = G[c, m - 1, d]

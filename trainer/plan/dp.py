@@ -24,8 +24,6 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from trainer.plan import chainkernel
-
 INF = math.inf
 
 
@@ -163,7 +161,7 @@ def all_rows(opt: LevelOptions, n: int) -> np.ndarray:
 
 def solve_level(t: Tables, values: np.ndarray, opt: LevelOptions, rows: np.ndarray | None = None,
                 bound: np.ndarray | float = INF, caps: np.ndarray | None = None,
-                end_bounds: np.ndarray | None = None, chain_workers: int | None = None) -> np.ndarray:
+                end_bounds: np.ndarray | None = None) -> np.ndarray:
     """Fill the level's table: F[j, m, c] = the reference's A[rows[c]][j][m][0].
 
     ``values`` is this level's ``compute_times`` ((n+1, n), +inf for empty); ``rows`` the
@@ -176,8 +174,6 @@ def solve_level(t: Tables, values: np.ndarray, opt: LevelOptions, rows: np.ndarr
     as it only reads entries of its own row that end earlier. ``end_bounds`` (len(rows), n), a
     bound per block rather than per row, prunes the same way (an entry of a block above it and
     any candidate above it are dropped); each must be at least the block's true bound.
-    ``chain_workers`` (a chain only: the workers per machine of this level) lets the compiled
-    loop of ``chainkernel`` skip candidates its compute bounds rule out; entries are the same.
     """
     n, M = t.size, opt.machines
     rows = all_rows(opt, n) if rows is None else np.asarray(rows, dtype=np.intp)
@@ -185,10 +181,7 @@ def solve_level(t: Tables, values: np.ndarray, opt: LevelOptions, rows: np.ndarr
     pruning = bool(np.isfinite(bound).any()) or end_bounds is not None
     by_end = np.ascontiguousarray(np.asarray(end_bounds, dtype=float).T) if end_bounds is not None else None
     acts, params = t.block_sums()
-    windowed = chain_workers is not None and len(rows) > 1 and M > 1 and chainkernel.available()
-    # The compiled loop walks one row's entries at a time: store each row's (n, M) table
-    # contiguously there (F stays indexed [j, m, c], as a view).
-    F = np.full((len(rows), M, n), INF).transpose(2, 1, 0) if windowed else np.full((n, M, len(rows)), INF)
+    F = np.full((n, M, len(rows)), INF)
     # first_col[j]: the first row whose cap reaches j (rows before it need nothing ending at j).
     first_col = (np.searchsorted(np.maximum.accumulate(caps), np.arange(n)) if caps is not None
                  else np.zeros(n, dtype=np.intp))
@@ -216,8 +209,6 @@ def solve_level(t: Tables, values: np.ndarray, opt: LevelOptions, rows: np.ndarr
         _solve_one_row_by_machines(F, t, values, opt, int(rows[0]), reps, float(bound[0]))
         return F
     diag = _diagonal_plan(M, R) if M > 1 else None
-    compute = t.compute_sums() if windowed else None
-    compute_t = np.ascontiguousarray(compute.T) if windowed else None
     for j in range(1, n):
         top = int(np.searchsorted(rows, j))  # columns of rows i < j (i <= k < j)
         lo = int(first_col[j])
@@ -236,13 +227,6 @@ def solve_level(t: Tables, values: np.ndarray, opt: LevelOptions, rows: np.ndarr
                 target_cost = _target_costs(cost, stash, opt)  # (K, R, M)
                 if len(rows) == 1:
                     _pull_single_row(F, j, preds, target_cost, diag)
-                elif windowed:
-                    row_bound = np.ascontiguousarray(np.broadcast_to(j_bound, rows.shape), dtype=float)
-                    costs = (np.ascontiguousarray(target_cost.transpose(2, 1, 0)) if stash is not None
-                             else np.ascontiguousarray(cost.T)[None])  # (targets, R, K)
-                    chainkernel.pull_rows_windowed(F, j, lo, top, rows, np.ascontiguousarray(preds), costs, R,
-                                                   row_bound, compute, compute_t, float(chain_workers),
-                                                   chainkernel.SLACK)
                 else:
                     _pull_rows(F, j, top, rows, preds, target_cost, R, j_bound if pruning else None, lo)
         if opt.fewer_machines and top:

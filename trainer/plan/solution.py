@@ -10,6 +10,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from trainer.plan import banded, chainkernel
 from trainer.plan.dp import (INF, LevelOptions, Tables, _stash_factor, all_rows, last_stage_costs,
                              next_level_values, single_stage_costs, solve_level)
 
@@ -28,14 +29,19 @@ class LevelSolution:
     F: np.ndarray
     next_override: np.ndarray | None = None
     _extra: dict | None = None
+    band: np.ndarray | None = None  # (n+1, M, width) when stored as bands (see ``banded``); F unused
 
     def row_table(self, i: int) -> np.ndarray:
         """(n, M): A[i][j][m][0] for every j and m."""
+        if self._extra is None:
+            self._extra = {}
+        if self.band is not None:
+            if i not in self._extra:
+                self._extra[i] = banded.dense_row(self.band, i, self.tables.size)
+            return self._extra[i]
         c = int(np.searchsorted(self.rows, i))
         if c < len(self.rows) and self.rows[c] == i:
             return self.F[:, :, c]
-        if self._extra is None:
-            self._extra = {}
         if i not in self._extra:
             row = np.array([i], dtype=np.intp)
             self._extra[i] = solve_level(self.tables, self.values, self.options, row)[:, :, 0]
@@ -47,6 +53,8 @@ class LevelSolution:
     def next_values(self) -> np.ndarray:
         if self.next_override is not None:
             return self.next_override
+        if self.band is not None:
+            return banded.full_values(self.band, self.tables.size)
         return next_level_values(self.F, self.rows, self.tables.size)
 
     def split(self, i: int, j: int) -> list[tuple[int, int, int]]:
@@ -58,8 +66,12 @@ def solve(tables: Tables, values: np.ndarray, opt: LevelOptions, rows: np.ndarra
           bound: np.ndarray | float = INF, caps: np.ndarray | None = None,
           end_bounds: np.ndarray | None = None, chain_workers: int | None = None) -> LevelSolution:
     rows = all_rows(opt, tables.size) if rows is None else np.asarray(rows, dtype=np.intp)
+    if (chain_workers is not None and caps is not None and end_bounds is not None and len(rows) == tables.size + 1
+            and chainkernel.available()):
+        band = banded.solve_banded(tables, values, opt, bound, caps, end_bounds, chain_workers)
+        return LevelSolution(tables, values, opt, rows, np.zeros((tables.size, opt.machines, 0)), band=band)
     return LevelSolution(tables, values, opt, rows,
-                         solve_level(tables, values, opt, rows, bound, caps, end_bounds, chain_workers))
+                         solve_level(tables, values, opt, rows, bound, caps, end_bounds))
 
 
 def _split(sol: LevelSolution, i: int, j: int, m: int) -> list[tuple[int, int, int]]:
