@@ -74,6 +74,10 @@ def _pull_rows_windowed(G, j, first, top, rows, caps, preds, costs, R, row_bound
             if start >= K:
                 break
             b = G[c, m, d]
+            # Prefix and last stage together hold the whole block on m+1 machines: if its compute
+            # exceeds that many machines' worth at the limit, no split can come in under it.
+            if compute[i, j] > min(b, row_bound[c]) * slack * workers * (m + 1) * slack:
+                continue
             for r in range(1, min(R, m) + 1):
                 mm = m - r
                 limit = min(b, row_bound[c]) * slack
