@@ -9,7 +9,7 @@ import random
 import numpy as np
 import pytest
 
-from trainer.plan import chaincap
+from trainer.plan import banded, chaincap
 from trainer.plan.chainkernel import available as chainkernel_available
 from trainer.plan.pipedream import solve_chain_within, solve_levels, tables_of
 from trainer.plan.states import state_chain
@@ -41,7 +41,12 @@ def test_capped_chain_equals_the_straightforward_dp(seed, levels, opts, compiled
     # compiled: bands and the windowed loop (chainkernel); else the NumPy DP under the same caps.
     if compiled and not chainkernel_available():
         pytest.skip("numba not installed")
-    if not compiled:
+    banded_levels = []
+    if compiled:
+        monkeypatch.setattr("trainer.plan.banded.FROM_STATES", 0)
+        real_banded = banded.solve_banded
+        monkeypatch.setattr(banded, "solve_banded", lambda *a: banded_levels.append(a[2].machines) or real_banded(*a))
+    else:
         monkeypatch.setattr("trainer.plan.chainkernel.available", lambda: False)
     calls = []
     real = chaincap.solve_within
@@ -53,6 +58,8 @@ def test_capped_chain_equals_the_straightforward_dp(seed, levels, opts, compiled
     full = _objective(solve_levels(t, levels, prune=False, shortcuts=False, **options), t)
     capped = _objective(solve_levels(t, levels, **options), t)
     assert calls, "the capped path should have been taken"
+    # Every level below the top is banded, except one a two-machine top level solves by suffix.
+    assert bool(banded_levels) == compiled
     assert math.isfinite(full)
     assert capped == full
 
@@ -67,7 +74,7 @@ def test_any_first_guess_ends_at_the_optimum(factor):
     passes = []
 
     def within(upper):
-        passes.append(upper)
+        passes.append(upper)  # (NumPy DP under the caps: this chain is below banded.FROM_STATES)
         return solve_chain_within(t, levels, BASE, upper, False)
 
     solutions = chaincap.solve_within(within, full * factor, t.size)

@@ -14,6 +14,10 @@ import numpy as np
 from trainer.plan import chainkernel
 from trainer.plan.dp import INF, LevelOptions, Tables, _target_costs, last_stage_costs, single_stage_costs
 
+# Below this many states the NumPy DP under the same caps is quicker than importing numba (and,
+# after a change to chainkernel, compiling it).
+FROM_STATES = 300
+
 
 def solve_banded(t: Tables, values: np.ndarray, opt: LevelOptions, bound, caps: np.ndarray,
                  end_bounds: np.ndarray, workers: int) -> np.ndarray:

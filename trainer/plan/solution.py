@@ -67,7 +67,7 @@ def solve(tables: Tables, values: np.ndarray, opt: LevelOptions, rows: np.ndarra
           end_bounds: np.ndarray | None = None, chain_workers: int | None = None) -> LevelSolution:
     rows = all_rows(opt, tables.size) if rows is None else np.asarray(rows, dtype=np.intp)
     if (chain_workers is not None and caps is not None and end_bounds is not None and len(rows) == tables.size + 1
-            and chainkernel.available()):
+            and tables.size >= banded.FROM_STATES and chainkernel.available()):
         band = banded.solve_banded(tables, values, opt, bound, caps, end_bounds, chain_workers)
         return LevelSolution(tables, values, opt, rows, np.zeros((tables.size, opt.machines, 0)), band=band)
     return LevelSolution(tables, values, opt, rows,
