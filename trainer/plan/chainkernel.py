@@ -12,14 +12,14 @@ full block's entry of the level below, itself at least its compute over its work
 all-reduce and transfer terms only add). So with b the best candidate so far (or the row's
 bound, when smaller), only states k with c(i..k) <= b w (m''+1) and c(k+1..j) <= b w m' can
 improve it: a window found by binary search on the first and closed by the second as k
-descends. Everything kept is compared exactly as the NumPy path does (max, then min), so
+descends (and none at all when c(i..j) > b w (m+1), as the two parts share the block). An
+entry above its row's bound may thus stay larger than the reference's, as in ``dp``; every
+entry within it is exact. Everything kept is compared exactly as the NumPy path does (max, then min), so
 entries are the same numbers; the windows only skip candidates that are provably larger
 (with a relative slack of 1e-9, far above the rounding of the compute sums).
 """
 
 from __future__ import annotations
-
-import numpy as np
 
 import importlib.util
 
