@@ -39,7 +39,7 @@ from typing import Callable
 
 import numpy as np
 
-from trainer.plan.dp import Tables, _block_sums
+from trainer.plan.dp import Tables
 
 SLACK = 1 + 1e-9
 
@@ -109,7 +109,7 @@ def limits(tables: Tables, levels, upper: float) -> list[tuple[np.ndarray, np.nd
     ((n+1, n); they bound every entry of the block, whatever its machine count, since an entry
     is at most the full block's value it feeds and B only falls as the block grows)."""
     n, L = tables.size, len(levels)
-    compute = _block_sums(tables.compute)
+    compute = tables.compute_sums()
     _, params = tables.block_sums()
     later = np.arange(n)[None, :] >= np.arange(1, n + 1)[:, None]  # j >= i for rows 1..n
     total_workers = math.prod(w for w, _ in levels)
