@@ -38,7 +38,7 @@ class Settings(BaseSettings):
     redis_url: str = Field("", description="Redis for live pub/sub of run events; default the broker when it is Redis.")
     key_prefix: str = Field("", description="Prefix of every Redis key and channel, so that deployments (or tests) can share one Redis.")
 
-    read_auth: bool = Field(False, description="When true, reads need a token too (writes always do).")
+    read_auth: bool = Field(False, description="When true, reads need a token too (writes need a write token once any token exists).")
     max_upload_bytes: int = Field(50 * 1024 * 1024, gt=0, description="Largest accepted upload (profiles, graph.txt).")
     heartbeat_seconds: float = Field(5.0, gt=0, description="How often running jobs and workers report they are alive.")
     stale_after_heartbeats: int = Field(3, ge=1, description="Missed heartbeats after which a job or worker is presumed dead.")
