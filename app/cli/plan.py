@@ -16,6 +16,8 @@ import sys
 from pathlib import Path
 
 import typer
+
+from app.cli.common import fail
 from typer.core import TyperCommand
 
 # Options that take several values, as in `--workers 4 4`.
@@ -55,10 +57,6 @@ class MultiValueCommand(TyperCommand):
         return super().parse_args(ctx, spread_multi_values(list(args)))
 
 
-def _fail(message: str) -> None:
-    typer.echo(f"error: {message}", err=True)
-    raise typer.Exit(code=2)
-
 
 def _parse_numbers(values: list[str], name: str, kind) -> list:
     out = []
@@ -66,10 +64,10 @@ def _parse_numbers(values: list[str], name: str, kind) -> list:
         try:
             value = float(raw)
         except ValueError:
-            _fail(f"{name}: {raw!r} is not a number")
+            fail(f"{name}: {raw!r} is not a number")
         if kind is int:
             if not math.isfinite(value) or not value.is_integer():
-                _fail(f"{name}: {raw!r} is not a whole number of workers")
+                fail(f"{name}: {raw!r} is not a whole number of workers")
             value = int(value)
         out.append(value)
     return out
@@ -140,7 +138,7 @@ def plan_command(
     from trainer.profile.schema import Profile, ProfileError
 
     if not profile.is_file():
-        _fail(f"PROFILE: no such file {str(profile)!r}")
+        fail(f"PROFILE: no such file {str(profile)!r}")
     try:
         prof = Profile.load(profile)
         levels = levels_from_lists(_parse_numbers(workers, "workers", int), _parse_numbers(bandwidth, "bandwidth", float))
@@ -153,14 +151,14 @@ def plan_command(
         else:
             result = make_plan(prof, levels, method=method, **options)
     except (PlanError, ProfileError) as exc:
-        _fail(str(exc))
+        fail(str(exc))
     except UnicodeDecodeError:
-        _fail(f"PROFILE: {str(profile)!r} is not a text file (expected a profile JSON or a graph.txt)")
+        fail(f"PROFILE: {str(profile)!r} is not a text file (expected a profile JSON or a graph.txt)")
     if output is not None:
         try:
             result.save(output)
         except OSError as exc:
-            _fail(f"--output: cannot write {str(output)!r}: {exc.strerror}")
+            fail(f"--output: cannot write {str(output)!r}: {exc.strerror}")
     if as_json:
         data = result.to_dict()
         if compare:

@@ -14,9 +14,11 @@ inside the commands that need it. Bad input ends with one line on stderr and exi
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any, Optional
+from typing import Optional
 
 import typer
+
+from app.cli.common import fail, parse_model_args
 from typer.core import TyperGroup
 
 _MODEL_COMMAND = "model"
@@ -41,30 +43,7 @@ profile_app = typer.Typer(
 )
 
 
-def _fail(message: str) -> None:
-    typer.echo(f"error: {message}", err=True)
-    raise typer.Exit(code=2)
 
-
-def parse_model_args(pairs: list[str]) -> dict[str, Any]:
-    """`k=v` strings to keyword arguments; values become int, float or bool where they read so."""
-    out: dict[str, Any] = {}
-    for pair in pairs:
-        key, eq, raw = pair.partition("=")
-        if not eq or not key.strip():
-            raise ValueError(f"--model-arg {pair!r}: expected key=value")
-        value: Any = raw
-        if raw.lower() in ("true", "false"):
-            value = raw.lower() == "true"
-        else:
-            for cast in (int, float):
-                try:
-                    value = cast(raw)
-                    break
-                except ValueError:
-                    pass
-        out[key.strip()] = value
-    return out
 
 
 @profile_app.command(_MODEL_COMMAND, hidden=True)
@@ -81,17 +60,17 @@ def profile_cmd(
 ) -> None:
     """Measure MODEL layer by layer and write a profile JSON."""
     if device not in ("cpu", "cuda"):
-        _fail(f"--device must be 'cpu' or 'cuda', got {device!r}")
+        fail(f"--device must be 'cpu' or 'cuda', got {device!r}")
     if batch_size is not None and batch_size < 1:
-        _fail(f"--batch-size must be >= 1, got {batch_size}")
+        fail(f"--batch-size must be >= 1, got {batch_size}")
     if warmup < 0 or repeats < 1:
-        _fail("--warmup must be >= 0 and --repeats >= 1")
+        fail("--warmup must be >= 0 and --repeats >= 1")
     if threads < 1:
-        _fail(f"--threads must be >= 1, got {threads}")
+        fail(f"--threads must be >= 1, got {threads}")
     try:
         args = parse_model_args(model_arg)
     except ValueError as exc:
-        _fail(str(exc))
+        fail(str(exc))
     from rich.console import Console
     from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
 
@@ -103,7 +82,7 @@ def profile_cmd(
     torch.set_num_threads(threads)
     if device == "cuda":
         if not torch.cuda.is_available():
-            _fail("--device cuda: CUDA is not available on this machine")
+            fail("--device cuda: CUDA is not available on this machine")
     try:
         if ":" not in model:
             args.setdefault("seed", seed)
@@ -125,7 +104,7 @@ def profile_cmd(
     except (KeyboardInterrupt, typer.Exit):
         raise
     except Exception as exc:  # one line, never a traceback (the message names what failed)
-        _fail(str(exc) if isinstance(exc, ValueError) else f"{type(exc).__name__}: {exc}")
+        fail(str(exc) if isinstance(exc, ValueError) else f"{type(exc).__name__}: {exc}")
     typer.echo(f"wrote {output}: {len(prof.layers)} layers, {len(prof.edges)} edges, batch size {prof.batch_size}, "
                f"device {prof.device}, {prof.meta['wall_s']:.1f} s")
     typer.echo(self_check_line(prof))
@@ -146,7 +125,7 @@ def import_cmd(
         output.parent.mkdir(parents=True, exist_ok=True)
         prof.save(output)
     except (ProfileError, OSError, UnicodeDecodeError) as exc:
-        _fail(f"{graph_txt}: {exc}")
+        fail(f"{graph_txt}: {exc}")
     typer.echo(f"wrote {output}: {len(prof.layers)} layers, {len(prof.edges)} edges (from {graph_txt})")
 
 
@@ -164,7 +143,7 @@ def export_cmd(
         output.parent.mkdir(parents=True, exist_ok=True)
         output.write_text(to_graph_txt(prof))
     except (ProfileError, OSError, UnicodeDecodeError) as exc:
-        _fail(f"{profile}: {exc}")
+        fail(f"{profile}: {exc}")
     typer.echo(f"wrote {output}: {len(prof.layers)} layers, {len(prof.edges)} edges")
 
 

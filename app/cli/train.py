@@ -16,30 +16,10 @@ from typing import Any, Optional
 
 import typer
 
-
-def _fail(message: str, code: int = 2) -> None:
-    typer.echo(f"error: {message}", err=True)
-    raise typer.Exit(code=code)
+from app.cli.common import fail, parse_model_args
 
 
-def _model_args(pairs: list[str]) -> dict[str, Any]:
-    out: dict[str, Any] = {}
-    for pair in pairs:
-        key, eq, raw = pair.partition("=")
-        if not eq or not key.strip():
-            raise ValueError(f"--model-arg {pair!r}: expected key=value")
-        value: Any = raw
-        if raw.lower() in ("true", "false"):
-            value = raw.lower() == "true"
-        else:
-            for cast in (int, float):
-                try:
-                    value = cast(raw)
-                    break
-                except ValueError:
-                    continue
-        out[key.strip()] = value
-    return out
+
 
 
 def _plan_layout(path: str) -> tuple[list[list[str]], list[int]]:
@@ -118,11 +98,11 @@ def register(cli: typer.Typer) -> None:
         from trainer.runtime.config import ConfigError, RunConfig
 
         if plan is not None and stages is not None:
-            _fail("--plan and --stages: give one of them")
+            fail("--plan and --stages: give one of them")
         try:
             plan_stages, replicas = _plan_layout(plan) if plan else (None, None)
             cfg = RunConfig(
-                model=model, model_args=_model_args(model_arg), schedule=schedule, batch_size=batch_size,
+                model=model, model_args=parse_model_args(model_arg), schedule=schedule, batch_size=batch_size,
                 microbatches=microbatches, stages=plan_stages, replicas=replicas if schedule != "dp" else None,
                 num_stages=stages, workers=workers if (workers or not replicas or schedule != "dp") else sum(replicas),
                 chunks=chunks, vertical_sync=vertical_sync, epochs=epochs, steps=steps, target=target, seed=seed,
@@ -131,7 +111,7 @@ def register(cli: typer.Typer) -> None:
             if schedule == "dp" and plan_stages is not None:
                 cfg.stages = [[n for s in plan_stages for n in s]]
             cfg.validate()
-            from trainer.runtime.launch import RunFailed, run_training
+            from trainer.runtime.launch import run_training
             from trainer.runtime.sinks import JsonlSink, MultiSink
 
             sinks: list[Any] = [ProgressSink(enabled=not as_json)]
@@ -143,11 +123,11 @@ def register(cli: typer.Typer) -> None:
                 sinks.append(DbSink(job_id))
             summary = run_training(cfg, MultiSink(sinks))
         except (ConfigError, ValueError, KeyError) as exc:
-            _fail(str(exc).strip("'\""))
+            fail(str(exc).strip("'\""))
         except Exception as exc:  # RunFailed, or anything else: one line, never a traceback
             if type(exc).__name__ != "RunFailed":
                 exc = f"{type(exc).__name__}: {exc}"
-            _fail(str(exc), code=1)
+            fail(str(exc), code=1)
         if as_json:
             typer.echo(json.dumps(summary, default=str))
         else:

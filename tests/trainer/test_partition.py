@@ -11,13 +11,7 @@ from trainer.partition import PartitionError, layer_names, run_stages, split_gra
 from trainer.profile.fxgraph import trace_layers
 
 
-@pytest.fixture(autouse=True)
-def _one_thread():
-    """One intra-op thread: the machine is shared, and oversubscribed threads make tiny ops slow."""
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
+pytestmark = pytest.mark.usefixtures("one_thread")
 
 
 @pytest.fixture(scope="module")

@@ -14,13 +14,7 @@ from trainer.profile.profiler import profile_model
 from trainer.profile.usermodel import ModelSpecError, load_factory, resolve_model
 
 
-@pytest.fixture(autouse=True)
-def _one_thread():
-    """One intra-op thread: the machine is shared, and oversubscribed threads make tiny ops slow."""
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
+pytestmark = pytest.mark.usefixtures("one_thread")
 
 
 class DataDependentBranch(nn.Module):

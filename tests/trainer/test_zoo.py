@@ -17,13 +17,7 @@ SMALL = {
 }
 
 
-@pytest.fixture(autouse=True)
-def _one_thread():
-    """One intra-op thread: the machine is shared, and oversubscribed threads make tiny ops slow."""
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
+pytestmark = pytest.mark.usefixtures("one_thread")
 
 
 def test_names_and_describe_agree_with_the_entries():
