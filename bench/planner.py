@@ -27,6 +27,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from trainer.plan import plan  # noqa: E402
+from trainer.plan.reference_flags import parse_reference_flags  # noqa: E402
 from trainer.profile.schema import Layer, Profile  # noqa: E402
 
 SHARED = ROOT.parent / "shared" / "pipedream-profiles"
@@ -42,32 +43,6 @@ CONFIGS = {
 }
 
 
-def parse_args(args: str) -> dict:
-    tokens = args.split()
-    out = {"straight": False, "memory_constraint": False, "memory_bytes": None, "activation_compression": None}
-    workers, bandwidths = [], []
-    i = 0
-    while i < len(tokens):
-        tok = tokens[i]
-        if tok in ("-n", "-b"):
-            i += 1
-            while i < len(tokens) and not tokens[i].startswith("-"):
-                (workers if tok == "-n" else bandwidths).append(float(tokens[i]))
-                i += 1
-            continue
-        if tok == "--straight_pipeline":
-            out["straight"] = True
-        elif tok == "--use_memory_constraint":
-            out["memory_constraint"] = True
-        elif tok == "-s":
-            out["memory_bytes"] = float(tokens[i + 1])
-            i += 1
-        elif tok == "--activation_compression_ratio":
-            out["activation_compression"] = float(tokens[i + 1])
-            i += 1
-        i += 1
-    out["levels"] = [(int(w), b) for w, b in zip(workers, bandwidths)]
-    return out
 
 
 def timed_plan(profile: Profile, **kw):
@@ -107,7 +82,7 @@ def main() -> None:
         profile = Profile.load(SHARED / name / "graph.txt")
         for config in args.configs.split(","):
             rec = reference.get((name, config), {"rc": None, "ref_wall_s": None, "ref": None})
-            kw = parse_args(rec.get("args") or CONFIGS[config])
+            kw = parse_reference_flags(rec.get("args") or CONFIGS[config])
             result, wall, cpu = timed_plan(profile, **kw)
             ref = rec.get("ref") or {}
             ref_time = float(ref["pipeline_time_per_sample_s"]) if ref.get("pipeline_time_per_sample_s") else None

@@ -13,36 +13,8 @@ import pytest
 
 from tests.shared_data import SHARED_PROFILES, graph_txt, shared_profiles_dir
 from trainer.plan import plan
+from trainer.plan.reference_flags import parse_reference_flags
 from trainer.profile.schema import Profile
-
-def parse_args(args: str) -> dict:
-    """The reference's command-line flags as our plan() keywords."""
-    tokens = args.split()
-    out = {"levels": [], "straight": False, "memory_constraint": False, "memory_bytes": None,
-           "activation_compression": None}
-    workers, bandwidths = [], []
-    i = 0
-    while i < len(tokens):
-        tok = tokens[i]
-        if tok in ("-n", "-b"):
-            i += 1
-            while i < len(tokens) and not tokens[i].startswith("-"):
-                (workers if tok == "-n" else bandwidths).append(float(tokens[i]))
-                i += 1
-            continue
-        if tok == "--straight_pipeline":
-            out["straight"] = True
-        elif tok == "--use_memory_constraint":
-            out["memory_constraint"] = True
-        elif tok == "-s":
-            out["memory_bytes"] = float(tokens[i + 1])
-            i += 1
-        elif tok == "--activation_compression_ratio":
-            out["activation_compression"] = float(tokens[i + 1])
-            i += 1
-        i += 1
-    out["levels"] = [(int(w), b) for w, b in zip(workers, bandwidths)]
-    return out
 
 
 def reference_lines():
@@ -64,7 +36,7 @@ def test_objective_equals_the_reference(rec):
     name = rec["profile"]
     if name not in _profiles:
         _profiles[name] = Profile.load(graph_txt(name))
-    kw = parse_args(rec["args"])
+    kw = parse_reference_flags(rec["args"])
     result = plan(_profiles[name], **kw)
     ref = rec["ref"]
     assert result.state_graph == "antichain" and result.states == ref["states"]

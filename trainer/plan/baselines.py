@@ -19,7 +19,7 @@ import numpy as np
 
 from trainer.plan.states import StateChain, state_chain
 from trainer.plan.cluster import Leaf, build_stages, data_parallel_time, total_workers
-from trainer.plan.model import Level, LevelStage, Plan
+from trainer.plan.model import Level, LevelStage, Plan, timing_fields
 from trainer.profile.schema import Profile
 
 
@@ -123,12 +123,7 @@ def baseline_plan(profile: Profile, levels, method: str, *, activation_compressi
         cluster=list(levels),
         total_workers=W,
         workers_used=used,
-        predicted_time_s=best,
-        single_worker_time_s=single,
-        data_parallel_time_s=dp_time,
-        speedup_vs_single=single / best if best > 0 else math.inf,
-        speedup_vs_data_parallel=dp_time / best if best > 0 else math.inf,
-        data_parallel_speedup_vs_single=single / dp_time if dp_time > 0 else math.inf,
+        **timing_fields(best, single, dp_time),
         noam=math.ceil(used / stages[0].replicas),
         levels=[Level(1, W, levels[0][1], [LevelStage(st.start_state, st.end_state, st.replicas, st.compute_s, list(st.layers))
                                             for st in stages])],

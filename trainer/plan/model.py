@@ -8,6 +8,7 @@ what the reference optimizer prints (level 1 innermost, stages as antichain-stat
 from __future__ import annotations
 
 import json
+import math
 from dataclasses import asdict, dataclass, field, fields
 from pathlib import Path
 from typing import Any
@@ -58,6 +59,18 @@ class Stage:
     in_flight: int  # minibatches in flight at this stage (PipeDream: ceil(workers from here on / replicas))
     memory_bytes: float  # parameter_bytes + in_flight * activation_bytes
     time_s: float  # this stage's time per minibatch under the planner's cost model
+
+
+def timing_fields(best: float, single: float, dp_time: float) -> dict[str, float]:
+    """The Plan's times and the speedups derived from them (infinite when a time is zero)."""
+    return {
+        "predicted_time_s": best,
+        "single_worker_time_s": single,
+        "data_parallel_time_s": dp_time,
+        "speedup_vs_single": single / best if best > 0 else math.inf,
+        "speedup_vs_data_parallel": dp_time / best if best > 0 else math.inf,
+        "data_parallel_speedup_vs_single": single / dp_time if dp_time > 0 else math.inf,
+    }
 
 
 @dataclass

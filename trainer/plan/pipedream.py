@@ -26,7 +26,7 @@ from trainer.plan.dp import LevelOptions, Tables, level1_values
 from trainer.plan.solution import LevelSolution, solve
 from trainer.plan import band, chaincap, suffix
 from trainer.plan.errors import PlanError
-from trainer.plan.model import Level, LevelStage, Plan
+from trainer.plan.model import Level, LevelStage, Plan, timing_fields
 from trainer.profile.schema import Profile
 
 
@@ -286,12 +286,7 @@ def pipedream_plan(profile: Profile, levels, *, memory_bytes=None, memory_constr
         cluster=list(levels),
         total_workers=total_workers(levels),
         workers_used=used,
-        predicted_time_s=best,
-        single_worker_time_s=single,
-        data_parallel_time_s=dp_time,
-        speedup_vs_single=single / best if best > 0 else math.inf,
-        speedup_vs_data_parallel=dp_time / best if best > 0 else math.inf,
-        data_parallel_speedup_vs_single=single / dp_time if dp_time > 0 else math.inf,
+        **timing_fields(best, single, dp_time),
         noam=math.ceil(used / stages[0].replicas),
         levels=level_out,
         stages=stages,
