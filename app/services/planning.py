@@ -49,15 +49,15 @@ def simulate(plan_obj: Any, schedule: str, microbatches: int, *, samples_per_mic
     profile at the microbatch size they will run.
     """
     from trainer.schedule import ScheduleError, build
-    from trainer.schedule.costs import StageCosts, costs_from_plan
+    from trainer.schedule.costs import costs_from_plan, data_parallel_costs_from_plan
     from trainer.schedule.simulate import simulate as run_sim
 
     try:
-        costs, replicas = costs_from_plan(plan_obj), stage_replicas(plan_obj)
-        if schedule == "dp":  # the whole model on every worker
-            costs = [StageCosts(fwd_s=sum(c.fwd_s for c in costs), bwd_s=sum(c.bwd_s for c in costs),
-                                allreduce_s=max(c.allreduce_s for c in costs))]
-            replicas = [sum(replicas)]
+        if schedule == "dp":  # the whole model on every worker, all-reduce as the planner costs it
+            costs, workers = data_parallel_costs_from_plan(plan_obj)
+            replicas = [workers]
+        else:
+            costs, replicas = costs_from_plan(plan_obj), stage_replicas(plan_obj)
         sched = build(schedule, len(costs), microbatches, replicas=replicas, chunks=chunks)
         return run_sim(sched, costs, samples_per_microbatch=samples_per_microbatch)
     except (ScheduleError, ValueError) as exc:
