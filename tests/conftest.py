@@ -176,24 +176,29 @@ def client(session: Session) -> Iterator[Any]:
         yield test_client
 
 
+def deployment_env(tmp: Path, redis_url: str | None = None) -> dict[str, str]:
+    """PIPEBOARD_* variables of a private deployment in `tmp`: SQLite database, and the SQLite
+    broker, or `redis_url` as broker and results under a key prefix of its own."""
+    env = {"PIPEBOARD_DATA_DIR": str(tmp / "data"), "PIPEBOARD_HEARTBEAT_SECONDS": "0.5"}
+    if redis_url is not None:
+        env |= {
+            "PIPEBOARD_BROKER_URL": redis_url,
+            "PIPEBOARD_RESULT_BACKEND": redis_url,
+            "PIPEBOARD_KEY_PREFIX": f"pbtest-{uuid.uuid4().hex[:12]}:",
+        }
+    return env
+
+
 @pytest.fixture
 def sqlite_broker_env(tmp_path: Path) -> dict[str, str]:
     """The embedded deployment in tmp_path: SQLite database, SQLite broker, SQLite results."""
-    data = tmp_path / "data"
-    return {"PIPEBOARD_DATA_DIR": str(data), "PIPEBOARD_HEARTBEAT_SECONDS": "0.5"}
+    return deployment_env(tmp_path)
 
 
 @pytest.fixture
 def redis_broker_env(tmp_path: Path) -> dict[str, str]:
     """SQLite database in tmp_path, Redis broker and results under a key prefix of this test's own."""
-    url = require_redis()
-    return {
-        "PIPEBOARD_DATA_DIR": str(tmp_path / "data"),
-        "PIPEBOARD_BROKER_URL": url,
-        "PIPEBOARD_RESULT_BACKEND": url,
-        "PIPEBOARD_KEY_PREFIX": f"pbtest-{uuid.uuid4().hex[:12]}:",
-        "PIPEBOARD_HEARTBEAT_SECONDS": "0.5",
-    }
+    return deployment_env(tmp_path, require_redis())
 
 
 def settings_from_env(env: dict[str, str]) -> Any:

@@ -20,7 +20,7 @@ import httpx
 from app.core.db import make_engine
 from app.models import Base
 from app.services.sse import parse_stream
-from tests.conftest import ROOT, settings_from_env
+from tests.conftest import ROOT, deployment_env, settings_from_env
 
 SMALL_JOB = {
     "model": "mlp-digits",
@@ -161,14 +161,8 @@ class Deployment:
 
 
 def embedded_env(tmp: Path) -> dict[str, str]:
-    return {"PIPEBOARD_DATA_DIR": str(tmp / "data"), "PIPEBOARD_HEARTBEAT_SECONDS": "0.5"}
+    return deployment_env(tmp)
 
 
 def redis_env(tmp: Path, redis_url: str) -> dict[str, str]:
-    return {
-        "PIPEBOARD_DATA_DIR": str(tmp / "data"),
-        "PIPEBOARD_BROKER_URL": redis_url,
-        "PIPEBOARD_RESULT_BACKEND": redis_url,
-        "PIPEBOARD_KEY_PREFIX": f"pbe2e-{uuid.uuid4().hex[:10]}:",
-        "PIPEBOARD_HEARTBEAT_SECONDS": "0.5",
-    }
+    return deployment_env(tmp, redis_url)
