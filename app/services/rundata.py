@@ -15,6 +15,18 @@ from app.services.downsample import evenly, pick_steps
 T = TimelineEventRow
 
 
+def _window(table: Any, step_from: int | None, step_to: int | None, after_seq: int | None) -> list[Any]:
+    """The step range and `after_seq` clauses that timeline and metric reads share."""
+    where = []
+    if step_from is not None:
+        where.append(table.step >= step_from)
+    if step_to is not None:
+        where.append(table.step <= step_to)
+    if after_seq is not None:
+        where.append(table.seq > after_seq)
+    return where
+
+
 def timeline(
     session: Session,
     job_id: int,
@@ -30,17 +42,11 @@ def timeline(
     src = EventSource(source)
     base = [T.job_id == job_id, T.source == src]
     bounds = session.execute(select(func.min(T.step), func.max(T.step), func.min(T.start), func.max(T.end)).where(*base)).one()
-    where = list(base)
-    if step_from is not None:
-        where.append(T.step >= step_from)
-    if step_to is not None:
-        where.append(T.step <= step_to)
+    where = base + _window(T, step_from, step_to, after_seq)
     if t_from is not None:
         where.append(T.end >= t_from)
     if t_to is not None:
         where.append(T.start <= t_to)
-    if after_seq is not None:
-        where.append(T.seq > after_seq)
     per_step = session.execute(select(T.step, func.count()).where(*where).group_by(T.step)).all()
     total = sum(n for _, n in per_step)
     downsampled = total > limit
@@ -67,13 +73,7 @@ def timeline(
 
 def metrics(session: Session, job_id: int, *, step_from: int | None = None, step_to: int | None = None, after_seq: int | None = None, limit: int = 5000) -> MetricsPublic:
     M = MetricPoint
-    where = [M.job_id == job_id]
-    if step_from is not None:
-        where.append(M.step >= step_from)
-    if step_to is not None:
-        where.append(M.step <= step_to)
-    if after_seq is not None:
-        where.append(M.seq > after_seq)
+    where = [M.job_id == job_id, *_window(M, step_from, step_to, after_seq)]
     rows = session.scalars(select(M).where(*where).order_by(M.seq)).all()
     kept = evenly(rows, limit)
     return MetricsPublic(
