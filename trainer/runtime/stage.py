@@ -3,6 +3,11 @@
 Holds the stage module, its weight versions and optimizer, and what each microbatch in flight
 keeps between its forward and backward (inputs and outputs with their autograd graph). The last
 stage also owns the loss. Communication is not done here: the executor hands tensors in and out.
+
+A backward may be split (zero-bubble style, or to batch weight gradients): ``backward(mb, grads,
+weights=False)`` computes the input gradients only and leaves the microbatch's weight gradients
+pending; ``backward_weight(mb)`` (or ``-1``: every pending microbatch at once) computes them. See
+``weightgrad.py`` for how.
 """
 
 from __future__ import annotations
@@ -14,6 +19,7 @@ import torch.distributed as dist
 from torch import nn
 
 from trainer.runtime.versions import WeightVersions
+from trainer.runtime.weightgrad import CallRecorder, PendingWeights, backward_inputs, backward_weights, get_attr_slots
 
 
 class Stage:
@@ -44,6 +50,12 @@ class Stage:
         self.loss_fn = loss_fn
         self.loss_scale = loss_scale
         self.in_flight: dict[int, tuple] = {}
+        # Weight-gradient split: calls noted per forward, and W work left by BI per microbatch
+        # (with the version it ran against). DDP reduces inside its own backward: never split.
+        self._recorder = CallRecorder(module) if ddp is None else None
+        read = set(get_attr_slots(module))
+        self._get_attr_params = {i for owner, name, i in self._slots if (owner, name) in read}
+        self.pending_weights: dict[int, tuple[list[torch.Tensor], PendingWeights]] = {}
         self.losses: list[float] = []  # unscaled training losses of finished forwards (last stage)
         self.eval_outputs: list[torch.Tensor] = []
 
@@ -81,21 +93,31 @@ class Stage:
             inputs = [x.requires_grad_(True) if x.dtype.is_floating_point else x for x in inputs]
         if self.ddp is not None:
             self.ddp.require_backward_grad_sync = sync_grads
-        outputs = self._call(version, inputs)
+        if self._recorder is not None:
+            self._recorder.start()
+        try:
+            outputs = self._call(version, inputs)
+        finally:
+            calls = self._recorder.stop() if self._recorder is not None else []
         if self.is_last:
             loss = self.loss_fn(outputs[0], target)
             self.losses.append(float(loss.detach()))
-            self.in_flight[mb] = (inputs, (loss * self.loss_scale,))
+            self.in_flight[mb] = (inputs, (loss * self.loss_scale,), calls, version)
             return ()
-        self.in_flight[mb] = (inputs, outputs)
+        self.in_flight[mb] = (inputs, outputs, calls, version)
         return tuple(o.detach() for o in outputs)
 
-    def backward(self, mb: int, grads: list[torch.Tensor] | None) -> list[torch.Tensor]:
-        """Backpropagate microbatch ``mb``; returns the gradients of its floating-point inputs."""
+    def backward(self, mb: int, grads: list[torch.Tensor] | None, weights: bool = True) -> list[torch.Tensor]:
+        """Backpropagate microbatch ``mb``; returns the gradients of its floating-point inputs.
+        ``weights=False``: input gradients only (BI); the weight gradients wait for
+        ``backward_weight``."""
         try:
-            inputs, outputs = self.in_flight.pop(mb)
+            inputs, outputs, calls, version = self.in_flight.pop(mb)
         except KeyError:
             raise RuntimeError(f"stage {self.index}: backward of microbatch {mb} before its forward") from None
+        if not weights:
+            return self._backward_inputs(mb, inputs, outputs, grads, calls, version)
+        del calls  # the full backward needs no notes
         if self.is_last:
             torch.autograd.backward(outputs[0])
         else:
@@ -105,6 +127,52 @@ class Stage:
         if self.is_first:
             return []
         return [x.grad if x.grad is not None else torch.zeros_like(x) for x in inputs if x.dtype.is_floating_point]
+
+    def _backward_inputs(self, mb: int, inputs, outputs, grads, calls, version: int) -> list[torch.Tensor]:
+        if self._recorder is None:
+            raise RuntimeError(f"stage {self.index}: a split backward (BI/W) is not supported with DistributedDataParallel")
+        if mb in self.pending_weights:
+            raise RuntimeError(f"stage {self.index}: microbatch {mb} already awaits its weight gradients")
+        if self.is_last:
+            roots, root_grads = [outputs[0]], None
+        else:
+            pairs = [(o, g) for o, g in zip((o for o in outputs if o.dtype.is_floating_point), grads) if o.requires_grad]
+            roots, root_grads = [o for o, _ in pairs], [g for _, g in pairs]
+        wanted = [] if self.is_first else [x for x in inputs if x.dtype.is_floating_point]
+        needs = [x for x in wanted if x.requires_grad]
+        tensors = self.versions.tensors(version) or self.versions.params
+        covered = {id(p) for c in calls for p in c.params}
+        # Parameters no hooked call accounts for get their gradients here, the plain way.
+        eager = [t for i, t in enumerate(tensors) if id(t) not in covered or i in self._get_attr_params]
+        got, pending = ([], PendingWeights([], set())) if not roots else backward_inputs(roots, root_grads, needs, calls, eager)
+        self.pending_weights[mb] = (tensors, pending)
+        by_id = {id(x): g for x, g in zip(needs, got)}
+        return [g if (g := by_id.get(id(x))) is not None else torch.zeros_like(x) for x in wanted]
+
+    def backward_weight(self, mb: int) -> None:
+        """Weight gradients of microbatch ``mb``'s earlier BI, or with ``mb == -1`` of every
+        microbatch awaiting them (batched where the layer allows). They accumulate into the
+        ``.grad`` of the tensors the forward ran with, as the full backward's would."""
+        if mb == -1:
+            todo = list(self.pending_weights.items())
+            self.pending_weights.clear()
+        else:
+            try:
+                todo = [(mb, self.pending_weights.pop(mb))]
+            except KeyError:
+                raise RuntimeError(f"stage {self.index}: weight gradients of microbatch {mb} before its "
+                                   "input-gradient backward") from None
+        if not todo:
+            return
+        backward_weights([pending for _, (_, pending) in todo])
+        if self.versions.stash:
+            # A version released since its BI has had its gradients moved to the parameters
+            # already; these late ones follow the same way.
+            live = {id(v) for v in self.versions.views.values()}
+            done = {id(t): t for _, (t, _) in todo}
+            for key, tensors in done.items():
+                if key not in live:
+                    self.versions._move_grads(tensors)
 
     @torch.no_grad()
     def evaluate(self, inputs: list[torch.Tensor]) -> tuple[torch.Tensor, ...]:
@@ -134,4 +202,7 @@ class Stage:
             offset += n
 
     def step(self, version: int, keep_current: bool) -> None:
+        if self.pending_weights:
+            raise RuntimeError(f"stage {self.index}: update with the weight gradients of microbatch(es) "
+                               f"{sorted(self.pending_weights)} still pending (a W must come before it)")
         self.versions.step(version, keep_current)
