@@ -222,6 +222,7 @@ def test_random_plans_match_brute_force_and_cover_the_graph(seed):
 def test_pruning_keeps_the_optimum_on_longer_chains(levels, opts, monkeypatch):
     monkeypatch.setattr("trainer.plan.pipedream.DIRECT_BELOW", 0)
     monkeypatch.setattr("trainer.plan.pipedream.BAND_ABOVE", 0)
+    monkeypatch.setattr("trainer.plan.dp.BY_MACHINES_UP_TO", 0)  # the per-state path, under bounds
     # Chains get the strongest pruning (compute-per-worker bounds, bands at the top level);
     # compare with no pruning on chains too long for the brute force, and with the brute
     # force on a shorter one.
@@ -242,3 +243,27 @@ def test_pruning_keeps_the_optimum_on_longer_chains(levels, opts, monkeypatch):
                           memory=options["memory_bytes"])
     assert solve_levels(short, levels, **options)[-1].best(0, short.size - 1) == pytest.approx(expected, rel=1e-12)
 
+
+
+@pytest.mark.parametrize("seed", range(40))
+def test_machine_outermost_rows_equal_the_per_state_dp(seed, monkeypatch):
+    # bymachines (every (k, j) pair and block start at once, per machine count) against
+    # dp.solve_level one end state at a time: the same table, entry for entry, with every option.
+    from trainer.plan import bymachines
+    from trainer.plan.dp import LevelOptions, level1_values, next_level_values, solve_level
+
+    monkeypatch.setattr("trainer.plan.dp.BY_MACHINES_UP_TO", 0)
+    rng = random.Random(seed)
+    t = tables_of(state_chain(random_profile(rng, rng.randrange(3, 16), rng.uniform(0.0, 0.5))))
+    values = level1_values(t)
+    for below in (1, rng.choice([2, 4])):
+        opt = LevelOptions(machines=rng.randrange(2, 7), bandwidth=rng.choice([1e9, 1e10]), machines_below=below,
+                           final=False, straight=seed % 5 == 0, fewer_machines=seed % 3 == 0,
+                           memory_bytes=[None, 3e8, 1e9][seed % 3], activation_compression=[1.0, None, 2.0][seed % 4 % 3])
+        rows = np.arange(t.size + 1) if seed % 4 else np.unique(rng.sample(range(t.size + 1), k=max(1, t.size // 2)))
+        expected = solve_level(t, values, opt, rows)
+        got = bymachines.solve_rows(t, values, opt, rows)
+        assert np.array_equal(got, expected)
+        assert np.isfinite(got).any()
+        if len(rows) == t.size + 1:
+            values = next_level_values(expected, rows, t.size)

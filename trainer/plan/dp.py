@@ -25,6 +25,9 @@ from dataclasses import dataclass
 import numpy as np
 
 INF = math.inf
+# Up to this many candidate entries (``bymachines.work``) several rows are solved machine count
+# outermost, all states at once; beyond, one end state at a time (less memory, bounds prune).
+BY_MACHINES_UP_TO = 3e7
 
 
 @dataclass
@@ -177,6 +180,12 @@ def solve_level(t: Tables, values: np.ndarray, opt: LevelOptions, rows: np.ndarr
     """
     n, M = t.size, opt.machines
     rows = all_rows(opt, n) if rows is None else np.asarray(rows, dtype=np.intp)
+    if caps is None and end_bounds is None and len(rows) > 1 and M > 1:
+        from trainer.plan import bymachines
+
+        if bymachines.work(t, rows, M) <= BY_MACHINES_UP_TO:
+            # Every entry exact (bounds allow, never require, dropping entries above them).
+            return bymachines.solve_rows(t, values, opt, rows)
     bound = np.broadcast_to(np.asarray(bound, dtype=float), rows.shape)
     pruning = bool(np.isfinite(bound).any()) or end_bounds is not None
     by_end = np.ascontiguousarray(np.asarray(end_bounds, dtype=float).T) if end_bounds is not None else None

@@ -24,7 +24,7 @@ from trainer.plan.states import StateChain, state_chain
 from trainer.plan.cluster import Leaf, build_stages, data_parallel_time, total_workers
 from trainer.plan.dp import LevelOptions, Tables, level1_values
 from trainer.plan.solution import LevelSolution, solve
-from trainer.plan import band, chaincap, suffix
+from trainer.plan import band, bymachines, chaincap, dp, suffix
 from trainer.plan.errors import PlanError
 from trainer.plan.model import Level, LevelStage, Plan, timing_fields
 from trainer.profile.schema import Profile
@@ -40,7 +40,9 @@ def tables_of(chain: StateChain) -> Tables:
     )
 
 
-# Below this much work (states^3 x machines^2) solving directly beats computing bounds first.
+# Below this much work (states^3 x machines^2) solving directly beats computing bounds first;
+# so does solving the levels below the top machine count outermost (``bymachines``), which
+# uses no bounds, where it is chosen.
 DIRECT_BELOW = 3e6
 # Above this much top-level work (states^2 x machines^2) a chain's top level is solved in bands.
 BAND_ABOVE = 2e7
@@ -140,7 +142,8 @@ def solve_levels(tables: Tables, levels, *, memory_bytes, straight, fewer_worker
         _level_options(levels, L - 2, False, **options), levels[-1][0], True)
     # The bounds only pay off where full rows are solved; the shortcut leaves just the top.
     n = tables.size
-    small = n * n * n * max(w for w, _ in levels) ** 2 < DIRECT_BELOW
+    small = n * n * n * max(w for w, _ in levels) ** 2 < DIRECT_BELOW or (
+        L >= 2 and bymachines.work(tables, np.arange(n + 1), max(w for w, _ in levels[:-1])) <= dp.BY_MACHINES_UP_TO)
     wanted = prune and not small and not (shortcut_below_top and L == 2)
     chain = band.is_chain(tables)
     if wanted and chain and L >= 3:

@@ -1,0 +1,108 @@
+"""A level's table with the machine count outermost, as the reference loops: few NumPy calls.
+
+``dp.solve_level`` walks the end states j one at a time (a dozen NumPy calls per state and per
+slab of predecessors). On small and medium state graphs those calls, not the arithmetic,
+take the time. Here, as in the reference's loop order, the machine count m is outermost:
+``A[i][j][m]`` reads only ``A[i][k][m - m']`` with m' >= 1, so for one m every (k, j) pair
+of the state DAG and every block start i are done at once:
+
+    cand[(k, j), i] = max(A[i][k][m - m'], cost(k, j, m'))     (a gather, then a max)
+    A[i][j][m] = min(A[i][j][m], min over m' and k of cand)    (a min, then ``reduceat`` by j)
+
+Entries with k < i read an empty ``A[i][k]`` (+inf), so they never win: the block starts are
+taken in a few bands, each with only the pairs whose k can follow its first start. Every entry
+is formed with the reference's arithmetic (the same terms as ``dp``), so the table is the same
+numbers as ``dp.solve_level`` gives without bounds.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from trainer.plan.dp import INF, LevelOptions, Tables, _stash_factor, pair_stage_costs, single_stage_costs
+
+# Bands of block starts: each band only pairs up with predecessors k at or after its first start.
+_BANDS = 4
+
+
+def pairs_of(t: Tables) -> tuple[np.ndarray, np.ndarray]:
+    """Every (k, j) edge of the state DAG, grouped by j (k ascending); computed once."""
+    key = "pairs"
+    if t._sums is None:
+        t.block_sums()
+    if key not in t._sums:
+        counts = np.fromiter((len(p) for p in t.predecessors), dtype=np.intp, count=t.size)
+        pk = np.concatenate(t.predecessors).astype(np.intp) if counts.sum() else np.zeros(0, dtype=np.intp)
+        pj = np.repeat(np.arange(t.size, dtype=np.intp), counts)
+        t._sums[key] = (pk, pj)
+    return t._sums[key]
+
+
+def work(t: Tables, rows: np.ndarray, machines: int) -> float:
+    """About how many candidate entries ``solve_rows`` forms (to choose it over ``dp``)."""
+    pk, _ = pairs_of(t)
+    n_pairs = len(pk)
+    return float(n_pairs) * len(rows) * machines * (machines - 1) / 2 * 0.5
+
+
+def solve_rows(t: Tables, values: np.ndarray, opt: LevelOptions, rows: np.ndarray) -> np.ndarray:
+    """F[j, m, c] = the reference's A[rows[c]][j][m], for sorted block starts ``rows``."""
+    n, M = t.size, opt.machines
+    C = len(rows)
+    acts, params = t.block_sums()
+    # Single-stage blocks (+inf where j < i: ``values`` is +inf there).
+    table = np.full((M, n, C), INF)
+    ii = rows[:, None]
+    jj = np.arange(n)[None, :]
+    for m in range(1 if opt.straight else M):
+        table[m] = single_stage_costs(values, acts, params, opt, ii, jj, m).T
+    if M == 1:
+        return np.ascontiguousarray(table.transpose(1, 0, 2))
+    R = 1 if opt.straight else M - 1
+    reps = np.arange(1, R + 1, dtype=float)
+    later = (jj > ii).T if opt.fewer_machines else None  # (n, C): the reference's j > i
+    pk, pj = pairs_of(t)
+    if len(pk):
+        cost = pair_stage_costs(t, values, params, opt, pk, pj, reps)  # (P, R)
+        stash = acts[pk + 1, pj] + params[pk + 1, pj] if opt.memory_bytes is not None else None
+        bands = np.unique(np.linspace(0, C, min(_BANDS, C) + 1).astype(np.intp))
+        for lo, hi in zip(bands[:-1], bands[1:]):
+            keep = pk >= rows[lo]
+            if not keep.any():
+                continue
+            ends, starts = np.unique(pj[keep], return_index=True)
+            _fill_band(table, pk[keep], ends, starts, cost[keep], stash[keep] if stash is not None else None,
+                       opt, lo, hi, R, later)
+    if later is not None:  # (again for bands without pairs: taking fewer machines is idempotent)
+        for m in range(1, M):
+            np.minimum(table[m], np.where(later, table[m - 1], INF), out=table[m])
+    return np.ascontiguousarray(table.transpose(1, 0, 2))
+
+
+def _fill_band(table, pk, ends, starts, cost, stash, opt: LevelOptions, lo: int, hi: int, R: int,
+               later: np.ndarray | None) -> None:
+    """Candidates for the block starts ``lo..hi-1``, machine count outermost."""
+    M = opt.machines
+    band = np.ascontiguousarray(table[:, :, lo:hi])  # (M, n, w): one contiguous row per state
+    band_later = np.ascontiguousarray(later[:, lo:hi]) if later is not None else None
+    prefix = [band[0].take(pk, axis=0)]  # prefix[m''][p, c] = A[i][k_p][m''], once m'' is final
+    acc = np.empty_like(prefix[0])
+    scratch = np.empty_like(prefix[0])
+    for m in range(1, M):
+        for r in range(1, min(R, m) + 1):
+            c = cost[:, r - 1]
+            if stash is not None:
+                c = np.where(stash * _stash_factor(m + 1, r, M) > opt.memory_bytes, INF, c)
+            if r == 1:
+                np.maximum(prefix[m - r], c[:, None], out=acc)
+            else:
+                np.maximum(prefix[m - r], c[:, None], out=scratch)
+                np.minimum(acc, scratch, out=acc)
+        target = band[m]
+        target[ends] = np.minimum(target[ends], np.minimum.reduceat(acc, starts, axis=0))
+        if band_later is not None:
+            # A[i][j][m] may keep A[i][j][m-1] (j > i), before m + 1 reads it.
+            np.minimum(target, np.where(band_later, band[m - 1], INF), out=target)
+        if m < M - 1:
+            prefix.append(target.take(pk, axis=0))
+    table[:, :, lo:hi] = band
