@@ -6,7 +6,7 @@ from trainer.schedule import topology as topo_mod
 from trainer.schedule.actions import Schedule, ScheduleError
 from trainer.schedule.engine import gc_paused
 from trainer.schedule.hoist import hoist_receives
-from trainer.schedule.flush import gpipe_ops, one_f_one_b_ops
+from trainer.schedule.flush import batch_weight_grads as batch_weights, gpipe_ops, one_f_one_b_ops
 from trainer.schedule.interleaved import interleaved_programs
 from trainer.schedule.pipedream import pipedream_programs
 from trainer.schedule.placement import StaticPolicy, place
@@ -30,6 +30,7 @@ def build(
     chunks: int = 1,
     vertical_sync: bool = False,
     split_backward: bool | None = None,
+    batch_weight_grads: bool = False,
 ) -> Schedule:
     """The action lists of schedule ``name``.
 
@@ -37,6 +38,9 @@ def build(
     ``replicas[s]`` workers; ``microbatches`` per iteration (sync schedules) or minibatches in
     total (``pipedream``). ``chunks`` model chunks per worker for ``interleaved-1f1b``.
     ``split_backward`` splits each backward into BI and W (default: only for ``zb-h1``).
+    ``batch_weight_grads``: each backward is a BI and one ``W(-1)`` right before each update of
+    the stage computes the weight gradients of all of them (batched); ignored for ``dp`` (its
+    all-reduce runs inside the backward) and ``zb-h1`` (its W are placed one by one).
     """
     if name not in SCHEDULES:
         raise ScheduleError(f"schedule must be one of {', '.join(SCHEDULES)}; got {name!r}")
@@ -56,6 +60,10 @@ def build(
     split = (name == "zb-h1") if split_backward is None else bool(split_backward)
     if name == "zb-h1" and not split:
         raise ScheduleError("zb-h1 needs split_backward (its point is running W apart from BI)")
+    batch = bool(batch_weight_grads) and name not in ("dp", "zb-h1")
+    if batch and split:
+        raise ScheduleError("batch_weight_grads and split_backward exclude each other: "
+                            "the weight gradients are either batched before the update or run one by one")
 
     if name == "dp":
         if replicas is not None and len(replicas) != 1:
@@ -78,6 +86,8 @@ def build(
         else:
             make = gpipe_ops if name == "gpipe" else one_f_one_b_ops
             programs = [make(topo, w.rank, w.stages[0], microbatches, split) for w in topo.workers]
+        if batch:
+            programs = [batch_weights(p) for p in programs]
         actions = hoist_receives(*place(topo, [StaticPolicy(p) for p in programs]))
     meta = {
         "sync": SYNC[name],
@@ -85,6 +95,7 @@ def build(
         "chunks": chunks,
         "replicas": [topo.replicas(s) for s in range(topo.num_stages)] if chunks == 1 else [1] * num_stages,
         "split_backward": split,
+        "batch_weight_grads": batch,
         "vertical_sync": vertical_sync,
         "noam": [topo.noam(s) for s in range(topo.num_stages)] if chunks == 1 else None,
     }

@@ -3,6 +3,7 @@
 ``costs_uniform`` makes a synthetic pipeline of equal stages; ``costs_from_plan`` reads a
 ``trainer.plan`` Plan (or its JSON dict). Where a schedule splits the backward and the costs do
 not say how, BI and W take half of B each (the zero-bubble paper's T_B = T_W assumption).
+A batched ``W(-1)`` costs ``w_batched_s`` per microbatch it covers (default: W's cost).
 """
 
 from __future__ import annotations
@@ -19,6 +20,9 @@ class StageCosts:
     bwd_s: float  # full backward of one microbatch (BI + W)
     bwd_input_s: float | None = None  # BI; default half of bwd_s
     bwd_weight_s: float | None = None  # W; default bwd_s - BI
+    # W(-1): seconds per microbatch when the weight gradients of several are computed in one
+    # batch (one matmul per layer over all of them); default: bwd_weight_s
+    bwd_weight_batched_s: float | None = None
     send_act_s: float = 0.0  # moving this stage's output activation to the next stage
     send_grad_s: float = 0.0  # moving the gradient of this stage's input to the previous stage
     allreduce_s: float = 0.0  # all-reduce of this stage's gradients among its replicas
@@ -39,6 +43,10 @@ class StageCosts:
     def w_s(self) -> float:
         return self.bwd_s - self.bi_s if self.bwd_weight_s is None else self.bwd_weight_s
 
+    @property
+    def w_batched_s(self) -> float:
+        return self.w_s if self.bwd_weight_batched_s is None else self.bwd_weight_batched_s
+
     def scaled(self, factor: float) -> StageCosts:
         """The compute and memory of one of ``1/factor`` equal chunks of this stage."""
         return replace(
@@ -47,6 +55,7 @@ class StageCosts:
             bwd_s=self.bwd_s * factor,
             bwd_input_s=None if self.bwd_input_s is None else self.bwd_input_s * factor,
             bwd_weight_s=None if self.bwd_weight_s is None else self.bwd_weight_s * factor,
+            bwd_weight_batched_s=None if self.bwd_weight_batched_s is None else self.bwd_weight_batched_s * factor,
             step_s=self.step_s * factor,
             activation_bytes=int(self.activation_bytes * factor),
             weight_bytes=int(self.weight_bytes * factor),
@@ -61,6 +70,7 @@ def costs_uniform(
     comm_s: float = 0.0,
     bwd_input_s: float | None = None,
     bwd_weight_s: float | None = None,
+    bwd_weight_batched_s: float | None = None,
     allreduce_s: float = 0.0,
     step_s: float = 0.0,
     activation_bytes: int = 0,
@@ -74,6 +84,7 @@ def costs_uniform(
         bwd_s=bwd_s,
         bwd_input_s=bwd_input_s,
         bwd_weight_s=bwd_weight_s,
+        bwd_weight_batched_s=bwd_weight_batched_s,
         send_act_s=comm_s,
         send_grad_s=comm_s,
         allreduce_s=allreduce_s,

@@ -15,7 +15,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from trainer.schedule.actions import Kind, Schedule, ScheduleError
-from trainer.schedule.stash import CODES
+from trainer.schedule.stash import CODES, batched_weight_counts
 
 F, B, BI, W, SA, RA, SG, RG, AR, ST = (
     CODES[k]
@@ -26,6 +26,7 @@ F, B, BI, W, SA, RA, SG, RG, AR, ST = (
 )  # fmt: skip
 # the loop relies on this numbering: computes first, then send/recv pairs with odd receives
 assert (F, B, BI, W, SA, RA, SG, RG) == tuple(range(8))
+WB = len(CODES)  # column of the duration table: a batched W's seconds per microbatch covered
 
 
 @contextmanager
@@ -65,11 +66,12 @@ class Trace:
 
 
 def durations(costs) -> np.ndarray:
-    """dur[stage, code] from a list of StageCosts."""
-    table = np.zeros((len(costs), len(CODES)))
+    """dur[stage, code] from a list of StageCosts (and dur[stage, WB]: a batched W per microbatch)."""
+    table = np.zeros((len(costs), len(CODES) + 1))
     for i, c in enumerate(costs):
         for code, value in ((F, c.fwd_s), (B, c.bwd_s), (BI, c.bi_s), (W, c.w_s), (SA, c.send_act_s),
-                            (SG, c.send_grad_s), (AR, c.allreduce_s), (ST, c.step_s)):  # fmt: skip
+                            (SG, c.send_grad_s), (AR, c.allreduce_s), (ST, c.step_s),
+                            (WB, c.w_batched_s)):  # fmt: skip
             table[i, code] = value
     return table
 
@@ -94,6 +96,8 @@ def compile_programs(schedule: Schedule, cols: list[tuple], dur: np.ndarray) -> 
         for i in np.flatnonzero(code == AR):
             key[i] = len(acts[i].group or ())
         d = dur[stage, code] if len(code) else np.zeros(0)
+        for i, n in batched_weight_counts(code, stage, mb).items():
+            d[i] = n * dur[stage[i], WB]
         progs.append(
             Program(code, stage, mb, d, code.tolist(), key.tolist(), d.tolist(), stage.tolist(), mb.tolist())
         )

@@ -3,6 +3,10 @@
 Each worker runs its own microbatches (round robin over a stage's replicas), then the replicas of
 a stage all-reduce their gradients and every worker takes one optimizer step. All forwards and
 backwards use weight version 0; the step produces version 1.
+
+``batch_weight_grads`` rewrites any program (these, interleaved, pipedream) so that each backward
+computes input gradients only (BI) and one ``W(-1)`` computes the weight gradients of all of them
+at once, right before the stage's update.
 """
 
 from __future__ import annotations
@@ -55,3 +59,27 @@ def one_f_one_b_ops(topo: Topology, rank: int, stage: int, m: int, split: bool) 
         else:
             ops += backward_ops(stage, i, 0, split)
     return ops + update_ops(topo, stage, 1)
+
+
+def batch_weight_grads(program: list[Action]) -> list[Action]:
+    """Every B becomes BI; right before each update (ALLREDUCE, else STEP) of a stage with BIs
+    since its last update, one ``W(-1)``: the weight gradients of all those microbatches. It names
+    the version the stage holds then (the one the update replaces). BIs left at the end of the
+    program (a program without a final update) get their ``W(-1)`` there."""
+    out: list[Action] = []
+    pending: set[int] = set()
+    held: dict[int, int] = {}
+    for a in program:
+        if a.kind is Kind.BACKWARD:
+            out.append(Action(Kind.BACKWARD_INPUT, a.stage, a.microbatch, a.version))
+            pending.add(a.stage)
+            continue
+        if a.kind in (Kind.ALLREDUCE, Kind.STEP) and a.stage in pending:
+            pending.discard(a.stage)
+            out.append(Action(Kind.BACKWARD_WEIGHT, a.stage, -1, held.get(a.stage, 0)))
+        if a.kind is Kind.STEP:
+            held[a.stage] = a.version
+        out.append(a)
+    for stage in sorted(pending):
+        out.append(Action(Kind.BACKWARD_WEIGHT, stage, -1, held.get(stage, 0)))
+    return out

@@ -1,7 +1,8 @@
 """What each worker keeps in memory, read off its action order alone.
 
 Activations: a (microbatch, stage) pair is in flight from its forward until its backward (or,
-with a split backward, until its W, which still needs the stage's saved inputs).
+with a split backward, until its W, which still needs the stage's saved inputs; a ``W(-1)``
+ends every pair of its stage whose BI ran since the stage's last W).
 
 Weight versions: version v of a stage is created by the STEP that produces it (version 0 at the
 start) and is held until it is both replaced by the next STEP and no longer used by a later
@@ -31,9 +32,29 @@ def columns(acts: list[Action]) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.
     return (code, *rest)  # type: ignore[return-value]
 
 
-def peak_in_flight(code: np.ndarray) -> int:
+def peak_in_flight(code: np.ndarray, stage: np.ndarray | None = None, mb: np.ndarray | None = None) -> int:
     delta = (code == F).astype(np.int64) - ((code == B) | (code == W))
+    if mb is not None:
+        for i, n in batched_weight_counts(code, stage, mb).items():
+            delta[i] = -n
     return int(np.cumsum(delta).max(initial=0))
+
+
+def batched_weight_counts(code: np.ndarray, stage: np.ndarray, mb: np.ndarray) -> dict[int, int]:
+    """Position of each ``W(-1)`` -> how many microbatches it covers: the BIs of its stage since
+    that stage's previous ``W(-1)``, less those that had their own ``W``."""
+    batched = np.flatnonzero((code == W) & (mb < 0))
+    if not len(batched):
+        return {}
+    out = {}
+    for s in np.unique(stage[batched]):
+        mine = stage == s
+        pending = np.cumsum((mine & (code == BI)).astype(np.int64) - (mine & (code == W) & (mb >= 0)))
+        before = 0
+        for i in batched[stage[batched] == s]:
+            out[int(i)] = int(pending[i] - before)
+            before = int(pending[i])
+    return out
 
 
 def peak_versions(code: np.ndarray, stage: np.ndarray, version: np.ndarray, s: int) -> int:
@@ -58,7 +79,7 @@ def peak_versions(code: np.ndarray, stage: np.ndarray, version: np.ndarray, s: i
 def memory_profile(schedule: Schedule, cols: list[tuple] | None = None) -> tuple[list[int], list[int]]:
     """Per worker: peak in-flight (microbatch, stage) pairs, peak weight versions of one stage."""
     cols = cols or [columns(acts) for acts in schedule.actions]
-    activations = [peak_in_flight(c[0]) for c in cols]
+    activations = [peak_in_flight(c[0], c[1], c[2]) for c in cols]
     versions = [
         max(peak_versions(c[0], c[1], c[3], s) for s in spec.stages) for spec, c in zip(schedule.workers, cols)
     ]

@@ -8,6 +8,11 @@ Along the way it checks every dependency (a forward after the previous stage's f
 same microbatch, a backward after the next stage's, W after BI), that updates are in order (STEP
 versions count up by one; replicated stages all-reduce before stepping) and that forwards and
 backwards use the weight version the schedule promises (weight stashing, vertical sync).
+
+Split backwards: every BI needs its weight gradients before the stage's next update (ALLREDUCE
+or STEP) and before the program ends, from its own ``W(mb)`` or from a ``W(-1)`` (the weight
+gradients of every BI of the stage since its last W), which needs at least one such BI and
+names the version the stage holds.
 """
 
 from __future__ import annotations
@@ -44,21 +49,23 @@ def _where(schedule: Schedule) -> dict[tuple[Kind, int, int], int]:
             if a.kind in COMPUTE or a.kind is Kind.STEP or a.kind is Kind.ALLREDUCE:
                 if a.stage not in held:
                     raise ScheduleError(f"worker {w} runs {a} but holds stages {sorted(held)}")
-            if a.kind not in COMPUTE:
+            if a.kind not in COMPUTE or (a.kind is Kind.BACKWARD_WEIGHT and a.microbatch == -1):
                 continue
             key = (a.kind, a.stage, a.microbatch)
             if key in where:
                 raise ScheduleError(f"{a} appears twice (workers {where[key]} and {w})")
             where[key] = w
     split = any(k[0] is Kind.BACKWARD_INPUT for k in where)
-    needed = (Kind.FORWARD, Kind.BACKWARD_INPUT, Kind.BACKWARD_WEIGHT) if split else (Kind.FORWARD, Kind.BACKWARD)
+    needed = (Kind.FORWARD, Kind.BACKWARD_INPUT) if split else (Kind.FORWARD, Kind.BACKWARD)
     for s in range(schedule.num_stages):
         for mb in range(schedule.microbatches):
             for kind in needed:
                 if (kind, s, mb) not in where:
                     raise ScheduleError(f"missing {kind.value}{mb}@s{s}: no worker runs it")
-    if len(where) != len(needed) * schedule.num_stages * schedule.microbatches:
-        extra = [k for k in where if k[0] not in needed or not 0 <= k[2] < schedule.microbatches]
+    # (a BI's W, per microbatch or batched, is checked by the replay)
+    allowed = needed + (Kind.BACKWARD_WEIGHT,) if split else needed
+    extra = [k for k in where if k[0] not in allowed or not 0 <= k[2] < schedule.microbatches]
+    if extra:
         raise ScheduleError(f"unexpected compute actions, e.g. {extra[0][0].value}{extra[0][2]}@s{extra[0][1]}")
     return where
 
@@ -95,6 +102,8 @@ class _Replay:
         self.cur = [dict.fromkeys(w.stages, 0) for w in schedule.workers]
         self.reduced = [dict.fromkeys(w.stages, False) for w in schedule.workers]
         self.vsync = bool(schedule.meta.get("vertical_sync"))
+        # per worker and stage: microbatches whose BI ran and whose weight gradients did not yet
+        self.pending = [{st: set() for st in w.stages} for w in schedule.workers]
         self.holders = [0] * schedule.num_stages
         for spec in schedule.workers:
             for st in spec.stages:
@@ -106,6 +115,8 @@ class _Replay:
 
     def compute(self, w: int, a: Action) -> None:
         s, mb, k = a.stage, a.microbatch, a.kind
+        if k is Kind.BACKWARD_WEIGHT and mb == -1:
+            return self.batched_weights(w, a)
         if k is Kind.FORWARD:
             if s > 0 and (0, s, mb) not in self.have[w]:
                 raise ScheduleError(f"worker {w}: {a} runs before its input from stage {s - 1} arrived")
@@ -121,6 +132,11 @@ class _Replay:
             if k is Kind.BACKWARD_WEIGHT:
                 if (Kind.BACKWARD_INPUT, s, mb) not in self.done:
                     raise ScheduleError(f"worker {w}: {a} runs before its BI")
+                if mb not in self.pending[w][s]:
+                    raise ScheduleError(f"worker {w}: {a} runs after a W(-1) of stage {s} already covered it")
+                self.pending[w][s].discard(mb)
+            elif k is Kind.BACKWARD_INPUT:
+                self.pending[w][s].add(mb)
             elif s < self.last and (1, s, mb) not in self.have[w]:
                 raise ScheduleError(f"worker {w}: {a} runs before its gradient from stage {s + 1} arrived")
             if a.version != self.version[fwd]:
@@ -133,8 +149,24 @@ class _Replay:
         self.done.add((k, s, mb))
         self.version[(k, s, mb)] = a.version
 
+    def batched_weights(self, w: int, a: Action) -> None:
+        s = a.stage
+        if not self.pending[w][s]:
+            raise ScheduleError(f"worker {w}: {a} (weight gradients of every pending BI) with no BI of stage {s} pending")
+        if a.version != self.cur[w][s]:
+            raise ScheduleError(f"worker {w}: {a} names version {a.version}; stage {s} holds {self.cur[w][s]}")
+        self.pending[w][s].clear()
+
+    def weights_done(self, w: int, a: Action) -> None:
+        """An update (or the end of the program) needs every BI's weight gradients first."""
+        left = self.pending[w][a.stage]
+        if left:
+            raise ScheduleError(f"worker {w}: {a} comes before the weight gradients (W) of BI "
+                                f"{', '.join(map(str, sorted(left)[:4]))} of stage {a.stage}")
+
     def step(self, w: int, a: Action) -> None:
         s = a.stage
+        self.weights_done(w, a)
         if a.version != self.cur[w][s] + 1:
             raise ScheduleError(f"worker {w}: {a} produces version {a.version} after {self.cur[w][s]}")
         if self.holders[s] > 1 and not self.reduced[w][s]:
@@ -170,6 +202,7 @@ class _Replay:
         return True
 
     def allreduce(self, w: int, a: Action) -> bool:
+        self.weights_done(w, a)
         group = a.group or ()
         if any(not (b := self.at(m)) or b.kind is not Kind.ALLREDUCE for m in group):
             return False  # the last member to arrive completes it
@@ -217,6 +250,11 @@ class _Replay:
         if stuck:
             where = "; ".join(f"worker {w} at {self.at(w)} (peer {self.at(w).peer})" for w in stuck[:4])
             raise ScheduleError(f"deadlock with blocking sends: {where}")
+        for w in range(self.n):
+            for s, left in self.pending[w].items():
+                if left:
+                    raise ScheduleError(f"worker {w}: BI {', '.join(map(str, sorted(left)[:4]))} of stage {s} "
+                                        "never get their weight gradients (no W after them)")
 
 
 def validate(schedule: Schedule) -> ValidationReport:
