@@ -177,3 +177,62 @@ def test_every_name_builds():
     for name in SCHEDULES:
         kw = {"chunks": 2} if name == "interleaved-1f1b" else {}
         validate(build(name, 2, 4, **kw))
+
+
+POINT_TO_POINT = (Kind.SEND_ACT, Kind.RECV_ACT, Kind.SEND_GRAD, Kind.RECV_GRAD)
+BATCHED = [
+    ("gpipe", 3, 6, {}),
+    ("1f1b", 4, 8, {}),
+    ("1f1b", 4, 9, {"replicas": [1, 2, 3, 1]}),
+    ("interleaved-1f1b", 2, 4, {"chunks": 2}),
+    ("pipedream", 4, 12, {}),
+    ("pipedream", 4, 12, {"vertical_sync": True}),
+    ("pipedream", 4, 12, {"replicas": [2, 1, 3, 1]}),
+]
+
+
+@pytest.mark.parametrize("name,p,m,kw", BATCHED, ids=[f"{c[0]}-{c[1]}x{c[2]}-{c[3]}" for c in BATCHED])
+def test_batched_weight_grads_turn_each_b_into_bi_with_one_w_before_each_update(name, p, m, kw):
+    plain = build(name, p, m, **kw)
+    schedule = build(name, p, m, batch_weight_grads=True, **kw)
+    validate(schedule)
+    assert schedule.meta["batch_weight_grads"] and not plain.meta["batch_weight_grads"]
+    for w, (acts, ref) in enumerate(zip(schedule.actions, plain.actions)):
+        assert not any(a.kind is Kind.BACKWARD for a in acts)
+        # the same computes and updates with B renamed BI, once the W(-1) are taken out
+        # (transfers may sit elsewhere: they are placed for BI's shorter time)
+        bare = [a for a in acts if a.kind is not Kind.BACKWARD_WEIGHT and a.kind not in POINT_TO_POINT]
+        assert [(Kind.BACKWARD if a.kind is Kind.BACKWARD_INPUT else a.kind, a.stage, a.microbatch, a.version)
+                for a in bare] == [(a.kind, a.stage, a.microbatch, a.version) for a in ref
+                                   if a.kind not in POINT_TO_POINT]
+        held = {}
+        work = [a for a in acts if a.kind not in POINT_TO_POINT]  # receives may be posted in between
+        for i, a in enumerate(work):
+            if a.kind is Kind.BACKWARD_WEIGHT:
+                assert a.microbatch == -1 and a.version == held.get(a.stage, 0)
+                nxt = work[i + 1]  # the update follows at once: the all-reduce, else the step
+                assert nxt.kind in (Kind.ALLREDUCE, Kind.STEP) and nxt.stage == a.stage
+            if a.kind is Kind.STEP:
+                held[a.stage] = a.version
+                before = work[i - 1] if work[i - 1].kind is not Kind.ALLREDUCE else work[i - 2]
+                assert before.kind is Kind.BACKWARD_WEIGHT, f"worker {w}: {a} without a W(-1) before its update"
+
+
+@pytest.mark.parametrize("name", ["dp", "zb-h1"])
+def test_batched_weight_grads_leave_dp_and_zb_h1_as_they_are(name):
+    schedule = build(name, 3, 6, batch_weight_grads=True)
+    assert schedule.actions == build(name, 3, 6).actions
+    assert not schedule.meta["batch_weight_grads"]
+
+
+def test_batched_and_split_backward_exclude_each_other():
+    with pytest.raises(ScheduleError, match="exclude each other"):
+        build("1f1b", 2, 4, batch_weight_grads=True, split_backward=True)
+
+
+def test_batched_weight_grads_keep_every_microbatch_until_the_w():
+    """What BI leaves for W (layer inputs and output gradients) stays until W(-1): 1F1B then
+    holds all M microbatches like GPipe, and pipedream (one update per microbatch) as before."""
+    assert validate(build("1f1b", 4, 8, batch_weight_grads=True)).peak_activations == [8] * 4
+    plain = validate(build("pipedream", 4, 12)).peak_activations
+    assert validate(build("pipedream", 4, 12, batch_weight_grads=True)).peak_activations == plain

@@ -104,3 +104,41 @@ def test_random_reorderings_of_a_worker_are_caught_or_valid():
             continue
         assert len(report.peak_activations) == 3
     assert rejected > 0
+
+
+BI, W = Kind.BACKWARD_INPUT, Kind.BACKWARD_WEIGHT
+SPLIT0 = [Action(F, 0, 0), Action(SA, 0, 0, peer=1), Action(RG, 0, 0, peer=1), Action(BI, 0, 0),
+          Action(W, 0, -1), Action(ST, 0, -1, 1)]
+SPLIT1 = [Action(RA, 1, 0, peer=0), Action(F, 1, 0), Action(BI, 1, 0), Action(SG, 1, 0, peer=0),
+          Action(W, 1, 0), Action(ST, 1, -1, 1)]
+
+
+def test_batched_and_per_microbatch_weight_gradients_pass():
+    assert validate(two_stage(SPLIT0, SPLIT1)).peak_activations == [1, 1]
+
+
+@pytest.mark.parametrize(
+    "w0,w1,message",
+    [
+        (SPLIT0[:4] + [Action(W, 0, -1), Action(W, 0, -1)] + SPLIT0[5:], SPLIT1, "no BI of stage 0 pending"),
+        ([Action(W, 0, -1)] + SPLIT0[:4] + SPLIT0[5:], SPLIT1, "no BI of stage 0 pending"),
+        (SPLIT0[:4] + [SPLIT0[5], SPLIT0[4]], SPLIT1, "before the weight gradients"),  # update first
+        (SPLIT0[:4] + SPLIT0[5:], SPLIT1, "before the weight gradients"),  # no W at all
+        (SPLIT0[:4], SPLIT1, "never get their weight gradients"),  # no W before the end
+        (SPLIT0[:5] + [Action(W, 0, 0)] + SPLIT0[5:], SPLIT1, "already covered"),
+        (SPLIT0[:4] + [Action(W, 0, -1, version=1)] + SPLIT0[5:], SPLIT1, "holds 0"),
+        (SPLIT0, SPLIT1[:2] + [Action(W, 1, 0)] + SPLIT1[2:4] + SPLIT1[5:], "before its BI"),
+    ],
+)
+def test_broken_weight_gradient_orders_are_rejected(w0, w1, message):
+    with pytest.raises(ScheduleError, match=message):
+        validate(two_stage(w0, w1))
+
+
+def test_an_all_reduce_needs_the_weight_gradients_first():
+    schedule = build("gpipe", 2, 4, replicas=[1, 2], batch_weight_grads=True)
+    acts = schedule.actions[1]
+    i = next(i for i, a in enumerate(acts) if a.kind is W)
+    acts[i], acts[i + 1] = acts[i + 1], acts[i]  # ALLREDUCE before W(-1)
+    with pytest.raises(ScheduleError, match="before the weight gradients"):
+        validate(schedule)

@@ -194,3 +194,32 @@ def test_shared_links_carry_one_transfer_at_a_time():
     assert all(a_end <= b_start + 1e-12 for (_, a_end), (b_start, _) in zip(spans, spans[1:]))
     assert shared.iteration_time_s >= 2 * m * comm  # every activation and gradient crosses the one link
     assert free.iteration_time_s < 2 * m * comm  # side by side they overlap
+
+
+@pytest.mark.parametrize("name", ["gpipe", "1f1b"])
+def test_batched_weight_gradients_cost_their_batched_time_per_microbatch(name):
+    """p = 2, m = 8, F = 1, BI = 0.8: the last BI of stage 0 ends after (m + p - 1)(F + BI) (the
+    backward pass starts as the forwards finish: gpipe, and 1f1b with BI holding up the next
+    forward likewise), then W(-1) runs m x its batched cost."""
+    p, m, bi, w_each, w_batched = 2, 8, 0.8, 1.2, 0.5
+    schedule = build(name, p, m, batch_weight_grads=True)
+    costs = costs_uniform(p, FWD, BWD, bwd_input_s=bi, bwd_weight_s=w_each, bwd_weight_batched_s=w_batched)
+    result = simulate(schedule, costs)
+    ws = [e for e in result.timeline if e.kind == Kind.BACKWARD_WEIGHT.value]
+    assert len(ws) == p and all(e.microbatch == -1 for e in ws)
+    assert all(e.end - e.start == pytest.approx(m * w_batched) for e in ws)
+    if name == "gpipe":
+        assert result.iteration_time_s == pytest.approx((m + p - 1) * (FWD + bi) + m * w_batched)
+    # without a batched cost, W(-1) costs m per-microbatch Ws
+    plain = simulate(schedule, costs_uniform(p, FWD, BWD, bwd_input_s=bi, bwd_weight_s=w_each))
+    assert plain.iteration_time_s == pytest.approx(result.iteration_time_s + m * (w_each - w_batched))
+    assert replace(costs[0], bwd_weight_batched_s=None).w_batched_s == w_each
+    assert costs[0].scaled(0.5).w_batched_s == pytest.approx(w_batched / 2)
+
+
+def test_batched_weight_gradients_in_pipedream_cover_one_minibatch_each():
+    p, m = 3, 9
+    costs = costs_uniform(p, FWD, BWD, bwd_input_s=1.0, bwd_weight_s=1.0, bwd_weight_batched_s=0.25)
+    result = simulate(build("pipedream", p, m, batch_weight_grads=True), costs)
+    ws = [e for e in result.timeline if e.kind == Kind.BACKWARD_WEIGHT.value]
+    assert len(ws) == p * m and all(e.end - e.start == pytest.approx(0.25) for e in ws)
