@@ -39,6 +39,24 @@ def test_train_json_summary_and_events_jsonl(tmp_path: Path):
     assert any("utilization.1" in r["values"] and "memory_bytes.0" in r["values"] for r in records)
 
 
+def test_pipedream_events_and_metrics_count_batches(tmp_path: Path):
+    """A pipedream step is one batch and one weight update: events carry the batch as their step."""
+    log = tmp_path / "events.jsonl"
+    r = pipeboard(*BASE, "--stages", "2", "--schedule", "pipedream", "--steps", "5", "--json", "--events-jsonl", str(log))
+    assert r.returncode == 0, r.stderr
+    assert json.loads(r.stdout.strip().splitlines()[-1])["steps"] == 5
+    calls = [json.loads(line) for line in log.read_text().splitlines()]
+    events = [e for c in calls if c["call"] == "on_events" for e in c["events"]]
+    for stage in (0, 1):
+        fwd = [e for e in events if e["stage"] == stage and e["kind"] == "F"]
+        assert sorted(e["microbatch"] for e in fwd) == list(range(5 * 4))
+        assert all(e["step"] == e["microbatch"] // 4 for e in fwd)
+        steps = [e for e in events if e["stage"] == stage and e["kind"] == "step"]
+        assert sorted(e["step"] for e in steps) == list(range(5))  # one update per batch
+    records = [r for c in calls if c["call"] == "on_metrics" for r in c["records"]]
+    assert [r["step"] for r in records if "loss" in r["values"]] == list(range(1, 6))
+
+
 def in_process(*args: str):
     """The same command through typer's runner, in this process (no interpreter start-up)."""
     from typer.testing import CliRunner

@@ -19,9 +19,9 @@ def max_diff(a: torch.nn.Module, b: torch.nn.Module) -> float:
     return max(float((pa[k] - pb[k]).detach().abs().max()) for k in pa)
 
 
-def run(tmp_path, **kw):
-    cfg = RunConfig(model="mlp", model_args=SMALL, batch_size=16, microbatches=4, checkpoint_dir=str(tmp_path),
-                    eval_at_end=False, **kw)
+def run(tmp_path, microbatches=4, **kw):
+    cfg = RunConfig(model="mlp", model_args=SMALL, batch_size=16, microbatches=microbatches,
+                    checkpoint_dir=str(tmp_path), eval_at_end=False, **kw)
     summary = run_training(cfg)
     trained, states = assemble_model(cfg, tmp_path)
     return cfg, summary, trained, states
@@ -43,14 +43,30 @@ def test_dp_with_ddp_equals_gradient_accumulation(tmp_path):
     assert max_diff(trained, train_sync(cfg, 3)) < 1e-5
 
 
-@pytest.mark.parametrize("vertical_sync", [False, True])
-def test_pipedream_matches_weight_stashing_emulation(tmp_path, vertical_sync):
-    cfg, _, trained, _ = run(tmp_path, schedule="pipedream", num_stages=3, steps=3, vertical_sync=vertical_sync,
-                             optimizer="sgd", lr=0.05)
+@pytest.mark.parametrize("stages,microbatches,vertical_sync,replicas", [
+    (3, 4, False, None), (3, 4, True, None), (2, 4, False, None), (2, 4, True, None),
+    (2, 1, False, None), (3, 1, True, None),  # M=1: PipeDream's own, one update per minibatch
+    (2, 4, False, [2, 1]), (2, 4, True, [2, 2]),
+])
+def test_pipedream_matches_weight_stashing_emulation(tmp_path, stages, microbatches, vertical_sync, replicas):
+    """One update per batch of M microbatches, each backward against its forward's version."""
+    cfg, summary, trained, _ = run(tmp_path, schedule="pipedream", num_stages=stages, steps=3,
+                                   microbatches=microbatches, vertical_sync=vertical_sync, replicas=replicas,
+                                   optimizer="sgd", lr=0.5)  # large enough that stale weights show
+    assert summary["steps"] == 3
     stashed = emulate_async(cfg, 3, stash=True)
     unstashed = emulate_async(cfg, 3, stash=False)
+    assert max_diff(stashed, train_sync(cfg, 0)) > 1e-4  # the emulation really trained
     assert max_diff(stashed, unstashed) > 1e-4  # stashing changes the result, so the test can tell
     assert max_diff(trained, stashed) < 1e-5
+
+
+def test_pipedream_updates_once_per_batch(tmp_path):
+    """Three batches of four microbatches: three updates, and (one stage has nothing in flight
+    across an update) the same weights as gradient accumulation."""
+    cfg, _, trained, _ = run(tmp_path, schedule="pipedream", num_stages=1, steps=3, optimizer="sgd", lr=0.05)
+    assert max_diff(trained, train_sync(cfg, 3)) < 1e-5
+    assert max_diff(trained, train_sync(cfg, 2)) > 1e-4
 
 
 @pytest.mark.parametrize("schedule", ["1f1b", "pipedream"])

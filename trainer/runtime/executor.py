@@ -8,7 +8,8 @@ Each action maps to one small operation:
 - ``F``, ``B`` (or ``BI`` + ``W``) compute on the stage, against the weight version the action
   names.
 - ``SEND_ACT`` / ``SEND_GRAD`` post an ``isend`` and move on.
-- ``ALLREDUCE`` sums the stage's gradients over its replica group; ``STEP`` updates the weights.
+- ``ALLREDUCE`` sums the stage's gradients over its replica group (each microbatch's loss is
+  scaled by 1/M, so the sum is the batch's mean gradient); ``STEP`` updates the weights.
 
 Data for a microbatch (inputs on the first stage, targets on the last) comes from a callable, so
 the same executor runs training, validation and the test emulations.
@@ -50,7 +51,6 @@ class Executor:
         groups: dict[tuple[int, ...], object],
         recorder: Recorder,
         heartbeat: Heartbeat,
-        average_allreduce: bool = False,
         window: int = 8,
     ) -> None:
         self.rank = rank
@@ -61,7 +61,6 @@ class Executor:
         self.groups = groups
         self.recorder = recorder
         self.heartbeat = heartbeat
-        self.average_allreduce = average_allreduce
         self.window = window
 
     def run(
@@ -76,15 +75,12 @@ class Executor:
         event_mb: Callable[[int], int] | None = None,
         rank_of: Callable[[int, int], int] | None = None,
         record: bool = True,
-        event_step: Callable[[int], int] | None = None,
     ) -> None:
         """Execute ``actions``. ``data(mb)`` gives (input, target) of microbatch ``mb``;
         ``step_of(mb)`` the training step (iteration) it belongs to; ``on_step_done(k)`` runs
         after the last action of step ``k``; ``ddp_sync``: microbatches whose backward
         all-reduces (DistributedDataParallel), None for all; ``event_mb(mb)`` the microbatch
-        number events carry (global numbering); ``rank_of`` overrides the stage placement;
-        ``event_step(mb)`` the step events carry (default ``step_of``; pipedream: the minibatch,
-        as the simulator's timelines have it)."""
+        number events carry (global numbering); ``rank_of`` overrides the stage placement."""
         hb, p2p = self.heartbeat, self.p2p
         rec = self.recorder if record else _NO_RECORD
         rank_of = rank_of or self.rank_of
@@ -98,15 +94,14 @@ class Executor:
         last_use: dict[tuple[int, int], int] = {}
         step_end: dict[int, int] = {}
         step_at: list[int] = []  # actions without a microbatch belong to the step before them
-        event_step = event_step or step_of
-        current_step, last_mb = step_of(0), 0
+        current_step = step_of(0)
         for i, a in enumerate(actions):
             if a.kind in COMPUTE:
                 last_use[(a.stage, a.version)] = i
             if a.microbatch >= 0:
-                current_step, last_mb = step_of(a.microbatch), a.microbatch
+                current_step = step_of(a.microbatch)
             step_end[current_step] = i
-            step_at.append(event_step(last_mb))
+            step_at.append(current_step)
         releases: dict[int, list[tuple[int, int]]] = defaultdict(list)
         for key, i in last_use.items():
             releases[i].append(key)
@@ -138,7 +133,7 @@ class Executor:
             hb.waiting(True)
             tensors = pending.wait()
             hb.waiting(False)
-            rec.record(Kind.RECV_GRAD if kind else Kind.RECV_ACT, stage, event_mb(mb), t0, time.perf_counter(), event_step(mb))
+            rec.record(Kind.RECV_GRAD if kind else Kind.RECV_ACT, stage, event_mb(mb), t0, time.perf_counter(), step_of(mb))
             return tensors
 
         for i, a in enumerate(actions):
@@ -184,7 +179,7 @@ class Executor:
                 p2p.send(list(outbox.pop((1, s, mb))), s - 1, mb, True, a.peer)
             elif kind is Kind.ALLREDUCE:
                 hb.waiting(True)
-                stage.allreduce(self.groups[tuple(a.group)], self.average_allreduce)
+                stage.allreduce(self.groups[tuple(a.group)], False)  # sum: each loss is scaled by 1/M
                 hb.waiting(False)
             elif kind is Kind.STEP:
                 keep = last_use.get((s, stage.versions.current), -1) > i

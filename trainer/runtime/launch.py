@@ -22,7 +22,7 @@ from trainer.runtime import model as model_mod
 from trainer.runtime.config import RunConfig
 from trainer.runtime.layout import resolve
 from trainer.runtime.report import Reporter
-from trainer.runtime.worker import WorkerEnv, worker_main
+from trainer.runtime.worker import WorkerEnv, threads_per_worker, worker_main
 from trainer.sink import NullSink, Sink
 
 FAILURE_GRACE_S = 1.0  # after a first failure, how long to collect the others' reports
@@ -64,7 +64,7 @@ def run_training(cfg: RunConfig, sink: Sink | None = None) -> dict[str, Any]:
     # forked workers inherit it instead of each paying for it.
     import torch._dynamo  # noqa: F401
 
-    ctx = mp.get_context(cfg.start_method or ("spawn" if cfg.device == "cuda" else "fork"))
+    ctx = mp.get_context(cfg.start_method or _start_method(cfg, world))
     channel = ctx.Queue()
     heartbeat = ctx.Array("d", 2 * world, lock=False)
     port = cfg.master_port or free_port()
@@ -94,6 +94,17 @@ def run_training(cfg: RunConfig, sink: Sink | None = None) -> dict[str, Any]:
     sink.on_summary(summary)
     sink.on_status("done", summary_line(summary))
     return summary
+
+
+def _start_method(cfg: RunConfig, world: int) -> str:
+    """fork (no re-import of torch) where it is safe, else spawn.
+
+    CUDA cannot be forked. Nor can OpenMP once the launcher has used its thread pool (building a
+    model does): a forked child that then runs OpenMP regions on more than one thread hangs in
+    them. Workers running one thread each (2 workers on 2 cores) never enter one."""
+    if cfg.device == "cuda" or (cfg.threads or threads_per_worker(world)) > 1:
+        return "spawn"
+    return "fork"
 
 
 def _watch(cfg, procs, channel, heartbeat, reporter: Reporter, layout) -> None:

@@ -9,6 +9,7 @@ from dataclasses import dataclass
 
 from trainer.runtime.config import ConfigError, RunConfig
 from trainer.schedule import Schedule, build
+from trainer.schedule.pipedream import build_pipedream
 
 
 @dataclass(frozen=True)
@@ -18,6 +19,7 @@ class Layout:
     chunks: int  # model chunks per worker (interleaved-1f1b)
     replicas: tuple[int, ...]  # per physical stage
     vertical_sync: bool
+    per_update: int = 1  # pipedream: microbatches per weight update (one batch)
 
     @property
     def virtual_stages(self) -> int:
@@ -28,7 +30,11 @@ class Layout:
         return sum(self.replicas)
 
     def build(self, microbatches: int) -> Schedule:
-        """The schedule for ``microbatches`` (per iteration, or minibatches in total for pipedream)."""
+        """The schedule for ``microbatches`` (per iteration, or in total for pipedream, which
+        updates once per ``per_update`` of them)."""
+        if self.schedule == "pipedream":
+            return build_pipedream(self.physical_stages, microbatches, self.per_update, replicas=list(self.replicas),
+                                   vertical_sync=self.vertical_sync)
         if self.schedule == "dp":
             return build("dp", self.replicas[0], microbatches, replicas=[self.replicas[0]])
         if self.schedule == "interleaved-1f1b":
@@ -88,8 +94,10 @@ def resolve(cfg: RunConfig) -> Layout:
     else:
         replicas = (1,) * p
     if cfg.schedule == "pipedream" and any(cfg.microbatches % r for r in replicas):
-        raise ConfigError(f"microbatches: pipedream's replicas all-reduce once per round, so {cfg.microbatches} "
-                          f"microbatches must be a multiple of every stage's replica count {list(replicas)}")
+        raise ConfigError(f"microbatches: pipedream's replicas all-reduce and step once per batch, so its "
+                          f"{cfg.microbatches} microbatches must be a multiple of every stage's replica count "
+                          f"{list(replicas)}")
     if cfg.vertical_sync and cfg.schedule != "pipedream":
         raise ConfigError("vertical_sync: applies to the pipedream schedule only")
-    return Layout(cfg.schedule, p, 1, replicas, cfg.vertical_sync)
+    return Layout(cfg.schedule, p, 1, replicas, cfg.vertical_sync,
+                  cfg.microbatches if cfg.schedule == "pipedream" else 1)

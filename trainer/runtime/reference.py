@@ -4,9 +4,11 @@
   which is exactly what ``gpipe``, ``1f1b`` and ``dp`` must compute.
 - ``emulate_async``: the asynchronous ``pipedream`` schedule executed in one process with weight
   stashing done the obvious, expensive way (a deep copy of the stage per weight version); the
-  runtime's storage-level versions must reproduce it. ``stash=False`` runs every backward against
-  the latest weights instead (recomputing its forward), the semantics weight stashing exists to
-  avoid.
+  runtime's storage-level versions must reproduce it. A stage's replicas share one model (they
+  always hold the same version): each ``ALLREDUCE`` waits for the whole group, and the first
+  replica's ``STEP`` applies the sum of every backward since the last one. ``stash=False`` runs
+  every backward against the latest weights instead (recomputing its forward), the semantics
+  weight stashing exists to avoid.
 """
 
 from __future__ import annotations
@@ -39,23 +41,25 @@ def train_sync(cfg: RunConfig, steps: int) -> torch.nn.Module:
 
 
 def emulate_async(cfg: RunConfig, steps: int, stash: bool = True) -> torch.nn.Module:
-    """Run the pipedream action lists for ``steps`` batches in one process, unreplicated."""
+    """Run the pipedream action lists for ``steps`` batches in one process: one update per batch,
+    each microbatch's loss scaled by 1/M (a batch's gradient is the mean over its samples)."""
     layout = resolve(cfg)
-    if any(r != 1 for r in layout.replicas):
-        raise ValueError("emulate_async: replicated stages are not emulated")
     zoo = model_mod.load_zoo(cfg)
     example = zoo.example_input(cfg.microbatch_size)
     stages = model_mod.build_stages(zoo.model, example, model_mod.stage_layers(cfg, zoo, layout.virtual_stages))
     S, M = len(stages), cfg.microbatches
+    scale = 1.0 / M
     opts = [zoo.make_optimizer(m.parameters()) for m in stages]
     versions = [{0: copy.deepcopy(m)} for m in stages]
     pending = [None] * S  # summed gradients since the last step, per stage
     stream = TrainStream(zoo, cfg.batch_size, M, torch.device("cpu"))
     schedule = layout.build(steps * M)
     acts, grads, ctx = {}, {}, {}
+    arrived: dict[tuple[int, int], set[int]] = {}  # (stage, version) -> ranks at that ALLREDUCE
+    applied: set[tuple[int, int]] = set()  # (stage, version) of updates already made
     pos = [0] * len(schedule.actions)
 
-    def run(a) -> bool:
+    def run(w: int, a) -> bool:
         s, mb = a.stage, a.microbatch
         if a.kind is Kind.FORWARD:
             if s > 0 and (s, mb) not in acts:
@@ -65,7 +69,7 @@ def emulate_async(cfg: RunConfig, steps: int, stash: bool = True) -> torch.nn.Mo
             module = versions[s][a.version] if stash else stages[s]
             out = module(*inputs)
             if s == S - 1:
-                ctx[(s, mb)] = (inputs, zoo.loss_fn(out[0], y), module)
+                ctx[(s, mb)] = (inputs, zoo.loss_fn(out[0], y) * scale, module)
             else:
                 ctx[(s, mb)] = (inputs, out, module)
                 acts[(s + 1, mb)] = out
@@ -77,7 +81,7 @@ def emulate_async(cfg: RunConfig, steps: int, stash: bool = True) -> torch.nn.Mo
                 inputs = [t.detach().requires_grad_(t.dtype.is_floating_point) for t in inputs]
                 out = module(*inputs)
                 if s == S - 1:
-                    out = zoo.loss_fn(out[0], stream.microbatch(mb)[1])
+                    out = zoo.loss_fn(out[0], stream.microbatch(mb)[1]) * scale
             if s == S - 1:
                 out.backward()
             else:
@@ -88,7 +92,14 @@ def emulate_async(cfg: RunConfig, steps: int, stash: bool = True) -> torch.nn.Mo
             new = [p.grad.clone() for p in module.parameters()]
             module.zero_grad(set_to_none=True)
             pending[s] = new if pending[s] is None else [a + b for a, b in zip(pending[s], new)]
+        elif a.kind is Kind.ALLREDUCE:  # a barrier: the update needs every replica's backwards
+            here = arrived.setdefault((s, a.version), set())
+            here.add(w)
+            return len(here) == len(a.group)
         elif a.kind is Kind.STEP:
+            if (s, a.version) in applied:
+                return True  # another replica of this stage already made this update
+            applied.add((s, a.version))
             for p, g in zip(stages[s].parameters(), pending[s]):
                 p.grad = g
             opts[s].step()
@@ -101,7 +112,7 @@ def emulate_async(cfg: RunConfig, steps: int, stash: bool = True) -> torch.nn.Mo
     while any(pos[w] < len(acts_w) for w, acts_w in enumerate(schedule.actions)):
         progressed = False
         for w, acts_w in enumerate(schedule.actions):
-            while pos[w] < len(acts_w) and run(acts_w[pos[w]]):
+            while pos[w] < len(acts_w) and run(w, acts_w[pos[w]]):
                 pos[w] += 1
                 progressed = True
         if not progressed:

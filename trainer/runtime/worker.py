@@ -89,7 +89,7 @@ def _stages_of(cfg: RunConfig, rank: int) -> tuple[int, ...]:
 
 def train(cfg: RunConfig, env: WorkerEnv) -> None:
     rank, world = env.rank, env.world
-    torch.set_num_threads(cfg.threads or _threads_per_worker(world))
+    torch.set_num_threads(cfg.threads or threads_per_worker(world))
     device = torch.device(f"cuda:{rank % torch.cuda.device_count()}" if cfg.device == "cuda" else "cpu")
     if device.type == "cuda":
         torch.cuda.set_device(device)
@@ -101,7 +101,7 @@ def train(cfg: RunConfig, env: WorkerEnv) -> None:
     # ---- model, stages, optimizers ----------------------------------------------------------
     layout: Layout = resolve(cfg)
     M = cfg.microbatches
-    template = layout.build(M if not cfg.is_async else _lcm(layout.replicas))
+    template = layout.build(M)  # one batch (pipedream: M is a multiple of every replica count)
     me = template.workers[rank]
     zoo = model_mod.load_zoo(cfg)
     example = zoo.example_input(cfg.microbatch_size)
@@ -109,7 +109,9 @@ def train(cfg: RunConfig, env: WorkerEnv) -> None:
     specs = model_mod.boundary_specs(modules, example)
     S = len(modules)
     stash = cfg.is_async
-    scale = 1.0 if cfg.is_async else (layout.world / M if cfg.schedule == "dp" else 1.0 / M)
+    # A batch's gradient is the mean over its samples: each microbatch's loss is scaled by 1/M and
+    # replicas sum (pipedream too: it updates once per batch); DDP averages, hence N/M.
+    scale = layout.world / M if cfg.schedule == "dp" else 1.0 / M
     groups = {}
     for s in range(S):  # every rank creates every group, in the same order
         ranks = tuple(template.workers[w].rank for w in range(world) if s in template.workers[w].stages)
@@ -150,8 +152,7 @@ def train(cfg: RunConfig, env: WorkerEnv) -> None:
     recorder = Recorder(origin, cfg.instrument)
     p2p = P2P(specs, device)
     rank_of = template_rank_of(template)
-    executor = Executor(rank, stages, S, p2p, rank_of, groups, recorder, heartbeat,
-                        average_allreduce=cfg.is_async)
+    executor = Executor(rank, stages, S, p2p, rank_of, groups, recorder, heartbeat)
     last_stage = stages.get(S - 1)
     is_reporter = last_stage is not None and rank_of(S - 1, 0) == rank
     env.channel.put(("ready", rank, list(me.stages), me.replica, os.getpid(), start, total, stream.steps_per_epoch))
@@ -179,7 +180,7 @@ def train(cfg: RunConfig, env: WorkerEnv) -> None:
             base = step
             executor.run(actions, lambda mb, b=base: _data(stream, stages, S, b * M + mb),
                          step_of=lambda mb, b=base: b + mb // M, on_step_done=on_step_done,
-                         event_mb=lambda mb, b=base: b * M + mb, event_step=lambda mb, b=base: b * M + mb)
+                         event_mb=lambda mb, b=base: b * M + mb)
             for st in stages.values():
                 st.versions.reset(0)
         else:
@@ -226,7 +227,7 @@ def blocked(heartbeat: Heartbeat):
         heartbeat.waiting(False)
 
 
-def _threads_per_worker(world: int) -> int:
+def threads_per_worker(world: int) -> int:
     """Share this machine's usable cores among the workers on it (2 cores, 2 stages: 1 each), so
     stage processes do not oversubscribe the cores and slow each other down."""
     local = int(os.environ.get("LOCAL_WORLD_SIZE", world))
@@ -235,12 +236,6 @@ def _threads_per_worker(world: int) -> int:
     except AttributeError:
         cores = os.cpu_count() or 1
     return max(1, cores // max(1, local))
-
-
-def _lcm(values) -> int:
-    from math import lcm
-
-    return lcm(*values)
 
 
 def template_rank_of(template):
