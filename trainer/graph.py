@@ -188,10 +188,6 @@ class AntichainWalk:
         self.anc = graph.ancestors()
         self.desc = graph.descendants()
         self.max_states = max_states
-        # Caches keyed by node set (a bitset); values keep the first call's list order.
-        self._augmented: dict[int, list[int]] = {}
-        self._deaugmented: dict[int, tuple[list[int], int]] = {}
-        self._next: dict[int, list[tuple[list[int], int]]] = {}
         # Which ancestors of a node still have a consumer outside its down-set depends on the
         # node alone, so it is computed once per node.
         self._still_needed: dict[int, int] = {}
@@ -222,77 +218,72 @@ class AntichainWalk:
             self._still_needed[a] = found
         return found
 
-    def augment(self, antichain: list[int], key: int | None = None) -> list[int]:
-        key = self._key(antichain) if key is None else key
-        cached = self._augmented.get(key)
-        if cached is not None:
-            return cached
+    def augment(self, antichain: list[int], key: int) -> list[int]:
+        """The antichain with the earlier nodes whose outputs are still needed, in front."""
         extra = 0
         for a in antichain:
             extra |= self._needed_before(a)
-        result = _bits(extra) + list(antichain)
-        self._augmented[key] = result
-        return result
-
-    def deaugment(self, nodes: list[int], members: int) -> tuple[list[int], int]:
-        cached = self._deaugmented.get(members)
-        if cached is not None:
-            return cached
-        result: list[int] = []
-        key = 0
-        for u in nodes:
-            if self.desc[u] & members:
-                continue  # something later in the set depends on u: u is not on the frontier
-            if not (key >> u) & 1:
-                result.append(u)
-                key |= 1 << u
-        self._deaugmented[members] = (result, key)
-        return result, key
-
-    def successors_of(self, antichain: list[int], key: int) -> list[tuple[list[int], int]]:
-        cached = self._next.get(key)
-        if cached is not None:
-            return cached
-        augmented = self.augment(antichain, key)
-        members = self._key(augmented)
-        result = []
-        for x in augmented:
-            for nxt in self.g.succ[x]:
-                if (key >> nxt) & 1:
-                    continue
-                if self.desc[nxt] & members:
-                    continue  # advancing to nxt would skip over a node still in the set
-                replaced = [nxt if y == x else y for y in augmented]
-                result.append(self.deaugment(replaced, (members & ~(1 << x)) | (1 << nxt)))
-        self._next[key] = result
-        return result
+        return _bits(extra) + list(antichain)
 
     def run(self) -> tuple[list[list[int]], list[list[int]]]:
-        """Return (augmented antichain per state id, out-edges per state id), ids by discovery."""
-        sources = self.g.sources()
-        start = [sources[0]]
+        """Return (augmented antichain per state id, out-edges per state id), ids by discovery.
+
+        The reference moves one node x of a state's augmented set to each successor of x (not
+        already in the antichain, and not an ancestor of a node still in the set), then
+        de-augments: it keeps the nodes of the new set that are no ancestor of another one,
+        in the set's list order, x's place taken by its successor. That kept set is the new
+        state's key; here it is one bit expression, with the ancestors' union of the set
+        without x precomputed per x. The list order only matters when a state is first
+        found (the reference's caches, keyed by node set, return the first call's order ever
+        after), so the list is built then only. The reference queues a state once per edge
+        into it and skips it when dequeued again; queueing it only when first found expands
+        the states in the same order.
+        """
+        anc, desc, succ = self.anc, self.desc, self.g.succ
+        start = [self.g.sources()[0]]
         start_key = self._key(start)
         ids = {start_key: 0}
         augmented = [self.augment(start, start_key)]
+        keys = [start_key]
         edges: list[list[int]] = [[]]
-        queue = [(start, start_key)]
-        head = 0
-        expanded: set[int] = set()
-        while head < len(queue):
-            antichain, key = queue[head]
-            head += 1
-            if key in expanded:
-                continue
-            expanded.add(key)
-            for nxt, nkey in self.successors_of(antichain, key):
-                if nkey not in ids:
-                    if len(ids) >= self.max_states:
-                        raise StateLimitExceeded(f"more than {self.max_states} antichain states")
-                    ids[nkey] = len(ids)
-                    augmented.append(self.augment(nxt, nkey))
-                    edges.append([])
-                edges[ids[key]].append(ids[nkey])
-                queue.append((nxt, nkey))
+        sid = 0
+        while sid < len(augmented):
+            aug, key, out = augmented[sid], keys[sid], edges[sid]
+            sid += 1
+            members = 0
+            for u in aug:
+                members |= 1 << u
+            # below_others[p]: every ancestor of the set's nodes except aug[p]
+            size = len(aug)
+            suffix = [0] * (size + 1)
+            for p in range(size - 1, -1, -1):
+                suffix[p] = suffix[p + 1] | anc[aug[p]]
+            prefix = 0
+            for p, x in enumerate(aug):
+                below_others = prefix | suffix[p + 1]
+                prefix |= anc[x]
+                others = members & ~(1 << x)
+                for nxt in succ[x]:
+                    if (key >> nxt) & 1:
+                        continue
+                    if desc[nxt] & members:
+                        continue  # advancing to nxt would skip over a node still in the set
+                    new_key = (others | (1 << nxt)) & ~(below_others | anc[nxt])
+                    nid = ids.get(new_key)
+                    if nid is None:
+                        nid = len(augmented)
+                        if nid >= self.max_states:
+                            raise StateLimitExceeded(f"more than {self.max_states} antichain states")
+                        ids[new_key] = nid
+                        front = []
+                        for y in aug:
+                            u = nxt if y == x else y
+                            if (new_key >> u) & 1:
+                                front.append(u)
+                        augmented.append(self.augment(front, new_key))
+                        keys.append(new_key)
+                        edges.append([])
+                    out.append(nid)
         return augmented, edges
 
 
@@ -300,16 +291,15 @@ def _reverse_postorder(edges: list[list[int]], root: int = 0) -> list[int]:
     """Depth-first from ``root``, children in edge order; the reference's topological sort."""
     done = [False] * len(edges)
     order: list[int] = []
-    stack = [(root, 0)]
     done[root] = True
+    stack = [(root, iter(edges[root]))]
     while stack:
-        node, pos = stack[-1]
-        if pos < len(edges[node]):
-            stack[-1] = (node, pos + 1)
-            child = edges[node][pos]
+        node, children = stack[-1]
+        for child in children:
             if not done[child]:
                 done[child] = True
-                stack.append((child, 0))
+                stack.append((child, iter(edges[child])))
+                break
         else:
             stack.pop()
             order.append(node)

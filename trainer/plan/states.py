@@ -93,17 +93,17 @@ def antichain_states(graph: LayerGraph, max_states: int = 2000) -> StateChain:
         downsets.append(down)
         frontiers.append(augmented[sid])
     n = len(order)
+    position = [0] * n
+    for i, sid in enumerate(order):
+        position[sid] = i
+    # In topological order a state's ancestors are final before it passes them on.
     state_anc = [0] * n
-    parents: list[list[int]] = [[] for _ in range(n)]
-    for sid, outs in enumerate(edges):
-        for t in outs:
-            parents[position[t]].append(position[sid])
-    for j in range(n):
-        acc = 0
-        for p in parents[j]:
-            acc |= state_anc[p] | (1 << p)
-        state_anc[j] = acc
-    out_act = np.array([sum(graph.activation[u] for u in f) for f in frontiers], dtype=float)
+    for i, sid in enumerate(order):
+        mine = state_anc[i] | (1 << i)
+        for t in edges[sid]:
+            state_anc[position[t]] |= mine
+    act = graph.activation.tolist()
+    out_act = np.array([sum(act[u] for u in f) for f in frontiers], dtype=float)
     return _chain_from(graph, "antichain", downsets, frontiers, _bool_rows(state_anc, n), out_act)
 
 
