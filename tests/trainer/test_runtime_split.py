@@ -228,3 +228,14 @@ def test_in_place_change_of_a_linear_input_after_the_forward_is_refused(one_thre
     with pytest.raises(RuntimeError, match="modified"):
         stage.backward(0, [torch.randn(2, 4)], weights=False)
         stage.backward_weight(0)
+
+
+def test_a_stage_built_without_layer_calls_refuses_to_split(one_thread):
+    m = nn.Sequential(nn.Linear(4, 4), nn.Tanh())
+    stage = Stage(0, m, torch.optim.SGD(m.parameters(), lr=0.1), is_first=False, is_last=False, loss_fn=None,
+                  stash=False, loss_scale=1.0, layer_calls=False)
+    stage.forward(0, 0, [torch.randn(2, 4)], None)
+    with pytest.raises(RuntimeError, match="layer calls"):
+        stage.backward(0, [torch.randn(2, 4)], weights=False)
+    stage.forward(1, 0, [torch.randn(2, 4)], None)
+    assert len(stage.backward(1, [torch.randn(2, 4)])) == 1  # the full backward still works
