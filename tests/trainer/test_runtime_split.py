@@ -17,6 +17,7 @@ from torch import nn
 import trainer.zoo
 from trainer.runtime.model import build_stages, layer_names, uniform_split
 from trainer.runtime.stage import Stage
+from trainer.schedule import Kind, build
 
 MICROBATCHES = 4
 
@@ -239,3 +240,67 @@ def test_a_stage_built_without_layer_calls_refuses_to_split(one_thread):
         stage.backward(0, [torch.randn(2, 4)], weights=False)
     stage.forward(1, 0, [torch.randn(2, 4)], None)
     assert len(stage.backward(1, [torch.randn(2, 4)])) == 1  # the full backward still works
+
+
+def _emulate(schedule, modules, lr: float, data) -> list[list[torch.Tensor]]:
+    """Run ``schedule``'s compute and update actions on Stage objects in one process, in the order
+    the simulator puts them (every action a positive time, so a start sorts after whatever it
+    waits for), releasing each weight version after its last use as the runtime does; returns
+    every stage's weights at the end."""
+    from trainer.schedule import simulate
+    from trainer.schedule.costs import costs_uniform
+
+    p, stash = schedule.num_stages, not schedule.meta["sync"]
+    stages = [Stage(s, m, torch.optim.SGD(m.parameters(), lr=lr, momentum=0.5), is_first=s == 0,
+                    is_last=s == p - 1, loss_fn=nn.functional.mse_loss, stash=stash, loss_scale=1.0)
+              for s, m in enumerate(modules)]
+    timeline = simulate(schedule, costs_uniform(p, 1.0, 2.0, step_s=0.1, allreduce_s=0.1)).timeline
+    events = sorted((e for e in timeline if e.kind in ("F", "B", "BI", "W", "step")), key=lambda e: e.start)
+    queued: dict[tuple, list] = {}  # (kind, stage, microbatch) -> its actions in list order
+    for acts in schedule.actions:
+        for a in acts:
+            queued.setdefault((a.kind.value, a.stage, a.microbatch), []).append(a)
+    order = [queued[(e.kind, e.stage, e.microbatch)].pop(0) for e in events]
+    last_use = {(a.stage, a.version): n for n, a in enumerate(order) if a.kind.is_compute}
+    acts_out, grads_in = {}, {}
+    for n, a in enumerate(order):
+        st, s, mb = stages[a.stage], a.stage, a.microbatch
+        if a.kind is Kind.FORWARD:
+            x, y = data[mb]
+            out = st.forward(mb, a.version, [x] if s == 0 else acts_out.pop((s, mb)), y)
+            if s < p - 1:
+                acts_out[(s + 1, mb)] = [o.clone() for o in out]
+        elif a.kind in (Kind.BACKWARD, Kind.BACKWARD_INPUT):
+            g = st.backward(mb, None if s == p - 1 else grads_in.pop((s, mb)), weights=a.kind is Kind.BACKWARD)
+            if s > 0:
+                grads_in[(s - 1, mb)] = g
+        elif a.kind is Kind.BACKWARD_WEIGHT:
+            st.backward_weight(mb)
+        else:
+            st.step(a.version, last_use.get((s, st.versions.current), -1) > n)
+        if a.kind.is_compute and last_use.get((s, a.version)) == n and stash:
+            st.versions.release(a.version)
+    return [[p.detach().clone() for p in st.versions.params] for st in stages]
+
+
+@pytest.mark.parametrize("name,m", [("1f1b", 4), ("gpipe", 4), ("pipedream", 6)])
+def test_a_schedule_with_batched_weight_gradients_trains_like_the_plain_one(name, m, one_thread):
+    """The same schedule run with full backwards and with BI + W(-1) before each update (for
+    pipedream: weight stashing, W(-1) naming the current version while older ones are released)
+    ends with the same weights."""
+    zoo = trainer.zoo.get("mlp", seed=0, depth=3, width=16, out=4, samples=64)
+    example = zoo.example_input(4)
+    names = layer_names(zoo.model, example)
+    split = uniform_split(names, [1] * len(names), 3)
+    gen = torch.Generator().manual_seed(3)
+    data = [(torch.randn(4, 16, generator=gen), torch.randn(4, 4, generator=gen)) for _ in range(m)]
+    results = []
+    for batched in (False, True):
+        schedule = build(name, 3, m, batch_weight_grads=batched)
+        modules = build_stages(copy.deepcopy(zoo.model), example, split)
+        initial = [[p.detach().clone() for p in mod.parameters()] for mod in modules]
+        results.append(_emulate(schedule, modules, lr=0.1, data=data))
+    for s, (plain, batched) in enumerate(zip(*results)):
+        assert any(not torch.equal(a, b) for a, b in zip(plain, initial[s])), f"stage {s} did not train"
+        for a, b in zip(batched, plain):
+            _close(a, b, f"stage {s} weights")
