@@ -3,6 +3,7 @@
     pipeboard train --model NAME [--model-arg k=v ...] [--plan plan.json | --stages P]
         --schedule NAME --batch-size B --microbatches M [--epochs E | --steps S | --target METRIC]
         [--workers N] [--checkpoint-dir D] [--resume] [--json] [--job-id N] [--events-jsonl PATH]
+        [--weight-grads batched|immediate]
 
 Ends with a summary line (or, with --json, one JSON object with samples_per_s, final_metric,
 steps, wall_s, ...). Bad input or a failed run: one line on stderr, exit code 2 or 1.
@@ -85,6 +86,10 @@ def register(cli: typer.Typer) -> None:
         resume: bool = typer.Option(False, "--resume", help="Continue from the last complete checkpoint."),
         vertical_sync: bool = typer.Option(False, "--vertical-sync", help="pipedream: vertical sync of weight versions."),
         chunks: int = typer.Option(1, "--chunks", help="interleaved-1f1b: model chunks per worker."),
+        weight_grads: str = typer.Option(
+            "batched", "--weight-grads",
+            help="batched: backwards compute input gradients, one pass per update the weight gradients of all "
+                 "its microbatches; immediate: each backward computes both. dp and zb-h1 ignore it."),
         lr: Optional[float] = typer.Option(None, "--lr"),
         optimizer: Optional[str] = typer.Option(None, "--optimizer", help="adam or sgd (default: the model's)."),
         seed: int = typer.Option(0, "--seed"),
@@ -105,7 +110,7 @@ def register(cli: typer.Typer) -> None:
                 model=model, model_args=parse_model_args(model_arg), schedule=schedule, batch_size=batch_size,
                 microbatches=microbatches, stages=plan_stages, replicas=replicas if schedule != "dp" else None,
                 num_stages=stages, workers=workers if (workers or not replicas or schedule != "dp") else sum(replicas),
-                chunks=chunks, vertical_sync=vertical_sync, epochs=epochs, steps=steps, target=target, seed=seed,
+                chunks=chunks, vertical_sync=vertical_sync, weight_grads=weight_grads, epochs=epochs, steps=steps, target=target, seed=seed,
                 lr=lr, optimizer=optimizer, eval_every=eval_every, checkpoint_dir=checkpoint_dir,
                 checkpoint_every=checkpoint_every, resume=resume, hang_timeout_s=hang_timeout)
             if schedule == "dp" and plan_stages is not None:

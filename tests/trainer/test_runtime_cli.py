@@ -29,8 +29,8 @@ def test_train_json_summary_and_events_jsonl(tmp_path: Path):
     events = [e for c in calls if c["call"] == "on_events" for e in c["events"]]
     # every microbatch's forward and backward on both stages, on one clock
     for stage in (0, 1):
-        for kind in ("F", "B"):
-            assert len([e for e in events if e["stage"] == stage and e["kind"] == kind]) == 6 * 4
+        for kinds in (("F",), ("B", "BI")):  # BI: batched weight gradients, the default
+            assert len([e for e in events if e["stage"] == stage and e["kind"] in kinds]) == 6 * 4
     fwd0 = {(e["step"], e["microbatch"]): e for e in events if e["stage"] == 0 and e["kind"] == "F"}
     fwd1 = {(e["step"], e["microbatch"]): e for e in events if e["stage"] == 1 and e["kind"] == "F"}
     assert all(fwd1[k]["start"] >= fwd0[k]["end"] - 1e-3 for k in fwd0)  # stage 1 runs after stage 0
@@ -53,6 +53,9 @@ def test_pipedream_events_and_metrics_count_batches(tmp_path: Path):
         assert all(e["step"] == e["microbatch"] // 4 for e in fwd)
         steps = [e for e in events if e["stage"] == stage and e["kind"] == "step"]
         assert sorted(e["step"] for e in steps) == list(range(5))  # one update per batch
+        kinds = [e["kind"] for e in events if e["stage"] == stage]
+        assert "B" not in kinds and kinds.count("BI") == 20  # batched weight gradients (the default):
+        assert sorted(e["step"] for e in events if e["stage"] == stage and e["kind"] == "W") == list(range(5))
     records = [r for c in calls if c["call"] == "on_metrics" for r in c["records"]]
     assert [r["step"] for r in records if "loss" in r["values"]] == list(range(1, 6))
 

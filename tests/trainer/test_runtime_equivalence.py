@@ -27,10 +27,13 @@ def run(tmp_path, microbatches=4, **kw):
     return cfg, summary, trained, states
 
 
-@pytest.mark.parametrize("schedule,stages", [("gpipe", 2), ("1f1b", 2), ("1f1b", 3), ("gpipe", 3),
-                                             ("interleaved-1f1b", 2), ("zb-h1", 2)])
-def test_sync_schedules_equal_gradient_accumulation(tmp_path, schedule, stages):
-    cfg, summary, trained, _ = run(tmp_path, schedule=schedule, num_stages=stages, steps=4)
+@pytest.mark.parametrize("schedule,stages,weight_grads", [
+    ("gpipe", 2, "batched"), ("1f1b", 2, "batched"), ("1f1b", 3, "batched"), ("gpipe", 3, "batched"),
+    ("interleaved-1f1b", 2, "batched"), ("1f1b", 2, "immediate"), ("gpipe", 3, "immediate"),
+    ("zb-h1", 2, "batched"), ("zb-h1", 3, "batched"),  # zb-h1: its own BI and W per microbatch
+])
+def test_sync_schedules_equal_gradient_accumulation(tmp_path, schedule, stages, weight_grads):
+    cfg, summary, trained, _ = run(tmp_path, schedule=schedule, num_stages=stages, steps=4, weight_grads=weight_grads)
     assert summary["steps"] == 4
     reference = train_sync(cfg, 4)
     untrained = train_sync(cfg, 0)
@@ -43,16 +46,19 @@ def test_dp_with_ddp_equals_gradient_accumulation(tmp_path):
     assert max_diff(trained, train_sync(cfg, 3)) < 1e-5
 
 
-@pytest.mark.parametrize("stages,microbatches,vertical_sync,replicas", [
-    (3, 4, False, None), (3, 4, True, None), (2, 4, False, None), (2, 4, True, None),
-    (2, 1, False, None), (3, 1, True, None),  # M=1: PipeDream's own, one update per minibatch
-    (2, 4, False, [2, 1]), (2, 4, True, [2, 2]),
+@pytest.mark.parametrize("stages,microbatches,vertical_sync,replicas,weight_grads", [
+    (3, 4, False, None, "batched"), (3, 4, True, None, "batched"), (2, 4, False, None, "batched"),
+    (2, 4, True, None, "batched"), (3, 4, False, None, "immediate"), (2, 4, True, None, "immediate"),
+    (2, 1, False, None, "batched"), (3, 1, True, None, "immediate"),  # M=1: PipeDream's own, one update per minibatch
+    (2, 4, False, [2, 1], "batched"), (2, 4, True, [2, 2], "batched"), (2, 4, False, [2, 1], "immediate"),
 ])
-def test_pipedream_matches_weight_stashing_emulation(tmp_path, stages, microbatches, vertical_sync, replicas):
-    """One update per batch of M microbatches, each backward against its forward's version."""
+def test_pipedream_matches_weight_stashing_emulation(tmp_path, stages, microbatches, vertical_sync, replicas,
+                                                     weight_grads):
+    """One update per batch of M microbatches, each backward against its forward's version (the
+    batched weight gradients of a batch whose microbatches ran on two versions included)."""
     cfg, summary, trained, _ = run(tmp_path, schedule="pipedream", num_stages=stages, steps=3,
                                    microbatches=microbatches, vertical_sync=vertical_sync, replicas=replicas,
-                                   optimizer="sgd", lr=0.5)  # large enough that stale weights show
+                                   weight_grads=weight_grads, optimizer="sgd", lr=0.5)  # large enough that stale weights show
     assert summary["steps"] == 3
     stashed = emulate_async(cfg, 3, stash=True)
     unstashed = emulate_async(cfg, 3, stash=False)

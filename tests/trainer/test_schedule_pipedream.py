@@ -22,6 +22,26 @@ def test_one_microbatch_per_update_is_pipedream_per_minibatch(stages, m, kw):
     assert build_pipedream(stages, m, 1, **kw).actions == build("pipedream", stages, m, **kw).actions
 
 
+@pytest.mark.parametrize("kw", [{}, {"vertical_sync": True}, {"replicas": [2, 1, 1]}])
+def test_batched_weight_gradients_one_w_per_update_naming_every_pending_version(kw):
+    schedule = build_pipedream(3, 24, 4, batch_weight_grads=True, **kw)
+    validate(schedule)
+    assert schedule.meta["batch_weight_grads"]
+    for spec, acts in zip(schedule.workers, schedule.actions):
+        ops = compute_and_updates(acts)
+        assert not any(a.kind is Kind.BACKWARD for a in ops)
+        updates = [i for i, a in enumerate(ops) if a.kind in (Kind.ALLREDUCE, Kind.STEP)]
+        w = [i for i, a in enumerate(ops) if a.kind is Kind.BACKWARD_WEIGHT]
+        first_of_update = [i for i in updates if ops[i - 1].kind is not Kind.ALLREDUCE]
+        assert [i - 1 for i in first_of_update] == w and all(ops[i].microbatch == -1 for i in w)
+    plain = build_pipedream(3, 24, 4, **kw)
+    as_b = [[(a.kind if a.kind is not Kind.BACKWARD_INPUT else Kind.BACKWARD, a.microbatch, a.version)
+             for a in compute_and_updates(acts) if a.kind is not Kind.BACKWARD_WEIGHT] for acts in schedule.actions]
+    assert as_b == [[(a.kind, a.microbatch, a.version) for a in compute_and_updates(acts)] for acts in plain.actions]
+    assert build_pipedream(3, 12, 1, batch_weight_grads=True).actions == \
+        build("pipedream", 3, 12, batch_weight_grads=True).actions
+
+
 @pytest.mark.parametrize("stages,m,per_update,kw", [
     (2, 16, 4, {}), (3, 16, 4, {}), (3, 16, 4, {"vertical_sync": True}), (4, 24, 8, {"vertical_sync": True}),
     (2, 16, 4, {"replicas": [2, 1]}), (3, 24, 4, {"replicas": [2, 2, 2], "vertical_sync": True}),
@@ -97,6 +117,7 @@ def test_replicas_all_reduce_and_step_after_the_round_that_ends_a_batch():
     ((2, 12, 6), {"replicas": [1, 4]}, "multiple of stage 1's replicas"),
     ((2, 12, 4), {"replicas": [2, 1], "vertical_sync": True}, "same replica count"),
     ((2, 12, 0), {}, "per_update"),
+    ((2, 12, 4), {"split_backward": True, "batch_weight_grads": True}, "exclude each other"),
 ])
 def test_impossible_batches_are_refused_naming_the_rule(args, kw, match):
     with pytest.raises(ScheduleError, match=match):

@@ -12,6 +12,7 @@ from typing import Any
 SYNC_SCHEDULES = ("gpipe", "1f1b", "interleaved-1f1b", "zb-h1")
 ASYNC_SCHEDULES = ("pipedream",)
 SCHEDULES = SYNC_SCHEDULES + ASYNC_SCHEDULES + ("dp",)
+WEIGHT_GRADS = ("batched", "immediate")
 
 
 class ConfigError(ValueError):
@@ -32,6 +33,10 @@ class RunConfig:
     workers: int | None = None  # total processes; with --stages P, N/P replicas per stage
     chunks: int = 1  # model chunks per worker (interleaved-1f1b)
     vertical_sync: bool = False
+    # "batched": each backward computes input gradients only and one pass per update computes the
+    # weight gradients of all its microbatches (gpipe, 1f1b, interleaved-1f1b, pipedream);
+    # "immediate": each backward computes both. dp and zb-h1 ignore it (zb-h1 places its W itself).
+    weight_grads: str = "batched"
     # Length: exactly one of these is normally set; none means one epoch.
     epochs: float | None = None
     steps: int | None = None
@@ -87,6 +92,8 @@ class RunConfig:
             raise ConfigError(f"workers: must be >= 1, got {self.workers}")
         if self.replicas is not None and any(r < 1 for r in self.replicas):
             raise ConfigError(f"replicas: every stage needs >= 1 replica, got {self.replicas}")
+        if self.weight_grads not in WEIGHT_GRADS:
+            raise ConfigError(f"weight_grads: must be one of {', '.join(WEIGHT_GRADS)}, got {self.weight_grads!r}")
         if self.chunks < 1:
             raise ConfigError(f"chunks: must be >= 1, got {self.chunks}")
         given = [n for n, v in (("epochs", self.epochs), ("steps", self.steps), ("target", self.target)) if v is not None]

@@ -5,8 +5,9 @@ Each action maps to one small operation:
 - ``RECV_ACT`` / ``RECV_GRAD`` post a receive (receives are also posted up to ``window`` actions
   ahead); the consuming ``F``/``B`` waits for it, so the transfer overlaps whatever computation
   runs in between.
-- ``F``, ``B`` (or ``BI`` + ``W``) compute on the stage, against the weight version the action
-  names.
+- ``F``, ``B`` compute on the stage, against the weight version the action names; ``BI`` is a
+  backward for the input gradients only, and ``W`` computes the weight gradients it left pending
+  (``W(-1)``: those of every pending microbatch at once).
 - ``SEND_ACT`` / ``SEND_GRAD`` post an ``isend`` and move on.
 - ``ALLREDUCE`` sums the stage's gradients over its replica group (each microbatch's loss is
   scaled by 1/M, so the sum is the batch's mean gradient); ``STEP`` updates the weights.
@@ -90,15 +91,23 @@ class Executor:
         outbox: dict[tuple[int, int, int], tuple | list] = {}
         posted: dict[tuple[int, int, int], PendingRecv] = {}
 
-        # Where each weight version is used for the last time, and each step's last action.
+        # Where each weight version is used for the last time (a W(-1) uses the versions of every
+        # BI it completes: their weight gradients land on those versions' tensors), and each
+        # step's last action.
         last_use: dict[tuple[int, int], int] = {}
+        awaiting_w: dict[int, set[int]] = defaultdict(set)  # stage -> versions of BIs since its last W(-1)
         step_end: dict[int, int] = {}
-        step_at: list[int] = []  # actions without a microbatch belong to the step before them
+        step_at: list[int] = []  # W(-1), ALLREDUCE, STEP belong to the step of the work before them
         current_step = step_of(0)
         for i, a in enumerate(actions):
             if a.kind in COMPUTE:
                 last_use[(a.stage, a.version)] = i
-            if a.microbatch >= 0:
+                if a.kind is Kind.BACKWARD_INPUT:
+                    awaiting_w[a.stage].add(a.version)
+                elif a.kind is Kind.BACKWARD_WEIGHT and a.microbatch < 0:
+                    for v in awaiting_w.pop(a.stage, ()):
+                        last_use[(a.stage, v)] = i
+            if a.microbatch >= 0 and a.kind not in RECV:  # receives are posted early, ahead of their step
                 current_step = step_of(a.microbatch)
             step_end[current_step] = i
             step_at.append(current_step)
@@ -165,14 +174,14 @@ class Executor:
             elif kind in (Kind.BACKWARD, Kind.BACKWARD_INPUT):
                 grads = None if s == last_stage else take(1, s, mb)
                 t0 = time.perf_counter()
-                in_grads = stage.backward(mb, grads)
+                in_grads = stage.backward(mb, grads, weights=kind is Kind.BACKWARD)
                 if s > 0:
                     if rank_of(s - 1, mb) == self.rank:
                         inbox[(1, s - 1, mb)] = in_grads
                     else:
                         outbox[(1, s, mb)] = in_grads
             elif kind is Kind.BACKWARD_WEIGHT:
-                pass  # BI above already produced the weight gradients (see docs/runtime.md)
+                stage.backward_weight(mb)
             elif kind is Kind.SEND_ACT:
                 p2p.send(list(outbox.pop((0, s, mb))), s, mb, False, a.peer)
             elif kind is Kind.SEND_GRAD:

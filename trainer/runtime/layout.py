@@ -20,6 +20,7 @@ class Layout:
     replicas: tuple[int, ...]  # per physical stage
     vertical_sync: bool
     per_update: int = 1  # pipedream: microbatches per weight update (one batch)
+    batch_weight_grads: bool = False  # one batched weight-gradient pass per update (not dp, zb-h1)
 
     @property
     def virtual_stages(self) -> int:
@@ -34,13 +35,14 @@ class Layout:
         updates once per ``per_update`` of them)."""
         if self.schedule == "pipedream":
             return build_pipedream(self.physical_stages, microbatches, self.per_update, replicas=list(self.replicas),
-                                   vertical_sync=self.vertical_sync)
+                                   vertical_sync=self.vertical_sync, batch_weight_grads=self.batch_weight_grads)
         if self.schedule == "dp":
             return build("dp", self.replicas[0], microbatches, replicas=[self.replicas[0]])
         if self.schedule == "interleaved-1f1b":
-            return build(self.schedule, self.physical_stages, microbatches, chunks=self.chunks)
+            return build(self.schedule, self.physical_stages, microbatches, chunks=self.chunks,
+                         batch_weight_grads=self.batch_weight_grads)
         return build(self.schedule, self.physical_stages, microbatches, replicas=list(self.replicas),
-                     vertical_sync=self.vertical_sync)
+                     vertical_sync=self.vertical_sync, batch_weight_grads=self.batch_weight_grads)
 
     def stages_of(self, rank: int) -> tuple[int, ...]:
         """The virtual stages worker ``rank`` holds (ranks are stage-major; interleaved: round robin)."""
@@ -78,7 +80,7 @@ def resolve(cfg: RunConfig) -> Layout:
             raise ConfigError(f"workers: interleaved-1f1b runs one worker per stage ({p}), got {cfg.workers}")
         if cfg.replicas is not None and any(r != 1 for r in cfg.replicas):
             raise ConfigError("replicas: interleaved-1f1b does not replicate stages (the plan has replicas > 1)")
-        return Layout(cfg.schedule, p, chunks, (1,) * p, False)
+        return Layout(cfg.schedule, p, chunks, (1,) * p, False, batch_weight_grads=_batched(cfg))
     if chunks != 1:
         raise ConfigError(f"chunks: only interleaved-1f1b holds several chunks per worker, not {cfg.schedule}")
     if cfg.replicas is not None:
@@ -100,4 +102,10 @@ def resolve(cfg: RunConfig) -> Layout:
     if cfg.vertical_sync and cfg.schedule != "pipedream":
         raise ConfigError("vertical_sync: applies to the pipedream schedule only")
     return Layout(cfg.schedule, p, 1, replicas, cfg.vertical_sync,
-                  cfg.microbatches if cfg.schedule == "pipedream" else 1)
+                  cfg.microbatches if cfg.schedule == "pipedream" else 1, _batched(cfg))
+
+
+def _batched(cfg: RunConfig) -> bool:
+    """Batched weight gradients, where they apply: not dp (DDP reduces inside the backward) and
+    not zb-h1 (its W are placed one by one to fill the drain)."""
+    return cfg.weight_grads == "batched" and cfg.schedule not in ("dp", "zb-h1")

@@ -14,6 +14,7 @@
 from __future__ import annotations
 
 import copy
+from dataclasses import replace
 
 import torch
 
@@ -53,7 +54,8 @@ def emulate_async(cfg: RunConfig, steps: int, stash: bool = True) -> torch.nn.Mo
     versions = [{0: copy.deepcopy(m)} for m in stages]
     pending = [None] * S  # summed gradients since the last step, per stage
     stream = TrainStream(zoo, cfg.batch_size, M, torch.device("cpu"))
-    schedule = layout.build(steps * M)
+    # full backwards: the same gradients the runtime's batched weight-gradient passes must give
+    schedule = replace(layout, batch_weight_grads=False).build(steps * M)
     acts, grads, ctx = {}, {}, {}
     arrived: dict[tuple[int, int], set[int]] = {}  # (stage, version) -> ranks at that ALLREDUCE
     applied: set[tuple[int, int]] = set()  # (stage, version) of updates already made

@@ -28,7 +28,7 @@ backward still names it.
 from __future__ import annotations
 
 from trainer.schedule.actions import Action, Kind, Schedule, ScheduleError
-from trainer.schedule.flush import backward_ops, one_f_one_b_order
+from trainer.schedule.flush import backward_ops, batch_weight_grads as batch_weights, one_f_one_b_order
 from trainer.schedule.hoist import hoist_receives
 from trainer.schedule.placement import StaticPolicy, place
 from trainer.schedule.topology import Topology, replicated
@@ -95,13 +95,19 @@ def pipedream_programs(topo: Topology, m: int, vertical_sync: bool, split: bool,
 
 
 def build_pipedream(num_stages: int, microbatches: int, per_update: int, *, replicas: list[int] | None = None,
-                    vertical_sync: bool = False, split_backward: bool = False) -> Schedule:
+                    vertical_sync: bool = False, split_backward: bool = False,
+                    batch_weight_grads: bool = False) -> Schedule:
     """``build("pipedream", ...)`` with ``per_update`` microbatches per weight update.
 
     The same steps as ``trainer.schedule.build`` (topology, placement of transfers, receive
-    hoisting, meta) for the one option it does not take yet."""
+    hoisting, the batched weight-gradient transform, meta) for the one option it does not take yet."""
+    if batch_weight_grads and split_backward:
+        raise ScheduleError("batch_weight_grads and split_backward exclude each other: "
+                            "the weight gradients are either batched before the update or run one by one")
     topo = replicated(num_stages, replicas)
     programs = pipedream_programs(topo, microbatches, vertical_sync, split_backward, per_update)
+    if batch_weight_grads:
+        programs = [batch_weights(p) for p in programs]
     actions = hoist_receives(*place(topo, [StaticPolicy(p) for p in programs]))
     meta = {
         "sync": False,
@@ -109,6 +115,7 @@ def build_pipedream(num_stages: int, microbatches: int, per_update: int, *, repl
         "chunks": 1,
         "replicas": [topo.replicas(s) for s in range(topo.num_stages)],
         "split_backward": split_backward,
+        "batch_weight_grads": batch_weight_grads,
         "vertical_sync": vertical_sync,
         "noam": [topo.noam(s) for s in range(topo.num_stages)],
         "per_update": per_update,
