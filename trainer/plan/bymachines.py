@@ -19,28 +19,15 @@ from __future__ import annotations
 
 import numpy as np
 
-from trainer.plan.dp import INF, LevelOptions, Tables, _stash_factor, pair_stage_costs, single_stage_costs
+from trainer.plan.dp import INF, LevelOptions, Tables, _stash_factor, pair_stage_costs_t, single_stage_costs
 
 # Bands of block starts: each band only pairs up with predecessors k at or after its first start.
 _BANDS = 4
 
 
-def pairs_of(t: Tables) -> tuple[np.ndarray, np.ndarray]:
-    """Every (k, j) edge of the state DAG, grouped by j (k ascending); computed once."""
-    key = "pairs"
-    if t._sums is None:
-        t.block_sums()
-    if key not in t._sums:
-        counts = np.fromiter((len(p) for p in t.predecessors), dtype=np.intp, count=t.size)
-        pk = np.concatenate(t.predecessors).astype(np.intp) if counts.sum() else np.zeros(0, dtype=np.intp)
-        pj = np.repeat(np.arange(t.size, dtype=np.intp), counts)
-        t._sums[key] = (pk, pj)
-    return t._sums[key]
-
-
 def work(t: Tables, rows: np.ndarray, machines: int) -> float:
     """About how many candidate entries ``solve_rows`` forms (to choose it over ``dp``)."""
-    pk, _ = pairs_of(t)
+    pk, _ = t.pairs()
     n_pairs = len(pk)
     return float(n_pairs) * len(rows) * machines * (machines - 1) / 2 * 0.5
 
@@ -61,9 +48,9 @@ def solve_rows(t: Tables, values: np.ndarray, opt: LevelOptions, rows: np.ndarra
     R = 1 if opt.straight else M - 1
     reps = np.arange(1, R + 1, dtype=float)
     later = (jj > ii).T if opt.fewer_machines else None  # (n, C): the reference's j > i
-    pk, pj = pairs_of(t)
+    pk, pj = t.pairs()
     if len(pk):
-        cost = pair_stage_costs(t, values, params, opt, pk, pj, reps)  # (P, R)
+        cost = pair_stage_costs_t(t, values, params, opt, pk, pj, reps)  # (R, P)
         stash = acts[pk + 1, pj] + params[pk + 1, pj] if opt.memory_bytes is not None else None
         bands = np.unique(np.linspace(0, C, min(_BANDS, C) + 1).astype(np.intp))
         for lo, hi in zip(bands[:-1], bands[1:]):
@@ -71,7 +58,7 @@ def solve_rows(t: Tables, values: np.ndarray, opt: LevelOptions, rows: np.ndarra
             if not keep.any():
                 continue
             ends, starts = np.unique(pj[keep], return_index=True)
-            _fill_band(table, pk[keep], ends, starts, cost[keep], stash[keep] if stash is not None else None,
+            _fill_band(table, pk[keep], ends, starts, cost[:, keep], stash[keep] if stash is not None else None,
                        opt, lo, hi, R, later)
     if later is not None:  # (again for bands without pairs: taking fewer machines is idempotent)
         for m in range(1, M):
@@ -90,7 +77,7 @@ def _fill_band(table, pk, ends, starts, cost, stash, opt: LevelOptions, lo: int,
     scratch = np.empty_like(prefix[0])
     for m in range(1, M):
         for r in range(1, min(R, m) + 1):
-            c = cost[:, r - 1]
+            c = cost[r - 1]
             if stash is not None:
                 c = np.where(stash * _stash_factor(m + 1, r, M) > opt.memory_bytes, INF, c)
             if r == 1:

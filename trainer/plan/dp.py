@@ -67,6 +67,17 @@ class Tables:
             self._sums["compute"] = _block_sums(self.compute)
         return self._sums["compute"]
 
+    def pairs(self) -> tuple[np.ndarray, np.ndarray]:
+        """Every (k, j) edge of the state DAG as (pk, pj), grouped by j, k ascending; computed once."""
+        if self._sums is None:
+            self.block_sums()
+        if "pairs" not in self._sums:
+            counts = np.fromiter((len(p) for p in self.predecessors), dtype=np.intp, count=self.size)
+            pk = (np.concatenate(self.predecessors).astype(np.intp) if counts.sum()
+                  else np.zeros(0, dtype=np.intp))
+            self._sums["pairs"] = (pk, np.repeat(np.arange(self.size, dtype=np.intp), counts))
+        return self._sums["pairs"]
+
     @property
     def size(self) -> int:
         return len(self.compute)
@@ -213,7 +224,7 @@ def solve_level(t: Tables, values: np.ndarray, opt: LevelOptions, rows: np.ndarr
     R = 1 if opt.straight else M - 1
     reps = np.arange(1, R + 1, dtype=float)  # m'
     pairs = sum(len(p) for p in t.predecessors)
-    if len(rows) == 1 and M > 1 and pairs * M <= 1_000_000 and caps is None:
+    if len(rows) == 1 and M > 1 and pairs * M <= 20_000_000 and caps is None:
         # Few enough (k, j) pairs to hold them all: machine count outermost, as the reference.
         _solve_one_row_by_machines(F, t, values, opt, int(rows[0]), reps, float(bound[0]))
         return F
@@ -250,15 +261,16 @@ def _solve_one_row_by_machines(F: np.ndarray, t: Tables, values: np.ndarray, opt
     the state DAG at once (A[i][j][m] reads only A[i][k][m - m'] with m' >= 1)."""
     n, M = t.size, opt.machines
     acts, params = t.block_sums()
-    pk = np.concatenate([p[p >= row] for p in t.predecessors]).astype(np.intp)
-    pj = np.concatenate([np.full(int((p >= row).sum()), j, dtype=np.intp) for j, p in enumerate(t.predecessors)])
-    cost = pair_stage_costs(t, values, params, opt, pk, pj, reps)  # (P, R)
+    pk, pj = t.pairs()
+    if row > 0:
+        keep = pk >= row
+        pk, pj = pk[keep], pj[keep]
+    cost_t = pair_stage_costs_t(t, values, params, opt, pk, pj, reps)  # (R, P): one row per m'
     if bound < INF:
-        keep = cost.min(axis=1) <= bound
-        pk, pj, cost = pk[keep], pj[keep], cost[keep]
+        keep = cost_t.min(axis=0) <= bound
+        pk, pj, cost_t = pk[keep], pj[keep], cost_t[:, keep]
     ends, starts = np.unique(pj, return_index=True)
     stash = acts[pk + 1, pj] + params[pk + 1, pj] if opt.memory_bytes is not None else None
-    cost_t = np.ascontiguousarray(cost.T)  # (R, P): one row per m'
     table = np.ascontiguousarray(F[:, :, 0].T)  # (M, n): one row per machine count
     later = slice(row + 1, n)  # the reference's j > i, for fewer machines
     for m in range(1, M):
@@ -281,17 +293,25 @@ def _solve_one_row_by_machines(F: np.ndarray, t: Tables, values: np.ndarray, opt
 
 
 def pair_stage_costs(t: Tables, values, params, opt: LevelOptions, pk: np.ndarray, pj: np.ndarray, reps: np.ndarray):
-    """``last_stage_costs`` for arbitrary (k, j) pairs: the same terms in the same order."""
+    """``last_stage_costs`` for arbitrary (k, j) pairs, (P, R): the same terms in the same order."""
+    return pair_stage_costs_t(t, values, params, opt, pk, pj, reps).T
+
+
+def pair_stage_costs_t(t: Tables, values, params, opt: LevelOptions, pk: np.ndarray, pj: np.ndarray,
+                       reps: np.ndarray) -> np.ndarray:
+    """``pair_stage_costs`` laid out (R, P): NumPy's inner loops then run over the pairs, not
+    over a handful of replica counts (the same numbers, several times faster)."""
     bw, n = opt.bandwidth, t.size
-    v_last = values[pk + 1, pj][:, None]
-    p_last = params[pk + 1, pj][:, None]
+    reps = reps[:, None]
+    v_last = values[pk + 1, pj]
+    p_last = params[pk + 1, pj]
     last = (v_last + (4 * (reps - 1) * p_last) / (bw * reps)) / reps
     if opt.activation_compression is not None:
-        t_in = (2.0 * t.output_activation[pk])[:, None] / (bw * reps) / opt.activation_compression
-        last = np.maximum(last, t_in)
-        t_out = (2.0 * t.output_activation[pj])[:, None] / (bw * reps) / opt.activation_compression
-        t_out[pj == n - 1] = -INF  # nothing is sent after the last state
-        last = np.maximum(last, t_out)
+        t_in = (2.0 * t.output_activation[pk]) / (bw * reps) / opt.activation_compression
+        np.maximum(last, t_in, out=last)
+        t_out = (2.0 * t.output_activation[pj]) / (bw * reps) / opt.activation_compression
+        t_out[:, pj == n - 1] = -INF  # nothing is sent after the last state
+        np.maximum(last, t_out, out=last)
     return last
 
 
