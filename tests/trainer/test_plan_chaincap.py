@@ -52,6 +52,7 @@ def test_capped_chain_equals_the_straightforward_dp(seed, levels, opts, compiled
     real = chaincap.solve_within
     monkeypatch.setattr(chaincap, "solve_within", lambda *a, **k: calls.append(a[1]) or real(*a, **k))
     monkeypatch.setattr("trainer.plan.pipedream.DIRECT_BELOW", 0)
+    monkeypatch.setattr("trainer.plan.dp.BY_MACHINES_UP_TO", 0)
     opts = dict(opts)
     t = _chain_tables(seed, opts.pop("layers", 60))
     options = {**BASE, **opts}
