@@ -7,6 +7,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 PIPEBOARD = [sys.executable, "-c", "from app.cli import main; main()"]
 BASE = ["train", "--model", "mlp", "--model-arg", "depth=2", "--model-arg", "width=32", "--model-arg", "samples=512",
         "--batch-size", "16", "--microbatches", "4"]
@@ -39,22 +41,26 @@ def test_train_json_summary_and_events_jsonl(tmp_path: Path):
     assert any("utilization.1" in r["values"] and "memory_bytes.0" in r["values"] for r in records)
 
 
-def test_pipedream_events_and_metrics_count_batches(tmp_path: Path):
-    """A pipedream step is one batch and one weight update: events carry the batch as their step."""
+@pytest.mark.parametrize("m", [4, 1])
+def test_pipedream_events_and_metrics_count_batches(tmp_path: Path, m: int):
+    """A pipedream step is one batch and one weight update: events carry the batch as their step,
+    and every step is reported (with M=1 a step's last action is followed by the next one's
+    early-posted receive)."""
     log = tmp_path / "events.jsonl"
-    r = pipeboard(*BASE, "--stages", "2", "--schedule", "pipedream", "--steps", "5", "--json", "--events-jsonl", str(log))
+    args = [a if a != "4" else str(m) for a in BASE]
+    r = pipeboard(*args, "--stages", "2", "--schedule", "pipedream", "--steps", "5", "--json", "--events-jsonl", str(log))
     assert r.returncode == 0, r.stderr
     assert json.loads(r.stdout.strip().splitlines()[-1])["steps"] == 5
     calls = [json.loads(line) for line in log.read_text().splitlines()]
     events = [e for c in calls if c["call"] == "on_events" for e in c["events"]]
     for stage in (0, 1):
         fwd = [e for e in events if e["stage"] == stage and e["kind"] == "F"]
-        assert sorted(e["microbatch"] for e in fwd) == list(range(5 * 4))
-        assert all(e["step"] == e["microbatch"] // 4 for e in fwd)
+        assert sorted(e["microbatch"] for e in fwd) == list(range(5 * m))
+        assert all(e["step"] == e["microbatch"] // m for e in fwd)
         steps = [e for e in events if e["stage"] == stage and e["kind"] == "step"]
         assert sorted(e["step"] for e in steps) == list(range(5))  # one update per batch
         kinds = [e["kind"] for e in events if e["stage"] == stage]
-        assert "B" not in kinds and kinds.count("BI") == 20  # batched weight gradients (the default):
+        assert "B" not in kinds and kinds.count("BI") == 5 * m  # batched weight gradients (the default):
         assert sorted(e["step"] for e in events if e["stage"] == stage and e["kind"] == "W") == list(range(5))
     records = [r for c in calls if c["call"] == "on_metrics" for r in c["records"]]
     assert [r["step"] for r in records if "loss" in r["values"]] == list(range(1, 6))

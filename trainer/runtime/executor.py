@@ -33,6 +33,26 @@ COMPUTE = (Kind.FORWARD, Kind.BACKWARD, Kind.BACKWARD_INPUT, Kind.BACKWARD_WEIGH
 RECV = (Kind.RECV_ACT, Kind.RECV_GRAD)
 
 
+def version_last_use(actions: list[Action]) -> tuple[dict[tuple[int, int], int], dict[int, list[tuple[int, int]]]]:
+    """Where each (stage, weight version) is used for the last time, and the versions whose last
+    use each position is. A W(-1) uses the versions of every BI it completes: their weight
+    gradients land on those versions' tensors."""
+    last_use: dict[tuple[int, int], int] = {}
+    awaiting_w: dict[int, set[int]] = defaultdict(set)  # stage -> versions of BIs since its last W(-1)
+    for i, a in enumerate(actions):
+        if a.kind in COMPUTE:
+            last_use[(a.stage, a.version)] = i
+            if a.kind is Kind.BACKWARD_INPUT:
+                awaiting_w[a.stage].add(a.version)
+            elif a.kind is Kind.BACKWARD_WEIGHT and a.microbatch < 0:
+                for v in awaiting_w.pop(a.stage, ()):
+                    last_use[(a.stage, v)] = i
+    releases: dict[int, list[tuple[int, int]]] = defaultdict(list)
+    for key, i in last_use.items():
+        releases[i].append(key)
+    return last_use, releases
+
+
 class _NoRecord:
     def record(self, *args) -> None:
         pass
@@ -91,29 +111,19 @@ class Executor:
         outbox: dict[tuple[int, int, int], tuple | list] = {}
         posted: dict[tuple[int, int, int], PendingRecv] = {}
 
-        # Where each weight version is used for the last time (a W(-1) uses the versions of every
-        # BI it completes: their weight gradients land on those versions' tensors), and each
-        # step's last action.
-        last_use: dict[tuple[int, int], int] = {}
-        awaiting_w: dict[int, set[int]] = defaultdict(set)  # stage -> versions of BIs since its last W(-1)
+        # Where each weight version is used for the last time, and each step's last action.
+        last_use, releases = version_last_use(actions)
         step_end: dict[int, int] = {}
         step_at: list[int] = []  # W(-1), ALLREDUCE, STEP belong to the step of the work before them
         current_step = step_of(0)
         for i, a in enumerate(actions):
-            if a.kind in COMPUTE:
-                last_use[(a.stage, a.version)] = i
-                if a.kind is Kind.BACKWARD_INPUT:
-                    awaiting_w[a.stage].add(a.version)
-                elif a.kind is Kind.BACKWARD_WEIGHT and a.microbatch < 0:
-                    for v in awaiting_w.pop(a.stage, ()):
-                        last_use[(a.stage, v)] = i
-            if a.microbatch >= 0 and a.kind not in RECV:  # receives are posted early, ahead of their step
-                current_step = step_of(a.microbatch)
-            step_end[current_step] = i
             step_at.append(current_step)
-        releases: dict[int, list[tuple[int, int]]] = defaultdict(list)
-        for key, i in last_use.items():
-            releases[i].append(key)
+            if a.kind in RECV:  # posted early, ahead of their step, and never executed in place
+                continue
+            if a.microbatch >= 0:
+                current_step = step_of(a.microbatch)
+                step_at[i] = current_step
+            step_end[current_step] = i
         done_at = {i: k for k, i in step_end.items()}
 
         recv_positions = [i for i, a in enumerate(actions) if a.kind in RECV]

@@ -27,6 +27,7 @@ from trainer.runtime.instrument import Heartbeat, Recorder, resident_bytes
 from trainer.runtime.layout import Layout, resolve
 from trainer.runtime.plan_steps import eval_actions, segment_ends, total_steps
 from trainer.runtime.stage import Stage
+from trainer.schedule.actions import Kind
 
 
 @dataclass
@@ -117,6 +118,7 @@ def train(cfg: RunConfig, env: WorkerEnv) -> None:
         ranks = tuple(template.workers[w].rank for w in range(world) if s in template.workers[w].stages)
         if len(ranks) > 1:
             groups[ranks] = dist.new_group(list(ranks))
+    split = any(a.kind is Kind.BACKWARD_INPUT for a in template.actions[rank])  # BI/W need the layers' calls
     stages: dict[int, Stage] = {}
     for s in me.stages:
         module = modules[s].to(device)
@@ -124,7 +126,7 @@ def train(cfg: RunConfig, env: WorkerEnv) -> None:
         if cfg.schedule == "dp" and world > 1:
             ddp = torch.nn.parallel.DistributedDataParallel(module, process_group=None)
         stages[s] = Stage(s, module, zoo.make_optimizer(module.parameters()), is_first=s == 0, is_last=s == S - 1,
-                          loss_fn=zoo.loss_fn, stash=stash, loss_scale=scale, ddp=ddp)
+                          loss_fn=zoo.loss_fn, stash=stash, loss_scale=scale, ddp=ddp, layer_calls=split)
     # Every worker built the whole model (same seed, same weights); keep only its own stages, so
     # a worker's memory is its stages' memory.
     del modules, module
@@ -268,8 +270,6 @@ def _reached(zoo, metric: float, target: float) -> bool:
 
 def _ddp_sync(actions) -> set[int]:
     """dp: only the last microbatch before each all-reduce lets DistributedDataParallel reduce."""
-    from trainer.schedule.actions import Kind
-
     sync, last_b = set(), None
     for a in actions:
         if a.kind in (Kind.BACKWARD, Kind.BACKWARD_INPUT):
