@@ -12,6 +12,15 @@ accumulation of its parameters' gradients). Times are the median over ``repeats`
 ``time.thread_time`` (one torch thread) or ``time.perf_counter``, CUDA marks are CUDA events on
 the current stream.
 
+Gradients accumulate by default (``accumulate=True``): every measured backward adds into
+gradients that already exist, as microbatches 2..M of a pipeline step do. (Starting each step
+without gradients instead times the allocation of fresh gradient buffers, whose page faults come
+and go with the allocator's history: a 1024x1024 Linear's backward measured 1.4 or 3.4 ms.)
+With ``split_backward`` further instrumented steps run with the parameters frozen and the
+model inputs requiring gradients: autograd then computes input gradients only, and each layer's
+time is its ``backward_input_ms`` (zero for a layer fed only by model inputs: the first stage
+computes no input gradient). ``optimizer_ms`` and the ``concurrent`` load: see conditions.py.
+
 Self-check: the sum of all per-layer medians is compared with a measured whole training step
 (forward and backward of the unsplit model) and the ratio is stored in ``profile.meta``.
 """
@@ -25,6 +34,7 @@ from typing import Any, Callable, Sequence
 import torch
 from torch import fx, nn
 
+from trainer.profile.conditions import ConcurrentLoad, optimizer_ms
 from trainer.profile.fxgraph import LayerGraph, LayerNode, as_tuple, trace_layers
 from trainer.profile.schema import Layer, Profile
 
@@ -93,10 +103,10 @@ def _activation_bytes(value: Any) -> float | list[float]:
     return [_tensor_bytes(v) for v in value]
 
 
-def _own_parameters(lg: LayerGraph, layer: LayerNode, seen: set[int]) -> float:
-    """Bytes of the parameters this layer (or a helper it recomputes) uses, each counted once in
-    the whole profile (a shared module is charged to its first layer)."""
-    total = 0.0
+def _own_parameters(lg: LayerGraph, layer: LayerNode, seen: set[int]) -> list[torch.Tensor]:
+    """The parameters this layer (or a helper it recomputes) uses, each counted once in the whole
+    profile (a shared module is charged to its first layer)."""
+    own: list[torch.Tensor] = []
     for node in [*layer.helpers, layer.node]:
         params: list[torch.Tensor] = []
         if node.op == "call_module":
@@ -110,8 +120,8 @@ def _own_parameters(lg: LayerGraph, layer: LayerNode, seen: set[int]) -> float:
         for p in params:
             if id(p) not in seen:
                 seen.add(id(p))
-                total += _tensor_bytes(p)
-    return total
+                own.append(p)
+    return own
 
 
 class _LayerClock(fx.Interpreter):
@@ -173,9 +183,10 @@ def _backward(outputs: Any) -> None:
 
 
 def _instrumented_step(lg: LayerGraph, owner: dict[str, str], clock: _Clock, inputs: tuple,
-                       params: Sequence[torch.Tensor]) -> tuple[dict[str, float], dict[str, float]]:
+                       params: Sequence[torch.Tensor], accumulate: bool) -> tuple[dict[str, float], dict[str, float]]:
     """One forward+backward of the traced model: per-layer forward and backward milliseconds."""
-    _zero_grads(params)
+    if not accumulate:
+        _zero_grads(params)
     runner = _LayerClock(lg, owner, clock)
     out = runner.run(*inputs)
     try:
@@ -196,9 +207,34 @@ def _instrumented_step(lg: LayerGraph, owner: dict[str, str], clock: _Clock, inp
     return fwd, bwd
 
 
-def _plain_step(model: nn.Module, clock: _Clock, inputs: tuple, params: Sequence[torch.Tensor]) -> tuple[float, float]:
+def _input_grad_step(lg: LayerGraph, owner: dict[str, str], clock: _Clock, inputs: tuple,
+                     params: Sequence[torch.Tensor]) -> dict[str, float]:
+    """One forward+backward with the parameters frozen: per-layer input-gradient milliseconds."""
+    flags = [p.requires_grad for p in params]
+    leaves = tuple(t.detach().requires_grad_(t.is_floating_point()) for t in inputs)
+    try:
+        for p in params:
+            p.requires_grad_(False)
+        return _instrumented_step(lg, owner, clock, leaves, params, accumulate=True)[1]
+    finally:
+        for p, flag in zip(params, flags):
+            p.requires_grad_(flag)
+
+
+def _fed_by_inputs_only(lg: LayerGraph) -> set[str]:
+    """Layers all of whose data comes straight from model inputs (no input gradient to compute)."""
+    inputs = set(lg.input_names())
+    preds: dict[str, set[str]] = {}
+    for a, b in lg.edges():
+        preds.setdefault(b, set()).add(a)
+    return {name for name, ps in preds.items() if ps <= inputs}
+
+
+def _plain_step(model: nn.Module, clock: _Clock, inputs: tuple, params: Sequence[torch.Tensor],
+                accumulate: bool) -> tuple[float, float]:
     """One forward+backward of the unsplit model: (forward ms, backward ms)."""
-    _zero_grads(params)
+    if not accumulate:
+        _zero_grads(params)
     a = clock.mark()
     out = model(*inputs)
     b = clock.mark()
@@ -220,13 +256,21 @@ def profile_model(
     optimizer: str = "adam",
     model_name: str = "",
     timer: str = "auto",
+    accumulate: bool = True,
+    split_backward: bool = True,
+    optimizer_steps: bool = True,
+    concurrent: int = 0,
 ) -> Profile:
     """Profile ``model`` on ``example_input`` (a tensor or a tuple of tensors).
 
     The model and input are moved to ``device`` and the model is put in training mode.
     ``batch_size`` defaults to the first input's leading dimension. ``optimizer`` sets the
     optimizer-state bytes (see ``OPTIMIZER_STATE_FACTOR``). ``timer`` picks the CPU clock (see
-    ``_Clock``): ``auto``, ``wall`` or ``cpu``; CUDA always uses CUDA events.
+    ``_Clock``): ``auto``, ``wall`` or ``cpu``; CUDA always uses CUDA events. ``accumulate``:
+    backwards add into existing gradients (see the module docstring). ``split_backward``: also
+    measure each layer's ``backward_input_ms``. ``optimizer_steps``: measure each layer's
+    ``optimizer_ms``. ``concurrent``: processes training the same model meanwhile (CPU only;
+    e.g. stages - 1 for a pipeline with one stage per core).
     """
     if warmup < 0 or repeats < 1:
         raise ValueError("warmup must be >= 0 and repeats >= 1")
@@ -237,6 +281,8 @@ def profile_model(
     dev = torch.device(device)
     if dev.type == "cuda" and not torch.cuda.is_available():
         raise ValueError("device 'cuda' was requested but CUDA is not available on this machine")
+    if concurrent < 0 or (concurrent and dev.type != "cpu"):
+        raise ValueError(f"concurrent must be >= 0, and 0 on {dev.type}; got {concurrent}")
     started = time.perf_counter()
     model = model.to(dev).train()
     inputs = tuple(t.to(dev) for t in as_tuple(example_input))
@@ -247,37 +293,31 @@ def profile_model(
     owner = _owners(lg)
     params = list(model.parameters())
     steps = warmup + repeats
-    fwd_samples: dict[str, list[float]] = {name: [] for name in lg.names()}
-    bwd_samples: dict[str, list[float]] = {name: [] for name in lg.names()}
-    step_f: list[float] = []
-    step_b: list[float] = []
-    instrumented: list[float] = []
-    for r in range(steps):
-        if progress:
-            progress(r, steps, "warm-up" if r < warmup else f"step {r - warmup + 1}/{repeats}")
-        # Instrumented and plain steps alternate so that both see the same background load.
-        fwd, bwd = _instrumented_step(lg, owner, clock, inputs, params)
-        f, b = _plain_step(model, clock, inputs, params)
-        if r >= warmup:
-            for name in fwd_samples:
-                fwd_samples[name].append(fwd.get(name, 0.0))
-                bwd_samples[name].append(bwd.get(name, 0.0))
-            step_f.append(f)
-            step_b.append(b)
-            instrumented.append(sum(fwd.values()) + sum(bwd.values()))
+    with ConcurrentLoad(model, inputs, concurrent):
+        fwd_samples, bwd_samples, bi_samples, step_f, step_b, instrumented = _measure(
+            lg, model, owner, clock, inputs, params, warmup, repeats, accumulate, split_backward, progress)
+        seen_params: set[int] = set()
+        own = {layer.name: _own_parameters(lg, layer, seen_params) for layer in lg.layers if layer.kind == "layer"}
+        step_now = clock._now if not clock.cuda else _synced_now
+        opt_ms = optimizer_ms(own, optimizer, repeats, step_now) if optimizer_steps else {}
     _zero_grads(params)
     if progress:
         progress(steps, steps, "done")
+    input_fed = _fed_by_inputs_only(lg)
 
-    seen_params: set[int] = set()
     layers: list[Layer] = []
     for layer in lg.layers:
         entry = Layer(name=layer.name, desc=layer.desc, activation_bytes=_activation_bytes(lg.values[layer.name]))
         if layer.kind == "layer":
             entry.forward_ms, entry.forward_spread_ms = _stats(fwd_samples[layer.name])
             entry.backward_ms, entry.backward_spread_ms = _stats(bwd_samples[layer.name])
-            entry.parameter_bytes = _own_parameters(lg, layer, seen_params)
+            entry.parameter_bytes = sum(_tensor_bytes(p) for p in own[layer.name])
             entry.optimizer_bytes = entry.parameter_bytes * OPTIMIZER_STATE_FACTOR[optimizer]
+            if split_backward:
+                bi = 0.0 if layer.name in input_fed else _stats(bi_samples[layer.name])[0]
+                entry.backward_input_ms = min(bi, entry.backward_ms)
+            if optimizer_steps:
+                entry.optimizer_ms = opt_ms[layer.name]
         layers.append(entry)
     step_total = [f + b for f, b in zip(step_f, step_b)]
     step_ms, step_spread = _stats(step_total)
@@ -301,9 +341,46 @@ def profile_model(
         # median over steps of the per-layer times summed within a step: the instrumented step
         "step_instrumented_ms": _stats(instrumented)[0],
         "wall_s": time.perf_counter() - started,
+        "gradients": "accumulate" if accumulate else "fresh",
+        "concurrent": concurrent,
+        "optimizer_step_ms": sum(opt_ms.values()) if optimizer_steps else None,
     }
     return Profile(layers=layers, edges=lg.edges(), model=model_name or type(model).__name__,
                    batch_size=batch_size, device=str(dev), meta=meta)
+
+
+def _synced_now() -> float:
+    torch.cuda.synchronize()
+    return time.perf_counter()
+
+
+def _measure(lg, model, owner, clock, inputs, params, warmup, repeats, accumulate, split_backward, progress):
+    """Per-layer samples: forward, backward and (optional) input-gradient times, and the plain
+    steps' forward and backward for the self-check."""
+    names = lg.names()
+    fwd_samples: dict[str, list[float]] = {name: [] for name in names}
+    bwd_samples: dict[str, list[float]] = {name: [] for name in names}
+    bi_samples: dict[str, list[float]] = {name: [] for name in names}
+    step_f: list[float] = []
+    step_b: list[float] = []
+    instrumented: list[float] = []
+    steps = warmup + repeats
+    for r in range(steps):
+        if progress:
+            progress(r, steps, "warm-up" if r < warmup else f"step {r - warmup + 1}/{repeats}")
+        # Instrumented and plain steps alternate so that both see the same background load.
+        fwd, bwd = _instrumented_step(lg, owner, clock, inputs, params, accumulate)
+        f, b = _plain_step(model, clock, inputs, params, accumulate)
+        bi = _input_grad_step(lg, owner, clock, inputs, params) if split_backward else {}
+        if r >= warmup:
+            for name in names:
+                fwd_samples[name].append(fwd.get(name, 0.0))
+                bwd_samples[name].append(bwd.get(name, 0.0))
+                bi_samples[name].append(bi.get(name, 0.0))
+            step_f.append(f)
+            step_b.append(b)
+            instrumented.append(sum(fwd.values()) + sum(bwd.values()))
+    return fwd_samples, bwd_samples, bi_samples, step_f, step_b, instrumented
 
 
 def self_check_line(profile: Profile) -> str:

@@ -3,6 +3,11 @@
 A profile is plain data with a versioned JSON form (see ``docs/profile-format.md``). Times are
 milliseconds per minibatch of ``batch_size`` samples, sizes are bytes, exactly as PipeDream's
 graph.txt records them, so importing a published profile loses nothing.
+
+Version 2 adds what the simulator needs beyond PipeDream's fields, all optional (a version 1
+profile loads with them unset): per layer, the input-gradient part of the backward
+(``backward_input_ms``; the weight-gradient part is the rest) and the optimizer step of the
+layer's parameters (``optimizer_ms``); per profile, the measured point-to-point ``link``.
 """
 
 from __future__ import annotations
@@ -13,7 +18,8 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
-SCHEMA_VERSION = 1
+SCHEMA_VERSION = 2
+READABLE_VERSIONS = (1, 2)
 FORMAT_NAME = "pipeboard.profile"
 
 
@@ -39,6 +45,15 @@ class Layer:
     forward_spread_ms: float = 0.0
     backward_spread_ms: float = 0.0
     stage_id: int | None = None
+    backward_input_ms: float | None = None  # the input-gradient part of backward_ms (None: not measured)
+    optimizer_ms: float | None = None  # one optimizer step of this layer's parameters (None: not measured)
+
+    @property
+    def backward_weight_ms(self) -> float | None:
+        """The weight-gradient part of the backward: what the input gradients leave of it."""
+        if self.backward_input_ms is None:
+            return None
+        return max(0.0, self.backward_ms - self.backward_input_ms)
 
     @property
     def activation_total(self) -> float:
@@ -48,6 +63,36 @@ class Layer:
     @property
     def compute_ms(self) -> float:
         return self.forward_ms + self.backward_ms
+
+
+@dataclass
+class Link:
+    """Measured point-to-point transfers between two worker processes: a transfer of ``n`` bytes
+    takes ``latency_ms + n / bytes_per_ms`` from the send being posted to the data being usable
+    at the receiver, and posting a send occupies the sender for ``post_ms``."""
+
+    latency_ms: float
+    bytes_per_ms: float
+    post_ms: float = 0.0
+    backend: str = "gloo"
+    samples: list[list[float]] = field(default_factory=list)  # [bytes, one-way ms, post ms] as measured
+
+    def transfer_ms(self, nbytes: float) -> float:
+        return self.latency_ms + nbytes / self.bytes_per_ms if nbytes > 0 else 0.0
+
+    @classmethod
+    def from_dict(cls, raw: Any) -> Link:
+        if not isinstance(raw, dict):
+            raise ProfileError("profile JSON: field 'link' must be an object or null")
+        for key in ("latency_ms", "bytes_per_ms", "post_ms"):
+            if key in raw and not _is_size(raw[key]):
+                raise ProfileError(f"profile JSON: link.{key} must be a finite number >= 0, got {raw[key]!r}")
+        if "latency_ms" not in raw or not raw.get("bytes_per_ms"):
+            raise ProfileError("profile JSON: link needs 'latency_ms' and a positive 'bytes_per_ms'")
+        unknown = set(raw) - set(cls.__dataclass_fields__)
+        if unknown:
+            raise ProfileError(f"profile JSON: link has unknown field(s) {sorted(unknown)}")
+        return cls(**raw)
 
 
 def find_cycle(names: list[str], edges: list[tuple[str, str]]) -> list[str] | None:
@@ -95,6 +140,9 @@ def _check_layer(raw: dict[str, Any], i: int) -> None:
     for key in ("forward_ms", "backward_ms", "parameter_bytes", "optimizer_bytes", "forward_spread_ms", "backward_spread_ms"):
         if key in raw and not _is_size(raw[key]):
             raise ProfileError(f"{where}: field {key!r} must be a finite number >= 0, got {raw[key]!r}")
+    for key in ("backward_input_ms", "optimizer_ms"):
+        if raw.get(key) is not None and not _is_size(raw[key]):
+            raise ProfileError(f"{where}: field {key!r} must be a finite number >= 0 or null, got {raw[key]!r}")
     act = raw.get("activation_bytes", 0.0)
     if not (_is_size(act) or (isinstance(act, list) and all(_is_size(a) for a in act))):
         raise ProfileError(f"{where}: field 'activation_bytes' must be a number >= 0 or a list of them, got {act!r}")
@@ -113,6 +161,7 @@ class Profile:
     batch_size: int | None = None
     device: str = "cpu"
     meta: dict[str, Any] = field(default_factory=dict)
+    link: Link | None = None
 
     def layer_names(self) -> list[str]:
         return [layer.name for layer in self.layers]
@@ -127,6 +176,7 @@ class Profile:
             "meta": self.meta,
             "layers": [asdict(layer) for layer in self.layers],
             "edges": [list(e) for e in self.edges],
+            "link": None if self.link is None else asdict(self.link),
         }
 
     @classmethod
@@ -136,12 +186,13 @@ class Profile:
         if data.get("format") != FORMAT_NAME:
             raise ProfileError(f"profile JSON: field 'format' must be {FORMAT_NAME!r}")
         version = data.get("version")
-        if version != SCHEMA_VERSION:
-            raise ProfileError(f"profile JSON: unsupported 'version' {version!r} (expected {SCHEMA_VERSION})")
+        if version not in READABLE_VERSIONS:
+            raise ProfileError(f"profile JSON: unsupported 'version' {version!r} (expected one of {READABLE_VERSIONS})")
         raw_layers = data.get("layers")
         if not isinstance(raw_layers, list) or not raw_layers:
             raise ProfileError("profile JSON: field 'layers' must be a non-empty list")
-        known = set(Layer.__dataclass_fields__)
+        # version 1 predates the optional measurements: its layers may not carry them
+        known = set(Layer.__dataclass_fields__) - ({"backward_input_ms", "optimizer_ms"} if version == 1 else set())
         layers = []
         for i, raw in enumerate(raw_layers):
             if not isinstance(raw, dict) or "name" not in raw:
@@ -176,6 +227,7 @@ class Profile:
             batch_size=batch_size,
             device=data.get("device", "cpu"),
             meta=data.get("meta", {}) or {},
+            link=None if data.get("link") is None or version == 1 else Link.from_dict(data["link"]),
         )
 
     def to_json(self, indent: int | None = 1) -> str:

@@ -1,0 +1,146 @@
+"""Simulator prediction fed the profile vs the runtime's measured step time.
+
+    .venv/bin/python bench/predict.py [--config a|b|both] [--schedules 1f1b,gpipe,pipedream,pipedream:1]
+                                      [--weight-grads batched,immediate] [--steps N] [--repeats R]
+
+The configurations of bench/runtime.py: mlp depth=8 width=1024, 2 stages on 2 processes, one
+torch thread each, SGD; (a) batch 64 in 8 microbatches, (b) batch 512 in 8. ``pipedream:1`` is
+pipedream on whole batches (one microbatch per update).
+
+It measures, in this order: the link between two processes (trainer.profile.link), the model's
+profile at every microbatch size and batch size the runs need (with one concurrent training
+process standing in for the other stage: ``concurrent=1``), then each run. For every schedule,
+configuration and weight-gradient mode it prints the runtime's measured time per step (steady
+state, ``run_training``'s samples/s), ``predict_step_s``'s prediction and the error, then the
+per-action costs the prediction used next to the means the runtime recorded (instrumented run),
+so a miss can be traced to the action that causes it.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import statistics
+import sys
+import time
+from collections import defaultdict
+from pathlib import Path
+
+# bench/ holds scripts named like stdlib modules (profile.py): keep it off the import path.
+sys.path = [p for p in sys.path if Path(p or ".").resolve() != Path(__file__).resolve().parent]
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+import torch  # noqa: E402
+
+from trainer.profile.link import measure_link  # noqa: E402
+from trainer.profile.profiler import profile_model  # noqa: E402
+from trainer.runtime import RunConfig, run_training  # noqa: E402
+from trainer.runtime import model as model_mod  # noqa: E402
+from trainer.schedule.predict import predict_step_s, stage_costs  # noqa: E402
+from trainer.sink import NullSink  # noqa: E402
+
+CONFIGS = {"a": dict(batch_size=64, microbatches=8), "b": dict(batch_size=512, microbatches=8)}
+MODEL_ARGS = {"depth": 8, "width": 1024}
+STAGES = 2
+OPTIMIZER = os.environ.get("BENCH_OPTIMIZER", "sgd")
+LR = 1e-4
+
+
+def run_cfg(schedule: str, batch_size: int, microbatches: int, steps: int, weight_grads: str) -> RunConfig:
+    """bench/runtime.py's run configuration, with the weight-gradient mode."""
+    name, _, own = schedule.partition(":")
+    return RunConfig(model="mlp", model_args=MODEL_ARGS, schedule=name, batch_size=batch_size,
+                     microbatches=int(own) if own else microbatches, num_stages=STAGES, steps=steps,
+                     eval_at_end=False, optimizer=OPTIMIZER, lr=LR, weight_grads=weight_grads)
+
+
+class ActionTimes(NullSink):
+    """Mean seconds of each (worker, action kind) over the run's steps after the first tenth."""
+
+    def __init__(self) -> None:
+        self.events = []
+
+    def on_events(self, events) -> None:
+        self.events.extend(events)
+
+    def means(self) -> dict[tuple[int, str], float]:
+        if not self.events:
+            return {}
+        top = max(e.step for e in self.events)
+        skip = max(1, (top + 1) // 10)
+        spans = defaultdict(list)
+        for e in self.events:
+            if skip <= e.step < top:  # the last step may hold a drain
+                spans[(e.worker, e.kind)].append(e.end - e.start)
+        return {k: statistics.fmean(v) for k, v in spans.items()}
+
+
+def measured_step_s(cfg: RunConfig) -> tuple[float, dict]:
+    sink = ActionTimes()
+    summary = run_training(cfg, sink)
+    return cfg.batch_size / summary["samples_per_s"], sink.means()
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--config", choices=["a", "b", "both"], default="both")
+    ap.add_argument("--schedules", default="1f1b,gpipe,pipedream,pipedream:1")
+    ap.add_argument("--weight-grads", default="batched,immediate")
+    ap.add_argument("--steps", type=int, default=20, help="steps per run in (a); (b) runs half as many")
+    ap.add_argument("--repeats", type=int, default=10, help="profiled steps per profile")
+    ap.add_argument("--costs", action="store_true", help="also print per-action costs: predicted vs recorded")
+    args = ap.parse_args()
+    torch.set_num_threads(1)
+    started = time.monotonic()
+    print(f"predict vs measure: mlp depth=8 width=1024, {STAGES} stages, optimizer {OPTIMIZER}, "
+          f"load average {os.getloadavg()[0]:.2f} at start, torch {torch.__version__}")
+    link = measure_link()
+    print(f"link (gloo, one way, busy sender): latency {link.latency_ms:.3f} ms, "
+          f"{link.bytes_per_ms * 1e3 / 1e9:.2f} GB/s, posting a send {link.post_ms:.3f} ms")
+    names = ["a", "b"] if args.config == "both" else [args.config]
+    schedules = args.schedules.split(",")
+    zoo = model_mod.load_zoo(run_cfg("1f1b", 64, 8, 1, "batched"))
+    sizes = sorted({CONFIGS[n]["batch_size"] // int(s.partition(":")[2] or CONFIGS[n]["microbatches"])
+                    for n in names for s in schedules} | {CONFIGS[n]["batch_size"] for n in names})
+    profiles = {}
+    for size in sizes:
+        t = time.monotonic()
+        profiles[size] = profile_model(zoo.model, zoo.example_input(size), batch_size=size, optimizer=OPTIMIZER,
+                                       model_name="mlp", repeats=args.repeats, concurrent=STAGES - 1)
+        profiles[size].link = link
+        print(f"profile at {size} samples: {time.monotonic() - t:.1f} s")
+    rows = []
+    for name in names:
+        c = CONFIGS[name]
+        steps = args.steps if name == "a" else max(8, args.steps // 2)
+        for s in schedules:
+            for mode in args.weight_grads.split(","):
+                cfg = run_cfg(s, steps=steps, weight_grads=mode, **c)
+                stages = model_mod.stage_layers(cfg, zoo, STAGES)
+                M, mb = cfg.microbatches, cfg.microbatch_size
+                batched = mode == "batched"
+                pred = predict_step_s(profiles[mb], stages, cfg.schedule, M, batch_profile=profiles[c["batch_size"]],
+                                      batch_weight_grads=batched)
+                meas, actions = measured_step_s(cfg)
+                rows.append((name, s, mode, meas, pred))
+                print(f"  ({name}) {s:12s} {mode:9s} measured {meas * 1e3:7.1f} ms/step, predicted {pred * 1e3:7.1f} "
+                      f"({pred / meas - 1:+.1%})", flush=True)
+                if args.costs:
+                    costs = stage_costs(profiles[mb], stages, microbatches=M, batch_profile=profiles[c["batch_size"]])
+                    for k, sc in enumerate(costs):
+                        rec = {kind: v * 1e3 for (w, kind), v in actions.items() if w == k}
+                        pred_ms = {"F": sc.fwd_s, "B": sc.bwd_s, "BI": sc.bi_s, "W": sc.w_batched_s * M if batched
+                                   else sc.w_s, "step": sc.step_s}
+                        print(f"      stage {k}: " + ", ".join(
+                            f"{kind} {v * 1e3:.2f}/{rec[kind]:.2f}" for kind, v in pred_ms.items() if kind in rec)
+                            + " ms (predicted/recorded; F and B(I) include posting the send; recorded "
+                            + ", ".join(f"{kind} {v:.2f}" for kind, v in rec.items() if kind.startswith(("send", "recv")))
+                            + ")")
+    errs = [abs(p / m - 1) for *_, m, p in rows]
+    print(f"\n{len(rows)} predictions: mean |error| {statistics.fmean(errs):.1%}, max {max(errs):.1%}, "
+          f"{sum(e <= 0.10 for e in errs)} within 10%; load average {os.getloadavg()[0]:.2f} at end; "
+          f"{time.monotonic() - started:.0f} s")
+
+
+if __name__ == "__main__":
+    main()

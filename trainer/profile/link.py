@@ -1,0 +1,115 @@
+"""Measure the point-to-point link between two worker processes on this machine.
+
+Two processes (forked, one torch thread each, as the runtime's workers) exchange tensors with
+``isend``/``irecv`` over gloo, the calls the runtime's ``comm.P2P`` makes, in the situation the
+runtime's transfers meet: the receiver has posted its receive and waits for the data while the
+sender computes, posts the send and computes on. Per message: a handshake (not timed), the
+sender spins ``busy_ms``, posts the ``isend`` (timed: what posting costs the sender), spins
+again, then waits for the send; the receiver notes when its ``wait`` returns. ``perf_counter``
+is the system-wide monotonic clock, so arrival minus post is one transfer, from the send being
+posted to the data being usable at the receiver. (A ping-pong, where both processes sit blocked
+between messages, measures the idle cores' wake-up instead: about 2 ms a hop on this VM, which a
+busy pipeline does not pay.) A least-squares line through the median one-way times gives
+``latency_ms`` and ``bytes_per_ms``; ``post_ms`` is the median over all sizes.
+"""
+
+from __future__ import annotations
+
+import statistics
+import time
+
+import torch
+
+from trainer.profile.schema import Link
+
+DEFAULT_SIZES = (4096, 65536, 1 << 20, 4 << 20)
+
+
+def _spin(seconds: float) -> None:
+    end = time.perf_counter() + seconds
+    while time.perf_counter() < end:
+        pass
+
+
+def _one_way(rank: int, port: int, sizes: tuple[int, ...], repeats: int, busy_s: float, out) -> None:
+    import torch.distributed as dist
+
+    torch.set_num_threads(1)
+    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=2)
+    try:
+        token = torch.zeros(1)
+        for k, size in enumerate(sizes):
+            buf = torch.ones(max(1, size // 4), dtype=torch.float32)
+            marks = []
+            for i in range(repeats + 3):  # the first messages set up the pair's connection
+                tag = (k * (repeats + 3) + i) * 2
+                if rank == 0:
+                    dist.irecv(token, src=1, tag=tag + 1).wait()  # the receiver has posted
+                    _spin(busy_s)
+                    t0 = time.perf_counter()
+                    work = dist.isend(buf, dst=1, tag=tag)
+                    t1 = time.perf_counter()
+                    _spin(2 * busy_s)
+                    work.wait()
+                    marks.append((t0, t1 - t0))
+                else:
+                    work = dist.irecv(buf, src=0, tag=tag)
+                    dist.isend(token, dst=0, tag=tag + 1).wait()
+                    work.wait()
+                    marks.append((time.perf_counter(), 0.0))
+            out.put((rank, size, marks[3:]))
+        dist.barrier()
+    finally:
+        dist.destroy_process_group()
+
+
+def fit_link(samples: list[list[float]], backend: str = "gloo") -> Link:
+    """Latency and bandwidth of the least-squares line through (bytes, one-way ms)."""
+    if len(samples) < 2:
+        raise ValueError("fit_link needs at least two sizes")
+    xs = [s[0] for s in samples]
+    ys = [s[1] for s in samples]
+    mx, my = statistics.fmean(xs), statistics.fmean(ys)
+    sxx = sum((x - mx) ** 2 for x in xs)
+    if sxx == 0:
+        raise ValueError("fit_link needs at least two different sizes")
+    slope = sum((x - mx) * (y - my) for x, y in zip(xs, ys)) / sxx
+    slope = max(slope, 1e-12)  # a flat line: bandwidth beyond what the sizes can tell
+    latency = max(0.0, my - slope * mx)
+    post = statistics.median(s[2] for s in samples)
+    return Link(latency_ms=latency, bytes_per_ms=1.0 / slope, post_ms=post, backend=backend,
+                samples=[list(s) for s in samples])
+
+
+def measure_link(sizes: tuple[int, ...] = DEFAULT_SIZES, repeats: int = 20, busy_ms: float = 2.0,
+                 timeout_s: float = 120.0) -> Link:
+    """One-way gloo transfers between two fresh processes on this machine; see the module docstring."""
+    import torch.multiprocessing as mp
+
+    from trainer.runtime.launch import free_port
+
+    if repeats < 1 or len(set(sizes)) < 2:
+        raise ValueError("measure_link needs repeats >= 1 and at least two different sizes")
+    ctx = mp.get_context("fork")
+    q = ctx.Queue()
+    port = free_port()
+    args = (port, tuple(sizes), repeats, busy_ms / 1e3, q)
+    procs = [ctx.Process(target=_one_way, args=(r, *args), daemon=True) for r in range(2)]
+    for p in procs:
+        p.start()
+    try:
+        got = {}
+        for _ in range(2 * len(sizes)):
+            rank, size, marks = q.get(timeout=timeout_s)
+            got[(rank, size)] = marks
+    finally:
+        for p in procs:
+            p.join(10)
+            if p.is_alive():
+                p.kill()
+    rows = []
+    for size in sizes:
+        sent, arrived = got[(0, size)], got[(1, size)]
+        one_way = [(a - s) * 1e3 for (s, _), (a, _) in zip(sent, arrived)]
+        rows.append([float(max(1, size // 4) * 4), statistics.median(one_way), statistics.median(p * 1e3 for _, p in sent)])
+    return fit_link(rows)

@@ -1,0 +1,177 @@
+"""Predicted seconds per training step of a pipeline, from the model's profile(s).
+
+``predict_step_s(profile, stages, schedule, microbatches, ...)`` turns a profile into one
+``StageCosts`` per stage (``stage_costs``), builds the schedule and simulates it in steady state.
+
+Where each cost comes from (profile times are per minibatch of the profile's ``batch_size``,
+which must be the microbatch size here):
+
+- ``fwd_s``, ``bwd_s``: the stage's layers' ``forward_ms`` and ``backward_ms`` summed;
+- ``bwd_input_s``: their ``backward_input_ms`` (input gradients only); the weight gradients
+  are the rest of the backward;
+- ``bwd_weight_batched_s`` (W(-1), batched weight gradients): the weight-gradient part of the
+  backward measured at the whole batch (``batch_profile``, profiled at microbatches x the
+  microbatch size: W(-1) is one matmul per layer over all the microbatches' rows), per microbatch;
+- ``step_s``: the layers' ``optimizer_ms`` summed;
+- transfers, from the measured ``link`` (the argument, else the profile's): a stage's output
+  activation (and, backwards, its gradient, of the same size) takes ``latency + bytes /
+  bandwidth``; posting a send occupies the sender for ``post_ms``, charged to the compute that
+  precedes every send (F before SEND_ACT; BI, or B, before SEND_GRAD);
+- ``allreduce_s`` (replicas > 1): a ring all-reduce of the stage's parameters over the link,
+  2 (r - 1) / r of their bytes each way plus 2 (r - 1) latencies.
+
+A missing measurement (an old profile) counts as zero, except ``backward_input_ms``, which then
+takes the simulator's default (half the backward).
+
+Steady state: a synchronous schedule's step is the difference between simulating K and 1
+iterations back to back (the runtime walks the same list every step, so iteration k + 1's first
+forwards overlap iteration k's drain), divided by K - 1; pipedream's is the difference between
+runs of K and 1 batches of ``microbatches``, divided by K - 1.
+"""
+
+from __future__ import annotations
+
+from dataclasses import replace
+
+from trainer.profile.schema import Link, Profile
+from trainer.schedule.actions import Schedule, ScheduleError
+from trainer.schedule.build import build
+from trainer.schedule.costs import StageCosts
+from trainer.schedule.pipedream import build_pipedream
+from trainer.schedule.simulate import simulate
+
+STEADY_ITERATIONS = 4
+
+
+def _layers(profile: Profile, stage: list[str], k: int):
+    by_name = {layer.name: layer for layer in profile.layers}
+    missing = [n for n in stage if n not in by_name]
+    if missing:
+        raise ScheduleError(f"stage {k}: layer(s) {missing[:4]} are not in the profile of {profile.model!r}")
+    return [by_name[n] for n in stage]
+
+
+def _boundary_bytes(profile: Profile, stages: list[list[str]]) -> list[float]:
+    """Bytes leaving stage k for later stages, per microbatch (each producer counted once)."""
+    where = {n: k for k, st in enumerate(stages) for n in st}
+    by_name = {layer.name: layer for layer in profile.layers}
+    out = [0.0] * len(stages)
+    counted: set[str] = set()
+    for a, b in profile.edges:
+        ka, kb = where.get(a), where.get(b)
+        if ka is not None and kb is not None and kb > ka and a not in counted:
+            counted.add(a)
+            out[ka] += by_name[a].activation_total
+    return out
+
+
+def stage_costs(
+    profile: Profile,
+    stages: list[list[str]],
+    *,
+    microbatches: int = 1,
+    batch_profile: Profile | None = None,
+    link: Link | None = None,
+    replicas: list[int] | None = None,
+) -> list[StageCosts]:
+    """One StageCosts per stage (layer names per stage) from the microbatch profile; see the
+    module docstring for where each field comes from."""
+    if batch_profile is not None and None not in (profile.batch_size, batch_profile.batch_size):
+        if batch_profile.batch_size != profile.batch_size * microbatches:
+            raise ScheduleError(f"batch_profile is for {batch_profile.batch_size} samples; W(-1) batches "
+                                f"{microbatches} microbatches of {profile.batch_size}")
+    link = link if link is not None else profile.link
+    replicas = replicas or [1] * len(stages)
+    if len(replicas) != len(stages):
+        raise ScheduleError(f"replicas: {len(replicas)} counts for {len(stages)} stages")
+    out_bytes = _boundary_bytes(profile, stages)
+    last = len(stages) - 1
+    costs = []
+    for k, stage in enumerate(stages):
+        layers = _layers(profile, stage, k)
+        fwd = sum(layer.forward_ms for layer in layers)
+        bwd = sum(layer.backward_ms for layer in layers)
+        split = all(layer.backward_input_ms is not None for layer in layers)
+        bi = sum(layer.backward_input_ms for layer in layers) if split else None
+        w_batched = None
+        if batch_profile is not None:
+            big = _layers(batch_profile, stage, k)
+            if all(layer.backward_weight_ms is not None for layer in big):
+                w_batched = sum(layer.backward_weight_ms for layer in big) / microbatches
+        step = sum(layer.optimizer_ms or 0.0 for layer in layers)
+        send_act = send_grad = allreduce = 0.0
+        if link is not None:
+            if k < last:
+                send_act = link.transfer_ms(out_bytes[k])
+                fwd += link.post_ms
+            if k > 0:
+                send_grad = link.transfer_ms(out_bytes[k - 1])
+                bwd += link.post_ms
+                bi = None if bi is None else bi + link.post_ms
+            r = replicas[k]
+            if r > 1:
+                nbytes = sum(layer.parameter_bytes for layer in layers)
+                allreduce = 2 * (r - 1) * (nbytes / r / link.bytes_per_ms + link.latency_ms)
+        w = None if bi is None else max(0.0, bwd - bi)
+        costs.append(StageCosts(
+            fwd_s=fwd / 1e3, bwd_s=bwd / 1e3,
+            bwd_input_s=None if bi is None else bi / 1e3,
+            bwd_weight_s=None if w is None else w / 1e3,
+            bwd_weight_batched_s=None if w_batched is None else w_batched / 1e3,
+            send_act_s=send_act / 1e3, send_grad_s=send_grad / 1e3, allreduce_s=allreduce / 1e3,
+            step_s=step / 1e3,
+            activation_bytes=int(sum(layer.activation_total for layer in layers)),
+            weight_bytes=int(sum(layer.parameter_bytes for layer in layers)),
+        ))
+    return costs
+
+
+def repeat_iterations(schedule: Schedule, k: int) -> Schedule:
+    """``k`` iterations of a synchronous schedule back to back on each worker, as the runtime
+    runs them: microbatches and weight versions numbered on."""
+    m = schedule.microbatches
+    actions = [[replace(a, microbatch=a.microbatch + i * m if a.microbatch >= 0 else a.microbatch, version=a.version + i)
+                for i in range(k) for a in acts] for acts in schedule.actions]
+    return Schedule(schedule.name, schedule.num_stages, m * k, schedule.workers, actions, schedule.meta)
+
+
+def _schedule(name: str, p: int, microbatches: int, batches: int, replicas, batch_weight_grads: bool,
+              chunks: int) -> Schedule:
+    if name == "pipedream":
+        return build_pipedream(p, microbatches * batches, microbatches, replicas=replicas,
+                               batch_weight_grads=batch_weight_grads)
+    if name == "dp":  # one stage, replicated: build takes the worker count as its stage count
+        workers = replicas[0] if replicas else 1
+        return repeat_iterations(build("dp", workers, microbatches, replicas=[workers]), batches)
+    one = build(name, p, microbatches, replicas=replicas, chunks=chunks,
+                batch_weight_grads=batch_weight_grads and name not in ("dp", "zb-h1"))
+    return repeat_iterations(one, batches)
+
+
+def predict_step_s(
+    profile: Profile,
+    stages: list[list[str]],
+    schedule: str,
+    microbatches: int,
+    *,
+    batch_profile: Profile | None = None,
+    batch_weight_grads: bool = False,
+    replicas: list[int] | None = None,
+    link: Link | None = None,
+    chunks: int = 1,
+) -> float:
+    """Predicted seconds per step (one batch: ``microbatches`` microbatches of the profile's
+    batch size) of ``schedule`` over ``stages`` (layer names per stage, one entry per physical
+    stage, or per virtual stage for interleaved-1f1b), in steady state. ``pipedream`` updates
+    once per batch (``microbatches=1``: PipeDream's one update per minibatch).
+    ``batch_weight_grads``: each backward is BI and one W(-1) precedes each update (costed from
+    ``batch_profile`` when given). ``replicas``: workers per stage; ``link``: overrides the
+    profile's measured link."""
+    if microbatches < 1:
+        raise ScheduleError(f"microbatches must be >= 1, got {microbatches}")
+    p = len(stages) // chunks
+    costs = stage_costs(profile, stages, microbatches=microbatches, batch_profile=batch_profile, link=link,
+                        replicas=None if replicas is None or chunks > 1 else replicas)
+    one = simulate(_schedule(schedule, p, microbatches, 1, replicas, batch_weight_grads, chunks), costs)
+    more = simulate(_schedule(schedule, p, microbatches, STEADY_ITERATIONS, replicas, batch_weight_grads, chunks), costs)
+    return (more.iteration_time_s - one.iteration_time_s) / (STEADY_ITERATIONS - 1)
