@@ -139,6 +139,8 @@ def backward_inputs(roots: list[torch.Tensor], root_grads: list[torch.Tensor] | 
         pos += len(c.edges)
         if any(g is not None for g in c.grads):
             kept.append(c)
+            if c.linear:
+                c.edges = []  # W needs only x and g: let the graph go
         else:  # its output does not reach the loss: no gradient, as in the full backward
             c.grads = []
     for t, g in zip(eager, got[pos:]):
