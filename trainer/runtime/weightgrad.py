@@ -152,7 +152,8 @@ def backward_inputs(roots: list[torch.Tensor], root_grads: list[torch.Tensor] | 
 def backward_weights(pending: list[PendingWeights]) -> None:
     """W for the given microbatches: Linear layers batched per set of tensors, the rest one
     microbatch at a time."""
-    groups: dict[tuple[int, ...], list[LayerCall]] = {}
+    # Linear calls that ran against the same tensors (module, version) share one matmul
+    groups: dict[tuple[int, ...], list[tuple[LayerCall, set[int]]]] = {}
     for pw in pending:
         for c in pw.calls:
             if c.linear:
