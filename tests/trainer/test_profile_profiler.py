@@ -158,3 +158,37 @@ def test_a_parameter_read_directly_is_a_layer_and_keeps_no_hooks():
     by_name = {layer.name: layer for layer in prof.layers}
     assert by_name["weight"].parameter_bytes == 5 * 3 * 4 and ("weight", "linear") in prof.edges
     assert not model.weight._backward_hooks  # the profiler's gradient hooks were removed
+
+
+def test_input_gradient_split_and_optimizer_steps_are_measured_without_touching_the_model():
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(16, 16), torch.nn.ReLU(), torch.nn.Linear(16, 4))
+    before = [p.detach().clone() for p in model.parameters()]
+    prof = profile_model(model, torch.randn(8, 16), warmup=1, repeats=3, optimizer="sgd")
+    by_name = {layer.name: layer for layer in prof.layers}
+    for layer in prof.layers[1:]:
+        assert layer.backward_input_ms is not None and 0 <= layer.backward_input_ms <= layer.backward_ms
+        assert layer.backward_weight_ms == pytest.approx(layer.backward_ms - layer.backward_input_ms)
+    # the first layer reads only the model input, whose gradient no stage computes
+    assert by_name["_0"].backward_input_ms == 0 and by_name["_2"].backward_input_ms > 0
+    assert by_name["_0"].optimizer_ms > 0 and by_name["_1"].optimizer_ms == 0  # ReLU has no parameters
+    assert prof.meta["optimizer_step_ms"] == pytest.approx(sum(layer.optimizer_ms or 0 for layer in prof.layers))
+    assert prof.meta["gradients"] == "accumulate" and prof.meta["concurrent"] == 0
+    assert all(torch.equal(a, b) for a, b in zip(before, model.parameters()))  # steps ran on copies
+    assert all(p.grad is None for p in model.parameters())
+
+
+def test_the_measurements_can_be_left_out_and_a_concurrent_load_runs_meanwhile():
+    model = torch.nn.Sequential(torch.nn.Linear(8, 8), torch.nn.Tanh(), torch.nn.Linear(8, 2))
+    plain = profile_model(model, torch.randn(4, 8), warmup=0, repeats=1, split_backward=False,
+                          optimizer_steps=False, accumulate=False)
+    assert all(layer.backward_input_ms is None and layer.optimizer_ms is None for layer in plain.layers)
+    assert plain.meta["gradients"] == "fresh" and plain.meta["optimizer_step_ms"] is None
+    loaded = profile_model(model, torch.randn(4, 8), warmup=0, repeats=2, concurrent=1)
+    assert loaded.meta["concurrent"] == 1 and by_kind(loaded, "Linear")
+    with pytest.raises(ValueError, match="concurrent"):
+        profile_model(model, torch.randn(4, 8), concurrent=-1)
+
+
+def by_kind(prof: Profile, prefix: str) -> list:
+    return [layer for layer in prof.layers if layer.desc.startswith(prefix) and layer.forward_ms > 0]

@@ -1,0 +1,149 @@
+"""predict_step_s and stage_costs on hand-made profiles; profile format v2 fields and links."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from trainer.profile.link import fit_link
+from trainer.profile.schema import Layer, Link, Profile, ProfileError
+from trainer.schedule.actions import ScheduleError
+from trainer.schedule.predict import predict_step_s, repeat_iterations, stage_costs
+from trainer.schedule import build
+
+
+def chain(times: list[tuple[float, float, float | None, float | None]], batch_size: int = 4,
+          act_bytes: float = 1000.0, link: Link | None = None) -> Profile:
+    """A chain of layers l0 -> l1 -> ... with (forward, backward, backward_input, optimizer) ms."""
+    layers = [Layer(name=f"l{i}", forward_ms=f, backward_ms=b, backward_input_ms=bi, optimizer_ms=o,
+                    activation_bytes=act_bytes, parameter_bytes=400.0)
+              for i, (f, b, bi, o) in enumerate(times)]
+    edges = [(f"l{i}", f"l{i + 1}") for i in range(len(times) - 1)]
+    return Profile(layers=layers, edges=edges, model="chain", batch_size=batch_size, link=link)
+
+
+TWO = [["l0", "l1"], ["l2", "l3"]]
+
+
+def test_stage_costs_sum_the_layers_and_take_the_batched_weight_gradients_from_the_batch_profile():
+    prof = chain([(0.5, 1.0, 0.25, 0.1), (0.5, 1.0, 0.5, 0.2), (1.0, 3.0, 1.0, 0.3), (0.25, 0.5, 0.5, 0.0)])
+    big = chain([(2, 4, 1, 0.1), (2, 4, 2, 0.2), (4, 12, 4, 0.3), (1, 2, 2, 0.0)], batch_size=16)
+    c0, c1 = stage_costs(prof, TWO, microbatches=4, batch_profile=big)
+    assert (c0.fwd_s, c0.bwd_s, c0.bi_s, c0.w_s, c0.step_s) == pytest.approx((1e-3, 2e-3, 0.75e-3, 1.25e-3, 0.3e-3))
+    assert (c1.fwd_s, c1.bwd_s, c1.bi_s, c1.w_s, c1.step_s) == pytest.approx((1.25e-3, 3.5e-3, 1.5e-3, 2e-3, 0.3e-3))
+    # W(-1) over 4 microbatches: the batch profile's weight-gradient time (backward - input part) / 4
+    assert c0.w_batched_s == pytest.approx((3 + 2) / 4 * 1e-3)
+    assert c1.w_batched_s == pytest.approx((8 + 0) / 4 * 1e-3)
+    assert c0.send_act_s == c1.send_grad_s == 0  # no link measured: transfers are free
+    with pytest.raises(ScheduleError, match="batch_profile is for 16 samples"):
+        stage_costs(prof, TWO, microbatches=2, batch_profile=big)
+    with pytest.raises(ScheduleError, match="not in the profile"):
+        stage_costs(prof, [["l0", "nope"], ["l2", "l3"]])
+
+
+def test_old_profiles_without_the_split_fall_back_to_the_simulators_defaults():
+    prof = chain([(1.0, 2.0, None, None)] * 4)
+    c0, _ = stage_costs(prof, TWO)
+    assert c0.bwd_input_s is None and c0.bi_s == pytest.approx(2e-3) and c0.step_s == 0
+
+
+def test_one_stage_gpipe_is_m_forwards_and_backwards_and_a_step():
+    prof = chain([(1.0, 2.0, 0.5, 0.25)])
+    assert predict_step_s(prof, [["l0"]], "gpipe", 4) == pytest.approx(4 * (1 + 2) * 1e-3 + 0.25e-3)
+    # batched: 4 x (F + BI), then one W(-1) of the whole batch's 3 ms, then the step
+    big = chain([(4.0, 8.0, 5.0, 0.25)], batch_size=16)
+    got = predict_step_s(prof, [["l0"]], "gpipe", 4, batch_profile=big, batch_weight_grads=True)
+    assert got == pytest.approx((4 * (1 + 0.5) + 3 + 0.25) * 1e-3)
+
+
+def test_two_stage_1f1b_steady_step_by_hand():
+    # stages: F = 1, B = 2 (ms) each, step 0.5 on each. One iteration of 2 microbatches:
+    # w0 F0 [0,1] F1 [1,2]; w1 F0 [1,2] B0 [2,4] F1 [4,5] B1 [5,7]; w0 B0 [4,6] B1 [7,9], step
+    # [9,9.5]; the next iteration's F0 starts at 9.5 on w0: one step every 9.5 ms.
+    prof = chain([(0.5, 1.0, 0.5, 0.25)] * 4)
+    assert predict_step_s(prof, TWO, "1f1b", 2) == pytest.approx(9.5e-3)
+
+
+def test_link_transfers_and_send_posting_by_hand():
+    # gpipe, 2 stages, 1 microbatch, F = 1, B = 2 per stage, step 0.5; the link: 0.1 ms latency,
+    # 1000 bytes in 0.2 ms, posting a send 0.05 ms (charged to the compute before the send).
+    # w0: F + post [0, 1.05], transfer 0.3, w1: F [1.35, 2.35], B + post [2.35, 4.4], transfer 0.3,
+    # w0: B [4.7, 6.7], step [6.7, 7.2]; w0 starts the next step at 7.2.
+    link = Link(latency_ms=0.1, bytes_per_ms=5000.0, post_ms=0.05)
+    prof = chain([(0.5, 1.0, 0.5, 0.25)] * 4, link=link)
+    c0, c1 = stage_costs(prof, TWO)
+    assert c0.send_act_s == pytest.approx(0.3e-3) and c1.send_grad_s == pytest.approx(0.3e-3)
+    assert predict_step_s(prof, TWO, "gpipe", 1) == pytest.approx(7.2e-3)
+    # the argument overrides the profile's link: without transfer costs, 2 x (1 + 2) + 0.5
+    free = Link(latency_ms=0.0, bytes_per_ms=1e30, post_ms=0.0)
+    assert predict_step_s(prof, TWO, "gpipe", 1, link=free) == pytest.approx(6.5e-3)
+
+
+def test_pipedream_steady_state_is_one_update_per_batch():
+    # two equal stages, F = 1, B = 2, step 0.5, no transfer costs: once the pipeline is full each
+    # worker alternates F and B and steps once per batch of M, so a batch of 4 takes 4 x 3 + 0.5.
+    prof = chain([(0.5, 1.0, 0.5, 0.25)] * 4)
+    assert predict_step_s(prof, TWO, "pipedream", 4) == pytest.approx(12.5e-3)
+    assert predict_step_s(prof, TWO, "pipedream", 1) == pytest.approx(3.5e-3)
+
+
+def test_repeat_iterations_numbers_microbatches_and_versions_on():
+    one = build("1f1b", 2, 3)
+    three = repeat_iterations(one, 3)
+    assert three.microbatches == 9
+    for acts, base in zip(three.actions, one.actions):
+        assert len(acts) == 3 * len(base)
+        assert [a.microbatch for a in acts if a.kind.value == "F"] == list(range(9))
+        assert [a.version for a in acts if a.kind.value == "step"] == [1, 2, 3]
+
+
+def test_profile_v2_round_trips_its_new_fields(tmp_path):
+    link = fit_link([[1000.0, 0.3, 0.05], [3000.0, 0.7, 0.07]])
+    assert link.latency_ms == pytest.approx(0.1) and link.bytes_per_ms == pytest.approx(5000.0)
+    assert link.post_ms == pytest.approx(0.06) and link.transfer_ms(2000.0) == pytest.approx(0.5)
+    prof = chain([(0.5, 1.0, 0.25, 0.1), (0.5, 1.0, None, None)], link=link)
+    path = tmp_path / "p.json"
+    prof.save(path)
+    again = Profile.load(path)
+    assert again.to_dict() == prof.to_dict() and again.link == link
+    assert again.layers[0].backward_input_ms == 0.25 and again.layers[0].backward_weight_ms == 0.75
+    assert again.layers[1].backward_weight_ms is None and again.to_dict()["version"] == 2
+
+
+def test_version_1_profiles_still_load():
+    v1 = {"format": "pipeboard.profile", "version": 1, "model": "m", "batch_size": 8, "device": "cpu", "meta": {},
+          "layers": [{"name": "x", "desc": "Input"}, {"name": "fc", "forward_ms": 1.0, "backward_ms": 2.0,
+                                                       "forward_spread_ms": 0.0, "backward_spread_ms": 0.0,
+                                                       "activation_bytes": 64.0, "stage_id": None}],
+          "edges": [["x", "fc"]]}
+    prof = Profile.from_json(json.dumps(v1))
+    assert prof.layers[1].backward_input_ms is None and prof.layers[1].optimizer_ms is None and prof.link is None
+    v1["layers"][1]["optimizer_ms"] = 1.0  # a version 1 file cannot carry version 2 fields
+    with pytest.raises(ProfileError, match="unknown field"):
+        Profile.from_json(json.dumps(v1))
+
+
+@pytest.mark.parametrize("change,match", [
+    ({"layers": [{"name": "fc", "backward_input_ms": -1.0}]}, "backward_input_ms"),
+    ({"layers": [{"name": "fc", "optimizer_ms": "fast"}]}, "optimizer_ms"),
+    ({"link": {"latency_ms": 0.1}}, "bytes_per_ms"),
+    ({"link": {"latency_ms": 0.1, "bytes_per_ms": 5.0, "colour": 1}}, "unknown"),
+    ({"link": [1, 2]}, "object"),
+    ({"version": 3}, "version"),
+])
+def test_bad_v2_fields_are_refused(change, match):
+    doc = {"format": "pipeboard.profile", "version": 2, "layers": [{"name": "fc"}], "edges": []} | change
+    with pytest.raises(ProfileError, match=match):
+        Profile.from_dict(doc)
+
+
+def test_measure_link_times_real_transfers_between_two_processes():
+    from trainer.profile.link import measure_link
+
+    link = measure_link(sizes=(4096, 1 << 20), repeats=3, busy_ms=1.0)
+    assert [s[0] for s in link.samples] == [4096.0, float(1 << 20)]
+    assert all(s[1] > 0 and s[2] >= 0 for s in link.samples)
+    assert link.bytes_per_ms > 0 and link.transfer_ms(1 << 20) > 0
+    with pytest.raises(ValueError, match="two different sizes"):
+        measure_link(sizes=(4096, 4096))
