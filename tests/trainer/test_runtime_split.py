@@ -283,11 +283,30 @@ def _emulate(schedule, modules, lr: float, data) -> list[list[torch.Tensor]]:
     return [[p.detach().clone() for p in st.versions.params] for st in stages]
 
 
-@pytest.mark.parametrize("name,m", [("1f1b", 4), ("gpipe", 4), ("pipedream", 6), ("zb-h1", 4)])
+def _schedule(name: str, m: int, batched: bool):
+    if name == "pipedream-batches":  # one update per 3 microbatches: a W(-1) spans versions
+        from trainer.schedule.pipedream import build_pipedream
+
+        return build_pipedream(3, m, 3, batch_weight_grads=batched)
+    return build("1f1b" if name == "zb-h1" and not batched else name, 3, m, batch_weight_grads=batched)
+
+
+@pytest.mark.parametrize("name,m", [("1f1b", 4), ("gpipe", 4), ("pipedream", 6), ("pipedream-batches", 9),
+                                    ("zb-h1", 4)])
 def test_a_schedule_with_batched_weight_gradients_trains_like_the_plain_one(name, m, one_thread):
     """The same schedule run with full backwards and with BI + W(-1) before each update (for
     pipedream: weight stashing, W(-1) naming the current version while older ones are released)
     ends with the same weights; zb-h1 (BI and W per microbatch, W put off) with 1f1b's."""
+    if name == "pipedream-batches":  # what this case is for: a W(-1) over BIs of two versions
+        versions_per_w, since = [], set()
+        for acts in _schedule(name, m, True).actions:
+            for a in acts:
+                if a.kind is Kind.BACKWARD_INPUT:
+                    since.add(a.version)
+                elif a.kind is Kind.BACKWARD_WEIGHT:
+                    versions_per_w.append(len(since))
+                    since = set()
+        assert max(versions_per_w) == 2
     zoo = trainer.zoo.get("mlp", seed=0, depth=3, width=16, out=4, samples=64)
     example = zoo.example_input(4)
     names = layer_names(zoo.model, example)
@@ -296,7 +315,7 @@ def test_a_schedule_with_batched_weight_gradients_trains_like_the_plain_one(name
     data = [(torch.randn(4, 16, generator=gen), torch.randn(4, 4, generator=gen)) for _ in range(m)]
     results = []
     for batched in (False, True):
-        schedule = build("1f1b" if name == "zb-h1" and not batched else name, 3, m, batch_weight_grads=batched)
+        schedule = _schedule(name, m, batched)
         modules = build_stages(copy.deepcopy(zoo.model), example, split)
         initial = [[p.detach().clone() for p in mod.parameters()] for mod in modules]
         results.append(_emulate(schedule, modules, lr=0.1, data=data))
