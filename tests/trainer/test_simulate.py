@@ -223,3 +223,14 @@ def test_batched_weight_gradients_in_pipedream_cover_one_minibatch_each():
     result = simulate(build("pipedream", p, m, batch_weight_grads=True), costs)
     ws = [e for e in result.timeline if e.kind == Kind.BACKWARD_WEIGHT.value]
     assert len(ws) == p * m and all(e.end - e.start == pytest.approx(0.25) for e in ws)
+
+
+def test_batched_weight_gradients_in_pipedream_batches_cover_the_batch():
+    from trainer.schedule.pipedream import build_pipedream
+
+    p, m, per_update = 3, 12, 4
+    schedule = build_pipedream(p, m, per_update, batch_weight_grads=True)
+    validate(schedule)
+    costs = costs_uniform(p, FWD, BWD, bwd_input_s=1.0, bwd_weight_s=1.0, bwd_weight_batched_s=0.25)
+    ws = [e for e in simulate(schedule, costs).timeline if e.kind == Kind.BACKWARD_WEIGHT.value]
+    assert len(ws) == p * m // per_update and all(e.end - e.start == pytest.approx(per_update * 0.25) for e in ws)
