@@ -24,6 +24,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from trainer.plan.blocks import BlockSums
+
 INF = math.inf
 # Up to this many candidate entries (``bymachines.work``) several rows are solved machine count
 # outermost, all states at once; beyond, one end state at a time (less memory, bounds prune).
@@ -53,10 +55,10 @@ class Tables:
     predecessors: list[np.ndarray]  # per state j, the indices of its ancestor states
     _sums: dict | None = None
 
-    def block_sums(self) -> tuple[np.ndarray, np.ndarray]:
-        """(activations, parameters) of every block i..j as (n+1, n) differences, computed once."""
+    def block_sums(self) -> tuple[BlockSums, BlockSums]:
+        """(activations, parameters) of every block i..j, indexed as (n+1, n) differences."""
         if self._sums is None:
-            self._sums = {"acts": _block_sums(self.activation), "params": _block_sums(self.parameters)}
+            self._sums = {"acts": BlockSums(self.activation), "params": BlockSums(self.parameters)}
         return self._sums["acts"], self._sums["params"]
 
     def compute_sums(self) -> np.ndarray:
@@ -87,14 +89,9 @@ class Tables:
         return float(values[end]) if start == 0 else float(values[end] - values[start - 1])
 
 
-def level1_values(t: Tables) -> np.ndarray:
-    """``compute_times[i][j]`` of the reference: (n+1, n), +inf where j < i."""
-    n = t.size
-    v = np.full((n + 1, n), INF)
-    v[0] = t.compute
-    for i in range(1, n + 1):
-        v[i, i:] = t.compute[i:] - t.compute[i - 1]
-    return v
+def level1_values(t: Tables) -> BlockSums:
+    """``compute_times[i][j]`` of the reference: (n+1, n), +inf where j < i (formed on read)."""
+    return BlockSums(t.compute, empty=INF)
 
 
 def _block_sums(cum: np.ndarray) -> np.ndarray:
@@ -305,11 +302,18 @@ def pair_stage_costs_t(t: Tables, values, params, opt: LevelOptions, pk: np.ndar
     reps = reps[:, None]
     v_last = values[pk + 1, pj]
     p_last = params[pk + 1, pj]
-    last = (v_last + (4 * (reps - 1) * p_last) / (bw * reps)) / reps
+    # (v + (4 (m'-1) p) / (B m')) / m', in place: fresh (R, P) temporaries would page-fault.
+    last = np.multiply(4 * (reps - 1), p_last)
+    np.divide(last, bw * reps, out=last)
+    np.add(v_last, last, out=last)
+    np.divide(last, reps, out=last)
     if opt.activation_compression is not None:
-        t_in = (2.0 * t.output_activation[pk]) / (bw * reps) / opt.activation_compression
+        per_byte = bw * reps
+        t_in = np.divide(2.0 * t.output_activation[pk], per_byte)
+        np.divide(t_in, opt.activation_compression, out=t_in)
         np.maximum(last, t_in, out=last)
-        t_out = (2.0 * t.output_activation[pj]) / (bw * reps) / opt.activation_compression
+        t_out = np.divide(2.0 * t.output_activation[pj], per_byte, out=t_in)
+        np.divide(t_out, opt.activation_compression, out=t_out)
         t_out[:, pj == n - 1] = -INF  # nothing is sent after the last state
         np.maximum(last, t_out, out=last)
     return last

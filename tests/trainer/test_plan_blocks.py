@@ -1,0 +1,37 @@
+"""Lazily formed block sums read exactly as the dense (n+1, n) table they stand for."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from trainer.plan.blocks import BlockSums
+
+
+def dense(cum: np.ndarray, empty: float | None) -> np.ndarray:
+    n = len(cum)
+    table = np.empty((n + 1, n))
+    table[0] = cum
+    for i in range(1, n + 1):
+        table[i] = cum - cum[i - 1]
+        if empty is not None:
+            table[i, :i] = empty
+    return table
+
+
+@pytest.mark.parametrize("empty", [None, np.inf])
+def test_every_kind_of_read_equals_the_dense_table(empty):
+    rng = np.random.default_rng(3)
+    cum = np.cumsum(rng.uniform(0, 5, 9))
+    lazy, full = BlockSums(cum, empty), dense(cum, empty)
+    assert lazy.shape == full.shape
+    ks = np.array([0, 2, 3, 7])
+    js = np.array([4, 5, 3, 8])
+    reads = [
+        (3, 5), (0, 4), (6, 2), (ks + 1, js), (ks, 8), (2, slice(2, 9)), (0, slice(None)), (slice(1, 9), 8),
+        (ks[:, None], np.arange(9)[None, :]), 4, slice(1, None), 9,
+    ]
+    for index in reads:
+        got, want = lazy[index], full[index]
+        assert np.shape(got) == np.shape(want), index
+        assert np.array_equal(np.asarray(got), np.asarray(want)), index
