@@ -43,7 +43,7 @@ class WorkerEnv:
 def worker_main(cfg: RunConfig, env: WorkerEnv) -> None:
     """Process entry: run, report any failure with its stage and rank, exit non-zero on error."""
     _die_with_parent()
-    _keep_freed_memory()
+    keep_freed_memory()
     stage_ids: tuple[int, ...] = ()
     try:
         stage_ids = _stages_of(cfg, env.rank)
@@ -68,7 +68,7 @@ def _die_with_parent() -> None:
         pass
 
 
-def _keep_freed_memory() -> None:
+def keep_freed_memory() -> None:
     """glibc: serve tensors up to 32 MiB from the heap and never hand freed memory back.
 
     By default glibc mmaps large blocks and unmaps them on free, so every step's fresh weight
