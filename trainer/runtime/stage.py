@@ -52,7 +52,8 @@ class Stage:
         self.loss_scale = loss_scale
         self.in_flight: dict[int, tuple] = {}
         # Weight-gradient split: calls noted per forward, and W work left by BI per microbatch
-        # (with the version it ran against). DDP reduces inside its own backward: never split.
+        # (with the tensors of the version it ran against). DDP reduces inside its own backward:
+        # never split.
         # ``layer_calls=False`` saves the hooks' cost (~1% of a small stage's forward) where no
         # backward will be split.
         self._recorder = CallRecorder(module) if ddp is None and layer_calls else None
