@@ -36,7 +36,7 @@ from trainer.profile.link import measure_link  # noqa: E402
 from trainer.profile.profiler import profile_model  # noqa: E402
 from trainer.runtime import RunConfig, run_training  # noqa: E402
 from trainer.runtime import model as model_mod  # noqa: E402
-from trainer.schedule.predict import predict_step_s, stage_costs  # noqa: E402
+from trainer.schedule.predict import ActionOverhead, predict_step_s, stage_costs  # noqa: E402
 from trainer.sink import NullSink  # noqa: E402
 
 CONFIGS = {"a": dict(batch_size=64, microbatches=8), "b": dict(batch_size=512, microbatches=8)}
@@ -75,9 +75,71 @@ class ActionTimes(NullSink):
         return {k: statistics.fmean(v) for k, v in spans.items()}
 
 
+def _median_ms(xs: list[float]) -> float:
+    return statistics.median(xs[len(xs) // 5:])
+
+
+def action_overhead(layers: int, last: bool, M: int = 8, rounds: int = 40) -> ActionOverhead:
+    """What the runtime's ``Stage`` adds to each action: the same calls on a stage of ``layers``
+    Linear(4, 4)+ReLU layers on one sample (compute negligible), minus the plain module's
+    forward, backward and optimizer step on the same tensors (what a profile would time)."""
+    from trainer.runtime.stage import Stage
+
+    def tiny():
+        torch.manual_seed(0)
+        mod = torch.nn.Sequential(*[m for _ in range(layers) for m in (torch.nn.Linear(4, 4), torch.nn.ReLU())])
+        return mod, torch.optim.SGD(mod.parameters(), lr=1e-4, momentum=0.9)
+
+    x, y, g = torch.randn(1, 4), torch.randn(1, 4), torch.ones(1, 4)
+    mod, opt = tiny()
+    stage = Stage(1, mod, opt, is_first=False, is_last=last, loss_fn=torch.nn.functional.mse_loss, stash=False,
+                  loss_scale=1 / M, layer_calls=True)
+    plain, plain_opt = tiny()
+    t: dict[str, list[float]] = defaultdict(list)
+    clock = time.perf_counter
+    for _ in range(rounds):
+        for split in (True, False):
+            for j in range(M):
+                t0 = clock()
+                stage.forward(j, 0, [x.clone()], y if last else None)
+                t["F"].append(clock() - t0)
+                t0 = clock()
+                stage.backward(j, None if last else [g], weights=not split)
+                t["BI" if split else "B"].append(clock() - t0)
+            if split:
+                t0 = clock()
+                stage.backward_weight(-1)
+                t["W"].append(clock() - t0)
+            t0 = clock()
+            stage.step(0, False)
+            t["step"].append(clock() - t0)
+        for frozen in (False, True):
+            for p in plain.parameters():
+                p.requires_grad_(not frozen)
+            for _ in range(M):
+                xi = x.clone().requires_grad_(True)
+                t0 = clock()
+                out = plain(xi)
+                t["pF"].append(clock() - t0)
+                t0 = clock()
+                out.backward(g)
+                t["pBI" if frozen else "pB"].append(clock() - t0)
+        t0 = clock()
+        plain_opt.step()
+        t["pstep"].append(clock() - t0)
+        for p in plain.parameters():
+            p.grad = None
+    m = {k: _median_ms(v) for k, v in t.items()}
+    return ActionOverhead(forward_s=max(0.0, m["F"] - m["pF"]), backward_s=max(0.0, m["B"] - m["pB"]),
+                          backward_input_s=max(0.0, m["BI"] - m["pBI"]),
+                          weight_call_s=max(0.0, m["W"] - (m["pB"] - m["pBI"])), step_s=max(0.0, m["step"] - m["pstep"]))
+
+
 def measured_step_s(cfg: RunConfig) -> tuple[float, dict]:
     sink = ActionTimes()
     summary = run_training(cfg, sink)
+    if not summary["samples_per_s"]:
+        raise RuntimeError(f"{cfg.schedule} ran too few steps for a steady-state rate: {summary['steps']}")
     return cfg.batch_size / summary["samples_per_s"], sink.means()
 
 
@@ -87,8 +149,9 @@ def main() -> None:
     ap.add_argument("--schedules", default="1f1b,gpipe,pipedream,pipedream:1")
     ap.add_argument("--weight-grads", default="batched,immediate")
     ap.add_argument("--steps", type=int, default=20, help="steps per run in (a); (b) runs half as many")
-    ap.add_argument("--repeats", type=int, default=10, help="profiled steps per profile")
+    ap.add_argument("--repeats", type=int, default=20, help="profiled steps per profile")
     ap.add_argument("--costs", action="store_true", help="also print per-action costs: predicted vs recorded")
+    ap.add_argument("--no-overhead", action="store_true", help="predict without the runtime's per-action overhead")
     args = ap.parse_args()
     torch.set_num_threads(1)
     started = time.monotonic()
@@ -109,6 +172,15 @@ def main() -> None:
                                        model_name="mlp", repeats=args.repeats, concurrent=STAGES - 1)
         profiles[size].link = link
         print(f"profile at {size} samples: {time.monotonic() - t:.1f} s")
+    modules = model_mod.build_stages(zoo.model, zoo.example_input(8), model_mod.stage_layers(
+        run_cfg("1f1b", 64, 8, 1, "batched"), zoo, STAGES))
+    counts = [sum(1 for m in mod.modules() if any(True for _ in m.parameters(recurse=False))) for mod in modules]
+    overhead = [action_overhead(n, k == STAGES - 1) for k, n in enumerate(counts)]
+    print("runtime overhead per action (tiny stages of " + ", ".join(map(str, counts)) + " layers), ms: " + "; ".join(
+        f"stage {k}: F {o.forward_s * 1e3:.3f} B {o.backward_s * 1e3:.3f} BI {o.backward_input_s * 1e3:.3f} "
+        f"W(-1) {o.weight_call_s * 1e3:.3f} step {o.step_s * 1e3:.3f}" for k, o in enumerate(overhead)))
+    if args.no_overhead:
+        overhead = None
     rows = []
     for name in names:
         c = CONFIGS[name]
@@ -120,13 +192,14 @@ def main() -> None:
                 M, mb = cfg.microbatches, cfg.microbatch_size
                 batched = mode == "batched"
                 pred = predict_step_s(profiles[mb], stages, cfg.schedule, M, batch_profile=profiles[c["batch_size"]],
-                                      batch_weight_grads=batched)
+                                      batch_weight_grads=batched, overhead=overhead)
                 meas, actions = measured_step_s(cfg)
                 rows.append((name, s, mode, meas, pred))
                 print(f"  ({name}) {s:12s} {mode:9s} measured {meas * 1e3:7.1f} ms/step, predicted {pred * 1e3:7.1f} "
                       f"({pred / meas - 1:+.1%})", flush=True)
                 if args.costs:
-                    costs = stage_costs(profiles[mb], stages, microbatches=M, batch_profile=profiles[c["batch_size"]])
+                    costs = stage_costs(profiles[mb], stages, microbatches=M, batch_profile=profiles[c["batch_size"]],
+                                        overhead=overhead)
                     for k, sc in enumerate(costs):
                         rec = {kind: v * 1e3 for (w, kind), v in actions.items() if w == k}
                         pred_ms = {"F": sc.fwd_s, "B": sc.bwd_s, "BI": sc.bi_s, "W": sc.w_batched_s * M if batched

@@ -101,7 +101,7 @@ def test_repeat_iterations_numbers_microbatches_and_versions_on():
 def test_profile_v2_round_trips_its_new_fields(tmp_path):
     link = fit_link([[1000.0, 0.3, 0.05], [3000.0, 0.7, 0.07]])
     assert link.latency_ms == pytest.approx(0.1) and link.bytes_per_ms == pytest.approx(5000.0)
-    assert link.post_ms == pytest.approx(0.06) and link.transfer_ms(2000.0) == pytest.approx(0.5)
+    assert link.post_ms == pytest.approx(0.05) and link.transfer_ms(2000.0) == pytest.approx(0.5)
     prof = chain([(0.5, 1.0, 0.25, 0.1), (0.5, 1.0, None, None)], link=link)
     path = tmp_path / "p.json"
     prof.save(path)

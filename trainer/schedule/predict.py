@@ -20,6 +20,10 @@ which must be the microbatch size here):
 - ``allreduce_s`` (replicas > 1): a ring all-reduce of the stage's parameters over the link,
   2 (r - 1) / r of their bytes each way plus 2 (r - 1) latencies.
 
+- ``overhead`` (optional, per stage): what the runtime adds to each action beyond the compute
+  the profile measures (its Python bookkeeping, the loss on the last stage), measured by the
+  caller, e.g. ``bench/predict.py``'s tiny-stage measurement.
+
 A missing measurement (an old profile) counts as zero, except ``backward_input_ms``, which then
 takes the simulator's default (half the backward).
 
@@ -31,7 +35,7 @@ runs of K and 1 batches of ``microbatches``, divided by K - 1.
 
 from __future__ import annotations
 
-from dataclasses import replace
+from dataclasses import dataclass, replace
 
 from trainer.profile.schema import Link, Profile
 from trainer.schedule.actions import Schedule, ScheduleError
@@ -41,6 +45,17 @@ from trainer.schedule.pipedream import build_pipedream
 from trainer.schedule.simulate import simulate
 
 STEADY_ITERATIONS = 4
+
+
+@dataclass(frozen=True)
+class ActionOverhead:
+    """Seconds the runtime adds to one action of a stage beyond the profiled compute."""
+
+    forward_s: float = 0.0
+    backward_s: float = 0.0  # a full backward (B)
+    backward_input_s: float = 0.0  # BI
+    weight_call_s: float = 0.0  # one W(-1) call, whatever the number of microbatches it covers
+    step_s: float = 0.0
 
 
 def _layers(profile: Profile, stage: list[str], k: int):
@@ -73,6 +88,7 @@ def stage_costs(
     batch_profile: Profile | None = None,
     link: Link | None = None,
     replicas: list[int] | None = None,
+    overhead: list[ActionOverhead] | None = None,
 ) -> list[StageCosts]:
     """One StageCosts per stage (layer names per stage) from the microbatch profile; see the
     module docstring for where each field comes from."""
@@ -84,6 +100,8 @@ def stage_costs(
     replicas = replicas or [1] * len(stages)
     if len(replicas) != len(stages):
         raise ScheduleError(f"replicas: {len(replicas)} counts for {len(stages)} stages")
+    if overhead is not None and len(overhead) != len(stages):
+        raise ScheduleError(f"overhead: {len(overhead)} entries for {len(stages)} stages")
     out_bytes = _boundary_bytes(profile, stages)
     last = len(stages) - 1
     costs = []
@@ -113,6 +131,16 @@ def stage_costs(
                 nbytes = sum(layer.parameter_bytes for layer in layers)
                 allreduce = 2 * (r - 1) * (nbytes / r / link.bytes_per_ms + link.latency_ms)
         w = None if bi is None else max(0.0, bwd - bi)
+        if overhead is not None:
+            o = overhead[k]
+            fwd += o.forward_s * 1e3
+            step += o.step_s * 1e3
+            if bi is not None:
+                bi += o.backward_input_s * 1e3
+                w = w + max(0.0, o.backward_s - o.backward_input_s) * 1e3  # keeps B = BI + W
+            bwd += o.backward_s * 1e3
+            if w_batched is not None:
+                w_batched += o.weight_call_s * 1e3 / microbatches
         costs.append(StageCosts(
             fwd_s=fwd / 1e3, bwd_s=bwd / 1e3,
             bwd_input_s=None if bi is None else bi / 1e3,
@@ -159,6 +187,7 @@ def predict_step_s(
     replicas: list[int] | None = None,
     link: Link | None = None,
     chunks: int = 1,
+    overhead: list[ActionOverhead] | None = None,
 ) -> float:
     """Predicted seconds per step (one batch: ``microbatches`` microbatches of the profile's
     batch size) of ``schedule`` over ``stages`` (layer names per stage, one entry per physical
@@ -166,12 +195,12 @@ def predict_step_s(
     once per batch (``microbatches=1``: PipeDream's one update per minibatch).
     ``batch_weight_grads``: each backward is BI and one W(-1) precedes each update (costed from
     ``batch_profile`` when given). ``replicas``: workers per stage; ``link``: overrides the
-    profile's measured link."""
+    profile's measured link; ``overhead``: the runtime's own cost per action, per stage."""
     if microbatches < 1:
         raise ScheduleError(f"microbatches must be >= 1, got {microbatches}")
     p = len(stages) // chunks
     costs = stage_costs(profile, stages, microbatches=microbatches, batch_profile=batch_profile, link=link,
-                        replicas=None if replicas is None or chunks > 1 else replicas)
+                        replicas=None if replicas is None or chunks > 1 else replicas, overhead=overhead)
     one = simulate(_schedule(schedule, p, microbatches, 1, replicas, batch_weight_grads, chunks), costs)
     more = simulate(_schedule(schedule, p, microbatches, STEADY_ITERATIONS, replicas, batch_weight_grads, chunks), costs)
     return (more.iteration_time_s - one.iteration_time_s) / (STEADY_ITERATIONS - 1)
