@@ -30,11 +30,20 @@ class StateLimitExceeded(RuntimeError):
 
 def _bits(mask: int) -> list[int]:
     """Indices of the set bits of ``mask``, ascending."""
+    if mask.bit_count() < 8:
+        out = []
+        while mask:
+            low = mask & -mask
+            out.append(low.bit_length() - 1)
+            mask ^= low
+        return out
+    # Many bits: find them in the binary string (reversed, so index = bit), a C loop per bit.
+    digits = bin(mask)[:1:-1]
     out = []
-    while mask:
-        low = mask & -mask
-        out.append(low.bit_length() - 1)
-        mask ^= low
+    i = digits.find("1")
+    while i >= 0:
+        out.append(i)
+        i = digits.find("1", i + 1)
     return out
 
 
@@ -60,6 +69,7 @@ class LayerGraph:
     removed_sinks: list[int] = field(default_factory=list)
     _anc: list[int] | None = None
     _desc: list[int] | None = None
+    _topo: list[int] | None = None
 
     @classmethod
     def from_profile(cls, profile: Profile) -> LayerGraph:
@@ -110,6 +120,7 @@ class LayerGraph:
         self.succ[u] = []
         self.pred[u] = []
         self.alive &= ~(1 << u)
+        self._topo = self._anc = self._desc = None
 
     def _drop_like_reference(self) -> None:
         # The reference gives the optimizer no say over where inputs go (always the first stage)
@@ -133,6 +144,8 @@ class LayerGraph:
 
     def topological_order(self) -> list[int]:
         """Alive layers in a topological order that keeps file order wherever it can."""
+        if self._topo is not None:
+            return list(self._topo)
         import heapq
 
         indeg = {u: len(self.pred[u]) for u in _bits(self.alive)}
@@ -146,7 +159,8 @@ class LayerGraph:
                 indeg[v] -= 1
                 if indeg[v] == 0:
                     heapq.heappush(ready, v)
-        return order
+        self._topo = order
+        return list(order)
 
     def ancestors(self) -> list[int]:
         """Per layer, the bitset of its strict ancestors."""
@@ -189,13 +203,21 @@ class AntichainWalk:
         self.desc = graph.descendants()
         self.max_states = max_states
         # Which ancestors of a node still have a consumer outside its down-set depends on the
-        # node alone, so it is computed once per node.
+        # node alone, so it is computed once per node, when first needed.
         self._still_needed: dict[int, int] = {}
-        # Only a node with several consumers can have one outside a descendant's down-set.
-        self._branching = 0
-        for u in _bits(graph.alive):
-            if len(graph.succ[u]) > 1:
-                self._branching |= 1 << u
+        # reach[u]: every consumer of a layer at or before u (so reach[u] minus u's down-set
+        # is the down-set's open edges' ends); pred_mask[s]: the producers of s.
+        succ = graph.succ
+        self._pred_mask = [0] * len(graph.names)
+        self._reach = [0] * len(graph.names)
+        for u in graph.topological_order():
+            mask = 0
+            for v in succ[u]:
+                mask |= 1 << v
+            for q in graph.pred[u]:
+                mask |= self._reach[q]
+                self._pred_mask[u] |= 1 << q
+            self._reach[u] = mask
 
     @staticmethod
     def _key(nodes: list[int]) -> int:
@@ -205,16 +227,16 @@ class AntichainWalk:
         return key
 
     def _needed_before(self, a: int) -> int:
+        """Ancestors of ``a`` with a consumer outside a's down-set: the producers of the
+        down-set's open edges' ends (few), within a's ancestors."""
         found = self._still_needed.get(a)
         if found is None:
             before = self.anc[a]
-            keep = before | (1 << a)
+            open_ends = self._reach[a] & ~(before | (1 << a))
             found = 0
-            for p in _bits(before & self._branching):
-                for s in self.g.succ[p]:
-                    if not (keep >> s) & 1:
-                        found |= 1 << p
-                        break
+            for s in _bits(open_ends):
+                found |= self._pred_mask[s]
+            found &= before
             self._still_needed[a] = found
         return found
 
