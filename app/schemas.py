@@ -16,6 +16,13 @@ T = TypeVar("T")
 
 Method = Literal["pipedream", "uniform", "time", "params", "dp"]
 ScheduleName = Literal["gpipe", "1f1b", "interleaved-1f1b", "zb-h1", "pipedream", "dp"]
+WeightGrads = Literal["batched", "immediate"]
+WEIGHT_GRADS_DESCRIPTION = (
+    "How backwards compute weight gradients (`pipeboard train --weight-grads`). `batched` (default): each "
+    "backward computes input gradients only, and one pass right before each weight update computes the weight "
+    "gradients of all its microbatches at once (one matmul per Linear layer; faster on small microbatches); "
+    "`immediate`: each backward computes both. Same gradients up to float rounding. dp and zb-h1 ignore it."
+)
 JobStatus = Literal["queued", "running", "succeeded", "failed", "cancelled"]
 Scope = Literal["read", "write"]
 
@@ -156,6 +163,7 @@ class PlanCreate(BaseModel):
     schedule: ScheduleName = Field(default="1f1b", description="Schedule simulated for the predicted timeline.")
     microbatches: int = Field(default=8, ge=1, le=1024, description="Microbatches per simulated iteration.")
     chunks: int = Field(default=1, ge=1, le=16, description="Model chunks per worker (interleaved-1f1b).")
+    weight_grads: WeightGrads = Field(default="batched", description=WEIGHT_GRADS_DESCRIPTION)
     timeline_limit: int = Field(default=5000, ge=0, le=200000, description="At most this many predicted events returned.")
 
     @model_validator(mode="after")
@@ -237,6 +245,7 @@ class JobCreate(BaseModel):
     schedule: ScheduleName = "1f1b"
     microbatches: int = Field(default=4, ge=1, le=1024)
     batch_size: int = Field(default=32, ge=1, le=65536)
+    weight_grads: WeightGrads = Field(default="batched", description=WEIGHT_GRADS_DESCRIPTION)
     hyperparameters: Hyperparameters = Field(default_factory=lambda: Hyperparameters())
     stop: StopRule = Field(default_factory=lambda: StopRule(steps=50))
     priority: int = Field(default=0, ge=-100, le=100, description="Higher runs first.")

@@ -42,11 +42,14 @@ def stage_replicas(plan_obj: Any) -> list[int]:
     return plan_replicas(plan_obj)
 
 
-def simulate(plan_obj: Any, schedule: str, microbatches: int, *, samples_per_microbatch: int | None = None, chunks: int = 1) -> Any:
-    """SimResult of ``schedule`` on the plan's stages; 422 naming `schedule` if it cannot run.
+def simulate(plan_obj: Any, schedule: str, microbatches: int, *, samples_per_microbatch: int | None = None, chunks: int = 1,
+             weight_grads: str = "batched") -> tuple[Any, Any]:
+    """(Schedule, SimResult) of ``schedule`` on the plan's stages; 422 naming `schedule` if it cannot run.
 
     A simulated microbatch costs what the profile measured for one of its batches, so callers
-    profile at the microbatch size they will run.
+    profile at the microbatch size they will run. ``weight_grads`` is the job's (and `pipeboard
+    train`'s) choice, "batched" or "immediate"; build() decides where batching applies (not dp,
+    not zb-h1), as it does for the runtime, so the predicted actions are the ones a run executes.
     """
     from trainer.schedule import ScheduleError, build
     from trainer.schedule.costs import costs_from_plan, data_parallel_costs_from_plan
@@ -58,13 +61,14 @@ def simulate(plan_obj: Any, schedule: str, microbatches: int, *, samples_per_mic
             replicas = [workers]
         else:
             costs, replicas = costs_from_plan(plan_obj), stage_replicas(plan_obj)
-        sched = build(schedule, len(costs), microbatches, replicas=replicas, chunks=chunks)
-        return run_sim(sched, costs, samples_per_microbatch=samples_per_microbatch)
+        sched = build(schedule, len(costs), microbatches, replicas=replicas, chunks=chunks,
+                      batch_weight_grads=weight_grads == "batched")
+        return sched, run_sim(sched, costs, samples_per_microbatch=samples_per_microbatch)
     except (ScheduleError, ValueError) as exc:
         raise ServiceError(f"schedule: {schedule!r} cannot run this plan: {exc}", status=422, field="schedule") from None
 
 
-def predicted_summary(plan_obj: Any, sim: Any, microbatches: int, timeline_limit: int) -> dict[str, Any]:
+def predicted_summary(plan_obj: Any, sched: Any, sim: Any, microbatches: int, timeline_limit: int) -> dict[str, Any]:
     """What the dashboard's what-if shows: the simulated timeline and throughput against DP."""
     from app.services.downsample import evenly
 
@@ -84,6 +88,8 @@ def predicted_summary(plan_obj: Any, sim: Any, microbatches: int, timeline_limit
         "peak_memory_bytes": sim.peak_memory_bytes,
         "workers": len(sim.utilization),
         "microbatches": microbatches,
+        # What the simulated actions do (build's decision: dp and zb-h1 never batch).
+        "batch_weight_grads": bool(sched.meta.get("batch_weight_grads")),
         # The planner's objective (seconds per minibatch at steady state) against data
         # parallel on the same workers: >1 means the pipeline is predicted to be faster.
         "planner_time_per_minibatch_s": pipeline_time,

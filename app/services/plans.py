@@ -65,8 +65,9 @@ def create(session: Session, body: PlanCreate) -> PlanRow:
         prof = profile_for_model(session, body.model, body.model_args, max(1, body.batch_size // body.microbatches))
     levels = planning.levels_of(body.levels, None)
     plan_obj = planning.make_plan(prof.data, levels, memory_bytes=body.memory_bytes, method=body.method)
-    sim = planning.simulate(plan_obj, body.schedule, body.microbatches, samples_per_microbatch=prof.batch_size, chunks=body.chunks)
-    predicted = planning.predicted_summary(plan_obj, sim, body.microbatches, body.timeline_limit)
+    sched, sim = planning.simulate(plan_obj, body.schedule, body.microbatches, samples_per_microbatch=prof.batch_size,
+                                   chunks=body.chunks, weight_grads=body.weight_grads)
+    predicted = planning.predicted_summary(plan_obj, sched, sim, body.microbatches, body.timeline_limit)
     request = body.model_dump(mode="json", exclude={"timeline_limit"})
     row = PlanRow(profile_id=prof.id, request=request, data=plan_obj.to_dict(), predicted=predicted)
     begin_write(session)

@@ -30,6 +30,7 @@ from app.core.db import get_sessionmaker
 from app.models import EventSource, Job, JobStatus
 from app.models import Plan as PlanRow
 from app.models import TimelineEvent as TimelineEventRow
+from app.schemas import JobCreate
 from app.services import events, jobs, planning, profiles
 from app.services.errors import ServiceError
 from app.services.tx import begin_write
@@ -222,10 +223,12 @@ class JobRun:
         levels = planning.levels_of(spec.get("levels"), spec.get("workers"))
         plan_obj = planning.make_plan(prof.data, levels, memory_bytes=spec.get("memory_bytes"), method=spec["method"])
         micro = max(1, int(spec["batch_size"]) // int(spec["microbatches"]))
-        sim = planning.simulate(plan_obj, spec["schedule"], int(spec["microbatches"]), samples_per_microbatch=micro,
-                                chunks=int((spec.get("hyperparameters") or {}).get("chunks") or 1))
-        predicted = planning.predicted_summary(plan_obj, sim, int(spec["microbatches"]), timeline_limit=0)
+        sched, sim = planning.simulate(plan_obj, spec["schedule"], int(spec["microbatches"]), samples_per_microbatch=micro,
+                                       chunks=int((spec.get("hyperparameters") or {}).get("chunks") or 1),
+                                       weight_grads=weight_grads_of(spec))
+        predicted = planning.predicted_summary(plan_obj, sched, sim, int(spec["microbatches"]), timeline_limit=0)
         request = {k: spec.get(k) for k in ("levels", "workers", "memory_bytes", "method", "schedule", "microbatches")}
+        request["weight_grads"] = weight_grads_of(spec)
         plan_row = PlanRow(profile_id=profile_id, request=request, data=plan_obj.to_dict(), predicted=predicted)
         begin_write(self.session)
         self.session.add(plan_row)
@@ -291,12 +294,18 @@ class JobRun:
         return timed_out
 
 
+def weight_grads_of(spec: dict[str, Any]) -> str:
+    """The job's weight-gradient mode; specs stored before the field existed get the default."""
+    return spec.get("weight_grads") or JobCreate.model_fields["weight_grads"].default
+
+
 def train_command(job_id: int, spec: dict[str, Any], plan_path: Path) -> list[str]:
     cmd = pipeboard_command() + ["train", "--model", spec["model"]]
     for k, v in (spec.get("model_args") or {}).items():
         cmd += ["--model-arg", f"{k}={v}"]
     cmd += ["--plan", str(plan_path), "--schedule", spec["schedule"], "--batch-size", str(spec["batch_size"]),
-            "--microbatches", str(spec["microbatches"]), "--job-id", str(job_id), "--json"]
+            "--microbatches", str(spec["microbatches"]), "--weight-grads", weight_grads_of(spec),
+            "--job-id", str(job_id), "--json"]
     stop = spec.get("stop") or {}
     if stop.get("epochs") is not None:
         cmd += ["--epochs", str(stop["epochs"])]
