@@ -1,7 +1,8 @@
 """`pipeboard simulate`: predict a schedule's timeline from a plan or from uniform stage times.
 
     pipeboard simulate [PLAN.json] [--stages P --fwd T --bwd T] --schedule NAME --microbatches M
-                       [--chunks V] [--comm T] [--trace out.json] [--gantt out.html] [--json]
+                       [--chunks V] [--comm T] [--weight-grads batched|immediate]
+                       [--trace out.json] [--gantt out.html] [--json]
 
 Times on the command line are milliseconds per microbatch per stage. Numbers are parsed here,
 not by click, so that every bad value gets one line naming the option and exit code 2.
@@ -17,6 +18,7 @@ import typer
 
 
 SCHEDULE_NAMES = ("gpipe", "1f1b", "interleaved-1f1b", "zb-h1", "pipedream", "dp")  # help text; build checks
+WEIGHT_GRADS = ("batched", "immediate")  # `pipeboard train --weight-grads`
 
 
 class UsageError(ValueError):
@@ -45,6 +47,17 @@ def _replicas(raw: str | None) -> list[int] | None:
     if any(r < 1 for r in reps):
         raise UsageError(f"--replicas: every stage needs >= 1 replica, got {raw}")
     return reps
+
+
+def _batch_weight_grads(weight_grads: str | None, split_backward: bool | None) -> bool:
+    """--weight-grads as build's batch_weight_grads; build() alone decides where it applies (not dp,
+    not zb-h1), as it does for `pipeboard train`. The default is batched, as train's, except with
+    --split-backward, which asks for each W on its own (build refuses it with batched)."""
+    if weight_grads is None:
+        return not split_backward
+    if weight_grads not in WEIGHT_GRADS:
+        raise UsageError(f"--weight-grads: must be one of {', '.join(WEIGHT_GRADS)}, got {weight_grads!r}")
+    return weight_grads == "batched"
 
 
 def _plan_costs(path: Path, schedule: str):
@@ -80,6 +93,7 @@ def simulate_command(
     vertical_sync: bool,
     split_backward: bool | None,
     shared_links: bool = False,
+    weight_grads: str | None = None,
 ) -> tuple[Any, Any]:
     """Build and simulate; returns (schedule, SimResult). Raises UsageError or ScheduleError."""
     from trainer.schedule import SCHEDULES, build
@@ -94,6 +108,7 @@ def simulate_command(
     if m is None:
         raise UsageError("--microbatches: required (microbatches per iteration, or minibatches for pipedream)")
     v = _number("--chunks", chunks, int, minimum=1, default=1)
+    batch_w = _batch_weight_grads(weight_grads, split_backward)
     comm_s = _number("--comm", comm, float, minimum=0, default=0.0) / 1e3
     allreduce_s = _number("--allreduce", allreduce, float, minimum=0, default=0.0) / 1e3
     reps = _replicas(replicas)
@@ -120,7 +135,8 @@ def simulate_command(
             for c in costs
         ]  # fmt: skip
     built = build(
-        schedule, p, m, replicas=reps, chunks=v, vertical_sync=vertical_sync, split_backward=split_backward
+        schedule, p, m, replicas=reps, chunks=v, vertical_sync=vertical_sync, split_backward=split_backward,
+        batch_weight_grads=batch_w,
     )
     return built, simulate(built, costs, shared_links=shared_links)
 
@@ -132,6 +148,7 @@ def _print_human(schedule: Any, result: Any) -> None:
         f"{schedule.name}: {p} stage{'s' if p != 1 else ''}"
         + (f" x {schedule.meta['chunks']} chunks" if schedule.meta["chunks"] > 1 else "")
         + f", {len(schedule.workers)} workers, {schedule.microbatches} microbatches"
+        + (", weight gradients batched before each update" if schedule.meta.get("batch_weight_grads") else "")
     )
     typer.echo(
         f"iteration {s['iteration_time_s'] * 1e3:.3f} ms   throughput {s['throughput']:.2f} {s['throughput_unit']}"
@@ -167,6 +184,11 @@ def register(cli: typer.Typer) -> None:
         chunks: Optional[str] = opt(None, "--chunks", metavar="V", help="Model chunks per worker (interleaved)."),
         vertical_sync: bool = opt(False, "--vertical-sync", help="pipedream: one weight version per minibatch."),
         split_backward: Optional[bool] = opt(None, "--split-backward/--no-split-backward", help="B as BI and W."),
+        weight_grads: Optional[str] = opt(
+            None, "--weight-grads", metavar="batched|immediate",
+            help="As `pipeboard train`: batched (default) runs each B as input gradients and one pass per update "
+                 "the weight gradients of all its microbatches; immediate: each B does both. dp and zb-h1 ignore "
+                 "it; with --split-backward the default is immediate."),
         shared_links: bool = opt(False, "--shared-links", help="Both directions between two workers share a link."),
         trace: Optional[Path] = opt(None, "--trace", help="Write the predicted timeline as Chrome trace JSON."),
         gantt: Optional[Path] = opt(None, "--gantt", help="Write the predicted Gantt chart as HTML."),
@@ -178,7 +200,7 @@ def register(cli: typer.Typer) -> None:
         try:
             built, result = simulate_command(
                 plan, stages, fwd, bwd, comm, allreduce, replicas, schedule, microbatches, chunks,
-                vertical_sync, split_backward, shared_links,
+                vertical_sync, split_backward, shared_links, weight_grads,
             )  # fmt: skip
             if trace is not None:
                 from trainer.schedule.trace import to_chrome_trace
@@ -197,6 +219,6 @@ def register(cli: typer.Typer) -> None:
             typer.echo(f"error: cannot write {exc.filename}: {exc.strerror}", err=True)
             raise typer.Exit(2) from None
         if as_json:
-            typer.echo(json.dumps(result.summary()))
+            typer.echo(json.dumps({**result.summary(), "batch_weight_grads": bool(built.meta.get("batch_weight_grads"))}))
         else:
             _print_human(built, result)
