@@ -13,7 +13,9 @@ process standing in for the other stage: ``concurrent=1``), then each run. For e
 configuration and weight-gradient mode it prints the runtime's measured time per step (steady
 state, ``run_training``'s samples/s), ``predict_step_s``'s prediction and the error, then the
 per-action costs the prediction used next to the means the runtime recorded (instrumented run),
-so a miss can be traced to the action that causes it.
+so a miss can be traced to the action that causes it. A third figure simulates the same schedule
+on the action times the run itself recorded (plus the link's latency): how far the schedule and
+transfer model alone is from the measurement when every action's cost is right.
 """
 
 from __future__ import annotations
@@ -36,7 +38,8 @@ from trainer.profile.link import measure_link  # noqa: E402
 from trainer.profile.profiler import profile_model  # noqa: E402
 from trainer.runtime import RunConfig, run_training  # noqa: E402
 from trainer.runtime import model as model_mod  # noqa: E402
-from trainer.schedule.predict import ActionOverhead, predict_step_s, stage_costs  # noqa: E402
+from trainer.schedule.costs import StageCosts  # noqa: E402
+from trainer.schedule.predict import ActionOverhead, predict_step_s, stage_costs, steady_step_s  # noqa: E402
 from trainer.sink import NullSink  # noqa: E402
 
 CONFIGS = {"a": dict(batch_size=64, microbatches=8), "b": dict(batch_size=512, microbatches=8)}
@@ -135,6 +138,22 @@ def action_overhead(layers: int, last: bool, M: int = 8, rounds: int = 40) -> Ac
                           weight_call_s=max(0.0, m["W"] - (m["pB"] - m["pBI"])), step_s=max(0.0, m["step"] - m["pstep"]))
 
 
+def recorded_costs(actions: dict, M: int, link) -> list[StageCosts]:
+    """StageCosts from the runtime's recorded mean action times (posting a send charged to the
+    compute before it, as the prediction does), transfers from the measured link's latency."""
+    out = []
+    for k in range(STAGES):
+        a = {kind: v for (w, kind), v in actions.items() if w == k}
+        fwd = a.get("F", 0.0) + a.get("send_act", 0.0)
+        sg = a.get("send_grad", 0.0)
+        bi = a.get("BI", a.get("B", 0.0)) + sg
+        w = a.get("W", 0.0) / M if "BI" in a else 0.0
+        out.append(StageCosts(fwd_s=fwd, bwd_s=bi + w, bwd_input_s=bi, bwd_weight_s=w, bwd_weight_batched_s=w,
+                              step_s=a.get("step", 0.0), send_act_s=link.latency_ms / 1e3 if k < STAGES - 1 else 0.0,
+                              send_grad_s=link.latency_ms / 1e3 if k > 0 else 0.0))
+    return out
+
+
 def measured_step_s(cfg: RunConfig) -> tuple[float, dict]:
     sink = ActionTimes()
     summary = run_training(cfg, sink)
@@ -195,8 +214,10 @@ def main() -> None:
                                       batch_weight_grads=batched, overhead=overhead)
                 meas, actions = measured_step_s(cfg)
                 rows.append((name, s, mode, meas, pred))
+                replay = steady_step_s(recorded_costs(actions, M, link), cfg.schedule, M, batch_weight_grads=batched)
                 print(f"  ({name}) {s:12s} {mode:9s} measured {meas * 1e3:7.1f} ms/step, predicted {pred * 1e3:7.1f} "
-                      f"({pred / meas - 1:+.1%})", flush=True)
+                      f"({pred / meas - 1:+.1%}); simulated on the run's recorded action times {replay * 1e3:7.1f} "
+                      f"({replay / meas - 1:+.1%})", flush=True)
                 if args.costs:
                     costs = stage_costs(profiles[mb], stages, microbatches=M, batch_profile=profiles[c["batch_size"]],
                                         overhead=overhead)

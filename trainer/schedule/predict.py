@@ -198,9 +198,17 @@ def predict_step_s(
     profile's measured link; ``overhead``: the runtime's own cost per action, per stage."""
     if microbatches < 1:
         raise ScheduleError(f"microbatches must be >= 1, got {microbatches}")
-    p = len(stages) // chunks
     costs = stage_costs(profile, stages, microbatches=microbatches, batch_profile=batch_profile, link=link,
                         replicas=None if replicas is None or chunks > 1 else replicas, overhead=overhead)
+    return steady_step_s(costs, schedule, microbatches, batch_weight_grads=batch_weight_grads, replicas=replicas,
+                         chunks=chunks)
+
+
+def steady_step_s(costs: list[StageCosts], schedule: str, microbatches: int, *, batch_weight_grads: bool = False,
+                  replicas: list[int] | None = None, chunks: int = 1) -> float:
+    """The simulator's steady-state seconds per step of ``schedule`` under ``costs`` (one per
+    physical stage, or per virtual stage for interleaved-1f1b); see the module docstring."""
+    p = len(costs) // chunks
     one = simulate(_schedule(schedule, p, microbatches, 1, replicas, batch_weight_grads, chunks), costs)
     more = simulate(_schedule(schedule, p, microbatches, STEADY_ITERATIONS, replicas, batch_weight_grads, chunks), costs)
     return (more.iteration_time_s - one.iteration_time_s) / (STEADY_ITERATIONS - 1)
