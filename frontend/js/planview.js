@@ -25,7 +25,10 @@ export function planStats(planPublic) {
     stat('time / minibatch', fmtSeconds(plan.predicted_time_s)),
     stat('vs data parallel', speedup ? `${fmtNumber(speedup)}×` : '–', 'stat-speedup'),
     stat(`predicted ${pred.throughput_unit || 'throughput'}`, fmtNumber(pred.throughput)),
-    stat('bubble', pred.bubble_fraction === undefined ? '–' : `${(pred.bubble_fraction * 100).toFixed(1)}%`));
+    stat('bubble', pred.bubble_fraction === undefined ? '–' : `${(pred.bubble_fraction * 100).toFixed(1)}%`),
+    // What the simulated schedule does (the service decides where batching applies).
+    pred.batch_weight_grads === undefined ? null
+      : stat('weight gradients', pred.batch_weight_grads ? 'batched' : 'per backward', 'stat-weight-grads'));
 }
 
 /** A strip with one block per stage, as wide as its share of the layers. */

@@ -8,12 +8,14 @@ import { clear, debounce, h, navigate, notice, parseArgs } from '../util.js';
 
 const METHODS = ['pipedream', 'uniform', 'time', 'params', 'dp'];
 const SCHEDULES = ['1f1b', 'gpipe', 'interleaved-1f1b', 'zb-h1', 'pipedream', 'dp'];
+const WEIGHT_GRADS = ['batched', 'immediate']; // `pipeboard train --weight-grads`, the first is its default
+const WEIGHT_GRADS_HINTS = { batched: 'one weight pass per update', immediate: 'in every backward' };
 const STOPS = [['steps', 'steps'], ['epochs', 'epochs'], ['target', 'target metric'], ['time_s', 'time (s)']];
 const LOCAL_BANDWIDTH = 5e9; // what the service assumes between local worker processes
 // API field (as error messages name it) -> the form control to mark and focus.
 const FIELD_IDS = {
   name: 'f-name', model: 'f-model', model_args: 'f-model-args', data: 'f-data', workers: 'f-workers', levels: 'f-levels',
-  memory_bytes: 'f-memory', method: 'f-method', schedule: 'f-schedule', microbatches: 'f-microbatches', batch_size: 'f-batch',
+  memory_bytes: 'f-memory', method: 'f-method', schedule: 'f-schedule', weight_grads: 'f-weight-grads', microbatches: 'f-microbatches', batch_size: 'f-batch',
   stop: 'f-stop-value', hyperparameters: 'f-hyper', 'hyper-parameters': 'f-hyper', priority: 'f-priority', source: 'f-import-path',
 };
 
@@ -33,6 +35,15 @@ function field(id, label, input, hint) {
   return h('div', {}, h('label', { for: id }, label, hint ? h('span', { class: 'hint' }, ` ${hint}`) : null), input);
 }
 
+/** The select with a hint under it saying what the chosen value does (dp and zb-h1: see the title). */
+function weightGradsField(select) {
+  const hint = h('div', { class: 'hint', id: 'f-weight-grads-hint' });
+  const say = () => { hint.textContent = WEIGHT_GRADS_HINTS[select.value] || ''; };
+  select.addEventListener('change', say);
+  say();
+  return h('div', {}, h('label', { for: 'f-weight-grads' }, 'Weight gradients'), select, hint);
+}
+
 const num = (attrs) => h('input', { type: 'number', ...attrs });
 
 export async function render(container) {
@@ -49,6 +60,11 @@ export async function render(container) {
     memory: num({ min: 0, step: 'any', placeholder: 'no limit' }),
     method: h('select', {}, METHODS.map((m) => h('option', { value: m }, m))),
     schedule: h('select', {}, SCHEDULES.map((s) => h('option', { value: s }, s))),
+    weightGrads: h('select', { id: 'f-weight-grads', 'aria-describedby': 'f-weight-grads-hint', title: 'batched: each '
+      + 'backward computes input gradients only, and one pass right before the weight update computes the weight '
+      + 'gradients of all its microbatches (faster on small microbatches); immediate: each backward computes both. '
+      + 'Same gradients. dp and zb-h1 ignore it.' },
+    WEIGHT_GRADS.map((v) => h('option', { value: v }, v))),
     microbatches: num({ min: 1, max: 1024, value: 4 }),
     batchSize: num({ min: 1, max: 65536, value: 32 }),
     stopKind: h('select', {}, STOPS.map(([v, t]) => h('option', { value: v }, t))),
@@ -83,6 +99,7 @@ export async function render(container) {
         field('f-memory', 'Memory / worker (GB)', els.memory),
         field('f-method', 'Planner', els.method),
         field('f-schedule', 'Schedule', els.schedule),
+        weightGradsField(els.weightGrads),
         field('f-microbatches', 'Microbatches', els.microbatches),
         field('f-batch', 'Batch size', els.batchSize))),
     h('fieldset', {}, h('legend', {}, 'Training'),
@@ -118,6 +135,7 @@ export async function render(container) {
       model_args: parseArgs(els.modelArgs.value),
       method: els.method.value,
       schedule: els.schedule.value,
+      weight_grads: els.weightGrads.value,
       microbatches: Number(els.microbatches.value),
       batch_size: Number(els.batchSize.value),
       hyperparameters: (() => { try { return parseArgs(els.hyper.value); } catch (e) { throw new Error(e.message.replace('model args', 'hyper-parameters')); } })(),
@@ -146,7 +164,7 @@ export async function render(container) {
     controller = new AbortController();
     const body = {
       model: s.model, model_args: s.model_args, batch_size: s.batch_size, method: s.method, schedule: s.schedule,
-      microbatches: s.microbatches, levels: s.levels || [{ workers: s.workers, bandwidth: LOCAL_BANDWIDTH }], timeline_limit: 20000,
+      weight_grads: s.weight_grads, microbatches: s.microbatches, levels: s.levels || [{ workers: s.workers, bandwidth: LOCAL_BANDWIDTH }], timeline_limit: 20000,
     };
     if (s.memory_bytes) body.memory_bytes = s.memory_bytes;
     box.setAttribute('aria-busy', 'true');
