@@ -89,10 +89,22 @@ def test_new_job_form_names_bad_fields_then_submits(server, page, shoot) -> None
 
     page.fill("#f-microbatches", "4")
     page.fill("#f-name", "from-the-form")
+    # Weight gradients: the what-if asks for what the select says and shows what was simulated.
+    page.locator("#stat-weight-grads", has_text="batched").wait_for(timeout=90000)
+    assert page.inner_text("#f-weight-grads-hint") == "one weight pass per update"
+    shoot(page, "new-job-weight-grads-batched")
+    with page.expect_request(lambda r: r.method == "POST" and r.url.endswith("/api/v1/plans")) as what_if:
+        page.select_option("#f-weight-grads", "immediate")
+    assert what_if.value.post_data_json["weight_grads"] == "immediate"
+    page.locator("#stat-weight-grads", has_text="per backward").wait_for()
+    assert page.inner_text("#f-weight-grads-hint") == "in every backward"
+    page.wait_for_selector("#what-if-gantt .point", state="attached")
+    shoot(page, "new-job-weight-grads-immediate")
     page.click("#submit-job")
     page.wait_for_url(re.compile(r"#/jobs/\d+$"))
     job_id = int(page.url.rsplit("/", 1)[1])
-    assert server.api("GET", f"/jobs/{job_id}")["name"] == "from-the-form"
+    job = server.api("GET", f"/jobs/{job_id}")
+    assert job["name"] == "from-the-form" and job["spec"]["weight_grads"] == "immediate"
     page.get_by_text("Queued").first.wait_for()
     page.locator("h1", has_text="from-the-form").wait_for()
     shoot(page, "job-queued")
