@@ -28,7 +28,9 @@ CONFLICT = {409: {"model": Message, "description": "The job's status does not al
     description=(
         "Queues profile -> plan -> train of a zoo model as Celery work. `workers` runs that many local "
         "processes; `levels` plans for a cluster instead. `stop` takes exactly one of epochs, steps, target "
-        "(the model's metric) or time_s. Higher `priority` runs first; the answer carries the queue position."
+        "(the model's metric) or time_s. `weight_grads` (`batched`, default, or `immediate`) is passed to `pipeboard "
+        "train --weight-grads`, and the predicted timeline is simulated with it. Higher `priority` runs first; the "
+        "answer carries the queue position."
     ),
     responses={422: {"model": ValidationFailed, "description": "Invalid spec (the message names the field)."}},
 )

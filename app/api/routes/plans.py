@@ -21,7 +21,8 @@ router = APIRouter(prefix="/plans", tags=["plans"], route_class=ServiceRoute, re
     summary="Plan and simulate (what-if)",
     description=(
         "Partitions a profile over the cluster `levels` (innermost first: workers and bandwidth in bytes/s) "
-        "with the chosen planner `method`, simulates `schedule` with `microbatches`, and returns the plan, the "
+        "with the chosen planner `method`, simulates `schedule` with `microbatches` (and `weight_grads`, as a job "
+        "would run it), and returns the plan, the "
         "predicted timeline, and throughput against data parallel on the same workers. Give `profile_id`, or "
         "`model` to use (and on first use, measure) that model's cached profile. Answers inline."
     ),
