@@ -19,10 +19,11 @@ from __future__ import annotations
 
 import numpy as np
 
-from trainer.plan.dp import INF, LevelOptions, Tables, _stash_factor, pair_stage_costs_t, single_stage_costs
+from trainer.plan.dp import INF, LevelOptions, Tables, _stash_factor, pair_stage_costs_t, single_stage_table
 
 # Bands of block starts: each band only pairs up with predecessors k at or after its first start.
 _BANDS = 4
+_BAND_ENTRIES = 50_000  # (pairs x starts) per band below which one band does (fewer NumPy calls)
 
 
 def work(t: Tables, rows: np.ndarray, machines: int) -> float:
@@ -41,8 +42,8 @@ def solve_rows(t: Tables, values: np.ndarray, opt: LevelOptions, rows: np.ndarra
     table = np.full((M, n, C), INF)
     ii = rows[:, None]
     jj = np.arange(n)[None, :]
-    for m in range(1 if opt.straight else M):
-        table[m] = single_stage_costs(values, acts, params, opt, ii, jj, m).T
+    init_m = 1 if opt.straight else M
+    table[:init_m] = single_stage_table(values, acts, params, opt, ii, jj, init_m).transpose(0, 2, 1)
     if M == 1:
         return np.ascontiguousarray(table.transpose(1, 0, 2))
     R = 1 if opt.straight else M - 1
@@ -52,7 +53,8 @@ def solve_rows(t: Tables, values: np.ndarray, opt: LevelOptions, rows: np.ndarra
     if len(pk):
         cost = pair_stage_costs_t(t, values, params, opt, pk, pj, reps)  # (R, P)
         stash = acts[pk + 1, pj] + params[pk + 1, pj] if opt.memory_bytes is not None else None
-        bands = np.unique(np.linspace(0, C, min(_BANDS, C) + 1).astype(np.intp))
+        count = min(_BANDS, C, max(1, len(pk) * C // _BAND_ENTRIES))
+        bands = np.unique(np.linspace(0, C, count + 1).astype(np.intp))
         for lo, hi in zip(bands[:-1], bands[1:]):
             keep = pk >= rows[lo]
             if not keep.any():

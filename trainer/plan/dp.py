@@ -27,6 +27,9 @@ import numpy as np
 from trainer.plan.blocks import BlockSums
 
 INF = math.inf
+# Up to this many states, per-block sums are whole (n+1, n) tables (cheaper to index than to
+# form on each read); beyond, ``BlockSums`` forms only what is read.
+DENSE_UP_TO = 128
 # Up to this many candidate entries (``bymachines.work``) several rows are solved machine count
 # outermost, all states at once; beyond, one end state at a time (less memory, bounds prune).
 BY_MACHINES_UP_TO = 3e7
@@ -58,7 +61,8 @@ class Tables:
     def block_sums(self) -> tuple[BlockSums, BlockSums]:
         """(activations, parameters) of every block i..j, indexed as (n+1, n) differences."""
         if self._sums is None:
-            self._sums = {"acts": BlockSums(self.activation), "params": BlockSums(self.parameters)}
+            table = _block_sums if self.size <= DENSE_UP_TO else BlockSums
+            self._sums = {"acts": table(self.activation), "params": table(self.parameters)}
         return self._sums["acts"], self._sums["params"]
 
     def compute_sums(self) -> np.ndarray:
@@ -90,8 +94,13 @@ class Tables:
 
 
 def level1_values(t: Tables) -> BlockSums:
-    """``compute_times[i][j]`` of the reference: (n+1, n), +inf where j < i (formed on read)."""
-    return BlockSums(t.compute, empty=INF)
+    """``compute_times[i][j]`` of the reference: (n+1, n), +inf where j < i (formed on read
+    past ``DENSE_UP_TO`` states)."""
+    if t.size > DENSE_UP_TO:
+        return BlockSums(t.compute, empty=INF)
+    v = _block_sums(t.compute)
+    v[np.tril_indices(t.size + 1, -1, t.size)] = INF
+    return v
 
 
 def _block_sums(cum: np.ndarray) -> np.ndarray:
@@ -117,6 +126,20 @@ def single_stage_costs(values, acts, params, opt: LevelOptions, i: int, js, m: i
     val = (values[i, js] + dp_comm) / (m + 1)
     if opt.memory_bytes is not None:
         stash = math.ceil((M - (m + 1)) / (m + 1)) * (acts[i, js] + p)
+        val = np.where(stash > opt.memory_bytes, INF, val)
+    return val
+
+
+def single_stage_table(values, acts, params, opt: LevelOptions, i, js, count: int) -> np.ndarray:
+    """``single_stage_costs`` for m = 0..count-1 at once, (count, *shape): the same terms."""
+    M, bw = opt.machines, opt.bandwidth
+    p = np.asarray(params[i, js])
+    m = np.arange(count).reshape((count,) + (1,) * p.ndim)
+    dp_comm = (4 * m * p) / (bw * (m + 1))
+    dp_comm = dp_comm / opt.machines_below
+    val = (values[i, js] + dp_comm) / (m + 1)
+    if opt.memory_bytes is not None:
+        stash = _stash_factor(m + 1, m + 1, M) * (acts[i, js] + p)  # ceil((M - (m+1)) / (m+1))
         val = np.where(stash > opt.memory_bytes, INF, val)
     return val
 
@@ -212,11 +235,10 @@ def solve_level(t: Tables, values: np.ndarray, opt: LevelOptions, rows: np.ndarr
         if end <= i:
             continue
         limit = bound[c] if by_end is None else np.minimum(bound[c], by_end[i:end, c])
-        for m in range(init_m):
-            costs = single_stage_costs(values, acts, params, opt, i, slice(i, end), m)
-            if pruning:  # (only this row's entries are finite yet: no pass over the whole table)
-                costs = np.where(costs > limit, INF, costs)
-            F[i:end, m, c] = costs
+        costs = single_stage_table(values, acts, params, opt, i, slice(i, end), init_m)
+        if pruning:  # (only this row's entries are finite yet: no pass over the whole table)
+            costs = np.where(costs > limit, INF, costs)
+        F[i:end, :init_m, c] = costs.T
 
     R = 1 if opt.straight else M - 1
     reps = np.arange(1, R + 1, dtype=float)  # m'

@@ -44,6 +44,8 @@ def tables_of(chain: StateChain) -> Tables:
 # so does solving the levels below the top machine count outermost (``bymachines``), which
 # uses no bounds, where it is chosen.
 DIRECT_BELOW = 3e6
+# Above this much work (``bymachines.work``) below the top, the two-machine shortcut pays off.
+SHORTCUT_ABOVE = 1e6
 # Above this much top-level work (states^2 x machines^2) a chain's top level is solved in bands.
 BAND_ABOVE = 2e7
 # A chain on three or more levels first tries this multiple of its compute over its workers as
@@ -138,12 +140,15 @@ def solve_levels(tables: Tables, levels, *, memory_bytes, straight, fewer_worker
     options = dict(memory_bytes=memory_bytes, straight=straight, fewer_workers=fewer_workers,
                    activation_compression=activation_compression)
     L = len(levels)
-    shortcut_below_top = shortcuts and L >= 2 and suffix.applies(
+    n = tables.size
+    # Levels below the top whose rows are all solved at once (``bymachines``) need no bounds;
+    # on small work they need no two-machine shortcut either (its own overhead is larger).
+    work = bymachines.work(tables, np.arange(n + 1), max(w for w, _ in levels[:-1])) if L >= 2 else math.inf
+    at_once = work <= dp.BY_MACHINES_UP_TO
+    shortcut_below_top = shortcuts and L >= 2 and work > SHORTCUT_ABOVE and suffix.applies(
         _level_options(levels, L - 2, False, **options), levels[-1][0], True)
     # The bounds only pay off where full rows are solved; the shortcut leaves just the top.
-    n = tables.size
-    small = n * n * n * max(w for w, _ in levels) ** 2 < DIRECT_BELOW or (
-        L >= 2 and bymachines.work(tables, np.arange(n + 1), max(w for w, _ in levels[:-1])) <= dp.BY_MACHINES_UP_TO)
+    small = n * n * n * max(w for w, _ in levels) ** 2 < DIRECT_BELOW or at_once
     wanted = prune and not small and not (shortcut_below_top and L == 2)
     chain = band.is_chain(tables)
     if wanted and chain and L >= 3:
