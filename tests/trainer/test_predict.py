@@ -147,3 +147,19 @@ def test_measure_link_times_real_transfers_between_two_processes():
     assert link.bytes_per_ms > 0 and link.transfer_ms(1 << 20) > 0
     with pytest.raises(ValueError, match="two different sizes"):
         measure_link(sizes=(4096, 4096))
+
+
+def test_runtime_overhead_is_added_per_action():
+    from trainer.schedule.predict import ActionOverhead
+
+    prof = chain([(1.0, 2.0, 1.0, 0.25)], batch_size=4)
+    big = chain([(2.0, 4.0, 2.0, 0.25)], batch_size=8)
+    o = [ActionOverhead(forward_s=0.1e-3, backward_s=0.2e-3, backward_input_s=0.05e-3, weight_call_s=0.4e-3,
+                        step_s=0.3e-3)]
+    # immediate: 2 x (F 1.1 + B 2.2) + step 0.55
+    assert predict_step_s(prof, [["l0"]], "gpipe", 2, overhead=o) == pytest.approx(7.15e-3)
+    # batched: 2 x (F 1.1 + BI 1.05) + W(-1) (2 + 0.4) + step 0.55
+    got = predict_step_s(prof, [["l0"]], "gpipe", 2, batch_profile=big, batch_weight_grads=True, overhead=o)
+    assert got == pytest.approx(7.25e-3)
+    with pytest.raises(ScheduleError, match="overhead"):
+        stage_costs(prof, [["l0"]], overhead=o * 2)
