@@ -202,22 +202,29 @@ class AntichainWalk:
         self.anc = graph.ancestors()
         self.desc = graph.descendants()
         self.max_states = max_states
-        # Which ancestors of a node still have a consumer outside its down-set depends on the
-        # node alone, so it is computed once per node, when first needed.
-        self._still_needed: dict[int, int] = {}
-        # reach[u]: every consumer of a layer at or before u (so reach[u] minus u's down-set
-        # is the down-set's open edges' ends); pred_mask[s]: the producers of s.
-        succ = graph.succ
-        self._pred_mask = [0] * len(graph.names)
-        self._reach = [0] * len(graph.names)
-        for u in graph.topological_order():
+        # needed[u]: the ancestors of u with a consumer outside u's down-set (they stay in any
+        # augmented set holding u): the producers of the down-set's open edges' ends. reach[u]
+        # is every consumer of a layer at or before u; pred_mask[s] the producers of s.
+        succ, pred, anc = graph.succ, graph.pred, self.anc
+        count = len(graph.names)
+        pred_mask = [0] * count
+        reach = [0] * count
+        self.needed = [0] * count
+        order = graph.topological_order()
+        for u in order:
             mask = 0
             for v in succ[u]:
                 mask |= 1 << v
-            for q in graph.pred[u]:
-                mask |= self._reach[q]
-                self._pred_mask[u] |= 1 << q
-            self._reach[u] = mask
+            for q in pred[u]:
+                mask |= reach[q]
+                pred_mask[u] |= 1 << q
+            reach[u] = mask
+        for u in order:
+            before = anc[u]
+            found = 0
+            for s in _bits(reach[u] & ~(before | (1 << u))):
+                found |= pred_mask[s]
+            self.needed[u] = found & before
 
     @staticmethod
     def _key(nodes: list[int]) -> int:
@@ -226,26 +233,16 @@ class AntichainWalk:
             key |= 1 << u
         return key
 
-    def _needed_before(self, a: int) -> int:
-        """Ancestors of ``a`` with a consumer outside a's down-set: the producers of the
-        down-set's open edges' ends (few), within a's ancestors."""
-        found = self._still_needed.get(a)
-        if found is None:
-            before = self.anc[a]
-            open_ends = self._reach[a] & ~(before | (1 << a))
-            found = 0
-            for s in _bits(open_ends):
-                found |= self._pred_mask[s]
-            found &= before
-            self._still_needed[a] = found
-        return found
-
-    def augment(self, antichain: list[int], key: int) -> list[int]:
-        """The antichain with the earlier nodes whose outputs are still needed, in front."""
+    def augment(self, antichain: list[int]) -> tuple[list[int], int]:
+        """The antichain with the earlier nodes whose outputs are still needed in front, and
+        the bitset of both."""
         extra = 0
+        key = 0
+        needed = self.needed
         for a in antichain:
-            extra |= self._needed_before(a)
-        return _bits(extra) + list(antichain)
+            extra |= needed[a]
+            key |= 1 << a
+        return _bits(extra) + list(antichain), extra | key
 
     def run(self) -> tuple[list[list[int]], list[list[int]]]:
         """Return (augmented antichain per state id, out-edges per state id), ids by discovery.
@@ -265,16 +262,14 @@ class AntichainWalk:
         start = [self.g.sources()[0]]
         start_key = self._key(start)
         ids = {start_key: 0}
-        augmented = [self.augment(start, start_key)]
+        first, first_members = self.augment(start)
+        augmented, members_of = [first], [first_members]
         keys = [start_key]
         edges: list[list[int]] = [[]]
         sid = 0
         while sid < len(augmented):
-            aug, key, out = augmented[sid], keys[sid], edges[sid]
+            aug, key, out, members = augmented[sid], keys[sid], edges[sid], members_of[sid]
             sid += 1
-            members = 0
-            for u in aug:
-                members |= 1 << u
             # below_others[p]: every ancestor of the set's nodes except aug[p]
             size = len(aug)
             suffix = [0] * (size + 1)
@@ -302,7 +297,9 @@ class AntichainWalk:
                             u = nxt if y == x else y
                             if (new_key >> u) & 1:
                                 front.append(u)
-                        augmented.append(self.augment(front, new_key))
+                        aug_new, members_new = self.augment(front)
+                        augmented.append(aug_new)
+                        members_of.append(members_new)
                         keys.append(new_key)
                         edges.append([])
                     out.append(nid)

@@ -36,8 +36,15 @@ def tables_of(chain: StateChain) -> Tables:
         activation=chain.activation,
         parameters=chain.parameters,
         output_activation=chain.output_activation,
-        predecessors=[np.nonzero(chain.ancestors[j])[0] for j in range(chain.size)],
+        predecessors=_predecessors(chain.ancestors),
     )
+
+
+def _predecessors(ancestors: np.ndarray) -> list[np.ndarray]:
+    """Per state j, its ancestor states ascending (one pass over the matrix, split by row)."""
+    rows, cols = np.nonzero(ancestors)
+    ends = np.cumsum(np.bincount(rows, minlength=len(ancestors)))
+    return np.split(cols, ends[:-1])
 
 
 # Below this much work (states^3 x machines^2) solving directly beats computing bounds first;

@@ -83,7 +83,6 @@ def antichain_states(graph: LayerGraph, max_states: int = 2000) -> StateChain:
     """The reference's antichain states; raises ``StateLimitExceeded`` past ``max_states``."""
     augmented, edges = AntichainWalk(graph, max_states).run()
     order = _reverse_postorder(edges)
-    position = {sid: i for i, sid in enumerate(order)}
     anc_of = graph.ancestors()
     downsets, frontiers = [], []
     for sid in order:
