@@ -42,29 +42,49 @@ def stage_replicas(plan_obj: Any) -> list[int]:
     return plan_replicas(plan_obj)
 
 
+def runtime_schedule(plan_obj: Any, schedule: str, microbatches: int, *, chunks: int = 1, vertical_sync: bool = False,
+                     weight_grads: str = "batched") -> Any:
+    """The Schedule `pipeboard train --plan` runs for one step of ``microbatches``: the runtime's own
+    layout (trainer.runtime.layout.resolve, then Layout.build), so that what the service predicts is
+    what a run executes: batched weight gradients where the runtime batches them (not dp, not zb-h1),
+    pipedream's one update per batch, interleaved's chunks over the plan's stages. Raises
+    ConfigError or ScheduleError."""
+    from trainer.runtime.config import RunConfig
+    from trainer.runtime.layout import resolve
+
+    d = plan_obj.to_dict() if hasattr(plan_obj, "to_dict") else plan_obj
+    stages = [list(st.get("layers") or [f"stage{i}"]) for i, st in enumerate(d.get("stages") or [])]
+    cfg = RunConfig(model="", schedule=schedule, batch_size=microbatches, microbatches=microbatches, chunks=chunks,
+                    vertical_sync=vertical_sync, weight_grads=weight_grads)
+    if schedule == "dp":  # the whole model on every worker the planner costs data parallel with
+        from trainer.schedule.costs import data_parallel_costs_from_plan
+
+        cfg.workers = data_parallel_costs_from_plan(d)[1]
+    else:
+        cfg.stages, cfg.replicas = stages, stage_replicas(d)
+    return resolve(cfg).build(microbatches)
+
+
 def simulate(plan_obj: Any, schedule: str, microbatches: int, *, samples_per_microbatch: int | None = None, chunks: int = 1,
-             weight_grads: str = "batched") -> tuple[Any, Any]:
-    """(Schedule, SimResult) of ``schedule`` on the plan's stages; 422 naming `schedule` if it cannot run.
+             vertical_sync: bool = False, weight_grads: str = "batched") -> tuple[Any, Any]:
+    """(Schedule, SimResult) of the step a run of ``schedule`` on the plan executes (see
+    runtime_schedule); 422 naming `schedule` if it cannot run.
 
     A simulated microbatch costs what the profile measured for one of its batches, so callers
-    profile at the microbatch size they will run. ``weight_grads`` is the job's (and `pipeboard
-    train`'s) choice, "batched" or "immediate"; build() decides where batching applies (not dp,
-    not zb-h1), as it does for the runtime, so the predicted actions are the ones a run executes.
+    profile at the microbatch size they will run.
     """
-    from trainer.schedule import ScheduleError, build
+    from trainer.runtime.config import ConfigError
+    from trainer.schedule import ScheduleError
     from trainer.schedule.costs import costs_from_plan, data_parallel_costs_from_plan
     from trainer.schedule.simulate import simulate as run_sim
 
     try:
-        if schedule == "dp":  # the whole model on every worker, all-reduce as the planner costs it
-            costs, workers = data_parallel_costs_from_plan(plan_obj)
-            replicas = [workers]
-        else:
-            costs, replicas = costs_from_plan(plan_obj), stage_replicas(plan_obj)
-        sched = build(schedule, len(costs), microbatches, replicas=replicas, chunks=chunks,
-                      batch_weight_grads=weight_grads == "batched")
+        # dp: the whole model on every worker, all-reduce as the planner costs it.
+        costs = data_parallel_costs_from_plan(plan_obj)[0] if schedule == "dp" else costs_from_plan(plan_obj)
+        sched = runtime_schedule(plan_obj, schedule, microbatches, chunks=chunks, vertical_sync=vertical_sync,
+                                 weight_grads=weight_grads)
         return sched, run_sim(sched, costs, samples_per_microbatch=samples_per_microbatch)
-    except (ScheduleError, ValueError) as exc:
+    except (ConfigError, ScheduleError, ValueError) as exc:
         raise ServiceError(f"schedule: {schedule!r} cannot run this plan: {exc}", status=422, field="schedule") from None
 
 

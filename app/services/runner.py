@@ -223,8 +223,9 @@ class JobRun:
         levels = planning.levels_of(spec.get("levels"), spec.get("workers"))
         plan_obj = planning.make_plan(prof.data, levels, memory_bytes=spec.get("memory_bytes"), method=spec["method"])
         micro = max(1, int(spec["batch_size"]) // int(spec["microbatches"]))
+        hyper = spec.get("hyperparameters") or {}
         sched, sim = planning.simulate(plan_obj, spec["schedule"], int(spec["microbatches"]), samples_per_microbatch=micro,
-                                       chunks=int((spec.get("hyperparameters") or {}).get("chunks") or 1),
+                                       chunks=int(hyper.get("chunks") or 1), vertical_sync=bool(hyper.get("vertical_sync")),
                                        weight_grads=weight_grads_of(spec))
         predicted = planning.predicted_summary(plan_obj, sched, sim, int(spec["microbatches"]), timeline_limit=0)
         request = {k: spec.get(k) for k in ("levels", "workers", "memory_bytes", "method", "schedule", "microbatches")}

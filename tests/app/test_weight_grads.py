@@ -173,3 +173,37 @@ def test_simulate_split_backward_means_immediate_and_bad_values_are_named(tmp_pa
     assert both.exit_code == 2 and "split_backward" in both.stderr
     bad = simulate("--schedule", "1f1b", "--weight-grads", "lazy")
     assert bad.exit_code == 2 and bad.stderr.startswith("error: --weight-grads:"), bad.stderr
+
+
+# --- the predicted step is the run's step -----------------------------------------------------
+
+
+def run_actions(plan: dict, schedule: str, microbatches: int, weight_grads: str) -> list[list[tuple]]:
+    """Compute actions per worker of the step `pipeboard train --plan` runs (its layout, built as
+    the workers build it)."""
+    from trainer.runtime.config import RunConfig
+    from trainer.runtime.layout import resolve
+
+    cfg = RunConfig(model="mlp-digits", schedule=schedule, batch_size=8 * microbatches, microbatches=microbatches,
+                    stages=[s["layers"] for s in plan["stages"]], replicas=[s["replicas"] for s in plan["stages"]],
+                    weight_grads=weight_grads)
+    built = resolve(cfg).build(microbatches)
+    return [[(a.kind.value, a.microbatch) for a in acts if a.kind.value in ("F", "B", "BI", "W", "step")]
+            for acts in built.actions]
+
+
+@pytest.mark.parametrize("schedule", ["gpipe", "1f1b", "interleaved-1f1b", "zb-h1", "pipedream"])
+@pytest.mark.parametrize("weight_grads", ["batched", "immediate"])
+def test_the_predicted_timeline_runs_the_actions_of_a_run(client, profile_id, schedule, weight_grads):
+    made = client.post("/api/v1/plans", json={"profile_id": profile_id, "levels": [{"workers": 4, "bandwidth": 1e9}],
+                                              "method": "uniform", "schedule": schedule, "microbatches": 4,
+                                              "weight_grads": weight_grads})
+    assert made.status_code == 201, made.text
+    body = made.json()
+    expected = run_actions(body["plan"], schedule, 4, weight_grads)
+    timeline = sorted(body["predicted"]["timeline"], key=lambda e: (e["worker"], e["start"], e["end"]))
+    predicted = [[(e["kind"], e["microbatch"]) for e in timeline if e["worker"] == w and e["kind"] in ("F", "B", "BI", "W", "step")]
+                 for w in range(len(expected))]
+    assert predicted == expected
+    if schedule == "pipedream":  # one update per batch of 4 microbatches, as the runtime does
+        assert all(sum(kind == "step" for kind, _ in acts) == 1 for acts in predicted)
