@@ -202,11 +202,11 @@ def _stage_work(rank: int, cfg: RunConfig, steps: int, out) -> None:
 def ceiling(steps: int, schedule: str, **c) -> float:
     """Samples/s of our schedule with free, instant transfers: both stages run their compute
     concurrently (``_stage_work``, sharing the machine as in a run); the simulator then runs the
-    schedule on those measured action times with no communication cost, which places the pipeline
-    bubble (fill, drain, where the batched W and the step fall) exactly."""
+    schedule step after step on those measured action times with no communication cost, which
+    places the pipeline bubble (fill, drain, where the batched W and the step fall) exactly."""
     from trainer.runtime.layout import resolve
     from trainer.schedule.costs import StageCosts
-    from trainer.schedule.simulate import simulate
+    from trainer.schedule.predict import steady_step_s
 
     cfg = run_cfg(schedule, steps=steps, **c)
     ctx = mp.get_context("fork")
@@ -224,12 +224,10 @@ def ceiling(steps: int, schedule: str, **c) -> float:
         w = m.get("W", 0.0)
         costs.append(StageCosts(fwd_s=m["F"], bwd_s=bi + w, bwd_input_s=bi, bwd_weight_s=w, bwd_weight_batched_s=w,
                                 step_s=m["step"]))
-    layout = resolve(cfg)
-    M = cfg.microbatches
-    if cfg.schedule == "pipedream":  # steady state of a long run: the time per batch past the fill
-        t20, t10 = (simulate(layout.build(n * M), costs).iteration_time_s for n in (20, 10))
-        return cfg.batch_size / ((t20 - t10) / 10)
-    return cfg.batch_size / simulate(layout.build(M), costs).iteration_time_s
+    # steady state, as the runtime runs step after step (a step's first forwards overlap the
+    # previous step's drain): the simulator's difference between long and short runs
+    return cfg.batch_size / steady_step_s(costs, cfg.schedule, cfg.microbatches,
+                                          batch_weight_grads=resolve(cfg).batch_weight_grads)
 
 
 def _single_worker(cfg: RunConfig, steps: int, out) -> None:
@@ -260,82 +258,54 @@ def single(steps: int, **c) -> float:
     return value
 
 
-def _step_seconds(zoo, module, repeats: int = 10) -> float:
-    """Median time of one optimizer step of ``module`` (the profile does not measure it)."""
-    opt = zoo.make_optimizer(module.parameters())
-    times = []
-    for _ in range(repeats + 2):
-        for p in module.parameters():
-            p.grad = torch.full_like(p, 1e-3)
-        t = time.perf_counter()
-        opt.step()
-        times.append(time.perf_counter() - t)
-    return statistics.median(times[2:])
+def _c_bench():
+    """bench/predict.py (the prediction's own benchmark), loaded from its file: its per-action
+    runtime-overhead measurement is one of the prediction's inputs."""
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("bench_predict", Path(__file__).with_name("predict.py"))
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return mod
 
 
-def _stage_fb_seconds(zoo, modules, example, repeats: int = 20) -> list[tuple[float, float]]:
-    """Median forward and backward time of each whole stage on one microbatch (one process, the
-    stages' weights as cold as in a run: every stage runs in turn)."""
-    with torch.no_grad():
-        inputs, xs = [], (example,)
-        for m in modules:
-            inputs.append(xs)
-            xs = m(*xs)
-    times: list[list[tuple[float, float]]] = [[] for _ in modules]
-    for _ in range(repeats + 3):
-        for k, m in enumerate(modules):
-            xs = [t.detach().requires_grad_(k > 0) for t in inputs[k]]
-            t0 = time.perf_counter()
-            out = m(*xs)
-            t1 = time.perf_counter()
-            out[0].backward(torch.ones_like(out[0]))
-            times[k].append((t1 - t0, time.perf_counter() - t1))
-    return [(statistics.median(f for f, _ in ts[3:]), statistics.median(b for _, b in ts[3:])) for ts in times]
+class Prediction:
+    """``trainer.schedule.predict.predict_step_s`` fed what it is designed for: the model's
+    profiles at the microbatch and the batch size (taken with the other stage's process busy),
+    the measured gloo link, and the runtime's per-action overhead (bench/predict.py's tiny-stage
+    measurement). Each input is measured once, before the runs that it predicts."""
 
+    def __init__(self) -> None:
+        from trainer.profile.link import measure_link
 
-_PREDICTION_INPUTS: dict = {}
+        self.link = measure_link()
+        self.profiles: dict[int, object] = {}
+        self.overhead = None
 
+    def _profile(self, zoo, size: int):
+        from trainer.profile.profiler import profile_model
 
-def predicted_iteration_s(schedule: str, **c) -> dict[str, float]:
-    """The simulator's time per step (batch_size samples) for three cost sources: the model's
-    profile (per-layer forward and backward summed per stage), the profile plus each stage's
-    measured optimizer step, and whole-stage forward/backward times plus the step."""
-    from trainer.profile.profiler import profile_model
-    from trainer.runtime.layout import resolve
-    from trainer.schedule.costs import StageCosts
-    from trainer.schedule.simulate import simulate
+        if size not in self.profiles:
+            self.profiles[size] = profile_model(zoo.model, zoo.example_input(size), batch_size=size,
+                                                optimizer=OPTIMIZER, model_name="mlp", repeats=20,
+                                                concurrent=STAGES - 1)
+            self.profiles[size].link = self.link
+        return self.profiles[size]
 
-    cfg = run_cfg(schedule, steps=1, **c)
-    torch.set_num_threads(1)
-    key = cfg.microbatch_size
-    if key not in _PREDICTION_INPUTS:
+    def step_s(self, schedule: str, **c) -> float:
+        from trainer.schedule.predict import predict_step_s
+
+        cfg = run_cfg(schedule, steps=1, **c)
+        torch.set_num_threads(1)
         zoo = model_mod.load_zoo(cfg)
-        layers = model_mod.stage_layers(cfg, zoo, STAGES)
-        example = zoo.example_input(cfg.microbatch_size)
-        prof = profile_model(zoo.model, example, batch_size=cfg.microbatch_size,
-                             optimizer=cfg.optimizer or zoo.optimizer, model_name="mlp")
-        modules = model_mod.build_stages(zoo.model, example, layers)
-        by_name = {layer.name: layer for layer in prof.layers}
-        profiled = [(sum(by_name[n].forward_ms for n in st if n in by_name) / 1e3,
-                     sum(by_name[n].backward_ms for n in st if n in by_name) / 1e3) for st in layers]
-        steps = [_step_seconds(zoo, m) for m in modules]
-        _PREDICTION_INPUTS[key] = (profiled, steps, _stage_fb_seconds(zoo, modules, example))
-    profiled, steps, staged = _PREDICTION_INPUTS[key]
-    M = cfg.microbatches
-    sources = {
-        "profile": [StageCosts(fwd_s=f, bwd_s=b) for f, b in profiled],
-        "profile+step": [StageCosts(fwd_s=f, bwd_s=b, step_s=st) for (f, b), st in zip(profiled, steps)],
-        "stages+step": [StageCosts(fwd_s=f, bwd_s=b, step_s=st) for (f, b), st in zip(staged, steps)],
-    }
-    layout = resolve(cfg)
-    out = {}
-    for name, costs in sources.items():
-        if cfg.schedule == "pipedream":  # steady state: the time per batch of a long run
-            t20, t10 = (simulate(layout.build(n * M), costs).iteration_time_s for n in (20, 10))
-            out[name] = (t20 - t10) / 10
-        else:
-            out[name] = simulate(layout.build(M), costs).iteration_time_s
-    return out
+        stages = model_mod.stage_layers(cfg, zoo, STAGES)
+        if self.overhead is None:
+            modules = model_mod.build_stages(zoo.model, zoo.example_input(cfg.microbatch_size), stages)
+            counts = [sum(1 for m in mod.modules() if any(True for _ in m.parameters(recurse=False))) for mod in modules]
+            self.overhead = [_c_bench().action_overhead(n, k == STAGES - 1) for k, n in enumerate(counts)]
+        return predict_step_s(self._profile(zoo, cfg.microbatch_size), stages, cfg.schedule, cfg.microbatches,
+                              batch_profile=self._profile(zoo, cfg.batch_size),
+                              batch_weight_grads=cfg.weight_grads == "batched", overhead=self.overhead)
 
 
 def time_to_accuracy(model: str, batch_size: int, microbatches: int) -> None:
@@ -419,10 +389,12 @@ def main() -> None:
     print(f"runtime benchmark: mlp depth=8 width=1024, {STAGES} stages, optimizer {OPTIMIZER}, "
           f"weight gradients {WEIGHT_GRADS[0]}, "
           f"{os.cpu_count()} CPUs (shared machine: noisy), torch {torch.__version__}, no GPU")
+    prediction = Prediction()
     for name in (["a", "b"] if args.config == "both" else [args.config]):
         c = CONFIGS[name]
         steps = args.steps if name == "a" else max(8, args.steps // 2)
         scheds = schedules
+        predicted = {s: prediction.step_s(s, **c) for s in scheds}  # inputs measured before the runs
         res: dict[str, list[float]] = {}
         for r in range(args.rounds):
             # torch next to ours 1f1b, the uninstrumented run next to the instrumented one: pairs
@@ -437,10 +409,11 @@ def main() -> None:
             for label, fn in jobs:
                 res.setdefault(label, []).append(fn())
             print(f"  config {name} round {r + 1}/{args.rounds} done", flush=True)
-        report(name, c, steps, args.rounds, scheds, res)
+        report(name, c, steps, args.rounds, scheds, res, predicted)
 
 
-def report(name: str, c: dict, steps: int, rounds: int, scheds: list[str], res: dict[str, list[float]]) -> None:
+def report(name: str, c: dict, steps: int, rounds: int, scheds: list[str], res: dict[str, list[float]],
+           predicted: dict[str, float]) -> None:
     """Medians, then every ratio the issue asks for next to its target, then the prediction."""
     med = {k: statistics.median(v) for k, v in res.items()}
     print(f"\n({name}) batch {c['batch_size']} in {c['microbatches']} microbatches, {steps} steps per run, "
@@ -461,14 +434,12 @@ def report(name: str, c: dict, steps: int, rounds: int, scheds: list[str], res: 
         print(f"  torch 1F1B / 1f1b ceiling    = {t / med['ceiling 1f1b']:5.1%}")
     if "ours 1f1b uninstrumented" in med:
         print(f"  instrumentation cost (1f1b): {1 - med['ours 1f1b'] / med['ours 1f1b uninstrumented']:+.1%} of throughput")
-    print("  simulator, ms per step: measured (median run) vs predicted from "
-          "[profile | profile + measured step | whole-stage F/B + step]:")
+    print("  predicted (trainer.schedule.predict fed the profiles, link and per-action overhead) vs measured "
+          "(median run), ms per step; issue: within 10%:")
     for s in scheds:
-        pred = predicted_iteration_s(s, **c)
         meas = c["batch_size"] / med[f"ours {s}"]
-        best = c["batch_size"] / max(res[f"ours {s}"])
-        print(f"    {s:12s} measured {meas * 1e3:7.1f} (best run {best * 1e3:7.1f}); predicted "
-              + " | ".join(f"{v * 1e3:7.1f} ({v / meas - 1:+.0%})" for v in pred.values()))
+        pred = predicted[s]
+        print(f"    {s:12s} measured {meas * 1e3:7.1f}  predicted {pred * 1e3:7.1f}  ({pred / meas - 1:+.1%})")
 
 
 if __name__ == "__main__":
