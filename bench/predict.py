@@ -13,7 +13,10 @@ process standing in for the other stage: ``concurrent=1``), then each run. For e
 configuration and weight-gradient mode it prints the runtime's measured time per step (steady
 state, ``run_training``'s samples/s), ``predict_step_s``'s prediction and the error, then the
 per-action costs the prediction used next to the means the runtime recorded (instrumented run),
-so a miss can be traced to the action that causes it. A third figure simulates the same schedule
+so a miss can be traced to the action that causes it. Two overheads are tried: the tiny-stage
+one (``action_overhead``: what the runtime's ``Stage`` adds to each call) and the runtime floor
+(``runtime_floor``: the whole runtime's step on the same schedule with the model shrunk to width
+4, spread over the critical path's actions). A third figure simulates the same schedule
 on the action times the run itself recorded (plus the link's latency): how far the schedule and
 transfer model alone is from the measurement when every action's cost is right.
 """
@@ -154,6 +157,21 @@ def recorded_costs(actions: dict, M: int, link) -> list[StageCosts]:
     return out
 
 
+def runtime_floor(cfg: RunConfig, steps: int = 40) -> tuple[float, ActionOverhead]:
+    """The runtime's own cost per action: its step time on this schedule with the model shrunk
+    to width 4 (compute next to nothing: what is left is the executor, the ``Stage`` calls, the
+    transfers and the wake-ups on the way), divided by the number of actions on the schedule's
+    critical path (the simulated step with every compute action and step costing 1)."""
+    tiny = cfg.with_(model_args={**MODEL_ARGS, "width": 4}, steps=steps)
+    floor_s, _ = measured_step_s(tiny)
+    M = cfg.microbatches
+    unit = [StageCosts(fwd_s=1.0, bwd_s=1.0, bwd_input_s=1.0, bwd_weight_s=1.0, bwd_weight_batched_s=1.0 / M,
+                       step_s=1.0)] * STAGES
+    path = steady_step_s(unit, cfg.schedule, M, batch_weight_grads=cfg.weight_grads == "batched")
+    o = floor_s / path
+    return floor_s, ActionOverhead(forward_s=o, backward_s=o, backward_input_s=o, weight_call_s=o, step_s=o)
+
+
 def measured_step_s(cfg: RunConfig) -> tuple[float, dict]:
     sink = ActionTimes()
     summary = run_training(cfg, sink)
@@ -212,12 +230,18 @@ def main() -> None:
                 batched = mode == "batched"
                 pred = predict_step_s(profiles[mb], stages, cfg.schedule, M, batch_profile=profiles[c["batch_size"]],
                                       batch_weight_grads=batched, overhead=overhead)
+                floor_s, per_action = runtime_floor(cfg)
+                pred_floor = predict_step_s(profiles[mb], stages, cfg.schedule, M,
+                                            batch_profile=profiles[c["batch_size"]], batch_weight_grads=batched,
+                                            overhead=[per_action] * STAGES)
                 meas, actions = measured_step_s(cfg)
-                rows.append((name, s, mode, meas, pred))
+                rows.append((name, s, mode, meas, pred, pred_floor))
                 replay = steady_step_s(recorded_costs(actions, M, link), cfg.schedule, M, batch_weight_grads=batched)
-                print(f"  ({name}) {s:12s} {mode:9s} measured {meas * 1e3:7.1f} ms/step, predicted {pred * 1e3:7.1f} "
-                      f"({pred / meas - 1:+.1%}); simulated on the run's recorded action times {replay * 1e3:7.1f} "
-                      f"({replay / meas - 1:+.1%})", flush=True)
+                print(f"  ({name}) {s:12s} {mode:9s} measured {meas * 1e3:6.1f} ms/step; predicted {pred * 1e3:6.1f} "
+                      f"({pred / meas - 1:+.1%}), with the runtime floor {pred_floor * 1e3:6.1f} "
+                      f"({pred_floor / meas - 1:+.1%}; floor {floor_s * 1e3:.1f} ms/step, "
+                      f"{per_action.forward_s * 1e3:.2f} ms/action); on the run's recorded action times "
+                      f"{replay * 1e3:6.1f} ({replay / meas - 1:+.1%})", flush=True)
                 if args.costs:
                     costs = stage_costs(profiles[mb], stages, microbatches=M, batch_profile=profiles[c["batch_size"]],
                                         overhead=overhead)
@@ -230,10 +254,12 @@ def main() -> None:
                             + " ms (predicted/recorded; F and B(I) include posting the send; recorded "
                             + ", ".join(f"{kind} {v:.2f}" for kind, v in rec.items() if kind.startswith(("send", "recv")))
                             + ")")
-    errs = [abs(p / m - 1) for *_, m, p in rows]
-    print(f"\n{len(rows)} predictions: mean |error| {statistics.fmean(errs):.1%}, max {max(errs):.1%}, "
-          f"{sum(e <= 0.10 for e in errs)} within 10%; load average {os.getloadavg()[0]:.2f} at end; "
-          f"{time.monotonic() - started:.0f} s")
+    print()
+    for label, col in (("tiny-stage overhead", 4), ("runtime floor", 5)):
+        errs = [abs(r[col] / r[3] - 1) for r in rows]
+        print(f"{len(rows)} predictions with the {label}: mean |error| {statistics.fmean(errs):.1%}, "
+              f"max {max(errs):.1%}, {sum(e <= 0.10 for e in errs)} within 10%")
+    print(f"load average {os.getloadavg()[0]:.2f} at end; {time.monotonic() - started:.0f} s")
 
 
 if __name__ == "__main__":
