@@ -66,9 +66,13 @@ def test_cli_submit_wait_succeeds_and_run_data_is_there(deployment, tmp_path):
     assert job["status"] == "succeeded" and job["plan_id"] and job["profile_id"] and job["summary"]
     measured = deployment.api("GET", f"/jobs/{job_id}/timeline")
     assert measured["total"] > 0 and {e["worker"] for e in measured["events"]} == {0, 1}
-    assert {"F", "B"} <= {e["kind"] for e in measured["events"]}
+    # The job's default weight_grads (batched): input-gradient backwards and one weight pass per step.
+    measured_kinds = {e["kind"] for e in measured["events"]}
+    assert {"F", "BI", "W"} <= measured_kinds and "B" not in measured_kinds, measured_kinds
     predicted = deployment.api("GET", f"/jobs/{job_id}/timeline", params={"source": "predicted"})
     assert predicted["total"] > 0
+    compute = {"F", "B", "BI", "W", "step"}  # the prediction runs the same kinds of action as the run
+    assert {e["kind"] for e in predicted["events"]} & compute == measured_kinds & compute
     window = deployment.api("GET", f"/jobs/{job_id}/timeline", params={"step_from": 1, "step_to": 1})
     assert window["events"] and {e["step"] for e in window["events"]} == {1}
     metrics = deployment.api("GET", f"/jobs/{job_id}/metrics")
