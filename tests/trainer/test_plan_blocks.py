@@ -5,7 +5,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from trainer.plan.blocks import BlockSums
+from trainer.plan.blocks import BlockSums, after
 
 
 def dense(cum: np.ndarray, empty: float | None) -> np.ndarray:
@@ -35,3 +35,14 @@ def test_every_kind_of_read_equals_the_dense_table(empty):
         got, want = lazy[index], full[index]
         assert np.shape(got) == np.shape(want), index
         assert np.array_equal(np.asarray(got), np.asarray(want)), index
+
+
+@pytest.mark.parametrize("empty", [None, np.inf])
+def test_blocks_after_a_state_read_the_same_from_either_form(empty):
+    rng = np.random.default_rng(5)
+    cum = np.cumsum(rng.uniform(0, 5, 12))
+    k = rng.integers(0, 12, 40)
+    j = rng.integers(0, 12, 40)
+    lazy, full = BlockSums(cum, empty), dense(cum, empty)
+    assert np.array_equal(after(lazy, k, j), full[k + 1, j])
+    assert np.array_equal(after(full, k, j), full[k + 1, j])

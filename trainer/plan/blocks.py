@@ -38,6 +38,13 @@ class BlockSums:
         rows = self._rows[index]
         return self._at(rows[..., None] if np.ndim(rows) else rows, self._cols)
 
+    def after(self, k: np.ndarray, j: np.ndarray) -> np.ndarray:
+        """``self[k + 1, j]`` (the blocks k+1..j) for index arrays, without the row-0 case."""
+        out = self.cum[j] - self.cum[k]
+        if self.empty is not None:
+            out[j <= k] = self.empty
+        return out
+
     def _at(self, i, j):
         cum = self.cum
         if np.ndim(i) == 0:
@@ -56,3 +63,8 @@ class BlockSums:
         if self.empty is not None:
             out = np.where(np.asarray(j) < i, self.empty, out)
         return out
+
+
+def after(table, k: np.ndarray, j: np.ndarray) -> np.ndarray:
+    """``table[k + 1, j]`` for a dense table or a ``BlockSums``: the sums of blocks k+1..j."""
+    return table.after(k, j) if isinstance(table, BlockSums) else table[k + 1, j]

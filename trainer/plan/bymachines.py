@@ -19,7 +19,8 @@ from __future__ import annotations
 
 import numpy as np
 
-from trainer.plan.dp import INF, LevelOptions, Tables, _stash_factor, pair_stage_costs_t, single_stage_table
+from trainer.plan.blocks import after
+from trainer.plan.dp import INF, _groups, LevelOptions, Tables, _stash_factor, pair_stage_costs_t, single_stage_table
 
 # Bands of block starts: each band only pairs up with predecessors k at or after its first start.
 _BANDS = 4
@@ -52,14 +53,14 @@ def solve_rows(t: Tables, values: np.ndarray, opt: LevelOptions, rows: np.ndarra
     pk, pj = t.pairs()
     if len(pk):
         cost = pair_stage_costs_t(t, values, params, opt, pk, pj, reps)  # (R, P)
-        stash = acts[pk + 1, pj] + params[pk + 1, pj] if opt.memory_bytes is not None else None
+        stash = after(acts, pk, pj) + after(params, pk, pj) if opt.memory_bytes is not None else None
         count = min(_BANDS, C, max(1, len(pk) * C // _BAND_ENTRIES))
         bands = np.unique(np.linspace(0, C, count + 1).astype(np.intp))
         for lo, hi in zip(bands[:-1], bands[1:]):
             keep = pk >= rows[lo]
             if not keep.any():
                 continue
-            ends, starts = np.unique(pj[keep], return_index=True)
+            ends, starts = _groups(pj[keep])
             _fill_band(table, pk[keep], ends, starts, cost[:, keep], stash[keep] if stash is not None else None,
                        opt, lo, hi, R, later)
     if later is not None:  # (again for bands without pairs: taking fewer machines is idempotent)

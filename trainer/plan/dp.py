@@ -24,7 +24,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from trainer.plan.blocks import BlockSums
+from trainer.plan.blocks import BlockSums, after
 
 INF = math.inf
 # Up to this many states, per-block sums are whole (n+1, n) tables (cheaper to index than to
@@ -242,7 +242,7 @@ def solve_level(t: Tables, values: np.ndarray, opt: LevelOptions, rows: np.ndarr
 
     R = 1 if opt.straight else M - 1
     reps = np.arange(1, R + 1, dtype=float)  # m'
-    pairs = sum(len(p) for p in t.predecessors)
+    pairs = len(t.pairs()[0])
     if len(rows) == 1 and M > 1 and pairs * M <= 20_000_000 and caps is None:
         # Few enough (k, j) pairs to hold them all: machine count outermost, as the reference.
         _solve_one_row_by_machines(F, t, values, opt, int(rows[0]), reps, float(bound[0]))
@@ -288,8 +288,8 @@ def _solve_one_row_by_machines(F: np.ndarray, t: Tables, values: np.ndarray, opt
     if bound < INF:
         keep = cost_t.min(axis=0) <= bound
         pk, pj, cost_t = pk[keep], pj[keep], cost_t[:, keep]
-    ends, starts = np.unique(pj, return_index=True)
-    stash = acts[pk + 1, pj] + params[pk + 1, pj] if opt.memory_bytes is not None else None
+    ends, starts = _groups(pj)
+    stash = after(acts, pk, pj) + after(params, pk, pj) if opt.memory_bytes is not None else None
     table = np.ascontiguousarray(F[:, :, 0].T)  # (M, n): one row per machine count
     later = slice(row + 1, n)  # the reference's j > i, for fewer machines
     for m in range(1, M):
@@ -311,6 +311,14 @@ def _solve_one_row_by_machines(F: np.ndarray, t: Tables, values: np.ndarray, opt
     F[:, :, 0] = table.T
 
 
+def _groups(pj: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """(the distinct values of the sorted ``pj``, where each starts): ``np.unique`` without its sort."""
+    if len(pj) == 0:
+        return pj, pj
+    starts = np.flatnonzero(np.concatenate(([True], pj[1:] != pj[:-1])))
+    return pj[starts], starts
+
+
 def pair_stage_costs(t: Tables, values, params, opt: LevelOptions, pk: np.ndarray, pj: np.ndarray, reps: np.ndarray):
     """``last_stage_costs`` for arbitrary (k, j) pairs, (P, R): the same terms in the same order."""
     return pair_stage_costs_t(t, values, params, opt, pk, pj, reps).T
@@ -322,8 +330,8 @@ def pair_stage_costs_t(t: Tables, values, params, opt: LevelOptions, pk: np.ndar
     over a handful of replica counts (the same numbers, several times faster)."""
     bw, n = opt.bandwidth, t.size
     reps = reps[:, None]
-    v_last = values[pk + 1, pj]
-    p_last = params[pk + 1, pj]
+    v_last = after(values, pk, pj)
+    p_last = after(params, pk, pj)
     # (v + (4 (m'-1) p) / (B m')) / m', in place: fresh (R, P) temporaries would page-fault.
     last = np.multiply(4 * (reps - 1), p_last)
     np.divide(last, bw * reps, out=last)
