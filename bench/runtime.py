@@ -258,17 +258,6 @@ def single(steps: int, **c) -> float:
     return value
 
 
-def _c_bench():
-    """bench/predict.py (the prediction's own benchmark), loaded from its file: its per-action
-    runtime-overhead measurement is one of the prediction's inputs."""
-    import importlib.util
-
-    spec = importlib.util.spec_from_file_location("bench_predict", Path(__file__).with_name("predict.py"))
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-    return mod
-
-
 class Prediction:
     """``trainer.schedule.predict.predict_step_s`` fed what it is designed for: the model's
     profiles at the microbatch and the batch size (taken with the other stage's process busy),
@@ -302,66 +291,20 @@ class Prediction:
         if self.overhead is None:
             modules = model_mod.build_stages(zoo.model, zoo.example_input(cfg.microbatch_size), stages)
             counts = [sum(1 for m in mod.modules() if any(True for _ in m.parameters(recurse=False))) for mod in modules]
-            self.overhead = [_c_bench().action_overhead(n, k == STAGES - 1) for k, n in enumerate(counts)]
+            self.overhead = [_sibling("predict").action_overhead(n, k == STAGES - 1) for k, n in enumerate(counts)]
         return predict_step_s(self._profile(zoo, cfg.microbatch_size), stages, cfg.schedule, cfg.microbatches,
                               batch_profile=self._profile(zoo, cfg.batch_size),
                               batch_weight_grads=cfg.weight_grads == "batched", overhead=self.overhead)
 
 
-def time_to_accuracy(model: str, batch_size: int, microbatches: int) -> None:
-    """Train ``model`` to its zoo target under each schedule on 2 processes; print the records."""
-    from trainer.zoo import describe
+def _sibling(name: str):
+    """A module of bench/ loaded from its file (bench/ stays off the import path, see above)."""
+    import importlib.util
 
-    info = next(d for d in describe() if d["name"] == model)
-    print(f"\ntime to accuracy: {model} to {info['metric']} {info['target']}, batch {batch_size} in "
-          f"{microbatches} microbatches, 2 processes, the model's own optimizer")
-    for schedule in ("pipedream", "1f1b", "gpipe", "dp"):
-        layout = dict(workers=2) if schedule == "dp" else dict(num_stages=2)
-        cfg = RunConfig(model=model, schedule=schedule, batch_size=batch_size, microbatches=microbatches,
-                        target=info["target"], max_steps=3000, **layout)
-        t = time.monotonic()
-        s = run_training(cfg)
-        hit = next((e for e in s["evaluations"] if (e["metric"] >= info["target"]) == info["higher_is_better"]), None)
-        where = (f"reached at step {hit['step']} (epoch {hit['step'] / s['steps'] * s['epochs']:.1f}), "
-                 f"{s['time_to_target_s']:.2f} s of training") if hit else "not reached"
-        print(f"  {schedule:10s} {where}; final {info['metric']} {s['final_metric']:.4f}, "
-              f"{s['samples_per_s']:.0f} samples/s, run wall {time.monotonic() - t:.1f} s")
-
-
-def instrumentation_cost(pairs: int, schedule: str, steps: int) -> None:
-    """Alternate instrumented and uninstrumented runs of config (a); print the paired ratios."""
-    ratios, offs = [], []
-    for _ in range(pairs):
-        on = ours(schedule, steps, instrument=True, **CONFIGS["a"])
-        off = ours(schedule, steps, instrument=False, **CONFIGS["a"])
-        ratios.append(on / off)
-        offs.append(off)
-        print(f"  {schedule}: instrumented {on:7.1f}, uninstrumented {off:7.1f} samples/s ({on / off - 1:+.1%})", flush=True)
-    print(f"instrumentation cost ({schedule}, config a, median of {pairs} back-to-back pairs): "
-          f"{1 - statistics.median(ratios):+.1%} of throughput (end-to-end; the machine's noise dominates)")
-    # The same cost measured directly: what instrumentation adds to one worker's step (recording
-    # each of its actions, then shipping the step's events to the launcher), against the step time.
-    from trainer.runtime.instrument import Recorder
-    from trainer.schedule.actions import Kind
-
-    ctx = mp.get_context("fork")
-    q = ctx.Queue()
-    rec = Recorder(time.perf_counter())
-    actions_per_step = 4 * CONFIGS["a"]["microbatches"] + 1  # F, B, send, recv per microbatch + step
-    n = 2000
-    t = time.perf_counter()
-    for i in range(n):
-        for _ in range(actions_per_step):
-            t0 = time.perf_counter()
-            rec.record(Kind.FORWARD, 0, i, t0, time.perf_counter(), i)
-        events, busy = rec.take()
-        q.put(("step", 0, i, 0.0, busy, [], 0, events))
-    per_step = (time.perf_counter() - t) / n
-    for _ in range(n):
-        q.get()
-    step_s = CONFIGS["a"]["batch_size"] / max(offs)  # the fastest step measured: the largest share
-    print(f"  direct: {per_step * 1e6:.0f} us of instrumentation per worker step ({actions_per_step} actions) "
-          f"against a {step_s * 1e3:.0f} ms step: {per_step / step_s:.2%} of throughput")
+    spec = importlib.util.spec_from_file_location(f"bench_{name}", Path(__file__).with_name(f"{name}.py"))
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return mod
 
 
 def main() -> None:
@@ -379,10 +322,11 @@ def main() -> None:
     args = ap.parse_args()
     WEIGHT_GRADS[0] = args.weight_grads
     if args.instrumentation_pairs:
-        instrumentation_cost(args.instrumentation_pairs, "gpipe", args.steps)
+        _sibling("runtime_modes").instrumentation_cost(args.instrumentation_pairs, "gpipe", args.steps, ours,
+                                                        CONFIGS["a"])
         return
     if args.tta:
-        time_to_accuracy(args.tta, 64, 4)
+        _sibling("runtime_modes").time_to_accuracy(args.tta, 64, 4)
         return
     torch.set_num_threads(1)
     schedules = args.schedules.split(",")
