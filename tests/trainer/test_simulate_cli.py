@@ -17,7 +17,8 @@ def run(*args: str):
 
 
 def test_json_gives_the_analytic_numbers():
-    res = run("--stages", "4", "--fwd", "1", "--bwd", "2", "--schedule", "1f1b", "--microbatches", "8", "--json")
+    res = run("--stages", "4", "--fwd", "1", "--bwd", "2", "--schedule", "1f1b", "--microbatches", "8",
+              "--weight-grads", "immediate", "--json")
     assert res.exit_code == 0, res.output
     data = json.loads(res.stdout)
     assert data["iteration_time_s"] == pytest.approx(0.033)
@@ -45,7 +46,7 @@ def test_interleaved_comm_and_human_output():
 def test_trace_and_gantt_files(tmp_path):
     trace, gantt = tmp_path / "t.json", tmp_path / "g.html"
     res = run("--stages", "3", "--fwd", "1", "--bwd", "2", "--schedule", "pipedream", "--microbatches", "6",
-              "--trace", str(trace), "--gantt", str(gantt), "--json")  # fmt: skip
+              "--weight-grads", "immediate", "--trace", str(trace), "--gantt", str(gantt), "--json")  # fmt: skip
     assert res.exit_code == 0, res.output
     doc = json.loads(trace.read_text())
     assert sum(e["ph"] == "X" for e in doc["traceEvents"]) == 3 * 6 * 2 + 3 * 6  # F, B and steps
