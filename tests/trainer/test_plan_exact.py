@@ -267,3 +267,21 @@ def test_machine_outermost_rows_equal_the_per_state_dp(seed, monkeypatch):
         assert np.isfinite(got).any()
         if len(rows) == t.size + 1:
             values = next_level_values(expected, rows, t.size)
+
+
+@pytest.mark.parametrize("seed", range(12))
+def test_one_row_in_slabs_of_end_states_equals_one_slab(seed, monkeypatch):
+    # The single-row solve goes through the end states in slabs (small temporaries); slabs of
+    # a pair or two must give the same table as one slab, with every option.
+    from trainer.plan.dp import LevelOptions, level1_values, solve_level
+
+    rng = random.Random(seed)
+    t = tables_of(state_chain(random_profile(rng, rng.randrange(4, 16), rng.uniform(0.0, 0.5))))
+    opt = LevelOptions(machines=rng.randrange(2, 7), bandwidth=1e9, machines_below=1, final=True,
+                       straight=seed % 4 == 0, fewer_machines=seed % 3 == 0,
+                       memory_bytes=[None, 3e8][seed % 2], activation_compression=[1.0, None][seed % 5 == 0])
+    row = np.array([0 if seed % 3 else rng.randrange(t.size)], dtype=np.intp)
+    whole = solve_level(t, level1_values(t), opt, row)
+    monkeypatch.setattr("trainer.plan.dp._SLAB_ENTRIES", rng.choice([1, 2, 5]))
+    assert np.array_equal(solve_level(t, level1_values(t), opt, row), whole)
+    assert np.isfinite(whole).any()
