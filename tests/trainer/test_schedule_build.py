@@ -166,6 +166,10 @@ def test_receives_are_posted_before_the_compute_they_overlap():
         (("dp", 4, 8), {"replicas": [2, 2]}, "one stage"),
         (("pipedream", 2, 12), {"replicas": [2, 1], "vertical_sync": True}, "same replica count"),
         (("1f1b", 64, 10**6), {}, "more than this builder handles"),
+        (("1f1b", 4, 8), {"per_update": 2}, "'pipedream' only"),
+        (("gpipe", 4, 8), {"per_update": 8}, "'pipedream' only"),
+        (("pipedream", 2, 12), {"per_update": 5}, "whole number of batches of 5"),
+        (("pipedream", 2, 12), {"per_update": 3, "replicas": [2, 1]}, "multiple of stage 0's replicas"),
     ],
 )
 def test_bad_arguments_name_the_problem(args, kw, message):
@@ -188,6 +192,8 @@ BATCHED = [
     ("pipedream", 4, 12, {}),
     ("pipedream", 4, 12, {"vertical_sync": True}),
     ("pipedream", 4, 12, {"replicas": [2, 1, 3, 1]}),
+    ("pipedream", 4, 12, {"per_update": 4}),
+    ("pipedream", 4, 12, {"per_update": 4, "replicas": [2, 1, 2, 1]}),
 ]
 
 
@@ -236,3 +242,23 @@ def test_batched_weight_grads_keep_every_microbatch_until_the_w():
     assert validate(build("1f1b", 4, 8, batch_weight_grads=True)).peak_activations == [8] * 4
     plain = validate(build("pipedream", 4, 12)).peak_activations
     assert validate(build("pipedream", 4, 12, batch_weight_grads=True)).peak_activations == plain
+
+
+@pytest.mark.parametrize("kw", [{}, {"batch_weight_grads": True}, {"vertical_sync": True},
+                                {"replicas": [2, 1, 2]}, {"split_backward": True}])
+def test_pipedream_per_update_is_one_build_path(kw):
+    """build_pipedream is build("pipedream", per_update=...): same actions, same meta."""
+    from trainer.schedule.pipedream import build_pipedream
+
+    for per_update in (1, 2, 6):
+        schedule = build("pipedream", 3, 12, per_update=per_update, **kw)
+        twin = build_pipedream(3, 12, per_update, **kw)
+        assert schedule.actions == twin.actions and schedule.meta == twin.meta
+        assert schedule.meta["per_update"] == per_update
+        validate(schedule)
+        # an update is one batch, or one round of the replicas when a batch is less than a round
+        r = kw.get("replicas", [1])[0]
+        steps = [a for a in schedule.actions[0] if a.kind is Kind.STEP]
+        assert len(steps) == 12 // max(per_update, r)
+    assert build("pipedream", 3, 12).meta["per_update"] == 1  # PipeDream's original by default
+    assert "per_update" not in build("1f1b", 3, 12).meta  # a sync iteration is the update

@@ -31,16 +31,20 @@ def build(
     vertical_sync: bool = False,
     split_backward: bool | None = None,
     batch_weight_grads: bool = False,
+    per_update: int = 1,
 ) -> Schedule:
     """The action lists of schedule ``name``.
 
     ``num_stages`` physical stages (for ``dp``: the number of data-parallel workers), each with
-    ``replicas[s]`` workers; ``microbatches`` per iteration (sync schedules) or minibatches in
-    total (``pipedream``). ``chunks`` model chunks per worker for ``interleaved-1f1b``.
+    ``replicas[s]`` workers; ``microbatches`` per iteration (sync schedules) or in total
+    (``pipedream``, which updates once per ``per_update`` of them). ``chunks`` model chunks per worker for ``interleaved-1f1b``.
     ``split_backward`` splits each backward into BI and W (default: only for ``zb-h1``).
     ``batch_weight_grads``: each backward is a BI and one ``W(-1)`` right before each update of
     the stage computes the weight gradients of all of them (batched); ignored for ``dp`` (its
     all-reduce runs inside the backward) and ``zb-h1`` (its W are placed one by one).
+    ``per_update``: ``pipedream`` only, microbatches per weight update (one batch); 1 is
+    PipeDream's original, one update per minibatch; a pipedream schedule's
+    ``meta["per_update"]`` says it (a sync schedule updates once per iteration).
     """
     if name not in SCHEDULES:
         raise ScheduleError(f"schedule must be one of {', '.join(SCHEDULES)}; got {name!r}")
@@ -55,6 +59,9 @@ def build(
         )
     if chunks > 1 and name != "interleaved-1f1b":
         raise ScheduleError(f"chunks > 1 needs schedule 'interleaved-1f1b', not {name!r}")
+    if per_update != 1 and name != "pipedream":
+        raise ScheduleError(f"per_update (microbatches per weight update) applies to schedule 'pipedream' only; "
+                            f"{name!r} updates once per iteration of its microbatches")
     if vertical_sync and name != "pipedream":
         raise ScheduleError("vertical_sync applies to schedule 'pipedream' only")
     split = (name == "zb-h1") if split_backward is None else bool(split_backward)
@@ -78,7 +85,7 @@ def build(
 
     with gc_paused():
         if name == "pipedream":
-            programs = pipedream_programs(topo, microbatches, vertical_sync, split)
+            programs = pipedream_programs(topo, microbatches, vertical_sync, split, per_update)
         elif name == "interleaved-1f1b" and chunks > 1:
             programs = interleaved_programs(topo, num_stages, chunks, microbatches, split)
         elif name == "zb-h1":
@@ -99,4 +106,6 @@ def build(
         "vertical_sync": vertical_sync,
         "noam": [topo.noam(s) for s in range(topo.num_stages)] if chunks == 1 else None,
     }
+    if name == "pipedream":
+        meta["per_update"] = per_update
     return Schedule(name, topo.num_stages, microbatches, list(topo.workers), actions, meta)

@@ -28,10 +28,8 @@ backward still names it.
 from __future__ import annotations
 
 from trainer.schedule.actions import Action, Kind, Schedule, ScheduleError
-from trainer.schedule.flush import backward_ops, batch_weight_grads as batch_weights, one_f_one_b_order
-from trainer.schedule.hoist import hoist_receives
-from trainer.schedule.placement import StaticPolicy, place
-from trainer.schedule.topology import Topology, replicated
+from trainer.schedule.flush import backward_ops, one_f_one_b_order
+from trainer.schedule.topology import Topology
 
 
 def check_pipedream(topo: Topology, m: int, per_update: int, vertical_sync: bool) -> None:
@@ -97,27 +95,9 @@ def pipedream_programs(topo: Topology, m: int, vertical_sync: bool, split: bool,
 def build_pipedream(num_stages: int, microbatches: int, per_update: int, *, replicas: list[int] | None = None,
                     vertical_sync: bool = False, split_backward: bool = False,
                     batch_weight_grads: bool = False) -> Schedule:
-    """``build("pipedream", ...)`` with ``per_update`` microbatches per weight update.
+    """``build("pipedream", ..., per_update=per_update)``: ``microbatches`` in total, ``per_update``
+    of them per weight update."""
+    from trainer.schedule.build import build  # build imports this module's programs
 
-    The same steps as ``trainer.schedule.build`` (topology, placement of transfers, receive
-    hoisting, the batched weight-gradient transform, meta) for the one option it does not take yet."""
-    if batch_weight_grads and split_backward:
-        raise ScheduleError("batch_weight_grads and split_backward exclude each other: "
-                            "the weight gradients are either batched before the update or run one by one")
-    topo = replicated(num_stages, replicas)
-    programs = pipedream_programs(topo, microbatches, vertical_sync, split_backward, per_update)
-    if batch_weight_grads:
-        programs = [batch_weights(p) for p in programs]
-    actions = hoist_receives(*place(topo, [StaticPolicy(p) for p in programs]))
-    meta = {
-        "sync": False,
-        "physical_stages": num_stages,
-        "chunks": 1,
-        "replicas": [topo.replicas(s) for s in range(topo.num_stages)],
-        "split_backward": split_backward,
-        "batch_weight_grads": batch_weight_grads,
-        "vertical_sync": vertical_sync,
-        "noam": [topo.noam(s) for s in range(topo.num_stages)],
-        "per_update": per_update,
-    }
-    return Schedule("pipedream", topo.num_stages, microbatches, list(topo.workers), actions, meta)
+    return build("pipedream", num_stages, microbatches, replicas=replicas, vertical_sync=vertical_sync,
+                 split_backward=split_backward, batch_weight_grads=batch_weight_grads, per_update=per_update)
