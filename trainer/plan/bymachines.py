@@ -24,7 +24,7 @@ from trainer.plan.dp import INF, _groups, LevelOptions, Tables, _stash_factor, p
 
 # Bands of block starts: each band only pairs up with predecessors k at or after its first start.
 _BANDS = 4
-_BAND_ENTRIES = 50_000  # (pairs x starts) per band below which one band does (fewer NumPy calls)
+_BAND_ENTRIES = 8_000  # (pairs x starts) per band below which one band does (fewer NumPy calls)
 
 
 def work(t: Tables, rows: np.ndarray, machines: int) -> float:
