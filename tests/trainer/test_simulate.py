@@ -234,3 +234,32 @@ def test_batched_weight_gradients_in_pipedream_batches_cover_the_batch():
     costs = costs_uniform(p, FWD, BWD, bwd_input_s=1.0, bwd_weight_s=1.0, bwd_weight_batched_s=0.25)
     ws = [e for e in simulate(schedule, costs).timeline if e.kind == Kind.BACKWARD_WEIGHT.value]
     assert len(ws) == p * m // per_update and all(e.end - e.start == pytest.approx(per_update * 0.25) for e in ws)
+
+
+@pytest.mark.parametrize("per_update,kw", [(1, {}), (4, {}), (4, {"batch_weight_grads": True}),
+                                           (2, {"replicas": [1, 2, 1]}), (6, {"vertical_sync": True})])
+def test_pipedream_timeline_steps_count_batches_as_the_runtime_does(per_update, kw):
+    """A pipedream step is one batch of per_update microbatches and one update; a W(-1), all-reduce
+    or step belongs to the batch of the work before it, so each worker's k-th STEP is in step k."""
+    p, m = 3, 12
+    schedule = build("pipedream", p, m, per_update=per_update, **kw)
+    timeline = simulate(schedule, costs_uniform(p, FWD, BWD, comm_s=0.1, step_s=0.05)).timeline
+    assert any(e.kind.startswith("send_") for e in timeline)  # transfers are numbered too
+    for e in timeline:
+        if e.microbatch >= 0:
+            assert e.step == e.microbatch // per_update, e
+    for w, spec in enumerate(schedule.workers):
+        # a worker's own events come in the order it ran them
+        events = [e for e in timeline if e.worker == w and not e.kind.startswith(("send_", "recv_"))]
+        r = schedule.meta["replicas"][spec.stages[0]]
+        steps = [e.step for e in events if e.kind == Kind.STEP.value]
+        assert steps == list(range(m // max(per_update, r)))
+        for before, after in zip(events, events[1:]):
+            if after.microbatch < 0:  # W(-1), all-reduce, step: the batch just finished
+                assert after.step == before.step
+    assert max(e.step for e in timeline) == m // per_update - 1
+
+
+def test_sync_timelines_are_one_step():
+    timeline = simulate(build("1f1b", 3, 8, batch_weight_grads=True), costs_uniform(3, FWD, BWD)).timeline
+    assert {e.step for e in timeline} == {0}

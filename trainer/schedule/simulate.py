@@ -114,21 +114,28 @@ def simulate(
 
 
 def _timeline(schedule: Schedule, progs: list[Program], trace: Trace) -> list[TimelineEvent]:
-    sync = schedule.meta.get("sync", True)
+    """Events numbered by step as the runtime numbers its own: a sync schedule is one step; a
+    pipedream step is one batch (``meta["per_update"]`` microbatches, one update), and a
+    W(-1), all-reduce or step belongs to the batch of the work before it."""
+    per_step = 0 if schedule.meta.get("sync", True) else schedule.meta.get("per_update", 1)
+
+    def step_of(mb: int) -> int:
+        return mb // per_step if per_step else 0
+
     timeline = []
     for w, (p, idx, starts) in enumerate(zip(progs, trace.index, trace.start)):
         replica = schedule.workers[w].replica
-        last_mb = 0
+        step = 0
         for i, start in zip(idx, starts):
             mb = p.mbs[i]
             if mb >= 0:
-                last_mb = mb
+                step = step_of(mb)
             kind = NAME[p.codes[i]]
             end = start + p.durs[i]
-            timeline.append(TimelineEvent(w, p.stages[i], replica, mb, kind, start, end, 0 if sync else last_mb))
+            timeline.append(TimelineEvent(w, p.stages[i], replica, mb, kind, start, end, step))
     for src, code, stage, mb, start, end in trace.transfers:
         replica = schedule.workers[src].replica
-        timeline.append(TimelineEvent(src, stage, replica, mb, NAME[code], start, end, 0 if sync else mb))
+        timeline.append(TimelineEvent(src, stage, replica, mb, NAME[code], start, end, step_of(mb)))
     return timeline
 
 
