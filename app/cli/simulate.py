@@ -1,7 +1,7 @@
 """`pipeboard simulate`: predict a schedule's timeline from a plan or from uniform stage times.
 
     pipeboard simulate [PLAN.json] [--stages P --fwd T --bwd T] --schedule NAME --microbatches M
-                       [--chunks V] [--comm T] [--weight-grads batched|immediate]
+                       [--chunks V] [--comm T] [--weight-grads batched|immediate] [--per-update K]
                        [--trace out.json] [--gantt out.html] [--json]
 
 Times on the command line are milliseconds per microbatch per stage. Numbers are parsed here,
@@ -94,6 +94,7 @@ def simulate_command(
     split_backward: bool | None,
     shared_links: bool = False,
     weight_grads: str | None = None,
+    per_update: str | None = None,
 ) -> tuple[Any, Any]:
     """Build and simulate; returns (schedule, SimResult). Raises UsageError or ScheduleError."""
     from trainer.schedule import SCHEDULES, build
@@ -106,7 +107,10 @@ def simulate_command(
         raise UsageError(f"--schedule: unknown schedule {schedule!r} (known: {', '.join(SCHEDULES)})")
     m = _number("--microbatches", microbatches, int, minimum=1)
     if m is None:
-        raise UsageError("--microbatches: required (microbatches per iteration, or minibatches for pipedream)")
+        raise UsageError("--microbatches: required (microbatches per iteration, or in total for pipedream)")
+    k = _number("--per-update", per_update, int, minimum=1, default=1)
+    if per_update is not None and schedule != "pipedream":
+        raise UsageError(f"--per-update: pipedream only ({schedule} updates once per iteration of its microbatches)")
     v = _number("--chunks", chunks, int, minimum=1, default=1)
     batch_w = _batch_weight_grads(weight_grads, split_backward)
     comm_s = _number("--comm", comm, float, minimum=0, default=0.0) / 1e3
@@ -136,7 +140,7 @@ def simulate_command(
         ]  # fmt: skip
     built = build(
         schedule, p, m, replicas=reps, chunks=v, vertical_sync=vertical_sync, split_backward=split_backward,
-        batch_weight_grads=batch_w,
+        batch_weight_grads=batch_w, per_update=k,
     )
     return built, simulate(built, costs, shared_links=shared_links)
 
@@ -148,6 +152,7 @@ def _print_human(schedule: Any, result: Any) -> None:
         f"{schedule.name}: {p} stage{'s' if p != 1 else ''}"
         + (f" x {schedule.meta['chunks']} chunks" if schedule.meta["chunks"] > 1 else "")
         + f", {len(schedule.workers)} workers, {schedule.microbatches} microbatches"
+        + (f", {schedule.meta['per_update']} per update" if schedule.name == "pipedream" else "")
         + (", weight gradients batched before each update" if schedule.meta.get("batch_weight_grads") else "")
     )
     typer.echo(
@@ -180,7 +185,10 @@ def register(cli: typer.Typer) -> None:
         allreduce: Optional[str] = opt(None, "--allreduce", metavar="MS", help="Ms per all-reduce among replicas."),
         replicas: Optional[str] = opt(None, "--replicas", metavar="R,R,...", help="Replicas per stage, e.g. 1,2,1."),
         schedule: Optional[str] = opt(None, "--schedule", metavar="NAME", help=", ".join(SCHEDULE_NAMES) + "."),
-        microbatches: Optional[str] = opt(None, "--microbatches", metavar="M", help="Per iteration (pipedream: all)."),
+        microbatches: Optional[str] = opt(
+            None, "--microbatches", metavar="M",
+            help="Microbatches per iteration; pipedream: minibatches/microbatches in total, --per-update of them "
+                 "per weight update."),
         chunks: Optional[str] = opt(None, "--chunks", metavar="V", help="Model chunks per worker (interleaved)."),
         vertical_sync: bool = opt(False, "--vertical-sync", help="pipedream: one weight version per minibatch."),
         split_backward: Optional[bool] = opt(None, "--split-backward/--no-split-backward", help="B as BI and W."),
@@ -189,6 +197,12 @@ def register(cli: typer.Typer) -> None:
             help="As `pipeboard train`: batched (default) runs each B as input gradients and one pass per update "
                  "the weight gradients of all its microbatches; immediate: each B does both. dp and zb-h1 ignore "
                  "it; with --split-backward the default is immediate."),
+        per_update: Optional[str] = opt(
+            None, "--per-update", metavar="K",
+            help="pipedream only: microbatches per weight update (one batch; default 1, PipeDream's original, "
+                 "one update per minibatch). To predict `pipeboard train --schedule pipedream --microbatches K` "
+                 "(K microbatches per batch, one update per batch) over N batches, pass --per-update K "
+                 "--microbatches K*N."),
         shared_links: bool = opt(False, "--shared-links", help="Both directions between two workers share a link."),
         trace: Optional[Path] = opt(None, "--trace", help="Write the predicted timeline as Chrome trace JSON."),
         gantt: Optional[Path] = opt(None, "--gantt", help="Write the predicted Gantt chart as HTML."),
@@ -200,7 +214,7 @@ def register(cli: typer.Typer) -> None:
         try:
             built, result = simulate_command(
                 plan, stages, fwd, bwd, comm, allreduce, replicas, schedule, microbatches, chunks,
-                vertical_sync, split_backward, shared_links, weight_grads,
+                vertical_sync, split_backward, shared_links, weight_grads, per_update,
             )  # fmt: skip
             if trace is not None:
                 from trainer.schedule.trace import to_chrome_trace
@@ -219,6 +233,9 @@ def register(cli: typer.Typer) -> None:
             typer.echo(f"error: cannot write {exc.filename}: {exc.strerror}", err=True)
             raise typer.Exit(2) from None
         if as_json:
-            typer.echo(json.dumps({**result.summary(), "batch_weight_grads": bool(built.meta.get("batch_weight_grads"))}))
+            extra = {"batch_weight_grads": bool(built.meta.get("batch_weight_grads"))}
+            if built.name == "pipedream":
+                extra["per_update"] = built.meta["per_update"]
+            typer.echo(json.dumps({**result.summary(), **extra}))
         else:
             _print_human(built, result)

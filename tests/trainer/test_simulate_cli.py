@@ -86,6 +86,12 @@ def test_a_plan_file(tmp_path):
         (["/no/such/plan.json", "--schedule", "1f1b", "--microbatches", "4"], "PLAN"),
         (["--stages", "4", "--fwd", "1", "--bwd", "2", "--schedule", "1f1b", "--microbatches", "8",
           "--trace", "/no/such/dir/t.json"], "cannot write"),
+        (["--stages", "3", "--fwd", "1", "--bwd", "2", "--schedule", "1f1b", "--microbatches", "8",
+          "--per-update", "4"], "--per-update: pipedream only"),
+        (["--stages", "3", "--fwd", "1", "--bwd", "2", "--schedule", "pipedream", "--microbatches", "8",
+          "--per-update", "0"], "--per-update"),
+        (["--stages", "3", "--fwd", "1", "--bwd", "2", "--schedule", "pipedream", "--microbatches", "10",
+          "--per-update", "4"], "whole number of batches of 4"),
     ],
 )  # fmt: skip
 def test_bad_input_is_one_line_and_exit_2(args, fragment):
@@ -112,3 +118,39 @@ def test_help_lists_the_schedules_the_builder_knows():
     from trainer.schedule import SCHEDULES
 
     assert SCHEDULE_NAMES == SCHEDULES
+
+
+def test_pipedream_per_update_mirrors_train_batches(tmp_path):
+    """--per-update K --microbatches K*N predicts `train --schedule pipedream --microbatches K` over N
+    batches: the schedule build("pipedream", per_update=K) makes, its steps numbered by batch."""
+    from trainer.schedule import build
+    from trainer.schedule.costs import costs_uniform
+    from trainer.schedule.simulate import simulate
+
+    trace = tmp_path / "t.json"
+    res = run("--stages", "3", "--fwd", "1", "--bwd", "2", "--schedule", "pipedream", "--microbatches", "12",
+              "--per-update", "4", "--trace", str(trace), "--json")  # fmt: skip
+    assert res.exit_code == 0, res.output
+    data = json.loads(res.stdout)
+    assert data["per_update"] == 4 and data["batch_weight_grads"] is True
+    expected = simulate(build("pipedream", 3, 12, per_update=4, batch_weight_grads=True),
+                        costs_uniform(3, 1e-3, 2e-3))
+    assert data["iteration_time_s"] == pytest.approx(expected.iteration_time_s)
+    per_minibatch = json.loads(run("--stages", "3", "--fwd", "1", "--bwd", "2", "--schedule", "pipedream",
+                                   "--microbatches", "12", "--json").stdout)
+    assert per_minibatch["per_update"] == 1
+    events = [e for e in json.loads(trace.read_text())["traceEvents"] if e["ph"] == "X"]
+    assert sum(e["name"] == "step" for e in events) == 3 * 3  # one update per batch per stage
+    assert {e["args"]["step"] for e in events} == {0, 1, 2}
+    assert all(e["args"]["step"] == e["args"]["microbatch"] // 4 for e in events if e["args"]["microbatch"] >= 0)
+    human = run("--stages", "3", "--fwd", "1", "--bwd", "2", "--schedule", "pipedream", "--microbatches", "12",
+                "--per-update", "4")
+    assert "12 microbatches, 4 per update" in human.stdout
+
+
+def test_help_says_how_to_mirror_train():
+    res = runner.invoke(cli, ["simulate", "--help"], env={"COLUMNS": "400"})
+    assert res.exit_code == 0
+    text = " ".join(res.stdout.split())
+    assert "--per-update" in text and "pipeboard train --schedule pipedream --microbatches K" in text
+    assert "minibatches/microbatches in total" in text
