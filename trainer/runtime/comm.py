@@ -7,15 +7,25 @@ background. On this machine a blocking gloo round trip costs as much as a small 
 compute, so nothing on the critical path waits for a transfer that could have been overlapped.
 
 Tags keep concurrent transfers apart: (microbatch mod 4096, boundary, direction, tensor index).
+
+Peers on the same host exchange through shared memory instead (``trainer.runtime.shm``: one
+channel per directed pair, set up by ``open_channels``); ``PIPEBOARD_P2P`` / ``RunConfig.p2p``
+chooses: ``auto`` (default: shared memory for same-host CPU peers, gloo otherwise), ``shm``
+(the same, but an error where shared memory is unsupported) or ``gloo`` (always gloo). CUDA
+tensors always go through the process group (NCCL).
 """
 
 from __future__ import annotations
 
+import os
+import socket
 from collections import deque
 from dataclasses import dataclass
 
 import torch
 import torch.distributed as dist
+
+from trainer.runtime import shm
 
 TAG_MB_WINDOW = 4096
 MAX_TENSORS = 16
@@ -65,10 +75,26 @@ class PendingRecv:
         return self.buffers
 
 
-class P2P:
-    """Posts receives and sends for one worker. ``specs[b]`` describes boundary ``b``."""
+class ShmRecv:
+    """A receive from a shared-memory channel: ``wait`` takes exactly its message, in any order."""
 
-    def __init__(self, specs: list[BoundarySpec], device: torch.device) -> None:
+    __slots__ = ("channel", "key", "shapes_of", "buffers")
+
+    def __init__(self, channel: shm.Channel, key: tuple[int, int, bool], shapes_of) -> None:
+        self.channel, self.key, self.shapes_of, self.buffers = channel, key, shapes_of, None
+
+    def wait(self) -> list[torch.Tensor]:
+        if self.buffers is None:
+            self.buffers = self.channel.take(*self.key, self.shapes_of)
+        return self.buffers
+
+
+class P2P:
+    """Posts receives and sends for one worker. ``specs[b]`` describes boundary ``b``; peers in
+    ``channels_out`` / ``channels_in`` (rank -> shm.Channel) go through shared memory."""
+
+    def __init__(self, specs: list[BoundarySpec], device: torch.device, channels_out: dict | None = None,
+                 channels_in: dict | None = None) -> None:
         if any(len(s.tensors) > MAX_TENSORS for s in specs):
             raise ValueError(f"a stage boundary carries more than {MAX_TENSORS} tensors")
         self.specs = specs
@@ -78,11 +104,30 @@ class P2P:
         # stage posts two transfers per microbatch on its critical path.
         self.pg = dist.group.WORLD
         self.sends: deque = deque()  # (work, tensors) kept alive until complete
+        self.channels_out: dict[int, shm.Channel] = channels_out or {}
+        self.channels_in: dict[int, shm.Channel] = channels_in or {}
+        self._shapes = {(b, g): [(t.shape, t.dtype) for t in (s.grads if g else s.tensors)]
+                        for b, s in enumerate(specs) for g in (False, True)}
+
+    def shapes_of(self, boundary: int, is_grad: bool):
+        return self._shapes[(boundary, is_grad)]
+
+    def drain_incoming(self) -> None:
+        for ch in self.channels_in.values():
+            ch.drain(self.shapes_of)
+
+    def close(self) -> None:
+        for ch in list(self.channels_out.values()) + list(self.channels_in.values()):
+            ch.close()
+        self.channels_out, self.channels_in = {}, {}
 
     def _tag(self, boundary: int, mb: int, is_grad: bool, i: int) -> int:
         return tag(boundary, mb, is_grad, i, len(self.specs))
 
     def post_recv(self, boundary: int, mb: int, is_grad: bool, peer: int) -> PendingRecv:
+        ch = self.channels_in.get(peer)
+        if ch is not None:
+            return ShmRecv(ch, (boundary, mb, is_grad), self.shapes_of)
         spec = self.specs[boundary]
         tensors = spec.grads if is_grad else spec.tensors
         works, bufs = [], []
@@ -93,6 +138,10 @@ class P2P:
         return PendingRecv(works, bufs)
 
     def send(self, tensors: list[torch.Tensor], boundary: int, mb: int, is_grad: bool, peer: int) -> None:
+        ch = self.channels_out.get(peer)
+        if ch is not None:
+            ch.send(tensors, boundary, mb, is_grad, while_full=self.drain_incoming)
+            return
         for i, t in enumerate(tensors):
             t = t.detach()
             if not t.is_contiguous():
@@ -108,3 +157,64 @@ class P2P:
         while self.sends:
             work, _ = self.sends.popleft()
             work.wait()
+
+
+P2P_MODES = ("auto", "shm", "gloo")
+SLOT_BUDGET_BYTES = 256 << 20  # per channel
+
+
+def p2p_mode(configured: str | None) -> str:
+    mode = configured or os.environ.get("PIPEBOARD_P2P") or "auto"
+    if mode not in P2P_MODES:
+        raise ValueError(f"p2p: must be one of {', '.join(P2P_MODES)}, got {mode!r}")
+    return mode
+
+
+def host_id() -> str:
+    """Same value on workers that share /dev/shm: hostname and boot."""
+    try:
+        with open("/proc/sys/kernel/random/boot_id") as f:
+            boot = f.read().strip()
+    except OSError:
+        boot = ""
+    return f"{socket.gethostname()}/{boot}"
+
+
+def open_channels(mode: str, rank: int, world: int, pairs: set[tuple[int, int]], specs: list[BoundarySpec],
+                  slots: int, prefix: str | None, timeout_s: float) -> tuple[dict, dict]:
+    """Collective over the (gloo) world group: every rank calls it with the same ``pairs`` (directed
+    (src, dst) rank pairs that transfer). Returns this rank's (channels_out, channels_in) for the
+    pairs on one host; the others stay on gloo. Channel files are unlinked before returning."""
+    if mode == "gloo" or world < 2:
+        return {}, {}
+    if not shm.supported():
+        if mode == "shm":
+            raise RuntimeError("p2p: shared memory transport needs Linux on x86_64 with /dev/shm")
+        return {}, {}
+    hosts: list = [None] * world
+    dist.all_gather_object(hosts, host_id())
+    names = [prefix or f"pipeboard-{os.getpid()}-{os.urandom(4).hex()}"]
+    dist.broadcast_object_list(names, src=0)
+    local = sorted((a, b) for a, b in pairs if hosts[a] == hosts[b] and a != b)
+    sizes = [shm.packed_bytes([(t.shape, t.dtype) for t in (s.grads if g else s.tensors)])
+             for s in specs for g in (False, True)]
+    slot_bytes = max(sizes, default=shm.ALIGN)
+    slots = max(2, min(slots, SLOT_BUDGET_BYTES // slot_bytes))
+    out, inc = {}, {}
+    try:
+        for src, dst in local:
+            if src == rank:
+                out[dst] = shm.Channel(shm.channel_path(names[0], src, dst), slots, slot_bytes, True, dst, timeout_s)
+        dist.barrier()
+        for src, dst in local:
+            if dst == rank:
+                inc[src] = shm.Channel(shm.channel_path(names[0], src, dst), slots, slot_bytes, False, src, timeout_s)
+        dist.barrier()
+    finally:  # mapped by both sides (or failed): nothing needs the names any more
+        for src, dst in local:
+            if src == rank:
+                try:
+                    os.unlink(shm.channel_path(names[0], src, dst))
+                except FileNotFoundError:
+                    pass
+    return out, inc

@@ -57,6 +57,9 @@ class RunConfig:
     threads: int | None = None  # torch threads per worker; default: the usable cores / workers (>= 1)
     instrument: bool = True  # record every action's start and end
     hang_timeout_s: float = 30.0  # a worker making no progress this long (not waiting on a peer) is hung
+    # Stage-to-stage transfers: "auto" (shared memory between workers on one host, else gloo),
+    # "shm" (the same, an error where unsupported) or "gloo"; None: $PIPEBOARD_P2P, else auto.
+    p2p: str | None = None
     start_method: str | None = None  # default: fork on CPU (no re-import of torch), spawn on CUDA
     master_port: int | None = None  # default: a free port
     fail_at: dict[str, int] | None = None  # testing aid: {"rank": r, "step": s} makes rank r exit
@@ -117,5 +120,7 @@ class RunConfig:
             raise ConfigError(f"device: must be cpu or cuda, got {self.device!r}")
         if self.threads is not None and self.threads < 1:
             raise ConfigError(f"threads: must be >= 1, got {self.threads}")
+        if self.p2p is not None and self.p2p not in ("auto", "shm", "gloo"):
+            raise ConfigError(f"p2p: must be auto, shm or gloo, got {self.p2p!r}")
         if self.hang_timeout_s <= 0:
             raise ConfigError(f"hang_timeout_s: must be > 0, got {self.hang_timeout_s}")

@@ -12,13 +12,14 @@ rank and rendezvous taken from the environment.
 
 from __future__ import annotations
 
+import os
 import queue as queue_mod
 import signal
 import socket
 import time
 from typing import Any
 
-from trainer.runtime import model as model_mod
+from trainer.runtime import model as model_mod, shm
 from trainer.runtime.config import RunConfig
 from trainer.runtime.layout import resolve
 from trainer.runtime.report import Reporter
@@ -73,8 +74,11 @@ def run_training(cfg: RunConfig, sink: Sink | None = None) -> dict[str, Any]:
     sink.on_status("starting", f"{world} workers, schedule {cfg.schedule}", workers=world, **layout.describe())
     reporter = Reporter(sink, world, cfg.batch_size, zoo.metric_name)
     procs = []
+    # Workers unlink their shared-memory channels once mapped; one killed during set-up cannot,
+    # so the launcher removes whatever is left under this run's prefix on every exit.
+    prefix = f"pipeboard-{os.getpid()}-{port}"
     for rank in range(world):
-        env = WorkerEnv(rank, world, f"tcp://127.0.0.1:{port}", origin, channel, heartbeat)
+        env = WorkerEnv(rank, world, f"tcp://127.0.0.1:{port}", origin, channel, heartbeat, prefix)
         p = ctx.Process(target=worker_main, args=(cfg, env), name=f"pipeboard-rank{rank}", daemon=True)
         p.start()
         procs.append(p)
@@ -82,10 +86,12 @@ def run_training(cfg: RunConfig, sink: Sink | None = None) -> dict[str, Any]:
         _watch(cfg, procs, channel, heartbeat, reporter, layout)
     except BaseException as exc:
         _stop_all(procs)
+        shm.remove_prefix(prefix)
         reporter.maybe_flush(force=True)
         sink.on_status("failed", str(exc))
         raise
     _stop_all(procs)
+    shm.remove_prefix(prefix)
     reporter.maybe_flush(force=True)
     target = cfg.target
     summary = reporter.summary(target, zoo.higher_is_better, time.monotonic() - wall0)

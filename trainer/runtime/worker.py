@@ -19,7 +19,7 @@ import torch
 import torch.distributed as dist
 
 from trainer.runtime import checkpoint, model as model_mod
-from trainer.runtime.comm import P2P
+from trainer.runtime.comm import P2P, open_channels, p2p_mode
 from trainer.runtime.config import RunConfig
 from trainer.runtime.data import TrainStream, ValStream
 from trainer.runtime.executor import Executor
@@ -38,6 +38,7 @@ class WorkerEnv:
     origin: float | None  # the launcher's perf_counter origin (same machine), None: agree at start
     channel: Any  # has put(message)
     heartbeat: Any = None  # shared double array (local launcher) or None
+    shm_prefix: str | None = None  # names of this run's shared-memory channels (None: rank 0 picks)
 
 
 def worker_main(cfg: RunConfig, env: WorkerEnv) -> None:
@@ -152,7 +153,11 @@ def train(cfg: RunConfig, env: WorkerEnv) -> None:
     dist.barrier(group=control)
     origin = env.origin if env.origin is not None else time.perf_counter()
     recorder = Recorder(origin, cfg.instrument)
-    p2p = P2P(specs, device)
+    mode = "gloo" if device.type == "cuda" else p2p_mode(cfg.p2p)
+    # Enough slots that a sender rarely waits: two batches' microbatches, at most 256 MiB a channel.
+    out, inc = open_channels(mode, rank, world, _transfer_pairs(template, S), specs, max(8, 2 * M),
+                             env.shm_prefix, cfg.hang_timeout_s + 60)
+    p2p = P2P(specs, device, out, inc)
     rank_of = template_rank_of(template)
     executor = Executor(rank, stages, S, p2p, rank_of, groups, recorder, heartbeat)
     last_stage = stages.get(S - 1)
@@ -238,6 +243,16 @@ def threads_per_worker(world: int) -> int:
     except AttributeError:
         cores = os.cpu_count() or 1
     return max(1, cores // max(1, local))
+
+
+def _transfer_pairs(template, S: int) -> set[tuple[int, int]]:
+    """Every directed (sender, receiver) rank pair of training and of evaluation (replica 0 of
+    each stage in a chain), the same on every rank."""
+    pairs = {(r, a.peer) for r, acts in enumerate(template.actions) for a in acts
+             if a.kind in (Kind.SEND_ACT, Kind.SEND_GRAD) and a.peer is not None}
+    rank_of = template_rank_of(template)
+    pairs |= {(rank_of(s, 0), rank_of(s + 1, 0)) for s in range(S - 1)}
+    return pairs
 
 
 def template_rank_of(template):
