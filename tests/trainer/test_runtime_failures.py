@@ -63,6 +63,8 @@ def test_killed_stage_fails_the_run_naming_it_and_nothing_is_left():
     assert sink.statuses[-1][0] == "failed"
     time.sleep(0.2)
     assert not any(alive(pid) for pid in sink.pids.values())
+    # The workers talked through shared memory (same host); none of it outlives them.
+    assert not [n for n in os.listdir("/dev/shm") if n.startswith(f"pipeboard-{os.getpid()}-")]
 
 
 def test_hung_stage_is_detected_and_named():
