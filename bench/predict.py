@@ -15,7 +15,8 @@ state, ``run_training``'s samples/s; the fastest of ``--runs`` runs, since other
 shared machine only ever slow a run down), ``predict_step_s``'s prediction and the error, then the
 per-action costs the prediction used next to the means the runtime recorded (instrumented run),
 so a miss can be traced to the action that causes it. Two overheads are tried: the tiny-stage
-one (``action_overhead``: what the runtime's ``Stage`` adds to each call) and the runtime floor
+one (``trainer.runtime.overhead.measure_action_overhead``: what the runtime's ``Stage`` adds to
+each call) and the runtime floor
 (``runtime_floor``: the whole runtime's step on the same schedule with the model shrunk to width
 4, spread over the critical path's actions). A third figure simulates the same schedule
 on the action times the run itself recorded (plus the link's latency): how far the schedule and
@@ -42,6 +43,7 @@ from trainer.profile.link import measure_link  # noqa: E402
 from trainer.profile.profiler import profile_model  # noqa: E402
 from trainer.runtime import RunConfig, run_training  # noqa: E402
 from trainer.runtime import model as model_mod  # noqa: E402
+from trainer.runtime.overhead import measure_action_overhead  # noqa: E402
 from trainer.schedule.costs import StageCosts  # noqa: E402
 from trainer.schedule.predict import ActionOverhead, predict_step_s, stage_costs, steady_step_s  # noqa: E402
 from trainer.sink import NullSink  # noqa: E402
@@ -80,66 +82,6 @@ class ActionTimes(NullSink):
             if skip <= e.step < top:  # the last step may hold a drain
                 spans[(e.worker, e.kind)].append(e.end - e.start)
         return {k: statistics.fmean(v) for k, v in spans.items()}
-
-
-def _median_ms(xs: list[float]) -> float:
-    return statistics.median(xs[len(xs) // 5:])
-
-
-def action_overhead(layers: int, last: bool, M: int = 8, rounds: int = 40) -> ActionOverhead:
-    """What the runtime's ``Stage`` adds to each action: the same calls on a stage of ``layers``
-    Linear(4, 4)+ReLU layers on one sample (compute negligible), minus the plain module's
-    forward, backward and optimizer step on the same tensors (what a profile would time)."""
-    from trainer.runtime.stage import Stage
-
-    def tiny():
-        torch.manual_seed(0)
-        mod = torch.nn.Sequential(*[m for _ in range(layers) for m in (torch.nn.Linear(4, 4), torch.nn.ReLU())])
-        return mod, torch.optim.SGD(mod.parameters(), lr=1e-4, momentum=0.9)
-
-    x, y, g = torch.randn(1, 4), torch.randn(1, 4), torch.ones(1, 4)
-    mod, opt = tiny()
-    stage = Stage(1, mod, opt, is_first=False, is_last=last, loss_fn=torch.nn.functional.mse_loss, stash=False,
-                  loss_scale=1 / M, layer_calls=True)
-    plain, plain_opt = tiny()
-    t: dict[str, list[float]] = defaultdict(list)
-    clock = time.perf_counter
-    for _ in range(rounds):
-        for split in (True, False):
-            for j in range(M):
-                t0 = clock()
-                stage.forward(j, 0, [x.clone()], y if last else None)
-                t["F"].append(clock() - t0)
-                t0 = clock()
-                stage.backward(j, None if last else [g], weights=not split)
-                t["BI" if split else "B"].append(clock() - t0)
-            if split:
-                t0 = clock()
-                stage.backward_weight(-1)
-                t["W"].append(clock() - t0)
-            t0 = clock()
-            stage.step(0, False)
-            t["step"].append(clock() - t0)
-        for frozen in (False, True):
-            for p in plain.parameters():
-                p.requires_grad_(not frozen)
-            for _ in range(M):
-                xi = x.clone().requires_grad_(True)
-                t0 = clock()
-                out = plain(xi)
-                t["pF"].append(clock() - t0)
-                t0 = clock()
-                out.backward(g)
-                t["pBI" if frozen else "pB"].append(clock() - t0)
-        t0 = clock()
-        plain_opt.step()
-        t["pstep"].append(clock() - t0)
-        for p in plain.parameters():
-            p.grad = None
-    m = {k: _median_ms(v) for k, v in t.items()}
-    return ActionOverhead(forward_s=max(0.0, m["F"] - m["pF"]), backward_s=max(0.0, m["B"] - m["pB"]),
-                          backward_input_s=max(0.0, m["BI"] - m["pBI"]),
-                          weight_call_s=max(0.0, m["W"] - (m["pB"] - m["pBI"])), step_s=max(0.0, m["step"] - m["pstep"]))
 
 
 def recorded_costs(actions: dict, M: int, link) -> list[StageCosts]:
@@ -215,7 +157,7 @@ def main() -> None:
     modules = model_mod.build_stages(zoo.model, zoo.example_input(8), model_mod.stage_layers(
         run_cfg("1f1b", 64, 8, 1, "batched"), zoo, STAGES))
     counts = [sum(1 for m in mod.modules() if any(True for _ in m.parameters(recurse=False))) for mod in modules]
-    overhead = [action_overhead(n, k == STAGES - 1) for k, n in enumerate(counts)]
+    overhead = [measure_action_overhead(n, k == STAGES - 1) for k, n in enumerate(counts)]
     print("runtime overhead per action (tiny stages of " + ", ".join(map(str, counts)) + " layers), ms: " + "; ".join(
         f"stage {k}: F {o.forward_s * 1e3:.3f} B {o.backward_s * 1e3:.3f} BI {o.backward_input_s * 1e3:.3f} "
         f"W(-1) {o.weight_call_s * 1e3:.3f} step {o.step_s * 1e3:.3f}" for k, o in enumerate(overhead)))
