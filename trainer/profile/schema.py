@@ -7,7 +7,10 @@ graph.txt records them, so importing a published profile loses nothing.
 Version 2 adds what the simulator needs beyond PipeDream's fields, all optional (a version 1
 profile loads with them unset): per layer, the input-gradient part of the backward
 (``backward_input_ms``; the weight-gradient part is the rest) and the optimizer step of the
-layer's parameters (``optimizer_ms``); per profile, the measured point-to-point ``link``.
+layer's parameters (``optimizer_ms``), the weight-gradient part of the backward measured at a
+larger batch (``weight_batched_ms`` at the profile's ``weight_batch_size``: what one batched
+W(-1) over several microbatches costs); per profile, the measured point-to-point ``link`` and the
+runtime's per-action ``overhead``. Older version 2 files without these still load.
 """
 
 from __future__ import annotations
@@ -47,6 +50,7 @@ class Layer:
     stage_id: int | None = None
     backward_input_ms: float | None = None  # the input-gradient part of backward_ms (None: not measured)
     optimizer_ms: float | None = None  # one optimizer step of this layer's parameters (None: not measured)
+    weight_batched_ms: float | None = None  # weight-gradient part at the profile's weight_batch_size samples
 
     @property
     def backward_weight_ms(self) -> float | None:
@@ -95,6 +99,63 @@ class Link:
         return cls(**raw)
 
 
+OVERHEAD_FIELDS = ("forward_ms", "backward_ms", "backward_input_ms", "weight_call_ms", "step_ms")
+
+
+@dataclass
+class Overhead:
+    """The runtime's own milliseconds per action (F, B, BI, one W(-1) call, the step) beyond the
+    profiled compute, measured on tiny stages (``trainer.runtime.overhead.calibrate``): each
+    sample is ``{"layers": n, "last": bool, "forward_ms": ..., ...}`` for a stage of ``n``
+    parameterised layers, the last stage (which computes the loss) or not."""
+
+    samples: list[dict[str, Any]]
+    microbatches: int = 8  # microbatches per measured round (one W(-1) covers them all)
+
+    def at(self, layers: int, last: bool) -> dict[str, float]:
+        """Milliseconds per action for a stage of ``layers`` parameterised layers: linear in the
+        layer count between (and beyond) the measured counts of the same kind of stage, never
+        below zero; a kind never measured takes the other kind's."""
+        same = sorted((s for s in self.samples if bool(s["last"]) == last), key=lambda s: s["layers"])
+        pts = same or sorted(self.samples, key=lambda s: s["layers"])
+        lo, hi = pts[0], pts[-1]
+        out = {}
+        for key in OVERHEAD_FIELDS:
+            if hi["layers"] == lo["layers"]:
+                out[key] = float(lo[key])
+            else:
+                slope = (hi[key] - lo[key]) / (hi["layers"] - lo["layers"])
+                out[key] = max(0.0, lo[key] + slope * (layers - lo["layers"]))
+        return out
+
+    @classmethod
+    def from_dict(cls, raw: Any) -> Overhead:
+        if not isinstance(raw, dict) or not isinstance(raw.get("samples"), list) or not raw["samples"]:
+            raise ProfileError("profile JSON: field 'overhead' must be an object with a non-empty 'samples' list, or null")
+        unknown = set(raw) - set(cls.__dataclass_fields__)
+        if unknown:
+            raise ProfileError(f"profile JSON: overhead has unknown field(s) {sorted(unknown)}")
+        mbs = raw.get("microbatches", 8)
+        if isinstance(mbs, bool) or not isinstance(mbs, int) or mbs < 1:
+            raise ProfileError(f"profile JSON: overhead.microbatches must be a positive integer, got {mbs!r}")
+        for i, s in enumerate(raw["samples"]):
+            where = f"profile JSON: overhead.samples[{i}]"
+            if not isinstance(s, dict):
+                raise ProfileError(f"{where} must be an object")
+            n = s.get("layers")
+            if isinstance(n, bool) or not isinstance(n, int) or n < 1:
+                raise ProfileError(f"{where}: field 'layers' must be a positive integer, got {n!r}")
+            if not isinstance(s.get("last"), bool):
+                raise ProfileError(f"{where}: field 'last' must be true or false")
+            for key in OVERHEAD_FIELDS:
+                if not _is_size(s.get(key)):
+                    raise ProfileError(f"{where}: field {key!r} must be a finite number >= 0, got {s.get(key)!r}")
+            extra = set(s) - {"layers", "last", *OVERHEAD_FIELDS}
+            if extra:
+                raise ProfileError(f"{where} has unknown field(s) {sorted(extra)}")
+        return cls(samples=[dict(s) for s in raw["samples"]], microbatches=mbs)
+
+
 def find_cycle(names: list[str], edges: list[tuple[str, str]]) -> list[str] | None:
     """A cycle of the edge graph as node names ``[a, b, ..., a]``, or None for a DAG.
 
@@ -140,7 +201,7 @@ def _check_layer(raw: dict[str, Any], i: int) -> None:
     for key in ("forward_ms", "backward_ms", "parameter_bytes", "optimizer_bytes", "forward_spread_ms", "backward_spread_ms"):
         if key in raw and not _is_size(raw[key]):
             raise ProfileError(f"{where}: field {key!r} must be a finite number >= 0, got {raw[key]!r}")
-    for key in ("backward_input_ms", "optimizer_ms"):
+    for key in ("backward_input_ms", "optimizer_ms", "weight_batched_ms"):
         if raw.get(key) is not None and not _is_size(raw[key]):
             raise ProfileError(f"{where}: field {key!r} must be a finite number >= 0 or null, got {raw[key]!r}")
     act = raw.get("activation_bytes", 0.0)
@@ -162,6 +223,8 @@ class Profile:
     device: str = "cpu"
     meta: dict[str, Any] = field(default_factory=dict)
     link: Link | None = None
+    overhead: Overhead | None = None  # the runtime's per-action overhead (trainer.runtime.overhead)
+    weight_batch_size: int | None = None  # samples the layers' weight_batched_ms are for
 
     def layer_names(self) -> list[str]:
         return [layer.name for layer in self.layers]
@@ -177,6 +240,8 @@ class Profile:
             "layers": [asdict(layer) for layer in self.layers],
             "edges": [list(e) for e in self.edges],
             "link": None if self.link is None else asdict(self.link),
+            "overhead": None if self.overhead is None else asdict(self.overhead),
+            "weight_batch_size": self.weight_batch_size,
         }
 
     @classmethod
@@ -192,7 +257,8 @@ class Profile:
         if not isinstance(raw_layers, list) or not raw_layers:
             raise ProfileError("profile JSON: field 'layers' must be a non-empty list")
         # version 1 predates the optional measurements: its layers may not carry them
-        known = set(Layer.__dataclass_fields__) - ({"backward_input_ms", "optimizer_ms"} if version == 1 else set())
+        known = set(Layer.__dataclass_fields__) - (
+            {"backward_input_ms", "optimizer_ms", "weight_batched_ms"} if version == 1 else set())
         layers = []
         for i, raw in enumerate(raw_layers):
             if not isinstance(raw, dict) or "name" not in raw:
@@ -208,6 +274,9 @@ class Profile:
         batch_size = data.get("batch_size")
         if batch_size is not None and (isinstance(batch_size, bool) or not isinstance(batch_size, int) or batch_size < 1):
             raise ProfileError(f"profile JSON: field 'batch_size' must be a positive integer or null, got {batch_size!r}")
+        wbs = data.get("weight_batch_size")
+        if wbs is not None and (version == 1 or isinstance(wbs, bool) or not isinstance(wbs, int) or wbs < 1):
+            raise ProfileError(f"profile JSON: field 'weight_batch_size' must be a positive integer or null (v2), got {wbs!r}")
         if not isinstance(data.get("meta", {}) or {}, dict):
             raise ProfileError("profile JSON: field 'meta' must be an object")
         if not isinstance(data.get("edges", []), list):
@@ -228,6 +297,8 @@ class Profile:
             device=data.get("device", "cpu"),
             meta=data.get("meta", {}) or {},
             link=None if data.get("link") is None or version == 1 else Link.from_dict(data["link"]),
+            overhead=None if data.get("overhead") is None or version == 1 else Overhead.from_dict(data["overhead"]),
+            weight_batch_size=wbs,
         )
 
     def to_json(self, indent: int | None = 1) -> str:

@@ -22,7 +22,8 @@ which must be the microbatch size here):
 
 - ``overhead`` (optional, per stage): what the runtime adds to each action beyond the compute
   the profile measures (its Python bookkeeping, the loss on the last stage), measured by the
-  caller, e.g. ``bench/predict.py``'s tiny-stage measurement.
+  caller, e.g. ``bench/predict.py``'s tiny-stage measurement, or ``profile_overhead`` from the
+  profile's own ``overhead`` calibration (``trainer.runtime.overhead.calibrate``).
 
 A missing measurement (an old profile) counts as zero, except ``backward_input_ms``, which then
 takes the simulator's default (half the backward).
@@ -66,6 +67,22 @@ def _layers(profile: Profile, stage: list[str], k: int):
     return [by_name[n] for n in stage]
 
 
+def profile_overhead(profile: Profile, stages: list[list[str]]) -> list[ActionOverhead] | None:
+    """Per-stage ActionOverhead from the profile's ``overhead`` calibration (None without one):
+    each stage's count of parameterised layers (``parameter_bytes`` > 0, at least 1), the last
+    stage with the loss."""
+    if profile.overhead is None:
+        return None
+    out = []
+    for k, stage in enumerate(stages):
+        n = max(1, sum(1 for layer in _layers(profile, stage, k) if layer.parameter_bytes > 0))
+        ms = profile.overhead.at(n, k == len(stages) - 1)
+        out.append(ActionOverhead(forward_s=ms["forward_ms"] / 1e3, backward_s=ms["backward_ms"] / 1e3,
+                                  backward_input_s=ms["backward_input_ms"] / 1e3,
+                                  weight_call_s=ms["weight_call_ms"] / 1e3, step_s=ms["step_ms"] / 1e3))
+    return out
+
+
 def _boundary_bytes(profile: Profile, stages: list[list[str]]) -> list[float]:
     """Bytes leaving stage k for later stages, per microbatch (each producer counted once)."""
     where = {n: k for k, st in enumerate(stages) for n in st}
@@ -102,6 +119,9 @@ def stage_costs(
         raise ScheduleError(f"replicas: {len(replicas)} counts for {len(stages)} stages")
     if overhead is not None and len(overhead) != len(stages):
         raise ScheduleError(f"overhead: {len(overhead)} entries for {len(stages)} stages")
+    # the profile's own batched weight-gradient times count only for the batch they were measured at
+    own_batched = (profile.weight_batch_size is not None and profile.batch_size is not None
+                   and profile.weight_batch_size == profile.batch_size * microbatches)
     out_bytes = _boundary_bytes(profile, stages)
     last = len(stages) - 1
     costs = []
@@ -116,6 +136,8 @@ def stage_costs(
             big = _layers(batch_profile, stage, k)
             if all(layer.backward_weight_ms is not None for layer in big):
                 w_batched = sum(layer.backward_weight_ms for layer in big) / microbatches
+        elif own_batched and all(layer.weight_batched_ms is not None for layer in layers):
+            w_batched = sum(layer.weight_batched_ms for layer in layers) / microbatches
         step = sum(layer.optimizer_ms or 0.0 for layer in layers)
         send_act = send_grad = allreduce = 0.0
         if link is not None:
