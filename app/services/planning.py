@@ -65,10 +65,46 @@ def runtime_schedule(plan_obj: Any, schedule: str, microbatches: int, *, chunks:
     return resolve(cfg).build(microbatches)
 
 
+def profile_costs(plan_obj: Any, schedule: str, microbatches: int, profile_data: dict[str, Any] | None,
+                  chunks: int = 1) -> list[Any] | None:
+    """StageCosts from the plan's profile through trainer.schedule.predict.stage_costs (forward,
+    input- and weight-gradient backward, batched W(-1), optimizer step, transfers over the
+    measured link, the runtime's per-action overhead), or None when the profile does not carry
+    what that needs (an imported graph.txt: no input-gradient split, no optimizer step, no link)
+    or the schedule is dp (one replicated stage: the planner's own costs)."""
+    from trainer.profile.schema import Profile, ProfileError
+    from trainer.schedule.predict import profile_overhead, stage_costs
+
+    if profile_data is None or schedule == "dp":
+        return None
+    try:
+        prof = Profile.from_dict(profile_data)
+    except ProfileError:
+        return None
+    if prof.link is None or any(layer.backward_input_ms is None or layer.optimizer_ms is None
+                                for layer in prof.layers if layer.parameter_bytes > 0):
+        return None
+    d = plan_obj.to_dict() if hasattr(plan_obj, "to_dict") else plan_obj
+    stages = [list(st.get("layers") or []) for st in d.get("stages") or []]
+    if not stages or not all(stages):
+        return None
+    # interleaved-1f1b: the runtime splits the plan's stages into chunks x stages virtual ones,
+    # which the plan does not name; their costs are the planner's
+    if chunks > 1:
+        return None
+    replicas = stage_replicas(d)
+    return stage_costs(prof, stages, microbatches=microbatches, replicas=replicas,
+                       overhead=profile_overhead(prof, stages))
+
+
 def simulate(plan_obj: Any, schedule: str, microbatches: int, *, samples_per_microbatch: int | None = None, chunks: int = 1,
-             vertical_sync: bool = False, weight_grads: str = "batched") -> tuple[Any, Any]:
+             vertical_sync: bool = False, weight_grads: str = "batched",
+             profile_data: dict[str, Any] | None = None) -> tuple[Any, Any]:
     """(Schedule, SimResult) of the step a run of ``schedule`` on the plan executes (see
-    runtime_schedule); 422 naming `schedule` if it cannot run.
+    runtime_schedule); 422 naming `schedule` if it cannot run. The result's ``cost_model`` says
+    where the action costs came from: ``"profile"`` (``profile_costs``: the plan's profile,
+    ``profile_data``, carries the measurements and calibration), else ``"plan"`` (the plan's
+    per-stage forward and backward, no optimizer step, transfers or runtime overhead).
 
     A simulated microbatch costs what the profile measured for one of its batches, so callers
     profile at the microbatch size they will run.
@@ -79,11 +115,25 @@ def simulate(plan_obj: Any, schedule: str, microbatches: int, *, samples_per_mic
     from trainer.schedule.simulate import simulate as run_sim
 
     try:
-        # dp: the whole model on every worker, all-reduce as the planner costs it.
-        costs = data_parallel_costs_from_plan(plan_obj)[0] if schedule == "dp" else costs_from_plan(plan_obj)
+        costs = profile_costs(plan_obj, schedule, microbatches, profile_data, chunks)
+        cost_model = "profile" if costs is not None else "plan"
+        if costs is None:
+            # dp: the whole model on every worker, all-reduce as the planner costs it.
+            costs = data_parallel_costs_from_plan(plan_obj)[0] if schedule == "dp" else costs_from_plan(plan_obj)
         sched = runtime_schedule(plan_obj, schedule, microbatches, chunks=chunks, vertical_sync=vertical_sync,
                                  weight_grads=weight_grads)
-        return sched, run_sim(sched, costs, samples_per_microbatch=samples_per_microbatch)
+        sim = run_sim(sched, costs, samples_per_microbatch=samples_per_microbatch)
+        sim.cost_model = cost_model
+        sim.steady_step_s = None
+        if cost_model == "profile":
+            from trainer.schedule.predict import steady_step_s
+
+            # The runtime runs step after step, the next step's first forwards overlapping this
+            # one's drain: its time per step (batch_size / samples_per_s) is the steady state.
+            sim.steady_step_s = steady_step_s(costs, schedule, microbatches,
+                                              batch_weight_grads=bool(sched.meta.get("batch_weight_grads")),
+                                              replicas=stage_replicas(plan_obj))
+        return sched, sim
     except (ConfigError, ScheduleError, ValueError) as exc:
         raise ServiceError(f"schedule: {schedule!r} cannot run this plan: {exc}", status=422, field="schedule") from None
 
@@ -110,6 +160,12 @@ def predicted_summary(plan_obj: Any, sched: Any, sim: Any, microbatches: int, ti
         "microbatches": microbatches,
         # What the simulated actions do (build's decision: dp and zb-h1 never batch).
         "batch_weight_grads": bool(sched.meta.get("batch_weight_grads")),
+        # Where the simulated action costs came from: "profile" (per-layer measurements, link and
+        # runtime overhead through trainer.schedule.predict) or "plan" (per-stage compute only).
+        "cost_model": getattr(sim, "cost_model", "plan"),
+        # With the profile cost model: seconds per step when steps run back to back (what the
+        # run's samples/s measures); None otherwise.
+        "steady_step_s": getattr(sim, "steady_step_s", None),
         # The planner's objective (seconds per minibatch at steady state) against data
         # parallel on the same workers: >1 means the pipeline is predicted to be faster.
         "planner_time_per_minibatch_s": pipeline_time,

@@ -2,6 +2,17 @@
 
 Jobs run this as a child process in the run's own process group (like `pipeboard train`), so
 cancelling a job mid-profile ends it too, and torch never loads into the Celery worker.
+
+Besides the per-layer profile at ``--batch-size`` (a job's microbatch size), it calibrates what
+the service's predicted timeline needs beyond that (``trainer.schedule.predict``), stored in the
+same profile JSON:
+
+- ``--weight-batch-size N``: the model profiled again at N samples (a job's whole batch), each
+  layer's weight-gradient part kept as ``weight_batched_ms`` (``weight_batch_size`` = N): with
+  batched weight gradients the runtime computes them once per batch over all its microbatches
+  (W(-1)), one matmul over N rows, which costs far less than M per-microbatch ones;
+- ``--calibrate``: the link between two worker processes (``trainer.profile.link.measure_link``)
+  and the runtime's per-action overhead (``trainer.runtime.overhead.calibrate``), a few seconds.
 """
 
 from __future__ import annotations
@@ -28,13 +39,53 @@ def load_model(source: str, kind: str, model_args: dict[str, Any], batch_size: i
     return zm.model, zm.example_input(batch_size)
 
 
-def profile(source: str, kind: str, model_args: dict[str, Any], batch_size: int, device: str = "cpu", repeats: int = 5) -> dict[str, Any]:
+def _resized(example: Any, n: int) -> Any:
+    """An imported model's example input (tensors batched on dim 0) repeated or cut to n rows."""
+    import torch
+
+    def one(t):
+        reps = -(-n // t.shape[0])
+        return torch.cat([t] * reps)[:n]
+
+    return tuple(one(t) for t in example) if isinstance(example, tuple) else one(example)
+
+
+def profile(source: str, kind: str, model_args: dict[str, Any], batch_size: int, device: str = "cpu", repeats: int = 5,
+            *, optimizer: str | None = None, weight_batch_size: int | None = None,
+            calibrate: bool = False) -> dict[str, Any]:
+    """The profile JSON of the model at ``batch_size``; see the module docstring for
+    ``weight_batch_size`` and ``calibrate``."""
     from trainer.profile.profiler import profile_model
 
     model, example = load_model(source, kind, model_args, batch_size)
-    prof = profile_model(model, example, batch_size=batch_size, device=device, warmup=2, repeats=repeats)
+    if optimizer is None and kind == "zoo":
+        from trainer import zoo
+
+        optimizer = zoo.get(source, **model_args).optimizer  # what the runtime will step
+    opt = optimizer or "adam"
+    prof = profile_model(model, example, batch_size=batch_size, device=device, warmup=2, repeats=repeats, optimizer=opt)
     if not prof.model:
         prof.model = source
+    if weight_batch_size is not None and weight_batch_size != batch_size:
+        big_example = (load_model(source, kind, model_args, weight_batch_size)[1] if kind == "zoo"
+                       else _resized(example, weight_batch_size))
+        big = profile_model(model, big_example, batch_size=weight_batch_size, device=device, warmup=2,
+                            repeats=repeats, optimizer=opt, optimizer_steps=False)
+        weights = {layer.name: layer.backward_weight_ms for layer in big.layers}
+        for layer in prof.layers:
+            layer.weight_batched_ms = weights.get(layer.name)
+        prof.weight_batch_size = weight_batch_size
+        prof.meta["weight_batch_wall_s"] = big.meta.get("wall_s")
+    elif weight_batch_size == batch_size:  # one microbatch per batch: W(-1) is the profile's own weight part
+        for layer in prof.layers:
+            layer.weight_batched_ms = layer.backward_weight_ms
+        prof.weight_batch_size = batch_size
+    if calibrate:
+        from trainer.profile.link import measure_link
+        from trainer.runtime.overhead import calibrate as calibrate_overhead
+
+        prof.link = measure_link()
+        prof.overhead = calibrate_overhead()
     return prof.to_dict()
 
 
@@ -46,10 +97,24 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--batch-size", type=int, default=32)
     parser.add_argument("--device", default="cpu")
     parser.add_argument("--repeats", type=int, default=5)
+    parser.add_argument("--threads", type=int, default=None,
+                        help="torch threads, as each of the run's workers will have (default: torch's)")
+    parser.add_argument("--optimizer", default=None, help="optimizer the run steps (default: the zoo entry's, else adam)")
+    parser.add_argument("--weight-batch-size", type=int, default=None,
+                        help="also time each layer's weight gradients at this many samples (batched W(-1))")
+    parser.add_argument("--calibrate", action="store_true",
+                        help="also measure the link between two processes and the runtime's per-action overhead")
     parser.add_argument("-o", "--output", required=True)
     args = parser.parse_args(argv)
+    if args.threads:
+        # A small layer's step on a thread pool whose other core is busy waits for it (an Adam step
+        # of 8k parameters: 8 ms on 2 threads, 0.15 ms on 1): time what the workers will run.
+        import torch
+
+        torch.set_num_threads(args.threads)
     try:
-        data = profile(args.source, args.kind, json.loads(args.model_args), args.batch_size, args.device, args.repeats)
+        data = profile(args.source, args.kind, json.loads(args.model_args), args.batch_size, args.device, args.repeats,
+                       optimizer=args.optimizer, weight_batch_size=args.weight_batch_size, calibrate=args.calibrate)
     except Exception as exc:  # one line for the job's error, not a traceback
         print(f"profiling {args.source} failed: {type(exc).__name__}: {exc}", file=sys.stderr)
         return 1

@@ -18,9 +18,13 @@ from app.services.errors import NotFound, ServiceError
 from app.services.tx import begin_write
 
 
-def cache_key(model: str, model_args: dict[str, Any], batch_size: int, device: str = "cpu") -> str:
+def cache_key(model: str, model_args: dict[str, Any], batch_size: int, device: str = "cpu",
+              calibration: list[str] | None = None) -> str:
+    """The canonical name; a job's profile also names how it was calibrated (threads, the batch
+    its weight gradients were timed at, optimizer), so a different run does not reuse it."""
     args = json.dumps(model_args, sort_keys=True, separators=(",", ":")) if model_args else ""
-    return f"{model}{args} bs={batch_size} {device}"[:200]
+    extra = (" " + " ".join(a.lstrip("-") for a in calibration)) if calibration else ""
+    return f"{model}{args} bs={batch_size} {device}{extra}"[:200]
 
 
 def cached(session: Session, key: str) -> Profile | None:

@@ -194,18 +194,35 @@ class JobRun:
         source, kind, default_args, model_id = profiles.resolve_model(self.session, model, check_zoo=False)
         args = {**default_args, **(spec.get("model_args") or {})}
         batch = int(spec.get("batch_size") or 32)
-        if job.kind == "train":
-            # The simulator charges one profiled batch per microbatch: measure at that size.
-            batch = max(1, batch // int(spec.get("microbatches") or 1))
         device = spec.get("device", "cpu")
-        key = profiles.cache_key(model, args, batch, device)
+        calibration: list[str] = []
+        if job.kind == "train":
+            # The simulator charges one profiled batch per microbatch: measure at that size; the
+            # batched weight gradients (W(-1)) at the whole batch; the link and the runtime's
+            # per-action overhead; all with the torch threads each worker will have.
+            whole, batch = batch, max(1, batch // int(spec.get("microbatches") or 1))
+            threads = profile_threads(spec)
+            calibration = ["--calibrate", "--threads", str(threads)]
+            if weight_grads_of(spec) == "batched":
+                calibration += ["--weight-batch-size", str(whole)]
+            if (spec.get("hyperparameters") or {}).get("optimizer"):
+                calibration += ["--optimizer", spec["hyperparameters"]["optimizer"]]
+            key = profiles.cache_key(model, args, batch, device, calibration=calibration[1:])
+        else:
+            key = profiles.cache_key(model, args, batch, device)
         row = profiles.cached(self.session, key)
         if row is None:
-            self.progress("profile", f"profiling {model} at batch size {batch}")
+            message = f"profiling {model} at batch size {batch}"
+            if calibration:
+                message += (f" ({calibration[2]} torch thread(s) per worker), then "
+                            + ("at the batch size for the batched weight gradients, " if "--weight-batch-size" in calibration else "")
+                            + "the link between two worker processes and the runtime's per-action overhead"
+                            " (a few seconds)")
+            self.progress("profile", message)
             out = workdir / "profile.json"
             cmd = [sys.executable, "-m", "app.services.profile_run", "--source", source, "--kind", kind,
                    "--model-args", json.dumps(args), "--batch-size", str(batch), "--device", device,
-                   "--repeats", str(spec.get("repeats", 5)), "-o", str(out)]
+                   "--repeats", str(spec.get("repeats", 5)), "-o", str(out), *calibration]
             self.run_child(cmd, workdir / "profile.log", phase="profile")
             row = profiles.store(self.session, json.loads(out.read_text()), name=key, origin="profiled", model_id=model_id)
         else:
@@ -226,7 +243,7 @@ class JobRun:
         hyper = spec.get("hyperparameters") or {}
         sched, sim = planning.simulate(plan_obj, spec["schedule"], int(spec["microbatches"]), samples_per_microbatch=micro,
                                        chunks=int(hyper.get("chunks") or 1), vertical_sync=bool(hyper.get("vertical_sync")),
-                                       weight_grads=weight_grads_of(spec))
+                                       weight_grads=weight_grads_of(spec), profile_data=prof.data)
         predicted = planning.predicted_summary(plan_obj, sched, sim, int(spec["microbatches"]), timeline_limit=0)
         request = {k: spec.get(k) for k in ("levels", "workers", "memory_bytes", "method", "schedule", "microbatches")}
         request["weight_grads"] = weight_grads_of(spec)
@@ -298,6 +315,19 @@ class JobRun:
 def weight_grads_of(spec: dict[str, Any]) -> str:
     """The job's weight-gradient mode; specs stored before the field existed get the default."""
     return spec.get("weight_grads") or JobCreate.model_fields["weight_grads"].default
+
+
+def profile_threads(spec: dict[str, Any]) -> int:
+    """Torch threads each of the job's worker processes gets on this machine (as the runtime's
+    threads_per_worker shares the cores among them)."""
+    workers = 1
+    for n, _ in planning.levels_of(spec.get("levels"), spec.get("workers")):
+        workers *= max(1, n)
+    try:
+        cores = len(os.sched_getaffinity(0))
+    except AttributeError:
+        cores = os.cpu_count() or 1
+    return max(1, cores // workers)
 
 
 def train_command(job_id: int, spec: dict[str, Any], plan_path: Path) -> list[str]:
