@@ -99,7 +99,7 @@ def level1_values(t: Tables) -> BlockSums:
     if t.size > DENSE_UP_TO:
         return BlockSums(t.compute, empty=INF)
     v = _block_sums(t.compute)
-    v[np.tril_indices(t.size + 1, -1, t.size)] = INF
+    v[np.tri(t.size + 1, t.size, -1, dtype=bool)] = INF  # j < i
     return v
 
 
@@ -293,7 +293,7 @@ def _solve_one_row_by_machines(F: np.ndarray, t: Tables, values: np.ndarray, opt
     first_pair = np.searchsorted(pj, np.arange(n + 1))  # pairs of end state j: first_pair[j]..[j+1]
     slab = max(1, _SLAB_ENTRIES // len(reps))
     cuts = (np.flatnonzero(np.diff(first_pair[row + 1:n] // slab)) + row + 2).tolist()
-    for lo, hi in zip([row + 1] + cuts, cuts + [n]):
+    for lo, hi in zip([row + 1] + cuts, cuts + [n]) if row + 1 < n else ():
         a, b = int(first_pair[lo]), int(first_pair[hi])
         ck, cj = pk[a:b], pj[a:b]
         cost_t = pair_stage_costs_t(t, values, params, opt, ck, cj, reps)  # (R, P): one row per m'
@@ -355,9 +355,10 @@ def pair_stage_costs_t(t: Tables, values, params, opt: LevelOptions, pk: np.ndar
         t_in = np.divide(2.0 * t.output_activation[pk], per_byte)
         np.divide(t_in, opt.activation_compression, out=t_in)
         np.maximum(last, t_in, out=last)
-        t_out = np.divide(2.0 * t.output_activation[pj], per_byte, out=t_in)
+        sent = 2.0 * t.output_activation[pj]
+        sent[pj == n - 1] = -INF  # nothing is sent after the last state (stays -inf below)
+        t_out = np.divide(sent, per_byte, out=t_in)
         np.divide(t_out, opt.activation_compression, out=t_out)
-        t_out[:, pj == n - 1] = -INF  # nothing is sent after the last state
         np.maximum(last, t_out, out=last)
     return last
 
