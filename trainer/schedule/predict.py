@@ -129,15 +129,17 @@ def stage_costs(
         layers = _layers(profile, stage, k)
         fwd = sum(layer.forward_ms for layer in layers)
         bwd = sum(layer.backward_ms for layer in layers)
-        split = all(layer.backward_input_ms is not None for layer in layers)
-        bi = sum(layer.backward_input_ms for layer in layers) if split else None
+        # a layer with no backward (a model input) has nothing to split
+        split = all(layer.backward_input_ms is not None or layer.backward_ms == 0 for layer in layers)
+        bi = sum(layer.backward_input_ms or 0.0 for layer in layers) if split else None
         w_batched = None
         if batch_profile is not None:
             big = _layers(batch_profile, stage, k)
             if all(layer.backward_weight_ms is not None for layer in big):
                 w_batched = sum(layer.backward_weight_ms for layer in big) / microbatches
-        elif own_batched and all(layer.weight_batched_ms is not None for layer in layers):
-            w_batched = sum(layer.weight_batched_ms for layer in layers) / microbatches
+        elif own_batched and all(layer.weight_batched_ms is not None or not layer.parameter_bytes for layer in layers):
+            # a layer without parameters has no weight gradient to compute in W(-1)
+            w_batched = sum(layer.weight_batched_ms or 0.0 for layer in layers if layer.parameter_bytes) / microbatches
         step = sum(layer.optimizer_ms or 0.0 for layer in layers)
         send_act = send_grad = allreduce = 0.0
         if link is not None:
