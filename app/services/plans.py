@@ -23,14 +23,17 @@ PROFILE_TIMEOUT_S = 300
 _profiling = threading.Lock()  # one inline profiling at a time: a second what-if waits, then hits the cache
 
 
-def profile_for_model(session: Session, model: str, model_args: dict, batch_size: int) -> Profile:
+def profile_for_model(session: Session, model: str, model_args: dict, batch_size: int,
+                      calibration: list[str] | None = None) -> Profile:
+    """The model's cached profile at ``batch_size``, else measured now; ``calibration``:
+    profile_run's calibration flags (profiles.calibration_args), part of the cache key."""
     source, kind, default_args, model_id = profiles.resolve_model(session, model)
     if kind == "zoo":
         from app.services.jobs import validate_model_args
 
         validate_model_args(model, model_args)
     args = {**default_args, **model_args}
-    key = profiles.cache_key(model, args, batch_size)
+    key = profiles.cache_key(model, args, batch_size, calibration=(calibration or [])[1:])
     row = profiles.cached(session, key)
     if row is not None:
         return row
@@ -42,7 +45,8 @@ def profile_for_model(session: Session, model: str, model_args: dict, batch_size
         with tempfile.TemporaryDirectory(prefix="pipeboard-profile-") as tmp:
             out = Path(tmp) / "profile.json"
             cmd = [sys.executable, "-m", "app.services.profile_run", "--source", source, "--kind", kind,
-                   "--model-args", json.dumps(args), "--batch-size", str(batch_size), "-o", str(out)]
+                   "--model-args", json.dumps(args), "--batch-size", str(batch_size), "-o", str(out),
+                   *(calibration or [])]
             try:
                 done = subprocess.run(cmd, capture_output=True, text=True, timeout=PROFILE_TIMEOUT_S, start_new_session=True)
             except subprocess.TimeoutExpired:
@@ -61,12 +65,17 @@ def create(session: Session, body: PlanCreate) -> PlanRow:
         if prof is None:
             raise NotFound("profile", body.profile_id)
     else:
-        # Same cache key as a job's profile: one microbatch's worth of samples.
-        prof = profile_for_model(session, body.model, body.model_args, max(1, body.batch_size // body.microbatches))
+        # Same cache key as a job's profile on as many local workers: one microbatch's worth of
+        # samples, calibrated for the runtime (see profiles.calibration_args).
+        workers = 1
+        for n, _ in planning.levels_of(body.levels, None):
+            workers *= max(1, n)
+        prof = profile_for_model(session, body.model, body.model_args, max(1, body.batch_size // body.microbatches),
+                                 profiles.calibration_args(workers, body.batch_size, body.weight_grads))
     levels = planning.levels_of(body.levels, None)
     plan_obj = planning.make_plan(prof.data, levels, memory_bytes=body.memory_bytes, method=body.method)
     sched, sim = planning.simulate(plan_obj, body.schedule, body.microbatches, samples_per_microbatch=prof.batch_size,
-                                   chunks=body.chunks, weight_grads=body.weight_grads)
+                                   chunks=body.chunks, weight_grads=body.weight_grads, profile_data=prof.data)
     predicted = planning.predicted_summary(plan_obj, sched, sim, body.microbatches, body.timeline_limit)
     request = body.model_dump(mode="json", exclude={"timeline_limit"})
     row = PlanRow(profile_id=prof.id, request=request, data=plan_obj.to_dict(), predicted=predicted)

@@ -7,6 +7,7 @@ the next job or what-if for the same model reuses it instead of measuring again.
 from __future__ import annotations
 
 import json
+import os
 from typing import Any
 
 from sqlalchemy import select
@@ -25,6 +26,29 @@ def cache_key(model: str, model_args: dict[str, Any], batch_size: int, device: s
     args = json.dumps(model_args, sort_keys=True, separators=(",", ":")) if model_args else ""
     extra = (" " + " ".join(a.lstrip("-") for a in calibration)) if calibration else ""
     return f"{model}{args} bs={batch_size} {device}{extra}"[:200]
+
+
+def worker_threads(workers: int) -> int:
+    """Torch threads each of ``workers`` local worker processes gets (as the runtime's
+    threads_per_worker shares this machine's cores among them)."""
+    try:
+        cores = len(os.sched_getaffinity(0))
+    except AttributeError:
+        cores = os.cpu_count() or 1
+    return max(1, cores // max(1, workers))
+
+
+def calibration_args(workers: int, batch_size: int, weight_grads: str, optimizer: str | None = None) -> list[str]:
+    """profile_run's flags that calibrate a profile for runs on ``workers`` local processes of
+    ``batch_size`` samples per step: the link and the runtime's per-action overhead, the torch
+    threads each worker will have, and (batched weight gradients) the layers' weight gradients
+    at the whole batch."""
+    args = ["--calibrate", "--threads", str(worker_threads(workers))]
+    if weight_grads == "batched":
+        args += ["--weight-batch-size", str(batch_size)]
+    if optimizer:
+        args += ["--optimizer", optimizer]
+    return args
 
 
 def cached(session: Session, key: str) -> Profile | None:

@@ -201,15 +201,9 @@ class JobRun:
             # batched weight gradients (W(-1)) at the whole batch; the link and the runtime's
             # per-action overhead; all with the torch threads each worker will have.
             whole, batch = batch, max(1, batch // int(spec.get("microbatches") or 1))
-            threads = profile_threads(spec)
-            calibration = ["--calibrate", "--threads", str(threads)]
-            if weight_grads_of(spec) == "batched":
-                calibration += ["--weight-batch-size", str(whole)]
-            if (spec.get("hyperparameters") or {}).get("optimizer"):
-                calibration += ["--optimizer", spec["hyperparameters"]["optimizer"]]
-            key = profiles.cache_key(model, args, batch, device, calibration=calibration[1:])
-        else:
-            key = profiles.cache_key(model, args, batch, device)
+            calibration = profiles.calibration_args(job_workers(spec), whole, weight_grads_of(spec),
+                                                    (spec.get("hyperparameters") or {}).get("optimizer"))
+        key = profiles.cache_key(model, args, batch, device, calibration=calibration[1:])
         row = profiles.cached(self.session, key)
         if row is None:
             message = f"profiling {model} at batch size {batch}"
@@ -317,17 +311,12 @@ def weight_grads_of(spec: dict[str, Any]) -> str:
     return spec.get("weight_grads") or JobCreate.model_fields["weight_grads"].default
 
 
-def profile_threads(spec: dict[str, Any]) -> int:
-    """Torch threads each of the job's worker processes gets on this machine (as the runtime's
-    threads_per_worker shares the cores among them)."""
+def job_workers(spec: dict[str, Any]) -> int:
+    """Worker processes the job's cluster has (the product of its levels' workers)."""
     workers = 1
     for n, _ in planning.levels_of(spec.get("levels"), spec.get("workers")):
         workers *= max(1, n)
-    try:
-        cores = len(os.sched_getaffinity(0))
-    except AttributeError:
-        cores = os.cpu_count() or 1
-    return max(1, cores // workers)
+    return workers
 
 
 def train_command(job_id: int, spec: dict[str, Any], plan_path: Path) -> list[str]:
