@@ -58,3 +58,90 @@ def test_errors_name_the_field(client, profile_id):
     assert plan(client, profile_id=987654, levels=levels).status_code == 404
     huge = plan(client, profile_id=profile_id, levels=[{"workers": 65536, "bandwidth": 1e9}, {"workers": 64, "bandwidth": 1e9}])
     assert huge.status_code == 422 and "levels" in huge.json()["detail"]
+
+
+# --- the profile cost model -------------------------------------------------------------------
+
+OVERHEAD = {"microbatches": 4, "samples": [
+    {"layers": 1, "last": False, "forward_ms": 0.05, "backward_ms": 0.02, "backward_input_ms": 0.04,
+     "weight_call_ms": 0.1, "step_ms": 0.01},
+    {"layers": 3, "last": False, "forward_ms": 0.09, "backward_ms": 0.04, "backward_input_ms": 0.06,
+     "weight_call_ms": 0.3, "step_ms": 0.03},
+    {"layers": 1, "last": True, "forward_ms": 0.2, "backward_ms": 0.05, "backward_input_ms": 0.08,
+     "weight_call_ms": 0.1, "step_ms": 0.01}]}
+
+
+def layer(name, f, b, bi, w16, opt, params):
+    return {"name": name, "desc": "Linear" if params else "ReLU", "forward_ms": f, "backward_ms": b,
+            "backward_input_ms": bi, "weight_batched_ms": w16, "optimizer_ms": opt, "parameter_bytes": params,
+            "activation_bytes": 4096.0}
+
+
+def v2_profile(link=True):
+    """A hand-made calibrated profile at 4 samples: two Linear+ReLU pairs, weights timed at 16."""
+    return {"format": "pipeboard.profile", "version": 2, "model": "hand", "batch_size": 4, "device": "cpu",
+            "layers": [{"name": "x", "desc": "Input", "activation_bytes": 1024.0},
+                       layer("fc1", 1.0, 2.0, 0.5, 3.0, 0.4, 4096.0), layer("relu1", 0.2, 0.2, 0.2, 0.05, 0.0, 0.0),
+                       layer("fc2", 3.0, 5.0, 2.0, 6.0, 0.6, 8192.0), layer("relu2", 0.1, 0.1, 0.1, 0.0, 0.0, 0.0)],
+            "edges": [["x", "fc1"], ["fc1", "relu1"], ["relu1", "fc2"], ["fc2", "relu2"]],
+            "link": {"latency_ms": 0.3, "bytes_per_ms": 2048.0, "post_ms": 0.25} if link else None,
+            "overhead": OVERHEAD, "weight_batch_size": 16}
+
+
+def upload_json(client, data) -> int:
+    import json
+
+    made = client.post("/api/v1/profiles/upload", files={"file": ("p.json", json.dumps(data).encode(), "application/json")})
+    assert made.status_code == 201, made.text
+    return made.json()["id"]
+
+
+def test_a_calibrated_profile_predicts_from_its_measurements(client):
+    from app.services import planning
+    from trainer.profile.schema import Profile
+    from trainer.schedule.predict import profile_overhead, stage_costs, steady_step_s
+    from trainer.schedule.simulate import simulate
+
+    data = v2_profile()
+    pid = upload_json(client, data)
+    made = plan(client, profile_id=pid, levels=[{"workers": 2, "bandwidth": 1e9}], method="uniform", schedule="1f1b",
+                microbatches=4, batch_size=16, timeline_limit=1000)
+    assert made.status_code == 201, made.text
+    body = made.json()
+    predicted = body["predicted"]
+    assert predicted["cost_model"] == "profile" and predicted["batch_weight_grads"] is True
+    stages = [s["layers"] for s in body["plan"]["stages"]]
+    assert len(stages) == 2 and stages[0][0] == "x" and stages[1][-1] == "relu2"
+
+    prof = Profile.from_dict(data)
+    costs = stage_costs(prof, stages, microbatches=4, overhead=profile_overhead(prof, stages))
+    # By hand for the first stage: its layers' times, posting the activation's send, the
+    # runtime's overhead of a one-Linear stage; W(-1) from the weights timed at the 16-sample batch.
+    first = [lay for lay in data["layers"] if lay["name"] in stages[0]]
+    fwd_ms = sum(lay.get("forward_ms", 0.0) for lay in first) + 0.25 + 0.05
+    assert costs[0].fwd_s == pytest.approx(fwd_ms / 1e3)
+    w16 = sum(lay["weight_batched_ms"] for lay in first if lay.get("parameter_bytes"))  # ReLU: no weights
+    assert costs[0].bwd_weight_batched_s == pytest.approx((w16 + 0.1) / 4 / 1e3)
+    assert costs[0].step_s == pytest.approx((sum(lay.get("optimizer_ms") or 0.0 for lay in first) + 0.01) / 1e3)
+    assert costs[0].send_act_s == pytest.approx((0.3 + 4096.0 / 2048.0) / 1e3)
+    sched = planning.runtime_schedule(body["plan"], "1f1b", 4, weight_grads="batched")
+    expected = simulate(sched, costs)
+    assert predicted["iteration_time_s"] == pytest.approx(expected.iteration_time_s)
+    assert predicted["steady_step_s"] == pytest.approx(steady_step_s(costs, "1f1b", 4, batch_weight_grads=True))
+    assert {e["kind"] for e in predicted["timeline"]} >= {"F", "BI", "W", "step", "send_act"}
+
+
+def test_a_profile_without_what_predict_needs_falls_back_to_the_plan(client, profile_id):
+    from app.services import planning
+    from trainer.schedule.costs import costs_from_plan
+    from trainer.schedule.simulate import simulate
+
+    levels = [{"workers": 2, "bandwidth": 1e9}]
+    for pid in (upload_json(client, v2_profile(link=False)), profile_id):  # no link; an imported graph.txt
+        made = plan(client, profile_id=pid, levels=levels, method="uniform", schedule="1f1b", microbatches=4)
+        assert made.status_code == 201, made.text
+        body = made.json()
+        assert body["predicted"]["cost_model"] == "plan" and body["predicted"]["steady_step_s"] is None
+        sched = planning.runtime_schedule(body["plan"], "1f1b", 4)
+        assert body["predicted"]["iteration_time_s"] == pytest.approx(
+            simulate(sched, costs_from_plan(body["plan"])).iteration_time_s)
