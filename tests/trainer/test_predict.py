@@ -163,3 +163,99 @@ def test_runtime_overhead_is_added_per_action():
     assert got == pytest.approx(7.25e-3)
     with pytest.raises(ScheduleError, match="overhead"):
         stage_costs(prof, [["l0"]], overhead=o * 2)
+
+
+# --- calibration carried by the profile --------------------------------------------------------
+
+OVERHEAD_SAMPLES = [
+    {"layers": 1, "last": False, "forward_ms": 0.1, "backward_ms": 0.2, "backward_input_ms": 0.1,
+     "weight_call_ms": 0.3, "step_ms": 0.02},
+    {"layers": 3, "last": False, "forward_ms": 0.3, "backward_ms": 0.4, "backward_input_ms": 0.2,
+     "weight_call_ms": 0.7, "step_ms": 0.06},
+    {"layers": 1, "last": True, "forward_ms": 0.5, "backward_ms": 0.3, "backward_input_ms": 0.2,
+     "weight_call_ms": 0.3, "step_ms": 0.02},
+]
+
+
+def calibrated(weight_batch_size: int | None = 16) -> Profile:
+    from trainer.profile.schema import Overhead
+
+    prof = chain([(0.5, 1.0, 0.25, 0.1), (0.5, 1.0, 0.5, 0.2), (1.0, 3.0, 1.0, 0.3), (0.25, 0.5, 0.5, 0.0)])
+    for layer, w in zip(prof.layers, (2.0, 1.0, 6.0, 0.5)):
+        layer.weight_batched_ms = w
+    prof.weight_batch_size = weight_batch_size
+    prof.overhead = Overhead(samples=[dict(s) for s in OVERHEAD_SAMPLES], microbatches=4)
+    return prof
+
+
+def test_overhead_interpolates_by_layer_count_and_kind_of_stage():
+    prof = calibrated()
+    # two layers: halfway between the one- and three-layer samples; five: on the same line
+    assert prof.overhead.at(2, False) == pytest.approx(
+        {"forward_ms": 0.2, "backward_ms": 0.3, "backward_input_ms": 0.15, "weight_call_ms": 0.5, "step_ms": 0.04})
+    assert prof.overhead.at(5, False)["forward_ms"] == pytest.approx(0.5)
+    # only one last-stage sample: it holds for every layer count
+    assert prof.overhead.at(4, True)["forward_ms"] == pytest.approx(0.5)
+    from trainer.profile.schema import Overhead
+
+    only_last = Overhead(samples=[OVERHEAD_SAMPLES[2]])
+    assert only_last.at(2, False)["backward_ms"] == pytest.approx(0.3)  # the other kind's, never measured
+
+
+def test_profile_overhead_and_the_profiles_own_batched_weight_gradients_by_hand():
+    from trainer.schedule.predict import profile_overhead
+
+    prof = calibrated()
+    o = profile_overhead(prof, TWO)
+    assert o[0].forward_s == pytest.approx(0.2e-3) and o[1].forward_s == pytest.approx(0.5e-3)  # 2 layers; last
+    c0, c1 = stage_costs(prof, TWO, microbatches=4, overhead=o)
+    assert c0.fwd_s == pytest.approx((0.5 + 0.5 + 0.2) * 1e-3)
+    assert c0.w_batched_s == pytest.approx((2.0 + 1.0 + 0.5) / 4 * 1e-3)  # weight_batched_ms at 16 = 4 x 4, + call
+    assert c1.w_batched_s == pytest.approx((6.0 + 0.5 + 0.3) / 4 * 1e-3)
+    assert c0.step_s == pytest.approx((0.1 + 0.2 + 0.04) * 1e-3)
+    # timed at another batch: not this W(-1)'s cost, so the per-microbatch weight gradients stand in
+    other = stage_costs(calibrated(weight_batch_size=32), TWO, microbatches=4)
+    assert other[0].bwd_weight_batched_s is None and other[0].w_batched_s == pytest.approx(other[0].w_s)
+    assert profile_overhead(chain([(1, 1, 0.5, 0.1)] * 4), TWO) is None
+
+
+def test_calibration_round_trips_and_older_v2_files_still_load():
+    prof = calibrated()
+    back = Profile.from_json(prof.to_json())
+    assert back.overhead == prof.overhead and back.weight_batch_size == 16
+    assert [layer.weight_batched_ms for layer in back.layers] == [2.0, 1.0, 6.0, 0.5]
+    older = json.loads(prof.to_json())
+    del older["overhead"], older["weight_batch_size"]
+    for layer in older["layers"]:
+        del layer["weight_batched_ms"]
+    old = Profile.from_dict(older)
+    assert old.overhead is None and old.weight_batch_size is None and old.layers[0].weight_batched_ms is None
+
+
+@pytest.mark.parametrize("change, match", [
+    (lambda d: d.update(overhead={"samples": []}), "non-empty 'samples'"),
+    (lambda d: d["overhead"]["samples"][0].update(layers=0), "overhead.samples\\[0\\]: field 'layers'"),
+    (lambda d: d["overhead"]["samples"][1].update(step_ms=-1), "overhead.samples\\[1\\]: field 'step_ms'"),
+    (lambda d: d["overhead"]["samples"][0].pop("last"), "field 'last'"),
+    (lambda d: d.update(weight_batch_size=0), "weight_batch_size"),
+    (lambda d: d["layers"][2].update(weight_batched_ms="slow"), "weight_batched_ms"),
+])
+def test_bad_calibration_fields_are_refused(change, match):
+    data = json.loads(calibrated().to_json())
+    change(data)
+    with pytest.raises(ProfileError, match=match):
+        Profile.from_dict(data)
+
+
+def test_measured_action_overhead_covers_every_action_and_calibrates_a_profile():
+    from trainer.runtime.overhead import calibrate, measure_action_overhead
+
+    o = measure_action_overhead(2, True, microbatches=2, rounds=3)
+    assert all(v >= 0 for v in (o.forward_s, o.backward_s, o.backward_input_s, o.weight_call_s, o.step_s))
+    cal = calibrate(layer_counts=(1, 2), microbatches=2, rounds=3)
+    assert sorted((s["layers"], s["last"]) for s in cal.samples) == [(1, False), (1, True), (2, False), (2, True)]
+    prof = chain([(1, 1, 0.5, 0.1)] * 4)
+    prof.overhead = cal
+    assert Profile.from_json(prof.to_json()).overhead == cal
+    with pytest.raises(ValueError, match="layers"):
+        measure_action_overhead(0, False)
