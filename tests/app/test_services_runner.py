@@ -10,10 +10,10 @@ import threading
 import time
 
 import pytest
-from sqlalchemy import update
+from sqlalchemy import select, update
 
 from app.core.db import get_sessionmaker
-from app.models import Job, JobStatus
+from app.models import Job, JobEvent, JobStatus
 from app.services import jobs, runner
 from tests.app.test_e2e_support import group_alive
 from tests.app.test_services_support import live_db, new_job  # noqa: F401  (fixture)
@@ -110,3 +110,36 @@ def test_train_command_carries_the_spec(stop):
     key = next(iter(stop))
     flag = {"steps": "--steps", "epochs": "--epochs", "target": "--target", "time_s": "--epochs"}[key]
     assert flag in cmd
+
+
+def test_a_train_jobs_profile_phase_stores_the_calibration(live_db, tmp_path):
+    """The real profiling child: the profile at the microbatch size carries the link, the
+    runtime's per-action overhead and the layers' weight gradients timed at the whole batch."""
+    from app.models import Profile as ProfileRow
+    from trainer.profile.schema import Profile
+
+    spec = {"model": "mlp-digits", "model_args": {"hidden": 16}, "workers": 2, "schedule": "1f1b", "batch_size": 16,
+            "microbatches": 4, "weight_grads": "batched", "repeats": 2}
+    job_id = new_job("running", kind="train")
+    with get_sessionmaker()() as s:
+        s.execute(update(Job).where(Job.id == job_id).values(spec=spec))
+        s.commit()
+    run = runner.JobRun(job_id)
+    try:
+        profile_id = run.profile_phase(run.session.get(Job, job_id), tmp_path)
+        with get_sessionmaker()() as s:
+            prof = Profile.from_dict(s.get(ProfileRow, profile_id).data)
+            assert s.get(Job, job_id).profile_id == profile_id
+            messages = [e.payload.get("message", "") for e in s.scalars(select(JobEvent).where(JobEvent.job_id == job_id))]
+        assert prof.batch_size == 4 and prof.weight_batch_size == 16
+        assert prof.link is not None and prof.link.bytes_per_ms > 0
+        assert prof.overhead is not None and {s["last"] for s in prof.overhead.samples} == {False, True}
+        weighted = [layer for layer in prof.layers if layer.parameter_bytes > 0]
+        assert weighted and all(layer.weight_batched_ms is not None for layer in weighted)
+        assert any("link" in m and "overhead" in m for m in messages), messages
+        # the next job of the same shape reuses it; immediate weight gradients need another
+        assert run.profile_phase(run.session.get(Job, job_id), tmp_path) == profile_id
+    finally:
+        run.session.close()
+    assert runner.job_workers({"levels": [{"workers": 2, "bandwidth": 1e9}, {"workers": 3, "bandwidth": 1e8}]}) == 6
+    assert "--weight-batch-size" not in runner.profiles.calibration_args(2, 16, "immediate")
