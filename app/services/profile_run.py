@@ -7,10 +7,12 @@ Besides the per-layer profile at ``--batch-size`` (a job's microbatch size), it 
 the service's predicted timeline needs beyond that (``trainer.schedule.predict``), stored in the
 same profile JSON:
 
-- ``--weight-batch-size N``: the model profiled again at N samples (a job's whole batch), each
-  layer's weight-gradient part kept as ``weight_batched_ms`` (``weight_batch_size`` = N): with
-  batched weight gradients the runtime computes them once per batch over all its microbatches
-  (W(-1)), one matmul over N rows, which costs far less than M per-microbatch ones;
+- ``--weight-batch-size N``: what each layer costs in the runtime's batched weight gradients
+  (W(-1)) over a batch of N samples, as ``weight_batched_ms`` (``weight_batch_size`` = N). The
+  runtime computes a plain nn.Linear's in one matmul over all N rows, which costs far less than
+  M per-microbatch ones: the model is profiled again at N samples and the layer's weight-gradient
+  part at N kept; other layers' it computes one microbatch at a time: M times their part at the
+  microbatch size;
 - ``--calibrate``: the link between two worker processes (``trainer.profile.link.measure_link``)
   and the runtime's per-action overhead (``trainer.runtime.overhead.calibrate``), a few seconds.
 """
@@ -50,6 +52,12 @@ def _resized(example: Any, n: int) -> Any:
     return tuple(one(t) for t in example) if isinstance(example, tuple) else one(example)
 
 
+def _batched_by_runtime(desc: str) -> bool:
+    """Whether the runtime's W(-1) computes this layer's weight gradients in one matmul over all
+    the microbatches (trainer.runtime.weightgrad: plain nn.Linear; its repr starts so)."""
+    return desc.startswith("Linear(")
+
+
 def profile(source: str, kind: str, model_args: dict[str, Any], batch_size: int, device: str = "cpu", repeats: int = 5,
             *, optimizer: str | None = None, weight_batch_size: int | None = None,
             calibrate: bool = False) -> dict[str, Any]:
@@ -72,8 +80,13 @@ def profile(source: str, kind: str, model_args: dict[str, Any], batch_size: int,
         big = profile_model(model, big_example, batch_size=weight_batch_size, device=device, warmup=2,
                             repeats=repeats, optimizer=opt, optimizer_steps=False)
         weights = {layer.name: layer.backward_weight_ms for layer in big.layers}
+        per_batch = weight_batch_size / batch_size
         for layer in prof.layers:
-            layer.weight_batched_ms = weights.get(layer.name)
+            if _batched_by_runtime(layer.desc):
+                layer.weight_batched_ms = weights.get(layer.name)
+            elif layer.backward_weight_ms is not None:
+                # the runtime's W(-1) runs these one microbatch at a time
+                layer.weight_batched_ms = layer.backward_weight_ms * per_batch
         prof.weight_batch_size = weight_batch_size
         prof.meta["weight_batch_wall_s"] = big.meta.get("wall_s")
     elif weight_batch_size == batch_size:  # one microbatch per batch: W(-1) is the profile's own weight part
