@@ -51,8 +51,14 @@ def calibration_args(workers: int, batch_size: int, weight_grads: str, optimizer
     return args
 
 
-def cached(session: Session, key: str) -> Profile | None:
-    return session.scalar(select(Profile).where(Profile.name == key, Profile.origin == "profiled").order_by(Profile.id.desc()).limit(1))
+def cached(session: Session, key: str, *, calibrated_too: bool = False) -> Profile | None:
+    """The newest profiled profile named ``key``; ``calibrated_too``: or one of the same model,
+    arguments, batch size and device that a job also calibrated (its name is ``key`` and the
+    calibration), which holds every plain measurement too."""
+    match = Profile.name == key
+    if calibrated_too:
+        match = match | Profile.name.startswith(key + " ", autoescape=True)
+    return session.scalar(select(Profile).where(match, Profile.origin == "profiled").order_by(Profile.id.desc()).limit(1))
 
 
 def store(session: Session, data: dict[str, Any], *, name: str, origin: str, model_id: int | None = None) -> Profile:

@@ -204,7 +204,7 @@ class JobRun:
             calibration = profiles.calibration_args(job_workers(spec), whole, weight_grads_of(spec),
                                                     (spec.get("hyperparameters") or {}).get("optimizer"))
         key = profiles.cache_key(model, args, batch, device, calibration=calibration[1:])
-        row = profiles.cached(self.session, key)
+        row = profiles.cached(self.session, key, calibrated_too=job.kind == "profile")
         if row is None:
             message = f"profiling {model} at batch size {batch}"
             if calibration:
