@@ -119,7 +119,7 @@ def main() -> None:
             wshare = f"{100 * wall / ref_wall:7.3f}%" if ref_wall and not gave_up else f"{'-':>8s}"
             states = f"{result.states}{'' if result.exact else 'L'}"
             print(f"{name:14s} {config:22s} {states:>7s} {result.predicted_time_s:17.12g} {ref_txt} "
-                  f"{(f'{diff:8.1e}' if diff is not None else '       -')} {wall:8.3f}s {cpu:7.3f}s "
+                  f"{(f'{diff:8.1e}' if diff is not None else '       -')} {1e3 * wall:7.2f}ms {1e3 * cpu:6.2f}ms "
                   f"{(f'{ref_wall:8.2f}s' if ref_wall else '        -')} {share} {wshare}", flush=True)
     finished = [r for r in rows if r["rel_diff"] is not None]
     if finished:
