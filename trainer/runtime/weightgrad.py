@@ -24,16 +24,18 @@ gradients in BI, the plain way.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass
+from functools import partial
 
 import torch
 from torch import fx, nn
 from torch.autograd.graph import GradientEdge, get_gradient_edge
 
 
-@dataclass(eq=False)
+@dataclass(eq=False, slots=True)
 class LayerCall:
-    """One call of a parameterised module during one forward."""
+    """One call of a parameterised module during one forward (made on every layer call: slots and
+    no default factory keep that cheap)."""
 
     module: nn.Module
     names: list[str]  # the module's own parameter slots ...
@@ -41,7 +43,7 @@ class LayerCall:
     edges: list[GradientEdge]  # where the gradient of each differentiable output arrives
     x: torch.Tensor | None = None  # nn.Linear only: its input, for g^T x
     x_version: int = 0
-    grads: list[torch.Tensor | None] = field(default_factory=list)  # set by BI, per edge
+    grads: list[torch.Tensor | None] = ()  # set by BI, per edge
 
     @property
     def linear(self) -> bool:
@@ -89,12 +91,21 @@ def get_attr_slots(module: nn.Module) -> list[tuple[nn.Module, str]]:
 
 class CallRecorder:
     """Forward hooks on the parameterised modules of a stage; ``start``/``stop`` bracket one
-    forward and return the calls it made."""
+    forward and return the calls it made.
+
+    A hook runs on every layer call of every forward, so what it can know in advance (a module's
+    parameter names, whether it is a plain Linear) is worked out once here, and per call it only
+    reads the tensors in the slots and the output's autograd edge (the first version spent
+    ~11 us per call on attribute lookups through ``nn.Module.__getattr__`` and generic checks)."""
 
     def __init__(self, module: nn.Module) -> None:
         self._calls: list[LayerCall] | None = None
-        self._handles = [m.register_forward_hook(self._hook) for m in module.modules()
-                         if any(p is not None and p.requires_grad for p in m._parameters.values())]
+        self._handles = []
+        for m in module.modules():
+            names = [n for n, p in m._parameters.items() if p is not None and p.requires_grad]
+            if names:
+                weight = names.index("weight") if _is_plain_linear(m) and "weight" in names else -1
+                self._handles.append(m.register_forward_hook(partial(self._hook, names, weight)))
 
     def start(self) -> None:
         self._calls = [] if torch.is_grad_enabled() else None
@@ -107,19 +118,41 @@ class CallRecorder:
         for h in self._handles:
             h.remove()
 
-    def _hook(self, module: nn.Module, args, output) -> None:
-        if self._calls is None:
+    def _hook(self, names: list[str], weight: int, module: nn.Module, args, output) -> None:
+        """``names``: the module's trainable parameter slots when hooked; ``weight``: the index of
+        a plain Linear's weight among them, else -1."""
+        calls = self._calls
+        if calls is None:
             return
-        slots = [(n, p) for n, p in module._parameters.items() if p is not None and p.requires_grad]
-        outs = [o for o in _tensors(output) if o.grad_fn is not None]
-        if not slots or not outs:
+        slots = module._parameters
+        params = [slots[n] for n in names]
+        if not all(p is not None and p.requires_grad for p in params):  # a slot emptied or frozen since
+            kept = [(n, p) for n, p in zip(names, params) if p is not None and p.requires_grad]
+            if not kept:
+                return
+            names, params, weight = [n for n, _ in kept], [p for _, p in kept], -1
+        outs = [output] if isinstance(output, torch.Tensor) else _tensors(output)
+        outs = [o for o in outs if o.grad_fn is not None]
+        if not outs:
             return
-        call = LayerCall(module, [n for n, _ in slots], [p for _, p in slots], [get_gradient_edge(o) for o in outs])
-        if _is_plain_linear(module) and len(args) == 1 and len(outs) == 1:
-            x, w = args[0], module.weight
-            if isinstance(x, torch.Tensor) and x.dtype == w.dtype == outs[0].dtype and w.requires_grad:
+        call = LayerCall(module, names, params, [_edge(o) for o in outs])
+        if weight >= 0 and len(args) == 1 and len(outs) == 1:
+            x = args[0]
+            if isinstance(x, torch.Tensor) and x.dtype == params[weight].dtype == outs[0].dtype:
                 call.x, call.x_version = x, x._version
-        self._calls.append(call)
+        calls.append(call)
+
+
+_new_tuple = tuple.__new__
+
+
+def _edge(t: torch.Tensor) -> GradientEdge:
+    """``get_gradient_edge`` of a tensor that has a ``grad_fn``, without its generic checks; a
+    Python-defined node (autograd.Function) takes the full path, which keeps its graph alive."""
+    fn = t.grad_fn
+    if isinstance(fn, torch._C._FunctionBase):
+        return get_gradient_edge(t)
+    return _new_tuple(GradientEdge, (fn, t.output_nr, None))  # the NamedTuple's Python __new__ costs ~1 us
 
 
 def backward_inputs(roots: list[torch.Tensor], root_grads: list[torch.Tensor] | None,
