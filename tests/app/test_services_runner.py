@@ -143,3 +143,17 @@ def test_a_train_jobs_profile_phase_stores_the_calibration(live_db, tmp_path):
         run.session.close()
     assert runner.job_workers({"levels": [{"workers": 2, "bandwidth": 1e9}, {"workers": 3, "bandwidth": 1e8}]}) == 6
     assert "--weight-batch-size" not in runner.profiles.calibration_args(2, 16, "immediate")
+
+
+def test_weight_gradients_at_the_batch_follow_what_the_runtimes_w_batches():
+    """Plain Linear layers: timed again at the whole batch (one matmul in W(-1)); other layers:
+    the runtime computes them one microbatch at a time, so M times their part at the microbatch."""
+    from app.services.profile_run import profile
+    from trainer.profile.schema import Profile
+
+    prof = Profile.from_dict(profile("cnn-digits", "zoo", {"channels": 4}, 2, repeats=1, weight_batch_size=6))
+    assert prof.weight_batch_size == 6 and prof.link is None and prof.overhead is None
+    convs = [layer for layer in prof.layers if layer.desc.startswith("Conv2d")]
+    assert convs and all(layer.weight_batched_ms == pytest.approx(3 * layer.backward_weight_ms) for layer in convs)
+    linears = [layer for layer in prof.layers if layer.desc.startswith("Linear(")]
+    assert linears and all(layer.weight_batched_ms is not None for layer in linears)
