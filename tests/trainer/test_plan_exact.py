@@ -282,7 +282,7 @@ def test_one_row_in_slabs_of_end_states_equals_one_slab(seed, monkeypatch):
                        memory_bytes=[None, 3e8][seed % 2], activation_compression=[1.0, None][seed % 5 == 0])
     row = np.array([0 if seed % 3 else rng.randrange(t.size + 1)], dtype=np.intp)  # (row n: empty)
     whole = solve_level(t, level1_values(t), opt, row)
-    monkeypatch.setattr("trainer.plan.dp._SLAB_ENTRIES", rng.choice([1, 2, 5]))
+    monkeypatch.setattr("trainer.plan.bymachines._SLAB_ENTRIES", rng.choice([1, 2, 5]))
     assert np.array_equal(solve_level(t, level1_values(t), opt, row), whole)
     assert np.isfinite(whole).any() or row[0] == t.size
     # The row after the last state holds no block at all.

@@ -12,7 +12,8 @@ of the state DAG and every block start i are done at once:
 Entries with k < i read an empty ``A[i][k]`` (+inf), so they never win: the block starts are
 taken in a few bands, each with only the pairs whose k can follow its first start. Every entry
 is formed with the reference's arithmetic (the same terms as ``dp``), so the table is the same
-numbers as ``dp.solve_level`` gives without bounds.
+numbers as ``dp.solve_level`` gives without bounds. ``solve_one_row`` does the same for a
+single block start (the top level), end states in slabs.
 """
 
 from __future__ import annotations
@@ -20,7 +21,7 @@ from __future__ import annotations
 import numpy as np
 
 from trainer.plan.blocks import after
-from trainer.plan.dp import INF, _groups, LevelOptions, Tables, _stash_factor, pair_stage_costs_t, single_stage_table
+from trainer.plan.dp import INF, LevelOptions, Tables, _groups, _stash_factor, pair_stage_costs_t, single_stage_table
 
 # Bands of block starts: each band only pairs up with predecessors k at or after its first start.
 _BANDS = 4
@@ -96,3 +97,53 @@ def _fill_band(table, pk, ends, starts, cost, stash, opt: LevelOptions, lo: int,
         if m < M - 1:
             prefix.append(target.take(pk, axis=0))
     table[:, :, lo:hi] = band
+
+
+def solve_one_row(F: np.ndarray, t: Tables, values: np.ndarray, opt: LevelOptions, row: int,
+                  reps: np.ndarray, bound: float) -> None:
+    """One row, in the reference's loop order: machine count outermost, every (k, j) pair of
+    the state DAG at once (A[i][j][m] reads only A[i][k][m - m'] with m' >= 1).
+
+    The end states go in slabs of about ``_SLAB_ENTRIES`` (pair, m') entries, each slab over
+    every machine count before the next: a slab reads only earlier states, finished on every
+    machine count, or its own at smaller counts. Slabs keep the temporaries small enough to
+    be reused instead of freshly mapped (the page faults cost more than the arithmetic)."""
+    n, M = t.size, opt.machines
+    acts, params = t.block_sums()
+    pk, pj = t.pairs()
+    if row > 0:
+        keep = pk >= row
+        pk, pj = pk[keep], pj[keep]
+    table = np.ascontiguousarray(F[:, :, 0].T)  # (M, n): one row per machine count
+    first_pair = np.searchsorted(pj, np.arange(n + 1))  # pairs of end state j: first_pair[j]..[j+1]
+    slab = max(1, _SLAB_ENTRIES // len(reps))
+    cuts = (np.flatnonzero(np.diff(first_pair[row + 1:n] // slab)) + row + 2).tolist()
+    for lo, hi in zip([row + 1] + cuts, cuts + [n]) if row + 1 < n else ():
+        a, b = int(first_pair[lo]), int(first_pair[hi])
+        ck, cj = pk[a:b], pj[a:b]
+        cost_t = pair_stage_costs_t(t, values, params, opt, ck, cj, reps)  # (R, P): one row per m'
+        if bound < INF:
+            keep = cost_t.min(axis=0) <= bound
+            ck, cj, cost_t = ck[keep], cj[keep], cost_t[:, keep]
+        ends, starts = _groups(cj)
+        stash = after(acts, ck, cj) + after(params, ck, cj) if opt.memory_bytes is not None else None
+        for m in range(1, M):
+            if opt.fewer_machines:  # the reference's j > i
+                np.minimum(table[m, lo:hi], table[m - 1, lo:hi], out=table[m, lo:hi])
+            if len(ck) == 0:
+                continue
+            r_max = min(len(reps), m)
+            # prefix[r'-1, p] = A[i][k_p][m - r'] for m' = 1..r_max
+            prefix = np.take(table[m - r_max:m][::-1], ck, axis=1)
+            c = cost_t[:r_max]
+            if stash is not None:
+                factor = _stash_factor(m + 1, np.arange(1, r_max + 1), M)
+                c = np.where(stash[None, :] * factor[:, None] > opt.memory_bytes, INF, c)
+            np.maximum(prefix, c, out=prefix)
+            best = np.minimum.reduceat(prefix.min(axis=0), starts)
+            np.minimum(table[m, ends], best, out=best)
+            table[m, ends] = best
+    F[:, :, 0] = table.T
+
+
+_SLAB_ENTRIES = 16_384  # (pair, m') entries per slab of end states: 128 KiB temporaries

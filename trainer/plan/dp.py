@@ -245,7 +245,9 @@ def solve_level(t: Tables, values: np.ndarray, opt: LevelOptions, rows: np.ndarr
     pairs = len(t.pairs()[0])
     if len(rows) == 1 and M > 1 and pairs * M <= 20_000_000 and caps is None:
         # Few enough (k, j) pairs to hold them all: machine count outermost, as the reference.
-        _solve_one_row_by_machines(F, t, values, opt, int(rows[0]), reps, float(bound[0]))
+        from trainer.plan import bymachines
+
+        bymachines.solve_one_row(F, t, values, opt, int(rows[0]), reps, float(bound[0]))
         return F
     diag = _diagonal_plan(M, R) if M > 1 else None
     for j in range(1, n):
@@ -272,56 +274,6 @@ def solve_level(t: Tables, values: np.ndarray, opt: LevelOptions, rows: np.ndarr
             # A[i][j][m] may keep A[i][j][m-1] (the reference's use_fewer_machines), rows i < j.
             F[j, :, :top] = np.minimum.accumulate(F[j, :, :top], axis=0)
     return F
-
-
-def _solve_one_row_by_machines(F: np.ndarray, t: Tables, values: np.ndarray, opt: LevelOptions, row: int,
-                               reps: np.ndarray, bound: float) -> None:
-    """One row, in the reference's loop order: machine count outermost, every (k, j) pair of
-    the state DAG at once (A[i][j][m] reads only A[i][k][m - m'] with m' >= 1).
-
-    The end states go in slabs of about ``_SLAB_ENTRIES`` (pair, m') entries, each slab over
-    every machine count before the next: a slab reads only earlier states, finished on every
-    machine count, or its own at smaller counts. Slabs keep the temporaries small enough to
-    be reused instead of freshly mapped (the page faults cost more than the arithmetic)."""
-    n, M = t.size, opt.machines
-    acts, params = t.block_sums()
-    pk, pj = t.pairs()
-    if row > 0:
-        keep = pk >= row
-        pk, pj = pk[keep], pj[keep]
-    table = np.ascontiguousarray(F[:, :, 0].T)  # (M, n): one row per machine count
-    first_pair = np.searchsorted(pj, np.arange(n + 1))  # pairs of end state j: first_pair[j]..[j+1]
-    slab = max(1, _SLAB_ENTRIES // len(reps))
-    cuts = (np.flatnonzero(np.diff(first_pair[row + 1:n] // slab)) + row + 2).tolist()
-    for lo, hi in zip([row + 1] + cuts, cuts + [n]) if row + 1 < n else ():
-        a, b = int(first_pair[lo]), int(first_pair[hi])
-        ck, cj = pk[a:b], pj[a:b]
-        cost_t = pair_stage_costs_t(t, values, params, opt, ck, cj, reps)  # (R, P): one row per m'
-        if bound < INF:
-            keep = cost_t.min(axis=0) <= bound
-            ck, cj, cost_t = ck[keep], cj[keep], cost_t[:, keep]
-        ends, starts = _groups(cj)
-        stash = after(acts, ck, cj) + after(params, ck, cj) if opt.memory_bytes is not None else None
-        for m in range(1, M):
-            if opt.fewer_machines:  # the reference's j > i
-                np.minimum(table[m, lo:hi], table[m - 1, lo:hi], out=table[m, lo:hi])
-            if len(ck) == 0:
-                continue
-            r_max = min(len(reps), m)
-            # prefix[r'-1, p] = A[i][k_p][m - r'] for m' = 1..r_max
-            prefix = np.take(table[m - r_max:m][::-1], ck, axis=1)
-            c = cost_t[:r_max]
-            if stash is not None:
-                factor = _stash_factor(m + 1, np.arange(1, r_max + 1), M)
-                c = np.where(stash[None, :] * factor[:, None] > opt.memory_bytes, INF, c)
-            np.maximum(prefix, c, out=prefix)
-            best = np.minimum.reduceat(prefix.min(axis=0), starts)
-            np.minimum(table[m, ends], best, out=best)
-            table[m, ends] = best
-    F[:, :, 0] = table.T
-
-
-_SLAB_ENTRIES = 16_384  # (pair, m') entries per slab of end states: 128 KiB temporaries
 
 
 def _groups(pj: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
