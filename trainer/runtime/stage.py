@@ -54,8 +54,8 @@ class Stage:
         # Weight-gradient split: calls noted per forward, and W work left by BI per microbatch
         # (with the tensors of the version it ran against). DDP reduces inside its own backward:
         # never split.
-        # ``layer_calls=False`` saves the hooks' cost (~1% of a small stage's forward) where no
-        # backward will be split.
+        # ``layer_calls=False`` saves the hooks' cost where no backward will be split: ~15-20 us per
+        # layer call, 3.5% of the forward of 8 Linear(1024, 1024) layers on 8 samples (measured).
         self._recorder = CallRecorder(module) if ddp is None and layer_calls else None
         read = set(get_attr_slots(module))
         self._get_attr_params = {i for owner, name, i in self._slots if (owner, name) in read}
