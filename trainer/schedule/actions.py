@@ -139,7 +139,7 @@ class TimelineEvent:
     """One executed (or predicted) action: the same record for simulator and runtime.
 
     Times are seconds on a common clock (the run's start, or the simulation's zero).
-    ``step`` is the iteration (sync) or minibatch (async) the action belongs to.
+    ``step`` is the iteration (sync) or, for pipedream, the batch (``microbatch // per_update``) the action belongs to.
     """
 
     worker: int
