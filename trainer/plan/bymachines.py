@@ -82,8 +82,9 @@ def _fill_band(table, pk, ends, starts, cost, stash, opt: LevelOptions, lo: int,
     for m in range(1, M):
         for r in range(1, min(R, m) + 1):
             c = cost[r - 1]
-            if stash is not None:
-                c = np.where(stash * _stash_factor(m + 1, r, M) > opt.memory_bytes, INF, c)
+            factor = _stash_factor(m + 1, r, M) if stash is not None else 0
+            if factor:  # (a zero factor stashes nothing: no stage is ruled out)
+                c = np.where(stash * factor > opt.memory_bytes, INF, c)
             if r == 1:
                 np.maximum(prefix[m - r], c[:, None], out=acc)
             else:
@@ -136,8 +137,8 @@ def solve_one_row(F: np.ndarray, t: Tables, values: np.ndarray, opt: LevelOption
             # prefix[r'-1, p] = A[i][k_p][m - r'] for m' = 1..r_max
             prefix = np.take(table[m - r_max:m][::-1], ck, axis=1)
             c = cost_t[:r_max]
-            if stash is not None:
-                factor = _stash_factor(m + 1, np.arange(1, r_max + 1), M)
+            factor = _stash_factor(m + 1, np.arange(1, r_max + 1), M) if stash is not None else None
+            if factor is not None and factor.any():  # (a zero factor stashes nothing)
                 c = np.where(stash[None, :] * factor[:, None] > opt.memory_bytes, INF, c)
             np.maximum(prefix, c, out=prefix)
             best = np.minimum.reduceat(prefix.min(axis=0), starts)
