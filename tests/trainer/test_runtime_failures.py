@@ -56,7 +56,7 @@ class KillOnFirstMetrics(ListSink):
 def test_killed_stage_fails_the_run_naming_it_and_nothing_is_left():
     sink = KillOnFirstMetrics(rank=1)
     with pytest.raises(RunFailed) as err:
-        run_training(cfg(steps=100_000), sink)
+        run_training(cfg(steps=100_000, p2p="shm"), sink)  # the survivor waits on shared memory
     assert time.monotonic() - sink.killed_at < 30
     assert "stage 1 (rank 1" in str(err.value) and "SIGKILL" in str(err.value)
     assert err.value.rank == 1 and err.value.stages == [1]

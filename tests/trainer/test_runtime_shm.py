@@ -170,7 +170,7 @@ def run(tmp_path, **kw):
     return cfg, summary, trained
 
 
-@pytest.mark.parametrize("p2p,schedule", [(None, "1f1b"), ("shm", "pipedream"), ("gloo", "1f1b")])
+@pytest.mark.parametrize("p2p,schedule", [("auto", "1f1b"), ("shm", "pipedream"), ("gloo", "1f1b"), (None, "1f1b")])
 def test_runs_choose_their_transport_train_the_same_and_leave_no_shared_memory(tmp_path, monkeypatch, p2p,
                                                                                 schedule):
     log = ChannelLog(tmp_path / "channels.log")
@@ -178,7 +178,7 @@ def test_runs_choose_their_transport_train_the_same_and_leave_no_shared_memory(t
     cfg, summary, trained = run(tmp_path, p2p=p2p, schedule=schedule)
     assert summary["steps"] == 3
     created = sorted(line.split()[2] for line in log.lines() if " create " in line)
-    if p2p == "gloo":
+    if p2p in ("gloo", None):  # gloo is the default
         assert created == []
     else:  # one channel each way between the two stages' workers
         assert [c.rsplit("-", 2)[1:] for c in created] == [["0", "1"], ["1", "0"]]
@@ -189,12 +189,18 @@ def test_runs_choose_their_transport_train_the_same_and_leave_no_shared_memory(t
     assert leftovers(f"pipeboard-{os.getpid()}-") == []  # the launcher's prefix: this process's pid
 
 
-def test_an_environment_variable_forces_gloo(tmp_path, monkeypatch):
+@pytest.mark.parametrize("schedule,stages", [("gpipe", 3), ("zb-h1", 2), ("interleaved-1f1b", 2)])
+def test_an_environment_variable_chooses_shared_memory(tmp_path, monkeypatch, schedule, stages):
     log = ChannelLog(tmp_path / "channels.log")
     log.install(monkeypatch)
-    monkeypatch.setenv("PIPEBOARD_P2P", "gloo")
-    run(tmp_path, schedule="gpipe")
-    assert log.lines() == []
+    monkeypatch.setenv("PIPEBOARD_P2P", "auto")
+    cfg = RunConfig(model="mlp", model_args=SMALL, batch_size=16, microbatches=4, num_stages=stages, steps=3,
+                    checkpoint_dir=str(tmp_path / "ckpt"), eval_at_end=True, start_method="fork", schedule=schedule)
+    run_training(cfg)
+    trained, _ = assemble_model(cfg, tmp_path / "ckpt")
+    assert [line for line in log.lines() if " create " in line]
+    ref = train_sync(cfg, 3)
+    assert max(float((a - b).detach().abs().max()) for a, b in zip(trained.parameters(), ref.parameters())) < 1e-5
 
 
 def test_an_unknown_transport_is_a_config_error():
