@@ -261,8 +261,8 @@ def single(steps: int, **c) -> float:
 class Prediction:
     """``trainer.schedule.predict.predict_step_s`` fed what it is designed for: the model's
     profiles at the microbatch and the batch size (taken with the other stage's process busy),
-    the measured gloo link, and the runtime's per-action overhead (bench/predict.py's tiny-stage
-    measurement). Each input is measured once, before the runs that it predicts."""
+    the measured gloo link, and the runtime's per-action overhead (trainer.runtime.overhead's
+    tiny-stage measurement, as a job's profile phase takes it). Each input is measured once, before the runs that it predicts."""
 
     def __init__(self) -> None:
         from trainer.profile.link import measure_link
@@ -282,6 +282,7 @@ class Prediction:
         return self.profiles[size]
 
     def step_s(self, schedule: str, **c) -> float:
+        from trainer.runtime.overhead import measure_action_overhead
         from trainer.schedule.predict import predict_step_s
 
         cfg = run_cfg(schedule, steps=1, **c)
@@ -291,7 +292,7 @@ class Prediction:
         if self.overhead is None:
             modules = model_mod.build_stages(zoo.model, zoo.example_input(cfg.microbatch_size), stages)
             counts = [sum(1 for m in mod.modules() if any(True for _ in m.parameters(recurse=False))) for mod in modules]
-            self.overhead = [_sibling("predict").action_overhead(n, k == STAGES - 1) for k, n in enumerate(counts)]
+            self.overhead = [measure_action_overhead(n, k == STAGES - 1) for k, n in enumerate(counts)]
         return predict_step_s(self._profile(zoo, cfg.microbatch_size), stages, cfg.schedule, cfg.microbatches,
                               batch_profile=self._profile(zoo, cfg.batch_size),
                               batch_weight_grads=cfg.weight_grads == "batched", overhead=self.overhead)
