@@ -23,7 +23,6 @@ from collections import deque
 
 from trainer.schedule.actions import Action, Kind
 
-COMPUTE = frozenset((Kind.FORWARD, Kind.BACKWARD, Kind.BACKWARD_INPUT, Kind.BACKWARD_WEIGHT))
 INPUT_OF = {Kind.FORWARD: 0, Kind.BACKWARD: 1, Kind.BACKWARD_INPUT: 1}  # consumer -> 0 act, 1 grad
 RECEIVES = {Kind.RECV_ACT: 0, Kind.RECV_GRAD: 1}
 
@@ -32,7 +31,7 @@ def _targets(actions: list[list[Action]]) -> dict[tuple[int, int], int]:
     """(worker, RECV_ACT index) -> the index it should be listed before."""
     moves = {}
     for w, acts in enumerate(actions):
-        compute_at = [i for i, a in enumerate(acts) if a.kind in COMPUTE]
+        compute_at = [i for i, a in enumerate(acts) if a.kind.is_compute]
         consumer = {(INPUT_OF[a.kind], a.stage, a.microbatch): i for i, a in enumerate(acts) if a.kind in INPUT_OF}
         for i, a in enumerate(acts):
             if a.kind is not Kind.RECV_ACT:
