@@ -195,8 +195,7 @@ def _schedule(name: str, p: int, microbatches: int, batches: int, replicas, batc
     if name == "dp":  # one stage, replicated: build takes the worker count as its stage count
         workers = replicas[0] if replicas else 1
         return repeat_iterations(build("dp", workers, microbatches, replicas=[workers]), batches)
-    one = build(name, p, microbatches, replicas=replicas, chunks=chunks,
-                batch_weight_grads=batch_weight_grads and name not in ("dp", "zb-h1"))
+    one = build(name, p, microbatches, replicas=replicas, chunks=chunks, batch_weight_grads=batch_weight_grads)
     return repeat_iterations(one, batches)
 
 
