@@ -60,6 +60,7 @@ def profile_for_model(session: Session, model: str, model_args: dict, batch_size
 
 
 def create(session: Session, body: PlanCreate) -> PlanRow:
+    levels = planning.levels_of(body.levels, None)
     if body.profile_id is not None:
         prof = session.get(Profile, body.profile_id)
         if prof is None:
@@ -67,12 +68,9 @@ def create(session: Session, body: PlanCreate) -> PlanRow:
     else:
         # Same cache key as a job's profile on as many local workers: one microbatch's worth of
         # samples, calibrated for the runtime (see profiles.calibration_args).
-        workers = 1
-        for n, _ in planning.levels_of(body.levels, None):
-            workers *= max(1, n)
         prof = profile_for_model(session, body.model, body.model_args, max(1, body.batch_size // body.microbatches),
-                                 profiles.calibration_args(workers, body.batch_size, body.weight_grads))
-    levels = planning.levels_of(body.levels, None)
+                                 profiles.calibration_args(planning.total_workers(levels), body.batch_size,
+                                                           body.weight_grads))
     plan_obj = planning.make_plan(prof.data, levels, memory_bytes=body.memory_bytes, method=body.method)
     sched, sim = planning.simulate(plan_obj, body.schedule, body.microbatches, samples_per_microbatch=prof.batch_size,
                                    chunks=body.chunks, weight_grads=body.weight_grads, profile_data=prof.data)
