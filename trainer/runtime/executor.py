@@ -198,7 +198,7 @@ class Executor:
                 p2p.send(list(outbox.pop((1, s, mb))), s - 1, mb, True, a.peer)
             elif kind is Kind.ALLREDUCE:
                 hb.waiting(True)
-                stage.allreduce(self.groups[tuple(a.group)], False)  # sum: each loss is scaled by 1/M
+                stage.allreduce(self.groups[tuple(a.group)])
                 hb.waiting(False)
             elif kind is Kind.STEP:
                 keep = last_use.get((s, stage.versions.current), -1) > i

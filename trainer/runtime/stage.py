@@ -187,8 +187,9 @@ class Stage:
             self.eval_outputs.append(outputs[0])
         return outputs
 
-    def allreduce(self, group, average: bool) -> None:
-        """Sum (or average) this stage's gradients over its replicas, as one flat buffer."""
+    def allreduce(self, group) -> None:
+        """Sum this stage's gradients over its replicas, as one flat buffer (each microbatch's loss
+        is already scaled by 1/M, so the sum is the batch's mean gradient)."""
         if self.ddp is not None:
             return  # DistributedDataParallel already reduced them during the backward
         grads = self.versions.gather_grads()
@@ -198,8 +199,6 @@ class Stage:
         grads = [p.grad for p in self.versions.params]
         flat = torch.cat([g.reshape(-1) for g in grads])
         dist.all_reduce(flat, group=group)
-        if average:
-            flat /= dist.get_world_size(group)
         offset = 0
         for g in grads:
             n = g.numel()
