@@ -27,19 +27,16 @@ INPUT_OF = {Kind.FORWARD: 0, Kind.BACKWARD: 1, Kind.BACKWARD_INPUT: 1}  # consum
 RECEIVES = {Kind.RECV_ACT: 0, Kind.RECV_GRAD: 1}
 
 
-def _targets(actions: list[list[Action]]) -> dict[tuple[int, int], int]:
-    """(worker, RECV_ACT index) -> the index it should be listed before."""
+def _targets(actions: list[list[Action]], consumer: dict[tuple[int, int], int]) -> dict[tuple[int, int], int]:
+    """(worker, RECV_ACT index) -> the index it should be listed before; ``consumer``: (worker,
+    RECV index) -> index of the compute that uses the data."""
     moves = {}
     for w, acts in enumerate(actions):
         compute_at = [i for i, a in enumerate(acts) if a.kind.is_compute]
-        consumer = {(INPUT_OF[a.kind], a.stage, a.microbatch): i for i, a in enumerate(acts) if a.kind in INPUT_OF}
         for i, a in enumerate(acts):
             if a.kind is not Kind.RECV_ACT:
                 continue
-            use = consumer.get((0, a.stage, a.microbatch))
-            if use is None:
-                continue
-            k = bisect_left(compute_at, use)  # computes before the consumer: compute_at[:k]
+            k = bisect_left(compute_at, consumer[(w, i)])  # computes before the consumer: compute_at[:k]
             target = compute_at[k - 1] if k > 0 else 0
             if target < i:
                 moves[(w, i)] = target
@@ -146,7 +143,7 @@ def hoist_receives(actions: list[list[Action]], log: list[tuple]) -> list[list[A
             if a.kind in RECEIVES:
                 consumer[(w, i)] = use[(RECEIVES[a.kind], a.stage, a.microbatch)]
     grads = {(w, i) for w, i in consumer if actions[w][i].kind is Kind.RECV_GRAD}
-    moves = _targets(actions)
+    moves = _targets(actions, consumer)
     for _ in range(4):  # where no sinking helps, the stuck workers keep their receives in place
         orders = _apply(actions, moves)
         stuck = set(_settle(orders, log, consumer, grads))
