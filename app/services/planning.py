@@ -83,7 +83,9 @@ def profile_costs(plan_obj: Any, schedule: str, microbatches: int, profile_data:
     from trainer.profile.schema import Profile, ProfileError
     from trainer.schedule.predict import profile_overhead, stage_costs
 
-    if profile_data is None or schedule == "dp":
+    # interleaved-1f1b: the runtime splits the plan's stages into chunks x stages virtual ones,
+    # which the plan does not name; their costs are the planner's
+    if profile_data is None or schedule == "dp" or chunks > 1:
         return None
     try:
         prof = Profile.from_dict(profile_data)
@@ -95,10 +97,6 @@ def profile_costs(plan_obj: Any, schedule: str, microbatches: int, profile_data:
     d = plan_obj.to_dict() if hasattr(plan_obj, "to_dict") else plan_obj
     stages = [list(st.get("layers") or []) for st in d.get("stages") or []]
     if not stages or not all(stages):
-        return None
-    # interleaved-1f1b: the runtime splits the plan's stages into chunks x stages virtual ones,
-    # which the plan does not name; their costs are the planner's
-    if chunks > 1:
         return None
     replicas = stage_replicas(d)
     return stage_costs(prof, stages, microbatches=microbatches, replicas=replicas,
