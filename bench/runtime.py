@@ -338,23 +338,22 @@ def main() -> None:
     for name in (["a", "b"] if args.config == "both" else [args.config]):
         c = CONFIGS[name]
         steps = args.steps if name == "a" else max(8, args.steps // 2)
-        scheds = schedules
-        predicted = {s: prediction.step_s(s, **c) for s in scheds}  # inputs measured before the runs
+        predicted = {s: prediction.step_s(s, **c) for s in schedules}  # inputs measured before the runs
         res: dict[str, list[float]] = {}
         for r in range(args.rounds):
             # torch next to ours 1f1b, the uninstrumented run next to the instrumented one: pairs
             # that are compared directly run back to back, so load drift hits both alike.
             jobs = [("torch Schedule1F1B", lambda: torch_1f1b(steps, **c))]
-            for s in scheds:
+            for s in schedules:
                 jobs.append((f"ours {s}", lambda s=s: ours(s, steps, **c)))
                 if name == "a" and s == "1f1b":
                     jobs.append(("ours 1f1b uninstrumented", lambda: ours("1f1b", steps, instrument=False, **c)))
-            jobs += [(f"ceiling {s}", lambda s=s: ceiling(steps, s, **c)) for s in scheds]
+            jobs += [(f"ceiling {s}", lambda s=s: ceiling(steps, s, **c)) for s in schedules]
             jobs.append(("one process full batch", lambda: single(steps, **c)))
             for label, fn in jobs:
                 res.setdefault(label, []).append(fn())
             print(f"  config {name} round {r + 1}/{args.rounds} done", flush=True)
-        report(name, c, steps, args.rounds, scheds, res, predicted)
+        report(name, c, steps, args.rounds, schedules, res, predicted)
 
 
 def report(name: str, c: dict, steps: int, rounds: int, scheds: list[str], res: dict[str, list[float]],
