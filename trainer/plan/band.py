@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from trainer.plan.dp import INF, LevelOptions, Tables, _stash_factor, pair_stage_costs, single_stage_costs
+from trainer.plan.dp import INF, LevelOptions, Tables, _groups, _stash_factor, pair_stage_costs, single_stage_costs
 
 
 def is_chain(t: Tables) -> bool:
@@ -37,7 +37,7 @@ def grid_upper_bound(t: Tables, values: np.ndarray, opt: LevelOptions, count: in
     picked = [p[on_grid[p]] for p in t.predecessors]
     pk = np.concatenate(picked).astype(np.intp)
     pj = np.concatenate([np.full(len(p), j, dtype=np.intp) for j, p in enumerate(picked)])
-    _sweep(F, t, values, opt, pk, pj, reps, lambda m: slice(0, n))
+    _sweep(F, t, values, opt, pk, pj, reps)
     return float(F[n - 1, M - 1])
 
 
@@ -50,27 +50,24 @@ def _fresh_table(t: Tables, values: np.ndarray, opt: LevelOptions) -> np.ndarray
     return F
 
 
-def _sweep(F, t: Tables, values, opt: LevelOptions, pk, pj, reps, ends_for) -> None:
+def _sweep(F, t: Tables, values, opt: LevelOptions, pk, pj, reps) -> None:
     """Machine count outermost over the given (k, j) pairs (sorted by j)."""
-    n, M = t.size, opt.machines
+    M = opt.machines
     acts, params = t.block_sums()
     cost = pair_stage_costs(t, values, params, opt, pk, pj, reps) if len(pk) else np.zeros((0, len(reps)))
     stash = acts[pk + 1, pj] + params[pk + 1, pj] if opt.memory_bytes is not None else None
+    ends, starts = _groups(pj)  # the same for every machine count
     for m in range(1, M):
         if opt.fewer_machines:
             np.minimum(F[1:, m], F[1:, m - 1], out=F[1:, m])
-        window = ends_for(m)
-        sel = (pj >= window.start) & (pj < window.stop) if len(pk) else np.zeros(0, dtype=bool)
-        if not sel.any():
+        if len(pk) == 0:
             continue
-        k, j, c = pk[sel], pj[sel], cost[sel]
         r_max = min(len(reps), m)
-        prefix = F[k][:, m - np.arange(1, r_max + 1)]
-        c = c[:, :r_max]
+        prefix = F[pk][:, m - np.arange(1, r_max + 1)]
+        c = cost[:, :r_max]
         if stash is not None:
             factor = _stash_factor(m + 1, np.arange(1, r_max + 1), M)
-            c = np.where(stash[sel][:, None] * factor[None, :] > opt.memory_bytes, INF, c)
-        ends, starts = np.unique(j, return_index=True)
+            c = np.where(stash[:, None] * factor[None, :] > opt.memory_bytes, INF, c)
         best = np.minimum.reduceat(np.maximum(prefix, c).min(axis=1), starts)
         F[ends, m] = np.minimum(F[ends, m], best)
 
