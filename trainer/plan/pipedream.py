@@ -108,7 +108,7 @@ def _bounds_from_upper(tables: Tables, levels, upper: float) -> list[np.ndarray 
     L = len(levels)
     if not math.isfinite(upper):
         return [math.inf] * L
-    chain = all(len(p) == j for j, p in enumerate(tables.predecessors))
+    chain = band.is_chain(tables)
     slack = 1 + 1e-9
     bounds: list[np.ndarray | float] = [math.inf] * L
     bounds[-1] = upper * slack
@@ -162,7 +162,7 @@ def solve_levels(tables: Tables, levels, *, memory_bytes, straight, fewer_worker
         # Long chains on many levels: block caps from a guessed upper bound (chaincap), which
         # also spares the grid solve that ``_bounds`` would spend on finding one. The guess:
         # a little above compute over workers, the least any plan can take.
-        guess = float(tables.compute[-1]) / math.prod(w for w, _ in levels) * GUESS_ABOVE_COMPUTE
+        guess = float(tables.compute[-1]) / total_workers(levels) * GUESS_ABOVE_COMPUTE
         if guess > 0:
             solutions = chaincap.solve_within(
                 lambda upper: solve_chain_within(tables, levels, options, upper, shortcut_below_top), guess, n)
