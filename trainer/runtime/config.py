@@ -13,6 +13,7 @@ SYNC_SCHEDULES = ("gpipe", "1f1b", "interleaved-1f1b", "zb-h1")
 ASYNC_SCHEDULES = ("pipedream",)
 SCHEDULES = SYNC_SCHEDULES + ASYNC_SCHEDULES + ("dp",)
 WEIGHT_GRADS = ("batched", "immediate")
+P2P_MODES = ("auto", "shm", "gloo")
 
 
 class ConfigError(ValueError):
@@ -120,7 +121,7 @@ class RunConfig:
             raise ConfigError(f"device: must be cpu or cuda, got {self.device!r}")
         if self.threads is not None and self.threads < 1:
             raise ConfigError(f"threads: must be >= 1, got {self.threads}")
-        if self.p2p is not None and self.p2p not in ("auto", "shm", "gloo"):
-            raise ConfigError(f"p2p: must be auto, shm or gloo, got {self.p2p!r}")
+        if self.p2p is not None and self.p2p not in P2P_MODES:
+            raise ConfigError(f"p2p: must be one of {', '.join(P2P_MODES)}, got {self.p2p!r}")
         if self.hang_timeout_s <= 0:
             raise ConfigError(f"hang_timeout_s: must be > 0, got {self.hang_timeout_s}")
