@@ -28,6 +28,7 @@ import torch
 import torch.distributed as dist
 
 from trainer.runtime import shm
+from trainer.runtime.config import P2P_MODES
 
 TAG_MB_WINDOW = 4096
 MAX_TENSORS = 16
@@ -77,6 +78,12 @@ class PendingRecv:
         return self.buffers
 
 
+def message_shapes(specs: list[BoundarySpec]) -> dict[tuple[int, bool], list[tuple[torch.Size, torch.dtype]]]:
+    """(shape, dtype) of each tensor a message carries, by (boundary, is_grad)."""
+    return {(b, g): [(t.shape, t.dtype) for t in (s.grads if g else s.tensors)]
+            for b, s in enumerate(specs) for g in (False, True)}
+
+
 class ShmRecv:
     """A receive from a shared-memory channel: ``wait`` takes exactly its message, in any order."""
 
@@ -108,8 +115,7 @@ class P2P:
         self.sends: deque = deque()  # (work, tensors) kept alive until complete
         self.channels_out: dict[int, shm.Channel] = channels_out or {}
         self.channels_in: dict[int, shm.Channel] = channels_in or {}
-        self._shapes = {(b, g): [(t.shape, t.dtype) for t in (s.grads if g else s.tensors)]
-                        for b, s in enumerate(specs) for g in (False, True)}
+        self._shapes = message_shapes(specs)
 
     def shapes_of(self, boundary: int, is_grad: bool):
         return self._shapes[(boundary, is_grad)]
@@ -161,7 +167,6 @@ class P2P:
             work.wait()
 
 
-P2P_MODES = ("auto", "shm", "gloo")
 SLOT_BUDGET_BYTES = 256 << 20  # per channel
 
 
@@ -198,8 +203,7 @@ def open_channels(mode: str, rank: int, world: int, pairs: set[tuple[int, int]],
     names = [prefix or f"pipeboard-{os.getpid()}-{os.urandom(4).hex()}"]
     dist.broadcast_object_list(names, src=0)
     local = sorted((a, b) for a, b in pairs if hosts[a] == hosts[b] and a != b)
-    sizes = [shm.packed_bytes([(t.shape, t.dtype) for t in (s.grads if g else s.tensors)])
-             for s in specs for g in (False, True)]
+    sizes = [shm.packed_bytes(shapes) for shapes in message_shapes(specs).values()]
     slot_bytes = max(sizes, default=shm.ALIGN)
     slots = max(2, min(slots, SLOT_BUDGET_BYTES // slot_bytes))
     out, inc = {}, {}
