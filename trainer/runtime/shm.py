@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import ctypes
 import glob
+import math
 import mmap
 import os
 import platform
@@ -81,15 +82,13 @@ def _aligned(n: int) -> int:
     return (n + ALIGN - 1) // ALIGN * ALIGN
 
 
+def _nbytes(shape, dtype: torch.dtype) -> int:
+    return math.prod(shape) * dtype.itemsize
+
+
 def packed_bytes(shapes_dtypes) -> int:
     """Bytes one message of these tensors takes in a slot (each tensor 64-byte aligned)."""
-    total = 0
-    for shape, dtype in shapes_dtypes:
-        n = 1
-        for d in shape:
-            n *= d
-        total += _aligned(n * torch.empty((), dtype=dtype).element_size())
-    return max(total, ALIGN)
+    return max(sum(_aligned(_nbytes(shape, dtype)) for shape, dtype in shapes_dtypes), ALIGN)
 
 
 def channel_path(prefix: str, src: int, dst: int) -> str:
@@ -148,11 +147,7 @@ class Channel:
         off = self.data_offset + slot * self.slot_bytes
         out = []
         for shape, dtype in shapes_dtypes:
-            t = torch.empty(0, dtype=dtype)
-            n = 1
-            for d in shape:
-                n *= d
-            nbytes = n * t.element_size()
+            nbytes = _nbytes(shape, dtype)
             out.append(self.bytes[off:off + nbytes].view(dtype).view(shape))
             off += _aligned(nbytes)
         return out
