@@ -17,9 +17,9 @@ from pathlib import Path
 from typing import Optional
 
 import typer
+from typer.core import TyperGroup
 
 from app.cli.common import fail, parse_model_args
-from typer.core import TyperGroup
 
 _MODEL_COMMAND = "model"
 
@@ -41,9 +41,6 @@ profile_app = typer.Typer(
     no_args_is_help=True,
     add_completion=False,
 )
-
-
-
 
 
 @profile_app.command(_MODEL_COMMAND, hidden=True)

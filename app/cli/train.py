@@ -20,9 +20,6 @@ import typer
 from app.cli.common import fail, parse_model_args
 
 
-
-
-
 def _plan_layout(path: str) -> tuple[list[list[str]], list[int]]:
     from trainer.plan.model import Plan
 
