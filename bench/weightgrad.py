@@ -37,7 +37,7 @@ from trainer.runtime.stage import Stage  # noqa: E402
 MODES = ("full", "batched", "each")
 
 
-def make_stage(depth: int, width: int, layers: int, position: str, mb_size: int) -> tuple[Stage, torch.Tensor]:
+def make_stage(depth: int, width: int, layers: int, position: str, mb_size: int) -> Stage:
     zoo = trainer.zoo.get("mlp", seed=0, depth=depth, width=width)
     example = zoo.example_input(mb_size)
     names = layer_names(zoo.model, example)  # net_0, net_1 (ReLU), net_2, ...
@@ -49,7 +49,7 @@ def make_stage(depth: int, width: int, layers: int, position: str, mb_size: int)
     module = stages[0 if position == "first" else 1]
     opt = torch.optim.SGD(module.parameters(), lr=0.01)
     stage = Stage(1, module, opt, is_first=position == "first", is_last=False, loss_fn=None, stash=False, loss_scale=1.0)
-    return stage, torch.randn(mb_size, width)
+    return stage
 
 
 def one_batch(stage: Stage, mode: str, xs: list[torch.Tensor], gs: list[torch.Tensor]) -> dict[str, float]:
@@ -77,7 +77,7 @@ def one_batch(stage: Stage, mode: str, xs: list[torch.Tensor], gs: list[torch.Te
 
 
 def run(args, mb_size: int) -> None:
-    stage, _ = make_stage(args.depth, args.width, args.layers, args.position, mb_size)
+    stage = make_stage(args.depth, args.width, args.layers, args.position, mb_size)
     gen = torch.Generator().manual_seed(0)
     xs = [torch.randn(mb_size, args.width, generator=gen) for _ in range(args.microbatches)]
     gs = [torch.randn(mb_size, args.width, generator=gen) for _ in range(args.microbatches)]
