@@ -116,6 +116,13 @@ def runtime_floor(cfg: RunConfig, steps: int = 40, runs: int = 2) -> tuple[float
     return floor_s, ActionOverhead(forward_s=o, backward_s=o, backward_input_s=o, weight_call_s=o, step_s=o)
 
 
+def runtime_overhead(modules) -> tuple[list[int], list[ActionOverhead]]:
+    """Per stage module: its count of layers with parameters, and the runtime's per-action
+    overhead measured on a tiny stage of that many layers (the last one with the loss)."""
+    counts = [sum(1 for m in mod.modules() if any(True for _ in m.parameters(recurse=False))) for mod in modules]
+    return counts, [measure_action_overhead(n, k == len(counts) - 1) for k, n in enumerate(counts)]
+
+
 def measured_step_s(cfg: RunConfig) -> tuple[float, dict]:
     sink = ActionTimes()
     summary = run_training(cfg, sink)
@@ -156,8 +163,7 @@ def main() -> None:
         print(f"profile at {size} samples: {time.monotonic() - t:.1f} s")
     modules = model_mod.build_stages(zoo.model, zoo.example_input(8), model_mod.stage_layers(
         run_cfg("1f1b", 64, 8, 1, "batched"), zoo, STAGES))
-    counts = [sum(1 for m in mod.modules() if any(True for _ in m.parameters(recurse=False))) for mod in modules]
-    overhead = [measure_action_overhead(n, k == STAGES - 1) for k, n in enumerate(counts)]
+    counts, overhead = runtime_overhead(modules)
     print("runtime overhead per action (tiny stages of " + ", ".join(map(str, counts)) + " layers), ms: " + "; ".join(
         f"stage {k}: F {o.forward_s * 1e3:.3f} B {o.backward_s * 1e3:.3f} BI {o.backward_input_s * 1e3:.3f} "
         f"W(-1) {o.weight_call_s * 1e3:.3f} step {o.step_s * 1e3:.3f}" for k, o in enumerate(overhead)))

@@ -282,7 +282,6 @@ class Prediction:
         return self.profiles[size]
 
     def step_s(self, schedule: str, **c) -> float:
-        from trainer.runtime.overhead import measure_action_overhead
         from trainer.schedule.predict import predict_step_s
 
         cfg = run_cfg(schedule, steps=1, **c)
@@ -291,8 +290,7 @@ class Prediction:
         stages = model_mod.stage_layers(cfg, zoo, STAGES)
         if self.overhead is None:
             modules = model_mod.build_stages(zoo.model, zoo.example_input(cfg.microbatch_size), stages)
-            counts = [sum(1 for m in mod.modules() if any(True for _ in m.parameters(recurse=False))) for mod in modules]
-            self.overhead = [measure_action_overhead(n, k == STAGES - 1) for k, n in enumerate(counts)]
+            self.overhead = _sibling("predict").runtime_overhead(modules)[1]
         return predict_step_s(self._profile(zoo, cfg.microbatch_size), stages, cfg.schedule, cfg.microbatches,
                               batch_profile=self._profile(zoo, cfg.batch_size),
                               batch_weight_grads=cfg.weight_grads == "batched", overhead=self.overhead)
