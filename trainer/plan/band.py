@@ -76,8 +76,7 @@ def solve_top_of_chain(t: Tables, values: np.ndarray, opt: LevelOptions, upper: 
                        workers_per_machine: int) -> np.ndarray:
     """F (n, M, 1) for row 0 of a final level, exact wherever an optimal plan goes.
 
-    Needs every stage to cost at least its compute over its workers: true on a chain at any
-    level, and at level 1 of any DAG (row 0's stages are real differences of down-sets).
+    Needs a chain: there every stage costs at least its compute over its workers, at any level.
     """
     n, M = t.size, opt.machines
     cum = t.compute
@@ -88,11 +87,6 @@ def solve_top_of_chain(t: Tables, values: np.ndarray, opt: LevelOptions, upper: 
     F[F > upper * (1 + 1e-9)] = INF
     # Band of m: states j whose compute fits m+1 machines and whose rest fits the other M-1-m.
     bands = [np.nonzero((cum <= cap * (m + 1) + tol) & (total - cum <= cap * (M - 1 - m) + tol))[0] for m in range(M)]
-    chain = is_chain(t)
-    if not chain:
-        precedes = np.zeros((n, n), dtype=bool)  # precedes[j, k]: k is an ancestor of j
-        for j, p in enumerate(t.predecessors):
-            precedes[j, p] = True
     acts, params = t.block_sums()
     R = 1 if opt.straight else M - 1
     for m in range(1, M):
@@ -107,7 +101,7 @@ def solve_top_of_chain(t: Tables, values: np.ndarray, opt: LevelOptions, upper: 
             ks = ks[ks < js[-1]]
             if len(ks) == 0:
                 continue
-            valid = precedes[np.ix_(js, ks)].T if not chain else ks[:, None] < js[None, :]
+            valid = ks[:, None] < js[None, :]  # on a chain every earlier state precedes
             kk, jj = np.nonzero(valid)
             pk, pj = ks[kk], js[jj]
             cost = pair_stage_costs(t, values, params, opt, pk, pj, np.array([float(r)]))[:, 0]
