@@ -117,12 +117,12 @@ class Executor:
         step_at: list[int] = []  # W(-1), ALLREDUCE, STEP belong to the step of the work before them
         current_step = step_of(0)
         for i, a in enumerate(actions):
-            step_at.append(current_step)
             if a.kind in RECV:  # posted early, ahead of their step, and never executed in place
+                step_at.append(current_step)
                 continue
             if a.microbatch >= 0:
                 current_step = step_of(a.microbatch)
-                step_at[i] = current_step
+            step_at.append(current_step)
             step_end[current_step] = i
         done_at = {i: k for k, i in step_end.items()}
 
