@@ -119,7 +119,7 @@ def _bounds_from_upper(tables: Tables, levels, upper: float) -> list[np.ndarray 
         # Every stage of a chain costs at least its compute over its workers, so the states
         # before block i need ceil(compute / (U * workers per top machine)) top machines, and
         # the block can only have the rest.
-        per_machine = math.prod(w for w, _ in levels[:-1])
+        per_machine = total_workers(levels[:-1])
         before = np.concatenate([[0.0], tables.compute])  # compute of states 0..i-1, per row i
         needed = np.ceil(before / (upper * slack * per_machine) - 1e-9)
         room = np.maximum(machines_above - np.maximum(needed, 1), 0)
@@ -192,11 +192,11 @@ def _solve_in_order(tables: Tables, levels, options: dict, bounds, limits, short
         if shortcut_below_top and idx == L - 2:
             sol = suffix.solve_two_machine_below(tables, values, opt)
         elif idx == L - 1 and chain and prune and n * n * opt.machines ** 2 > BAND_ABOVE:
-            sol = _solve_top_of_chain(tables, values, opt, bounds[-1], math.prod(w for w, _ in levels[:-1]))
+            sol = _solve_top_of_chain(tables, values, opt, bounds[-1], total_workers(levels[:-1]))
         else:
             caps, end_bounds = limits[idx] if limits[idx] is not None else (None, None)
             # Capped chain levels also skip, in compiled code, candidates their compute rules out.
-            workers = math.prod(w for w, _ in levels[:idx]) if caps is not None else None
+            workers = total_workers(levels[:idx]) if caps is not None else None
             sol = solve(tables, values, opt, bound=bounds[idx], caps=caps, end_bounds=end_bounds,
                         chain_workers=workers)
         solutions.append(sol)
