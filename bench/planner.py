@@ -51,8 +51,6 @@ CONFIGS = {
 }
 
 
-
-
 def timed_plan(profile: Profile, repeats: int = 5, **kw):
     """(plan, median wall s, median CPU s) over ``repeats`` timed calls after one untimed call
     (a single timed call when the untimed one took over 1 s)."""
