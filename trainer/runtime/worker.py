@@ -155,10 +155,10 @@ def train(cfg: RunConfig, env: WorkerEnv) -> None:
     recorder = Recorder(origin, cfg.instrument)
     mode = "gloo" if device.type == "cuda" else p2p_mode(cfg.p2p)
     # Enough slots that a sender rarely waits: two batches' microbatches, at most 256 MiB a channel.
-    out, inc = open_channels(mode, rank, world, _transfer_pairs(template, S), specs, max(8, 2 * M),
+    rank_of = template_rank_of(template)
+    out, inc = open_channels(mode, rank, world, _transfer_pairs(template, rank_of, S), specs, max(8, 2 * M),
                              env.shm_prefix, cfg.hang_timeout_s + 60)
     p2p = P2P(specs, device, out, inc)
-    rank_of = template_rank_of(template)
     executor = Executor(rank, stages, S, p2p, rank_of, groups, recorder, heartbeat)
     last_stage = stages.get(S - 1)
     is_reporter = last_stage is not None and rank_of(S - 1, 0) == rank
@@ -245,12 +245,11 @@ def threads_per_worker(world: int) -> int:
     return max(1, cores // max(1, local))
 
 
-def _transfer_pairs(template, S: int) -> set[tuple[int, int]]:
+def _transfer_pairs(template, rank_of, S: int) -> set[tuple[int, int]]:
     """Every directed (sender, receiver) rank pair of training and of evaluation (replica 0 of
     each stage in a chain), the same on every rank."""
     pairs = {(r, a.peer) for r, acts in enumerate(template.actions) for a in acts
              if a.kind in (Kind.SEND_ACT, Kind.SEND_GRAD) and a.peer is not None}
-    rank_of = template_rank_of(template)
     pairs |= {(rank_of(s, 0), rank_of(s + 1, 0)) for s in range(S - 1)}
     return pairs
 
