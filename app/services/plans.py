@@ -33,7 +33,7 @@ def profile_for_model(session: Session, model: str, model_args: dict, batch_size
 
         validate_model_args(model, model_args)
     args = {**default_args, **model_args}
-    key = profiles.cache_key(model, args, batch_size, calibration=(calibration or [])[1:])
+    key = profiles.cache_key(model, args, batch_size, calibration=calibration)
     row = profiles.cached(session, key)
     if row is not None:
         return row

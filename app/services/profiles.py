@@ -21,10 +21,12 @@ from app.services.tx import begin_write
 
 def cache_key(model: str, model_args: dict[str, Any], batch_size: int, device: str = "cpu",
               calibration: list[str] | None = None) -> str:
-    """The canonical name; a job's profile also names how it was calibrated (threads, the batch
-    its weight gradients were timed at, optimizer), so a different run does not reuse it."""
+    """The canonical name; a job's profile also names how it was calibrated (``calibration``:
+    calibration_args' flags; threads, the batch its weight gradients were timed at, optimizer), so a
+    different run does not reuse it. ``--calibrate`` itself, in every such list, is left out."""
     args = json.dumps(model_args, sort_keys=True, separators=(",", ":")) if model_args else ""
-    extra = (" " + " ".join(a.lstrip("-") for a in calibration)) if calibration else ""
+    named = [a.lstrip("-") for a in calibration or [] if a != "--calibrate"]
+    extra = (" " + " ".join(named)) if named else ""
     return f"{model}{args} bs={batch_size} {device}{extra}"[:200]
 
 

@@ -203,7 +203,7 @@ class JobRun:
             whole, batch = batch, max(1, batch // int(spec.get("microbatches") or 1))
             calibration = profiles.calibration_args(job_workers(spec), whole, weight_grads_of(spec),
                                                     (spec.get("hyperparameters") or {}).get("optimizer"))
-        key = profiles.cache_key(model, args, batch, device, calibration=calibration[1:])
+        key = profiles.cache_key(model, args, batch, device, calibration=calibration)
         row = profiles.cached(self.session, key, calibrated_too=job.kind == "profile")
         if row is None:
             message = f"profiling {model} at batch size {batch}"
