@@ -34,9 +34,9 @@ def grid_upper_bound(t: Tables, values: np.ndarray, opt: LevelOptions, count: in
     on_grid[n - 1] = False
     F = _fresh_table(t, values, opt)
     reps = np.arange(1, (1 if opt.straight else M - 1) + 1, dtype=float)
-    picked = [p[on_grid[p]] for p in t.predecessors]
-    pk = np.concatenate(picked).astype(np.intp)
-    pj = np.concatenate([np.full(len(p), j, dtype=np.intp) for j, p in enumerate(picked)])
+    pk, pj = t.pairs()
+    keep = on_grid[pk]
+    pk, pj = pk[keep], pj[keep]
     _sweep(F, t, values, opt, pk, pj, reps)
     return float(F[n - 1, M - 1])
 
