@@ -24,6 +24,7 @@ from collections import defaultdict
 import torch
 
 from trainer.profile.schema import Overhead
+from trainer.runtime.stage import Stage
 from trainer.schedule.predict import ActionOverhead
 
 # Stage shapes calibrate() measures: the overhead grows with the stage's parameterised layers
@@ -39,8 +40,6 @@ def measure_action_overhead(layers: int, last: bool, microbatches: int = 8, roun
     """Seconds the runtime's ``Stage`` adds to each action of a stage of ``layers``
     parameterised layers (the last stage computes the loss in its forward), over
     ``microbatches`` microbatches per round (W(-1) batches them all)."""
-    from trainer.runtime.stage import Stage
-
     if layers < 1 or microbatches < 1 or rounds < 1:
         raise ValueError(f"layers, microbatches and rounds must be >= 1, got {layers}, {microbatches}, {rounds}")
 
