@@ -39,6 +39,7 @@ from typing import Callable
 
 import numpy as np
 
+from trainer.plan.cluster import total_workers
 from trainer.plan.dp import Tables
 
 SLACK = 1 + 1e-9
@@ -112,8 +113,7 @@ def limits(tables: Tables, levels, upper: float) -> list[tuple[np.ndarray, np.nd
     compute = tables.compute_sums()
     _, params = tables.block_sums()
     later = np.arange(n)[None, :] >= np.arange(1, n + 1)[:, None]  # j >= i for rows 1..n
-    total_workers = math.prod(w for w, _ in levels)
-    tol = 1e-9 * upper * total_workers  # far above the rounding of the bounds' sums
+    tol = 1e-9 * upper * total_workers(levels)  # far above the rounding of the bounds' sums
     out: list = [None] * L
     workers = 1
     for idx, (lines0, lines_rest) in enumerate(_bound_lines(levels, upper)):
