@@ -19,14 +19,6 @@ def levels_of(levels: Sequence[Any] | None, workers: int | None) -> list[tuple[i
     return [(int(workers or 1), LOCAL_BANDWIDTH)]
 
 
-def total_workers(levels: list[tuple[int, float]]) -> int:
-    """Worker processes a cluster of ``levels`` (levels_of) has: the product of their workers."""
-    workers = 1
-    for n, _ in levels:
-        workers *= max(1, n)
-    return workers
-
-
 def make_plan(profile_data: dict[str, Any], levels: list[tuple[int, float]], *, memory_bytes: float | None, method: str) -> Any:
     """A trainer.plan.Plan; planner errors become 422 naming the field they concern."""
     from trainer.plan import PlanError, plan

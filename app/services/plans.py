@@ -68,9 +68,10 @@ def create(session: Session, body: PlanCreate) -> PlanRow:
     else:
         # Same cache key as a job's profile on as many local workers: one microbatch's worth of
         # samples, calibrated for the runtime (see profiles.calibration_args).
+        from trainer.plan.cluster import total_workers
+
         prof = profile_for_model(session, body.model, body.model_args, max(1, body.batch_size // body.microbatches),
-                                 profiles.calibration_args(planning.total_workers(levels), body.batch_size,
-                                                           body.weight_grads))
+                                 profiles.calibration_args(total_workers(levels), body.batch_size, body.weight_grads))
     plan_obj = planning.make_plan(prof.data, levels, memory_bytes=body.memory_bytes, method=body.method)
     sched, sim = planning.simulate(plan_obj, body.schedule, body.microbatches, samples_per_microbatch=prof.batch_size,
                                    chunks=body.chunks, weight_grads=body.weight_grads, profile_data=prof.data)

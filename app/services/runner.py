@@ -313,7 +313,9 @@ def weight_grads_of(spec: dict[str, Any]) -> str:
 
 def job_workers(spec: dict[str, Any]) -> int:
     """Worker processes the job's cluster has (the product of its levels' workers)."""
-    return planning.total_workers(planning.levels_of(spec.get("levels"), spec.get("workers")))
+    from trainer.plan.cluster import total_workers
+
+    return total_workers(planning.levels_of(spec.get("levels"), spec.get("workers")))
 
 
 def train_command(job_id: int, spec: dict[str, Any], plan_path: Path) -> list[str]:
