@@ -287,3 +287,25 @@ def test_one_row_in_slabs_of_end_states_equals_one_slab(seed, monkeypatch):
     assert np.isfinite(whole).any() or row[0] == t.size
     # The row after the last state holds no block at all.
     assert np.isinf(solve_level(t, level1_values(t), opt, np.array([t.size], dtype=np.intp))).all()
+
+
+@pytest.mark.parametrize("seed", range(16))
+def test_top_of_chain_without_a_bound_finds_its_own(seed):
+    # With no upper bound from below (e.g. a two-machine shortcut under the top), the banded top
+    # level first bounds the optimum with a grid-restricted solve; both must agree with the
+    # straightforward DP: the grid value at or above the optimum, the banded value equal to it.
+    from trainer.plan import band
+    from trainer.plan.dp import LevelOptions, level1_values
+    from trainer.plan.pipedream import _solve_top_of_chain
+    from trainer.plan.solution import solve
+
+    rng = random.Random(seed)
+    t = tables_of(state_chain(chain_profile(rng, rng.randrange(20, 120))))
+    values = level1_values(t)
+    opt = LevelOptions(machines=rng.randrange(2, 9), bandwidth=rng.choice([1e9, 1e10]), machines_below=1,
+                       final=True, straight=seed % 4 == 0, fewer_machines=seed % 3 == 0,
+                       memory_bytes=[None, 3e8][seed % 2], activation_compression=[1.0, None][seed % 5 == 0])
+    full = solve(t, values, opt).best(0, t.size - 1)
+    assert math.isfinite(full)
+    assert band.grid_upper_bound(t, values, opt) >= full
+    assert _solve_top_of_chain(t, values, opt, math.inf, 1).best(0, t.size - 1) == full
