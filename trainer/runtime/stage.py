@@ -177,7 +177,7 @@ class Stage:
             done = {id(t): t for _, (t, _) in todo}
             for key, tensors in done.items():
                 if key not in live:
-                    self.versions._move_grads(tensors)
+                    self.versions.move_grads(tensors)
 
     @torch.no_grad()
     def evaluate(self, inputs: list[torch.Tensor]) -> tuple[torch.Tensor, ...]:

@@ -73,7 +73,7 @@ class WeightVersions:
         view = self.views.get(version)
         if view is None or version == self.current:
             return
-        self._move_grads(view)  # its last backward's gradients still await the next step
+        self.move_grads(view)  # its last backward's gradients still await the next step
         del self.views[version]
         if view[0].data_ptr() != self.params[0].data_ptr():
             self.pool.append([t.detach() for t in view])
@@ -84,10 +84,11 @@ class WeightVersions:
         """Move the gradients that backwards left on version tensors onto the parameters."""
         if self.stash:
             for view in self.views.values():
-                self._move_grads(view)
+                self.move_grads(view)
         return [p.grad for p in self.params]
 
-    def _move_grads(self, view: list[torch.Tensor]) -> None:
+    def move_grads(self, view: list[torch.Tensor]) -> None:
+        """Add the gradients accumulated on a version's tensors to the parameters' (and clear them)."""
         for p, t in zip(self.params, view):
             if t.grad is not None:
                 p.grad = t.grad if p.grad is None else p.grad.add_(t.grad)
