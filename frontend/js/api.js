@@ -79,8 +79,11 @@ const list = (data) => (Array.isArray(data) ? { data, count: data.length } : { d
 
 /** The best validation metric of a run: highest, or lowest for perplexity and losses. */
 export function bestMetric(summary) {
+  // The runtime knows the metric's direction (the zoo's higher_is_better) and reports the best.
+  if (summary.best_metric != null) return summary.best_metric;
   const values = (summary.evaluations || []).map((e) => e.metric).filter((v) => Number.isFinite(v));
-  if (!values.length) return summary.best_metric ?? summary.final_metric ?? null;
+  if (!values.length) return summary.final_metric ?? null;
+  // Summaries stored before the runtime reported it: the direction from the metric's name.
   const lowerIsBetter = /perplexity|loss|error/i.test(summary.metric_name || '');
   return lowerIsBetter ? Math.min(...values) : Math.max(...values);
 }

@@ -93,3 +93,14 @@ def test_bad_input_is_one_line_and_exit_code_2():
         lines = r.stderr.strip().splitlines()
         assert len(lines) == 1 and field in lines[0], r.stderr
         assert r.exception is None or isinstance(r.exception, SystemExit)  # no traceback
+
+
+@pytest.mark.parametrize("higher_is_better, best", [(True, 0.9), (False, 0.2)])
+def test_summary_reports_the_best_metric_in_the_metric_s_own_direction(higher_is_better: bool, best: float):
+    from trainer.runtime.report import Reporter
+    from trainer.sink import NullSink
+
+    reporter = Reporter(NullSink(), world=1, batch_size=4, metric_name="m")
+    reporter.evals += [(1, 0.1, 0.5), (2, 0.2, 0.9), (3, 0.3, 0.2)]
+    summary = reporter.summary(None, higher_is_better, 1.0)
+    assert summary["best_metric"] == best and summary["higher_is_better"] is higher_is_better

@@ -137,10 +137,14 @@ class Reporter:
                     self.time_to_target = wall
                     break
         final_loss = self.losses[max(self.losses)] if self.losses else None
+        metrics = [m for _, _, m in self.evals]
+        best_metric = (max if higher_is_better else min)(metrics) if metrics else None
         return {
             "samples_per_s": self.steady_samples_per_s(),
             "final_metric": final_metric,
             "metric_name": self.metric_name,
+            "higher_is_better": higher_is_better,
+            "best_metric": best_metric,
             "final_loss": final_loss,
             "steps": steps_done,
             "start_step": self.start_step,
