@@ -226,13 +226,6 @@ class AntichainWalk:
                 found |= pred_mask[s]
             self.needed[u] = found & before
 
-    @staticmethod
-    def _key(nodes: list[int]) -> int:
-        key = 0
-        for u in nodes:
-            key |= 1 << u
-        return key
-
     def augment(self, antichain: list[int]) -> tuple[list[int], int]:
         """The antichain with the earlier nodes whose outputs are still needed in front, and
         the bitset of both."""
@@ -245,7 +238,8 @@ class AntichainWalk:
         return _bits(extra) + list(antichain), extra | key
 
     def run(self) -> tuple[list[list[int]], list[list[int]]]:
-        """Return (augmented antichain per state id, out-edges per state id), ids by discovery.
+        """Return (augmented antichain per state id, out-edges per state id), ids by discovery;
+        ``self.downsets`` then holds each state's down-set (bitset), by the same ids.
 
         The reference moves one node x of a state's augmented set to each successor of x (not
         already in the antichain, and not an ancestor of a node still in the set), then
@@ -257,52 +251,67 @@ class AntichainWalk:
         after), so the list is built then only. The reference queues a state once per edge
         into it and skips it when dequeued again; queueing it only when first found expands
         the states in the same order.
+
+        The new key is the set of maximal nodes of (the set without x) plus the successor, so
+        its down-set is the old state's down-set plus the successor's: one union per state.
         """
-        anc, desc, succ = self.anc, self.desc, self.g.succ
-        start = [self.g.sources()[0]]
-        start_key = self._key(start)
+        anc, desc, succ, needed = self.anc, self.desc, self.g.succ, self.needed
+        # Per node x, each successor with what a step to it reads (its bit, its descendants,
+        # its strict ancestors, and its down-set), so the inner loop indexes nothing.
+        steps = [[(v, 1 << v, desc[v], anc[v], anc[v] | (1 << v)) for v in succ[x]] for x in range(len(anc))]
+        source = self.g.sources()[0]
+        start_key = 1 << source
         ids = {start_key: 0}
-        first, first_members = self.augment(start)
-        augmented, members_of = [first], [first_members]
-        keys = [start_key]
+        first, first_members = self.augment([source])
+        augmented, members_of, keys = [first], [first_members], [start_key]
+        downsets = [anc[source] | start_key]
         edges: list[list[int]] = [[]]
+        extras_of: dict[int, list[int]] = {0: []}  # the needed extras' bits, ascending, by bitset
+        max_states = self.max_states
         sid = 0
         while sid < len(augmented):
-            aug, key, out, members = augmented[sid], keys[sid], edges[sid], members_of[sid]
+            aug, key, out, members, down = augmented[sid], keys[sid], edges[sid], members_of[sid], downsets[sid]
             sid += 1
-            # below_others[p]: every ancestor of the set's nodes except aug[p]
             size = len(aug)
-            suffix = [0] * (size + 1)
-            for p in range(size - 1, -1, -1):
-                suffix[p] = suffix[p + 1] | anc[aug[p]]
+            if size == 1:
+                suffix = (0, 0)
+            else:  # suffix[p]: ancestors of aug[p:]; below_others at p = prefix | suffix[p + 1]
+                suffix = [0] * (size + 1)
+                for p in range(size - 1, -1, -1):
+                    suffix[p] = suffix[p + 1] | anc[aug[p]]
             prefix = 0
-            for p, x in enumerate(aug):
+            for p in range(size):
+                x = aug[p]
                 below_others = prefix | suffix[p + 1]
                 prefix |= anc[x]
                 others = members & ~(1 << x)
-                for nxt in succ[x]:
-                    if (key >> nxt) & 1:
-                        continue
-                    if desc[nxt] & members:
-                        continue  # advancing to nxt would skip over a node still in the set
-                    new_key = (others | (1 << nxt)) & ~(below_others | anc[nxt])
+                for nxt, bit, nxt_desc, nxt_anc, nxt_down in steps[x]:
+                    if key & bit or nxt_desc & members:
+                        continue  # already in the antichain, or it would skip over a node in the set
+                    new_key = (others | bit) & ~(below_others | nxt_anc)
                     nid = ids.get(new_key)
                     if nid is None:
                         nid = len(augmented)
-                        if nid >= self.max_states:
-                            raise StateLimitExceeded(f"more than {self.max_states} antichain states")
+                        if nid >= max_states:
+                            raise StateLimitExceeded(f"more than {max_states} antichain states")
                         ids[new_key] = nid
+                        extra = 0
                         front = []
                         for y in aug:
                             u = nxt if y == x else y
                             if (new_key >> u) & 1:
                                 front.append(u)
-                        aug_new, members_new = self.augment(front)
-                        augmented.append(aug_new)
-                        members_of.append(members_new)
+                                extra |= needed[u]
+                        head = extras_of.get(extra)
+                        if head is None:
+                            head = extras_of[extra] = _bits(extra)
+                        augmented.append(head + front)
+                        members_of.append(extra | new_key)
                         keys.append(new_key)
+                        downsets.append(down | nxt_down)
                         edges.append([])
                     out.append(nid)
+        self.downsets = downsets
         return augmented, edges
 
 

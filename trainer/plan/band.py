@@ -19,7 +19,7 @@ from trainer.plan.dp import INF, LevelOptions, Tables, _groups, _stash_factor, p
 
 def is_chain(t: Tables) -> bool:
     """Every state precedes every later one (a chain of layers, or a linearised order)."""
-    return all(len(p) == j for j, p in enumerate(t.predecessors))
+    return t.is_chain()
 
 
 def grid_upper_bound(t: Tables, values: np.ndarray, opt: LevelOptions, count: int = 64) -> float:

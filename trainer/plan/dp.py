@@ -55,8 +55,10 @@ class Tables:
     activation: np.ndarray  # (n,) bytes
     parameters: np.ndarray  # (n,) bytes
     output_activation: np.ndarray  # (n,) bytes crossing a cut right after the state
-    predecessors: list[np.ndarray]  # per state j, the indices of its ancestor states
+    pair_k: np.ndarray  # (P,) every edge (k, j) of the state DAG (k precedes j): its k ...
+    pair_j: np.ndarray  # ... and its j; grouped by j, k ascending
     _sums: dict | None = None
+    _predecessors: list[np.ndarray] | None = None
 
     def block_sums(self) -> tuple[BlockSums, BlockSums]:
         """(activations, parameters) of every block i..j, indexed as (n+1, n) differences."""
@@ -74,15 +76,22 @@ class Tables:
         return self._sums["compute"]
 
     def pairs(self) -> tuple[np.ndarray, np.ndarray]:
-        """Every (k, j) edge of the state DAG as (pk, pj), grouped by j, k ascending; computed once."""
-        if self._sums is None:
-            self.block_sums()
-        if "pairs" not in self._sums:
-            counts = np.fromiter((len(p) for p in self.predecessors), dtype=np.intp, count=self.size)
-            pk = (np.concatenate(self.predecessors).astype(np.intp) if counts.sum()
-                  else np.zeros(0, dtype=np.intp))
-            self._sums["pairs"] = (pk, np.repeat(np.arange(self.size, dtype=np.intp), counts))
-        return self._sums["pairs"]
+        """Every (k, j) edge of the state DAG as (pk, pj), grouped by j, k ascending."""
+        return self.pair_k, self.pair_j
+
+    @property
+    def predecessors(self) -> list[np.ndarray]:
+        """Per state j, the indices of its ancestor states, ascending (views of ``pair_k``)."""
+        if self._predecessors is None:
+            ends = np.searchsorted(self.pair_j, np.arange(self.size + 1)).tolist()
+            self._predecessors = [self.pair_k[a:b] for a, b in zip(ends[:-1], ends[1:])]
+        return self._predecessors
+
+    def is_chain(self) -> bool:
+        """Every state precedes every later one (a chain of layers, or a linearised order);
+        ancestors are earlier states, so counting the pairs is enough."""
+        n = self.size
+        return len(self.pair_k) == n * (n - 1) // 2
 
     @property
     def size(self) -> int:

@@ -36,15 +36,9 @@ def tables_of(chain: StateChain) -> Tables:
         activation=chain.activation,
         parameters=chain.parameters,
         output_activation=chain.output_activation,
-        predecessors=_predecessors(chain.ancestors),
+        pair_k=chain.pairs[0],
+        pair_j=chain.pairs[1],
     )
-
-
-def _predecessors(ancestors: np.ndarray) -> list[np.ndarray]:
-    """Per state j, its ancestor states ascending (one pass over the matrix, split by row)."""
-    rows, cols = np.nonzero(ancestors)
-    ends = np.cumsum(np.bincount(rows, minlength=len(ancestors))).tolist()
-    return [cols[a:b] for a, b in zip([0] + ends[:-1], ends)]
 
 
 # Below this much work (states^3 x machines^2) solving directly beats computing bounds first;

@@ -20,8 +20,9 @@ class StateChain:
 
     Cumulative quantities are sums over the state's down-set: ``compute_s`` (forward+backward,
     seconds), ``forward_s``, ``backward_s``, ``activation`` and ``parameters`` (bytes);
-    ``output_activation`` is what crosses a cut right after the state. ``ancestors[j, k]`` says
-    state k precedes state j in the state DAG (a stage may run from k+1 to j).
+    ``output_activation`` is what crosses a cut right after the state. ``pairs`` = (k, j) for
+    every state k that precedes state j in the state DAG (a stage may run from k+1 to j),
+    grouped by j, k ascending; ``ancestors`` is the same as an (n, n) matrix.
     """
 
     kind: str  # "antichain" (exact) or "linearised" (topological order treated as a chain)
@@ -33,16 +34,23 @@ class StateChain:
     activation: np.ndarray
     parameters: np.ndarray
     output_activation: np.ndarray
-    ancestors: np.ndarray
+    pairs: tuple[np.ndarray, np.ndarray]
     graph: LayerGraph
 
     @property
     def size(self) -> int:
         return len(self.downsets)
 
+    @property
+    def ancestors(self) -> np.ndarray:
+        """(n, n) bool: ``ancestors[j, k]`` says state k precedes state j."""
+        out = np.zeros((self.size, self.size), dtype=bool)
+        out[self.pairs[1], self.pairs[0]] = True
+        return out
+
     def is_chain(self) -> bool:
         n = self.size
-        return bool(self.ancestors.sum() == n * (n - 1) // 2)
+        return len(self.pairs[0]) == n * (n - 1) // 2  # (each state's ancestors are earlier states)
 
     def layers_between(self, start: int, end: int) -> list[int]:
         """Layers of states start..end-1 (half-open, as the reference prints stages), file order."""
@@ -58,8 +66,30 @@ def _bool_rows(masks: list[int], width: int) -> np.ndarray:
     return bits[:, :width].astype(bool)
 
 
+def _pairs_of(ancestors: list[int]) -> tuple[np.ndarray, np.ndarray]:
+    """(k, j) for every bit k of ``ancestors[j]``, grouped by j, k ascending. The bitsets are
+    unpacked to a byte per bit and the set positions picked by a mask (NumPy's ``nonzero``
+    on the same matrix is several times slower)."""
+    n = len(ancestors)
+    nbytes = (n + 7) // 8
+    raw = b"".join(m.to_bytes(nbytes, "little") for m in ancestors)
+    mask = np.unpackbits(np.frombuffer(raw, dtype=np.uint8), bitorder="little").view(bool)
+    width = nbytes * 8
+    pk = np.broadcast_to(np.arange(width, dtype=np.intp), (n, width))[mask.reshape(n, width)]
+    counts = np.fromiter((m.bit_count() for m in ancestors), dtype=np.intp, count=n)
+    return pk, np.repeat(np.arange(n, dtype=np.intp), counts)
+
+
+def _chain_pairs(n: int) -> tuple[np.ndarray, np.ndarray]:
+    """``_pairs_of`` for a chain: every k < j."""
+    counts = np.arange(n, dtype=np.intp)
+    pj = np.repeat(counts, counts)
+    starts = np.repeat(np.cumsum(counts) - counts, counts)
+    return np.arange(len(pj), dtype=np.intp) - starts, pj
+
+
 def _chain_from(graph: LayerGraph, kind: str, downsets: list[int], frontiers: list[list[int]],
-                ancestors: np.ndarray, out_act: np.ndarray) -> StateChain:
+                pairs: tuple[np.ndarray, np.ndarray], out_act: np.ndarray) -> StateChain:
     width = len(graph.names)
     member = _bool_rows(downsets, width).astype(float)
     fwd = graph.forward_ms / 1000.0
@@ -74,23 +104,18 @@ def _chain_from(graph: LayerGraph, kind: str, downsets: list[int], frontiers: li
         activation=member @ graph.activation,
         parameters=member @ graph.parameters,
         output_activation=out_act,
-        ancestors=ancestors,
+        pairs=pairs,
         graph=graph,
     )
 
 
 def antichain_states(graph: LayerGraph, max_states: int = 2000) -> StateChain:
     """The reference's antichain states; raises ``StateLimitExceeded`` past ``max_states``."""
-    augmented, edges = AntichainWalk(graph, max_states).run()
+    walk = AntichainWalk(graph, max_states)
+    augmented, edges = walk.run()
     order = _reverse_postorder(edges)
-    anc_of = graph.ancestors()
-    downsets, frontiers = [], []
-    for sid in order:
-        down = 0
-        for u in augmented[sid]:
-            down |= anc_of[u] | (1 << u)
-        downsets.append(down)
-        frontiers.append(augmented[sid])
+    downsets = [walk.downsets[sid] for sid in order]
+    frontiers = [augmented[sid] for sid in order]
     n = len(order)
     position = [0] * n
     for i, sid in enumerate(order):
@@ -103,7 +128,7 @@ def antichain_states(graph: LayerGraph, max_states: int = 2000) -> StateChain:
             state_anc[position[t]] |= mine
     act = graph.activation.tolist()
     out_act = np.array([sum(act[u] for u in f) for f in frontiers], dtype=float)
-    return _chain_from(graph, "antichain", downsets, frontiers, _bool_rows(state_anc, n), out_act)
+    return _chain_from(graph, "antichain", downsets, frontiers, _pairs_of(state_anc), out_act)
 
 
 def linearised_states(graph: LayerGraph) -> StateChain:
@@ -126,8 +151,7 @@ def linearised_states(graph: LayerGraph) -> StateChain:
         downsets.append(down)
         frontiers.append([w for w in order[: i + 1] if graph.succ[w] and max(pos[v] for v in graph.succ[w]) > i]
                          if n <= 400 else [u])
-    ancestors = np.tril(np.ones((n, n), dtype=bool), k=-1)
-    return _chain_from(graph, "linearised", downsets, frontiers, ancestors, out_act)
+    return _chain_from(graph, "linearised", downsets, frontiers, _chain_pairs(n), out_act)
 
 
 def state_chain(profile: Profile, max_states: int = 2000, linearise: bool | None = None) -> StateChain:

@@ -1,0 +1,88 @@
+"""The planner's state chain against the straightforward forms it replaces for speed.
+
+The antichain walk forms each state's down-set incrementally (the parent's plus the new
+node's), and the state DAG's (k, j) pairs come from bitsets through a byte mask rather than
+``np.nonzero`` on a dense matrix; both are checked here against the plain computations.
+"""
+
+from __future__ import annotations
+
+import random
+
+import numpy as np
+import pytest
+
+from tests.shared_data import graph_txt, shared_profiles_dir
+from tests.trainer.test_plan_exact import random_profile
+from trainer.plan.pipedream import tables_of
+from trainer.graph import LayerGraph
+from trainer.plan.states import _chain_pairs, _pairs_of, antichain_states, state_chain
+from trainer.profile.schema import Profile
+
+
+def _plain_downsets(chain) -> list[int]:
+    anc = chain.graph.ancestors()
+    out = []
+    for front in chain.frontiers:
+        down = 0
+        for u in front:
+            down |= anc[u] | (1 << u)
+        out.append(down)
+    return out
+
+
+def _check(chain) -> None:
+    assert chain.downsets == _plain_downsets(chain)
+    n = chain.size
+    pk, pj = chain.pairs
+    assert pk.dtype == pj.dtype == np.intp
+    assert np.all(pk < pj)  # ancestors come earlier in the order
+    rows, cols = np.nonzero(chain.ancestors)
+    assert np.array_equal(rows, pj) and np.array_equal(cols, pk)
+    t = tables_of(chain)
+    assert [p.tolist() for p in t.predecessors] == [cols[rows == j].tolist() for j in range(n)]
+    assert t.is_chain() == all(len(p) == j for j, p in enumerate(t.predecessors))
+
+
+@pytest.mark.parametrize("seed", range(30))
+def test_random_dags_down_sets_and_pairs(seed):
+    rng = random.Random(seed)
+    _check(antichain_states(LayerGraph.from_profile(random_profile(rng, rng.randrange(3, 24), rng.uniform(0.0, 0.6)))))
+
+
+@pytest.mark.parametrize("name", ["alexnet", "resnet18", "squeezenet1_0", "gnmt"])
+def test_shared_profiles_down_sets_and_pairs(name):
+    shared_profiles_dir()
+    chain = state_chain(Profile.load(graph_txt(name)))
+    assert chain.kind == "antichain"
+    _check(chain)
+
+
+def test_pairs_of_bitsets_equal_nonzero():
+    rng = random.Random(3)
+    for n in (0, 1, 2, 7, 8, 9, 63, 64, 65, 200):
+        masks = [rng.getrandbits(j) if j else 0 for j in range(n)]  # state j: bits below j only
+        dense = np.array([[(m >> k) & 1 for k in range(n)] for m in masks], dtype=bool).reshape(n, n)
+        rows, cols = np.nonzero(dense)
+        pk, pj = _pairs_of(masks)
+        assert np.array_equal(pk, cols) and np.array_equal(pj, rows)
+
+
+@pytest.mark.parametrize("n", [0, 1, 2, 5, 40])
+def test_chain_pairs_are_every_earlier_state(n):
+    rows, cols = np.nonzero(np.tri(n, n, -1, dtype=bool))
+    pk, pj = _chain_pairs(n)
+    assert np.array_equal(pk, cols) and np.array_equal(pj, rows)
+
+
+def test_linearised_chain_pairs():
+    rng = random.Random(5)
+    chain = state_chain(random_profile(rng, 12, 0.4), linearise=True)
+    assert chain.kind == "linearised" and chain.is_chain()
+    assert tables_of(chain).is_chain()
+    _check_pairs_only(chain)
+
+
+def _check_pairs_only(chain) -> None:
+    rows, cols = np.nonzero(np.tri(chain.size, chain.size, -1, dtype=bool))
+    assert np.array_equal(chain.pairs[0], cols) and np.array_equal(chain.pairs[1], rows)
