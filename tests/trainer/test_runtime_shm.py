@@ -175,12 +175,13 @@ def test_runs_choose_their_transport_train_the_same_and_leave_no_shared_memory(t
                                                                                 schedule):
     log = ChannelLog(tmp_path / "channels.log")
     log.install(monkeypatch)
+    monkeypatch.delenv("PIPEBOARD_P2P", raising=False)
     cfg, summary, trained = run(tmp_path, p2p=p2p, schedule=schedule)
     assert summary["steps"] == 3
     created = sorted(line.split()[2] for line in log.lines() if " create " in line)
-    if p2p in ("gloo", None):  # gloo is the default
+    if p2p == "gloo":
         assert created == []
-    else:  # one channel each way between the two stages' workers
+    else:  # auto is the default: one channel each way between the two stages' workers
         assert [c.rsplit("-", 2)[1:] for c in created] == [["0", "1"], ["1", "0"]]
     if schedule == "1f1b":
         ref = train_sync(cfg, 3)
@@ -201,6 +202,26 @@ def test_an_environment_variable_chooses_shared_memory(tmp_path, monkeypatch, sc
     assert [line for line in log.lines() if " create " in line]
     ref = train_sync(cfg, 3)
     assert max(float((a - b).detach().abs().max()) for a, b in zip(trained.parameters(), ref.parameters())) < 1e-5
+
+
+def test_an_environment_variable_keeps_gloo(tmp_path, monkeypatch):
+    log = ChannelLog(tmp_path / "channels.log")
+    log.install(monkeypatch)
+    monkeypatch.setenv("PIPEBOARD_P2P", "gloo")
+    _, summary, _ = run(tmp_path, schedule="1f1b")
+    assert summary["steps"] == 3
+    assert [line for line in log.lines() if " create " in line] == []
+
+
+def test_too_little_free_shared_memory_keeps_auto_on_gloo_and_fails_shm_clearly(tmp_path, monkeypatch):
+    log = ChannelLog(tmp_path / "channels.log")
+    log.install(monkeypatch)
+    monkeypatch.setattr(shm, "free_bytes", lambda: 4096)  # the workers are forked: they see it too
+    _, summary, _ = run(tmp_path, p2p="auto", schedule="1f1b")
+    assert summary["steps"] == 3
+    assert [line for line in log.lines() if " create " in line] == []
+    with pytest.raises(Exception, match="shm_size"):
+        run(tmp_path / "shm", p2p="shm", schedule="1f1b")
 
 
 def test_an_unknown_transport_is_a_config_error():

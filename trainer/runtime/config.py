@@ -59,7 +59,7 @@ class RunConfig:
     instrument: bool = True  # record every action's start and end
     hang_timeout_s: float = 30.0  # a worker making no progress this long (not waiting on a peer) is hung
     # Stage-to-stage transfers: "gloo", "auto" (shared memory between workers on one host, else
-    # gloo) or "shm" (the same, an error where unsupported); None: $PIPEBOARD_P2P, else gloo.
+    # gloo) or "shm" (the same, an error where unsupported); None: $PIPEBOARD_P2P, else auto.
     p2p: str | None = None
     start_method: str | None = None  # default: fork on CPU (no re-import of torch), spawn on CUDA
     master_port: int | None = None  # default: a free port

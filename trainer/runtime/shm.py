@@ -91,6 +91,20 @@ def packed_bytes(shapes_dtypes) -> int:
     return max(sum(_aligned(_nbytes(shape, dtype)) for shape, dtype in shapes_dtypes), ALIGN)
 
 
+def channel_bytes(slots: int, slot_bytes: int) -> int:
+    """The size of one channel's file (what ``Channel`` maps)."""
+    return _aligned(HEADER_INTS * 4 * (1 + slots)) + slots * _aligned(slot_bytes)
+
+
+def free_bytes() -> int:
+    """Bytes free on /dev/shm (0 where it cannot be read)."""
+    try:
+        st = os.statvfs(SHM_DIR)
+    except OSError:
+        return 0
+    return st.f_bavail * st.f_frsize
+
+
 def channel_path(prefix: str, src: int, dst: int) -> str:
     return os.path.join(SHM_DIR, f"{prefix}-{src}-{dst}")
 
@@ -115,7 +129,7 @@ class Channel:
         self.timeout_s = timeout_s
         header = HEADER_INTS * 4 * (1 + slots)
         self.data_offset = _aligned(header)
-        size = self.data_offset + slots * self.slot_bytes
+        size = channel_bytes(slots, slot_bytes)
         flags = os.O_RDWR | (os.O_CREAT | os.O_EXCL if create else 0)
         fd = os.open(path, flags, 0o600)
         try:
