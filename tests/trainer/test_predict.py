@@ -138,15 +138,20 @@ def test_bad_v2_fields_are_refused(change, match):
         Profile.from_dict(doc)
 
 
-def test_measure_link_times_real_transfers_between_two_processes():
+@pytest.mark.parametrize("transport", ["gloo", "shm", None])
+def test_measure_link_times_real_transfers_between_two_processes(transport, monkeypatch):
     from trainer.profile.link import measure_link
 
-    link = measure_link(sizes=(4096, 1 << 20), repeats=3, busy_ms=1.0)
+    monkeypatch.delenv("PIPEBOARD_P2P", raising=False)
+    link = measure_link(sizes=(4096, 1 << 20), repeats=3, busy_ms=1.0, transport=transport)
+    assert link.backend == (transport or "shm")  # a local run's default transport: shared memory
     assert [s[0] for s in link.samples] == [4096.0, float(1 << 20)]
     assert all(s[1] > 0 and s[2] >= 0 for s in link.samples)
     assert link.bytes_per_ms > 0 and link.transfer_ms(1 << 20) > 0
     with pytest.raises(ValueError, match="two different sizes"):
         measure_link(sizes=(4096, 4096))
+    with pytest.raises(ValueError, match="transport"):
+        measure_link(transport="tcp")
 
 
 def test_runtime_overhead_is_added_per_action():

@@ -12,6 +12,11 @@ between messages, measures the idle cores' wake-up instead: about 2 ms a hop on 
 busy pipeline does not pay.) A least-squares line through the median one-way times gives
 ``latency_ms`` and ``bytes_per_ms``; ``post_ms`` is the least per-size median (posting does not
 depend on the size; interference from other processes only adds to it).
+
+``transport``: the runtime's stage-to-stage transport to measure, as ``RunConfig.p2p`` names it;
+by default the one a local run uses (``auto``: a shared-memory channel, ``trainer.runtime.shm``,
+where the machine supports it). Over shm the timed message is one ``Channel.send`` and the
+receiver's ``Channel.take``; the handshake stays on gloo.
 """
 
 from __future__ import annotations
@@ -32,7 +37,30 @@ def _spin(seconds: float) -> None:
         pass
 
 
-def _one_way(rank: int, port: int, sizes: tuple[int, ...], repeats: int, busy_s: float, out) -> None:
+def _open_channel(rank: int, size: int):
+    """A one-slot-pair shared-memory channel from rank 0 to rank 1 for messages of ``size`` bytes."""
+    import os
+
+    import torch.distributed as dist
+
+    from trainer.runtime import shm
+
+    names = [f"pipeboard-link-{os.getpid()}-{os.urandom(4).hex()}"]
+    dist.broadcast_object_list(names, src=0)
+    path = shm.channel_path(names[0], 0, 1)
+    slot_bytes = shm.packed_bytes([((max(1, size // 4),), torch.float32)])
+    channel = shm.Channel(path, 2, slot_bytes, rank == 0, 1 - rank, timeout_s=60.0) if rank == 0 else None
+    dist.barrier()
+    if rank == 1:
+        channel = shm.Channel(path, 2, slot_bytes, False, 0, timeout_s=60.0)
+    dist.barrier()
+    if rank == 0:
+        os.unlink(path)
+    return channel
+
+
+def _one_way(rank: int, port: int, sizes: tuple[int, ...], repeats: int, busy_s: float, transport: str,
+             out) -> None:
     import torch.distributed as dist
 
     torch.set_num_threads(1)
@@ -41,6 +69,8 @@ def _one_way(rank: int, port: int, sizes: tuple[int, ...], repeats: int, busy_s:
         token = torch.zeros(1)
         for k, size in enumerate(sizes):
             buf = torch.ones(max(1, size // 4), dtype=torch.float32)
+            shapes = [(buf.shape, buf.dtype)]
+            channel = _open_channel(rank, size) if transport == "shm" else None
             marks = []
             for i in range(repeats + 3):  # the first messages set up the pair's connection
                 tag = (k * (repeats + 3) + i) * 2
@@ -48,20 +78,36 @@ def _one_way(rank: int, port: int, sizes: tuple[int, ...], repeats: int, busy_s:
                     dist.irecv(token, src=1, tag=tag + 1).wait()  # the receiver has posted
                     _spin(busy_s)
                     t0 = time.perf_counter()
-                    work = dist.isend(buf, dst=1, tag=tag)
+                    work = channel.send([buf], 0, i, False) if channel else dist.isend(buf, dst=1, tag=tag)
                     t1 = time.perf_counter()
                     _spin(2 * busy_s)
-                    work.wait()
+                    if work is not None:
+                        work.wait()
                     marks.append((t0, t1 - t0))
+                elif channel:
+                    dist.isend(token, dst=0, tag=tag + 1).wait()
+                    channel.take(0, i, False, lambda b, g: shapes)
+                    marks.append((time.perf_counter(), 0.0))
                 else:
                     work = dist.irecv(buf, src=0, tag=tag)
                     dist.isend(token, dst=0, tag=tag + 1).wait()
                     work.wait()
                     marks.append((time.perf_counter(), 0.0))
+            if channel:
+                channel.close()
             out.put((rank, size, marks[3:]))
         dist.barrier()
     finally:
         dist.destroy_process_group()
+
+
+def runtime_transport(configured: str | None = None) -> str:
+    """"shm" or "gloo": what a local CPU run's transfers go through (``RunConfig.p2p`` semantics)."""
+    from trainer.runtime import shm
+    from trainer.runtime.comm import p2p_mode
+
+    mode = p2p_mode(configured)
+    return "shm" if mode != "gloo" and shm.supported() else "gloo"
 
 
 def fit_link(samples: list[list[float]], backend: str = "gloo") -> Link:
@@ -85,18 +131,23 @@ def fit_link(samples: list[list[float]], backend: str = "gloo") -> Link:
 
 
 def measure_link(sizes: tuple[int, ...] = DEFAULT_SIZES, repeats: int = 20, busy_ms: float = 2.0,
-                 timeout_s: float = 120.0, rounds: int = 3) -> Link:
-    """One-way gloo transfers between two fresh processes on this machine; see the module
-    docstring. ``rounds`` pairs of processes measure in turn and each size keeps its least
-    medians: another process taking a core meanwhile (a shared machine) only ever adds time."""
+                 timeout_s: float = 120.0, rounds: int = 3, transport: str | None = None) -> Link:
+    """One-way transfers between two fresh processes on this machine over ``transport`` ("gloo"
+    or "shm"; default: the local runtime's, see ``runtime_transport``); see the module docstring.
+    ``rounds`` pairs of processes measure in turn and each size keeps its least medians: another
+    process taking a core meanwhile (a shared machine) only ever adds time."""
     if repeats < 1 or rounds < 1 or len(set(sizes)) < 2:
         raise ValueError("measure_link needs repeats >= 1, rounds >= 1 and at least two different sizes")
-    rows = [_measure_round(tuple(sizes), repeats, busy_ms, timeout_s) for _ in range(rounds)]
+    transport = transport or runtime_transport()
+    if transport not in ("gloo", "shm"):
+        raise ValueError(f"measure_link: transport must be 'gloo' or 'shm', got {transport!r}")
+    rows = [_measure_round(tuple(sizes), repeats, busy_ms, timeout_s, transport) for _ in range(rounds)]
     best = [[per_size[0][0], min(r[1] for r in per_size), min(r[2] for r in per_size)] for per_size in zip(*rows)]
-    return fit_link(best)
+    return fit_link(best, backend=transport)
 
 
-def _measure_round(sizes: tuple[int, ...], repeats: int, busy_ms: float, timeout_s: float) -> list[list[float]]:
+def _measure_round(sizes: tuple[int, ...], repeats: int, busy_ms: float, timeout_s: float,
+                   transport: str) -> list[list[float]]:
     import torch.multiprocessing as mp
 
     from trainer.runtime.launch import free_port
@@ -104,7 +155,7 @@ def _measure_round(sizes: tuple[int, ...], repeats: int, busy_ms: float, timeout
     ctx = mp.get_context("fork")
     q = ctx.Queue()
     port = free_port()
-    args = (port, tuple(sizes), repeats, busy_ms / 1e3, q)
+    args = (port, tuple(sizes), repeats, busy_ms / 1e3, transport, q)
     procs = [ctx.Process(target=_one_way, args=(r, *args), daemon=True) for r in range(2)]
     for p in procs:
         p.start()
