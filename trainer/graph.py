@@ -207,24 +207,30 @@ class AntichainWalk:
         # is every consumer of a layer at or before u; pred_mask[s] the producers of s.
         succ, pred, anc = graph.succ, graph.pred, self.anc
         count = len(graph.names)
-        pred_mask = [0] * count
+        self.bits = bits = [1 << u for u in range(count)]
+        pred_of_bit: dict[int, int] = {}  # a layer's bit -> the bitset of its producers
         reach = [0] * count
-        self.needed = [0] * count
+        self.needed = needed = [0] * count
         order = graph.topological_order()
         for u in order:
             mask = 0
             for v in succ[u]:
-                mask |= 1 << v
+                mask |= bits[v]
+            producers = 0
             for q in pred[u]:
                 mask |= reach[q]
-                pred_mask[u] |= 1 << q
+                producers |= bits[q]
             reach[u] = mask
+            pred_of_bit[bits[u]] = producers
         for u in order:
             before = anc[u]
             found = 0
-            for s in _bits(reach[u] & ~(before | (1 << u))):
-                found |= pred_mask[s]
-            self.needed[u] = found & before
+            open_ends = reach[u] & ~(before | bits[u])
+            while open_ends:  # (a few bits: lowest first, without listing them)
+                low = open_ends & -open_ends
+                found |= pred_of_bit[low]
+                open_ends ^= low
+            needed[u] = found & before
 
     def augment(self, antichain: list[int]) -> tuple[list[int], int]:
         """The antichain with the earlier nodes whose outputs are still needed in front, and
@@ -255,12 +261,12 @@ class AntichainWalk:
         The new key is the set of maximal nodes of (the set without x) plus the successor, so
         its down-set is the old state's down-set plus the successor's: one union per state.
         """
-        anc, desc, succ, needed = self.anc, self.desc, self.g.succ, self.needed
+        anc, desc, succ, needed, bits = self.anc, self.desc, self.g.succ, self.needed, self.bits
         # Per node x, each successor with what a step to it reads (its bit, its descendants,
         # its strict ancestors, and its down-set), so the inner loop indexes nothing.
-        steps = [[(v, 1 << v, desc[v], anc[v], anc[v] | (1 << v)) for v in succ[x]] for x in range(len(anc))]
+        steps = [[(v, bits[v], desc[v], anc[v], anc[v] | bits[v]) for v in succ[x]] for x in range(len(anc))]
         source = self.g.sources()[0]
-        start_key = 1 << source
+        start_key = bits[source]
         ids = {start_key: 0}
         first, first_members = self.augment([source])
         augmented, members_of, keys = [first], [first_members], [start_key]
@@ -270,21 +276,42 @@ class AntichainWalk:
         max_states = self.max_states
         sid = 0
         while sid < len(augmented):
-            aug, key, out, members, down = augmented[sid], keys[sid], edges[sid], members_of[sid], downsets[sid]
+            aug, out, down = augmented[sid], edges[sid], downsets[sid]
+            if len(aug) == 1:
+                # A lone node (nothing else in the set): every successor is a step, and the new
+                # key is the successor alone (the set without x is empty).
+                x = aug[0]
+                for nxt, bit, _, _, nxt_down in steps[x]:
+                    nid = ids.get(bit)
+                    if nid is None:
+                        nid = len(augmented)
+                        if nid >= max_states:
+                            raise StateLimitExceeded(f"more than {max_states} antichain states")
+                        ids[bit] = nid
+                        extra = needed[nxt]
+                        head = extras_of.get(extra)
+                        if head is None:
+                            head = extras_of[extra] = _bits(extra)
+                        augmented.append(head + [nxt])
+                        members_of.append(extra | bit)
+                        keys.append(bit)
+                        downsets.append(down | nxt_down)
+                        edges.append([])
+                    out.append(nid)
+                sid += 1
+                continue
+            key, members = keys[sid], members_of[sid]
             sid += 1
             size = len(aug)
-            if size == 1:
-                suffix = (0, 0)
-            else:  # suffix[p]: ancestors of aug[p:]; below_others at p = prefix | suffix[p + 1]
-                suffix = [0] * (size + 1)
-                for p in range(size - 1, -1, -1):
-                    suffix[p] = suffix[p + 1] | anc[aug[p]]
+            suffix = [0] * (size + 1)  # suffix[p]: ancestors of aug[p:]
+            for p in range(size - 1, -1, -1):
+                suffix[p] = suffix[p + 1] | anc[aug[p]]
             prefix = 0
             for p in range(size):
                 x = aug[p]
-                below_others = prefix | suffix[p + 1]
+                below_others = prefix | suffix[p + 1]  # ancestors of the set's nodes but x
                 prefix |= anc[x]
-                others = members & ~(1 << x)
+                others = members ^ bits[x]  # (x is in the set)
                 for nxt, bit, nxt_desc, nxt_anc, nxt_down in steps[x]:
                     if key & bit or nxt_desc & members:
                         continue  # already in the antichain, or it would skip over a node in the set
@@ -299,7 +326,7 @@ class AntichainWalk:
                         front = []
                         for y in aug:
                             u = nxt if y == x else y
-                            if (new_key >> u) & 1:
+                            if new_key & bits[u]:
                                 front.append(u)
                                 extra |= needed[u]
                         head = extras_of.get(extra)

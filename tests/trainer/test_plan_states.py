@@ -15,9 +15,44 @@ import pytest
 from tests.shared_data import graph_txt, shared_profiles_dir
 from tests.trainer.test_plan_exact import random_profile
 from trainer.plan.pipedream import tables_of
-from trainer.graph import LayerGraph
+from trainer.graph import AntichainWalk, LayerGraph
 from trainer.plan.states import _chain_pairs, _pairs_of, antichain_states, state_chain
 from trainer.profile.schema import Profile
+
+
+def _plain_walk(graph: LayerGraph) -> tuple[list[list[int]], list[list[int]]]:
+    """The walk without its shortcuts: each successor step tested in full, the augmented set
+    rebuilt from the kept nodes (as ``AntichainWalk.run`` did before the lone-node path)."""
+    walk = AntichainWalk(graph, 10**9)
+    anc, desc, succ = walk.anc, walk.desc, graph.succ
+    start = [graph.sources()[0]]
+    first, first_members = walk.augment(start)
+    ids = {1 << start[0]: 0}
+    augmented, members_of, keys, edges = [first], [first_members], [1 << start[0]], [[]]
+    sid = 0
+    while sid < len(augmented):
+        aug, key, members = augmented[sid], keys[sid], members_of[sid]
+        for p, x in enumerate(aug):
+            below_others = 0
+            for q, y in enumerate(aug):
+                if q != p:
+                    below_others |= anc[y]
+            others = members & ~(1 << x)
+            for nxt in succ[x]:
+                if (key >> nxt) & 1 or desc[nxt] & members:
+                    continue
+                new_key = (others | (1 << nxt)) & ~(below_others | anc[nxt])
+                if new_key not in ids:
+                    ids[new_key] = len(augmented)
+                    front = [u for u in (nxt if y == x else y for y in aug) if (new_key >> u) & 1]
+                    aug_new, members_new = walk.augment(front)
+                    augmented.append(aug_new)
+                    members_of.append(members_new)
+                    keys.append(new_key)
+                    edges.append([])
+                edges[sid].append(ids[new_key])
+        sid += 1
+    return augmented, edges
 
 
 def _plain_downsets(chain) -> list[int]:
@@ -48,6 +83,20 @@ def _check(chain) -> None:
 def test_random_dags_down_sets_and_pairs(seed):
     rng = random.Random(seed)
     _check(antichain_states(LayerGraph.from_profile(random_profile(rng, rng.randrange(3, 24), rng.uniform(0.0, 0.6)))))
+
+
+@pytest.mark.parametrize("seed", range(40))
+def test_walk_equals_the_plain_walk(seed):
+    rng = random.Random(100 + seed)
+    graph = LayerGraph.from_profile(random_profile(rng, rng.randrange(3, 26), rng.uniform(0.0, 0.7)))
+    assert AntichainWalk(graph, 10**9).run() == _plain_walk(graph)
+
+
+@pytest.mark.parametrize("name", ["alexnet", "resnet18", "squeezenet1_0", "gnmt", "resnet50"])
+def test_shared_profiles_walk_down_sets_and_pairs(name):
+    shared_profiles_dir()
+    graph = LayerGraph.from_profile(Profile.load(graph_txt(name)))
+    assert AntichainWalk(graph, 10**9).run() == _plain_walk(graph)
 
 
 @pytest.mark.parametrize("name", ["alexnet", "resnet18", "squeezenet1_0", "gnmt"])
