@@ -108,7 +108,9 @@ def solve_one_row(F: np.ndarray, t: Tables, values: np.ndarray, opt: LevelOption
     The end states go in slabs of about ``_SLAB_ENTRIES`` (pair, m') entries, each slab over
     every machine count before the next: a slab reads only earlier states, finished on every
     machine count, or its own at smaller counts. Slabs keep the temporaries small enough to
-    be reused instead of freshly mapped (the page faults cost more than the arithmetic)."""
+    be reused instead of freshly mapped (the page faults cost more than the arithmetic).
+    Within a slab, A[i][k][m''] is gathered once per m'' (as soon as it is final) and the
+    memory check's mask once per stash factor, not once per target m."""
     n, M = t.size, opt.machines
     acts, params = t.block_sums()
     pk, pj = t.pairs()
@@ -117,8 +119,11 @@ def solve_one_row(F: np.ndarray, t: Tables, values: np.ndarray, opt: LevelOption
         pk, pj = pk[keep], pj[keep]
     table = np.ascontiguousarray(F[:, :, 0].T)  # (M, n): one row per machine count
     first_pair = np.searchsorted(pj, np.arange(n + 1))  # pairs of end state j: first_pair[j]..[j+1]
-    slab = max(1, _SLAB_ENTRIES // len(reps))
+    R = len(reps)
+    slab = max(1, _SLAB_ENTRIES // R)
     cuts = (np.flatnonzero(np.diff(first_pair[row + 1:n] // slab)) + row + 2).tolist()
+    # The memory check's factor ceil((M - (m+1)) / m') per target m and replica count m'.
+    factors = [[int(f) for f in _stash_factor(m + 1, np.arange(1, R + 1), M)] for m in range(M)]
     for lo, hi in zip([row + 1] + cuts, cuts + [n]) if row + 1 < n else ():
         a, b = int(first_pair[lo]), int(first_pair[hi])
         ck, cj = pk[a:b], pj[a:b]
@@ -126,25 +131,48 @@ def solve_one_row(F: np.ndarray, t: Tables, values: np.ndarray, opt: LevelOption
         if bound < INF:
             keep = cost_t.min(axis=0) <= bound
             ck, cj, cost_t = ck[keep], cj[keep], cost_t[:, keep]
-        ends, starts = _groups(cj)
-        stash = after(acts, ck, cj) + after(params, ck, cj) if opt.memory_bytes is not None else None
-        for m in range(1, M):
-            if opt.fewer_machines:  # the reference's j > i
+        if opt.fewer_machines:  # the reference's j > i, for m = 1 (later m: after their own pass)
+            np.minimum(table[1, lo:hi], table[0, lo:hi], out=table[1, lo:hi])
+        if len(ck) == 0:
+            for m in range(2, M if opt.fewer_machines else 0):
                 np.minimum(table[m, lo:hi], table[m - 1, lo:hi], out=table[m, lo:hi])
-            if len(ck) == 0:
-                continue
-            r_max = min(len(reps), m)
-            # prefix[r'-1, p] = A[i][k_p][m - r'] for m' = 1..r_max
-            prefix = np.take(table[m - r_max:m][::-1], ck, axis=1)
-            c = cost_t[:r_max]
-            factor = _stash_factor(m + 1, np.arange(1, r_max + 1), M) if stash is not None else None
-            if factor is not None and factor.any():  # (a zero factor stashes nothing)
-                c = np.where(stash[None, :] * factor[:, None] > opt.memory_bytes, INF, c)
-            np.maximum(prefix, c, out=prefix)
-            best = np.minimum.reduceat(prefix.min(axis=0), starts)
-            np.minimum(table[m, ends], best, out=best)
-            table[m, ends] = best
+            continue
+        ends, starts = _groups(cj)
+        masked = _memory_masked(t, acts, params, opt, ck, cj, cost_t, factors)
+        prefix = [table[0].take(ck)]  # prefix[m''][p] = A[i][k_p][m''], gathered once m'' is final
+        acc = np.empty(len(ck))
+        for m in range(1, M):
+            for r in range(1, min(R, m) + 1):
+                c = masked.get((r, factors[m][r - 1]), cost_t[r - 1])
+                if r == 1:
+                    np.maximum(prefix[m - 1], c, out=acc)
+                else:
+                    np.minimum(acc, np.maximum(prefix[m - r], c), out=acc)
+            best = np.minimum.reduceat(acc, starts)
+            target = table[m]
+            np.minimum(target[ends], best, out=best)
+            target[ends] = best
+            if opt.fewer_machines and m + 1 < M:  # (before m + 1 reads row m)
+                np.minimum(table[m + 1, lo:hi], target[lo:hi], out=table[m + 1, lo:hi])
+            if m + 1 < M:
+                prefix.append(target.take(ck))
     F[:, :, 0] = table.T
 
 
-_SLAB_ENTRIES = 16_384  # (pair, m') entries per slab of end states: 128 KiB temporaries
+def _memory_masked(t: Tables, acts, params, opt: LevelOptions, ck, cj, cost_t, factors) -> dict:
+    """{(m', factor): cost row m' with +inf where the stash check fails}, for the factors that
+    rule out some stage; rows whose every stage fits are left out (read unmasked)."""
+    if opt.memory_bytes is None:
+        return {}
+    stash = after(acts, ck, cj) + after(params, ck, cj)
+    largest = float(stash.max()) if len(stash) else 0.0
+    out = {}
+    for row in factors:
+        for r, f in enumerate(row, start=1):
+            # (multiplying by f >= 0 is monotone, rounding too: if the largest stash fits, all do)
+            if f and (r, f) not in out and largest * f > opt.memory_bytes:
+                out[(r, f)] = np.where(stash * f > opt.memory_bytes, INF, cost_t[r - 1])
+    return out
+
+
+_SLAB_ENTRIES = 65_536  # (pair, m') entries per slab of end states: 512 KiB temporaries

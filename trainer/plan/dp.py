@@ -312,15 +312,16 @@ def pair_stage_costs_t(t: Tables, values, params, opt: LevelOptions, pk: np.ndar
     np.add(v_last, last, out=last)
     np.divide(last, reps, out=last)
     if opt.activation_compression is not None:
-        per_byte = bw * reps
-        t_in = np.divide(2.0 * t.output_activation[pk], per_byte)
-        np.divide(t_in, opt.activation_compression, out=t_in)
-        np.maximum(last, t_in, out=last)
+        # max(a / d, b / d) = max(a, b) / d for d > 0 (division is monotone, rounding too), so
+        # the input and the output transfer share one division; a / 1.0 is a, so no ratio of
+        # 1 is divided by.
         sent = 2.0 * t.output_activation[pj]
-        sent[pj == n - 1] = -INF  # nothing is sent after the last state (stays -inf below)
-        t_out = np.divide(sent, per_byte, out=t_in)
-        np.divide(t_out, opt.activation_compression, out=t_out)
-        np.maximum(last, t_out, out=last)
+        sent[pj == n - 1] = -INF  # nothing is sent after the last state
+        np.maximum(sent, 2.0 * t.output_activation[pk], out=sent)
+        t_io = np.divide(sent, bw * reps)
+        if opt.activation_compression != 1.0:
+            np.divide(t_io, opt.activation_compression, out=t_io)
+        np.maximum(last, t_io, out=last)
     return last
 
 
