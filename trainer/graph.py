@@ -200,7 +200,6 @@ class AntichainWalk:
     def __init__(self, graph: LayerGraph, max_states: int):
         self.g = graph
         self.anc = graph.ancestors()
-        self.desc = graph.descendants()
         self.max_states = max_states
         # needed[u]: the ancestors of u with a consumer outside u's down-set (they stay in any
         # augmented set holding u): the producers of the down-set's open edges' ends. reach[u]
@@ -261,10 +260,10 @@ class AntichainWalk:
         The new key is the set of maximal nodes of (the set without x) plus the successor, so
         its down-set is the old state's down-set plus the successor's: one union per state.
         """
-        anc, desc, succ, needed, bits = self.anc, self.desc, self.g.succ, self.needed, self.bits
-        # Per node x, each successor with what a step to it reads (its bit, its descendants,
-        # its strict ancestors, and its down-set), so the inner loop indexes nothing.
-        steps = [[(v, bits[v], desc[v], anc[v], anc[v] | bits[v]) for v in succ[x]] for x in range(len(anc))]
+        anc, succ, needed, bits = self.anc, self.g.succ, self.needed, self.bits
+        # Per node x, each successor with what a step to it reads (its bit, its strict
+        # ancestors, and its down-set), so the inner loop indexes nothing.
+        steps = [[(v, bits[v], anc[v], anc[v] | bits[v]) for v in succ[x]] for x in range(len(anc))]
         source = self.g.sources()[0]
         start_key = bits[source]
         ids = {start_key: 0}
@@ -281,7 +280,7 @@ class AntichainWalk:
                 # A lone node (nothing else in the set): every successor is a step, and the new
                 # key is the successor alone (the set without x is empty).
                 x = aug[0]
-                for nxt, bit, _, _, nxt_down in steps[x]:
+                for nxt, bit, _, nxt_down in steps[x]:
                     nid = ids.get(bit)
                     if nid is None:
                         nid = len(augmented)
@@ -306,15 +305,18 @@ class AntichainWalk:
             suffix = [0] * (size + 1)  # suffix[p]: ancestors of aug[p:]
             for p in range(size - 1, -1, -1):
                 suffix[p] = suffix[p + 1] | anc[aug[p]]
+            # A successor in the antichain, or an ancestor of a node of the set (the set then
+            # holds one of its descendants: stepping there would skip over that node), is no step.
+            blocked = key | suffix[0]
             prefix = 0
             for p in range(size):
                 x = aug[p]
                 below_others = prefix | suffix[p + 1]  # ancestors of the set's nodes but x
                 prefix |= anc[x]
                 others = members ^ bits[x]  # (x is in the set)
-                for nxt, bit, nxt_desc, nxt_anc, nxt_down in steps[x]:
-                    if key & bit or nxt_desc & members:
-                        continue  # already in the antichain, or it would skip over a node in the set
+                for nxt, bit, nxt_anc, nxt_down in steps[x]:
+                    if blocked & bit:
+                        continue
                     new_key = (others | bit) & ~(below_others | nxt_anc)
                     nid = ids.get(new_key)
                     if nid is None:

@@ -24,7 +24,7 @@ def _plain_walk(graph: LayerGraph) -> tuple[list[list[int]], list[list[int]]]:
     """The walk without its shortcuts: each successor step tested in full, the augmented set
     rebuilt from the kept nodes (as ``AntichainWalk.run`` did before the lone-node path)."""
     walk = AntichainWalk(graph, 10**9)
-    anc, desc, succ = walk.anc, walk.desc, graph.succ
+    anc, desc, succ = walk.anc, graph.descendants(), graph.succ
     start = [graph.sources()[0]]
     first, first_members = walk.augment(start)
     ids = {1 << start[0]: 0}

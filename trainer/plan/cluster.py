@@ -94,42 +94,50 @@ def layer_stages(chain: StateChain, bounds: list[tuple[int, int]], profile_edges
     a consumer's stage when they have one, else with their producer's, else the last stage.
     """
     g = chain.graph
+    n = len(names)
     index = {name: i for i, name in enumerate(names)}
-    stage_of: dict[int, int] = {}
+    stage_of = [-1] * n  # -1: not placed yet
     for s, (start, end) in enumerate(bounds):
         for u in chain.layers_between(start, end):
-            stage_of.setdefault(u, s)
+            if stage_of[u] < 0:
+                stage_of[u] = s
     for u in g.removed_inputs:
         stage_of[u] = 0
-    succ: dict[int, list[int]] = {}
-    pred: dict[int, list[int]] = {}
+    succ: list[list[int]] = [[] for _ in range(n)]
+    pred: list[list[int]] = [[] for _ in range(n)]
+    in_file_order = True
     for a, b in profile_edges:
-        succ.setdefault(index[a], []).append(index[b])
-        pred.setdefault(index[b], []).append(index[a])
-    order = _full_topological_order(len(names), succ, pred)
+        ia, ib = index[a], index[b]
+        succ[ia].append(ib)
+        pred[ib].append(ia)
+        in_file_order = in_file_order and ia < ib
+    # The smallest-index-first topological order is file order itself when every edge runs forward.
+    order = range(n) if in_file_order else _full_topological_order(n, succ, pred)
+    last = len(bounds) - 1
     for u in order:  # producers first, so a removed sink finds its producer placed
-        if u in stage_of:
+        if stage_of[u] >= 0:
             continue
-        consumers = [stage_of[v] for v in succ.get(u, []) if v in stage_of]
-        producers = [stage_of[p] for p in pred.get(u, []) if p in stage_of]
-        stage_of[u] = min(consumers) if consumers else max(producers) if producers else len(bounds) - 1
+        consumers = [stage_of[v] for v in succ[u] if stage_of[v] >= 0]
+        producers = [stage_of[p] for p in pred[u] if stage_of[p] >= 0]
+        stage_of[u] = min(consumers) if consumers else max(producers) if producers else last
     out: list[list[str]] = [[] for _ in bounds]
     for u in order:
         out[stage_of[u]].append(names[u])
     return out
 
 
-def _full_topological_order(n: int, succ: dict[int, list[int]], pred: dict[int, list[int]]) -> list[int]:
+def _full_topological_order(n: int, succ: list[list[int]], pred: list[list[int]]) -> list[int]:
+    """Every layer, smallest index first among those ready (file order where it can)."""
     import heapq
 
-    indeg = [len(pred.get(u, [])) for u in range(n)]
+    indeg = [len(p) for p in pred]
     ready = [u for u in range(n) if indeg[u] == 0]
     heapq.heapify(ready)
     order = []
     while ready:
         u = heapq.heappop(ready)
         order.append(u)
-        for v in succ.get(u, []):
+        for v in succ[u]:
             indeg[v] -= 1
             if indeg[v] == 0:
                 heapq.heappush(ready, v)

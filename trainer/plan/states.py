@@ -59,11 +59,12 @@ class StateChain:
         return _bits(upper & ~lower)
 
 
-def _bool_rows(masks: list[int], width: int) -> np.ndarray:
+def _bit_rows(masks: list[int], width: int) -> np.ndarray:
+    """(len(masks), width) uint8: row r holds the bits of ``masks[r]``, 0 or 1."""
     nbytes = (width + 7) // 8
     raw = b"".join(m.to_bytes(nbytes, "little") for m in masks)
     bits = np.unpackbits(np.frombuffer(raw, dtype=np.uint8).reshape(len(masks), nbytes), axis=1, bitorder="little")
-    return bits[:, :width].astype(bool)
+    return bits[:, :width]
 
 
 def _pairs_of(ancestors: list[int]) -> tuple[np.ndarray, np.ndarray]:
@@ -91,7 +92,7 @@ def _chain_pairs(n: int) -> tuple[np.ndarray, np.ndarray]:
 def _chain_from(graph: LayerGraph, kind: str, downsets: list[int], frontiers: list[list[int]],
                 pairs: tuple[np.ndarray, np.ndarray], out_act: np.ndarray) -> StateChain:
     width = len(graph.names)
-    member = _bool_rows(downsets, width).astype(float)
+    member = _bit_rows(downsets, width).astype(float)
     fwd = graph.forward_ms / 1000.0
     bwd = graph.backward_ms / 1000.0
     return StateChain(
@@ -114,8 +115,8 @@ def antichain_states(graph: LayerGraph, max_states: int = 2000) -> StateChain:
     walk = AntichainWalk(graph, max_states)
     augmented, edges = walk.run()
     order = _reverse_postorder(edges)
-    downsets = [walk.downsets[sid] for sid in order]
-    frontiers = [augmented[sid] for sid in order]
+    downsets = list(map(walk.downsets.__getitem__, order))
+    frontiers = list(map(augmented.__getitem__, order))
     n = len(order)
     position = [0] * n
     for i, sid in enumerate(order):
@@ -127,7 +128,7 @@ def antichain_states(graph: LayerGraph, max_states: int = 2000) -> StateChain:
         for t in edges[sid]:
             state_anc[position[t]] |= mine
     act = graph.activation.tolist()
-    out_act = np.array([sum(act[u] for u in f) for f in frontiers], dtype=float)
+    out_act = np.array([sum(map(act.__getitem__, f)) for f in frontiers], dtype=float)
     return _chain_from(graph, "antichain", downsets, frontiers, _pairs_of(state_anc), out_act)
 
 
