@@ -92,6 +92,8 @@ def register(cli: typer.Typer) -> None:
         seed: int = typer.Option(0, "--seed"),
         eval_every: Optional[int] = typer.Option(None, "--eval-every", help="Steps between validations (--target)."),
         hang_timeout: float = typer.Option(30.0, "--hang-timeout", help="Seconds without progress that count as hung."),
+        device: str = typer.Option("cpu", "--device",
+                                   help="cpu (gloo) or cuda (NCCL; one GPU per worker process on this machine)."),
         as_json: bool = typer.Option(False, "--json", help="Print the summary as one JSON object."),
         job_id: Optional[int] = typer.Option(None, "--job-id", help="Report to the service's job N (database)."),
         events_jsonl: Optional[str] = typer.Option(None, "--events-jsonl", help="Append every report as a JSON line."),
@@ -109,7 +111,7 @@ def register(cli: typer.Typer) -> None:
                 num_stages=stages, workers=workers if (workers or not replicas or schedule != "dp") else sum(replicas),
                 chunks=chunks, vertical_sync=vertical_sync, weight_grads=weight_grads, epochs=epochs, steps=steps, target=target, seed=seed,
                 lr=lr, optimizer=optimizer, eval_every=eval_every, checkpoint_dir=checkpoint_dir,
-                checkpoint_every=checkpoint_every, resume=resume, hang_timeout_s=hang_timeout)
+                checkpoint_every=checkpoint_every, resume=resume, hang_timeout_s=hang_timeout, device=device)
             if schedule == "dp" and plan_stages is not None:
                 cfg.stages = [[n for s in plan_stages for n in s]]
             cfg.validate()

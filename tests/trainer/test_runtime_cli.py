@@ -87,6 +87,7 @@ def test_bad_input_is_one_line_and_exit_code_2():
         (["--stages", "2", "--schedule", "1f1b", "--steps", "1", "--epochs", "2"], "epochs"),
         (["--stages", "2", "--schedule", "1f1b", "--steps", "1", "--resume"], "resume"),
         (["--stages", "2", "--schedule", "1f1b", "--steps", "1", "--plan", "/nonexistent.json"], "--plan"),
+        (["--stages", "2", "--schedule", "1f1b", "--steps", "1", "--device", "tpu"], "device"),
     ]:
         r = in_process(*BASE, *args)
         assert r.exit_code == 2, (args, r.output)
@@ -104,3 +105,16 @@ def test_summary_reports_the_best_metric_in_the_metric_s_own_direction(higher_is
     reporter.evals += [(1, 0.1, 0.5), (2, 0.2, 0.9), (3, 0.3, 0.2)]
     summary = reporter.summary(None, higher_is_better, 1.0)
     assert summary["best_metric"] == best and summary["higher_is_better"] is higher_is_better
+
+
+def test_cuda_training_checks_the_machine_s_gpus_before_starting(monkeypatch):
+    import torch
+
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    r = in_process(*BASE, "--stages", "2", "--schedule", "1f1b", "--steps", "1", "--device", "cuda")
+    assert r.exit_code == 2 and r.stderr.strip() == "error: device cuda: CUDA is not available on this machine", r.output
+    # one GPU cannot hold two NCCL ranks: the run is refused, naming both counts
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 1)
+    r = in_process(*BASE, "--stages", "2", "--schedule", "1f1b", "--steps", "1", "--device", "cuda")
+    assert r.exit_code == 2 and "2 worker processes need 2 GPUs" in r.stderr and "has 1" in r.stderr, r.output

@@ -20,7 +20,7 @@ import time
 from typing import Any
 
 from trainer.runtime import model as model_mod, shm
-from trainer.runtime.config import RunConfig
+from trainer.runtime.config import ConfigError, RunConfig
 from trainer.runtime.layout import resolve
 from trainer.runtime.report import Reporter
 from trainer.runtime.worker import WorkerEnv, threads_per_worker, worker_main
@@ -61,6 +61,7 @@ def run_training(cfg: RunConfig, sink: Sink | None = None) -> dict[str, Any]:
     cfg = cfg.with_(stages=layers, num_stages=None)
     layout = resolve(cfg)
     world = layout.world
+    _check_devices(cfg, world)
     # Building any torch.optim optimizer imports torch._dynamo (seconds); do it once here so
     # forked workers inherit it instead of each paying for it.
     import torch._dynamo  # noqa: F401
@@ -100,6 +101,19 @@ def run_training(cfg: RunConfig, sink: Sink | None = None) -> dict[str, Any]:
     sink.on_summary(summary)
     sink.on_status("done", summary_line(summary))
     return summary
+
+
+def _check_devices(cfg: RunConfig, world: int) -> None:
+    """CUDA runs here need a GPU per worker: NCCL refuses two ranks on one device."""
+    if cfg.device != "cuda":
+        return
+    import torch
+
+    if not torch.cuda.is_available():
+        raise ConfigError("device cuda: CUDA is not available on this machine")
+    if world > torch.cuda.device_count():
+        raise ConfigError(f"device cuda: {world} worker processes need {world} GPUs (NCCL runs one process per GPU); "
+                          f"this machine has {torch.cuda.device_count()}")
 
 
 def _start_method(cfg: RunConfig, world: int) -> str:
