@@ -301,18 +301,27 @@ class AntichainWalk:
                 continue
             key, members = keys[sid], members_of[sid]
             sid += 1
-            size = len(aug)
-            suffix = [0] * (size + 1)  # suffix[p]: ancestors of aug[p:]
-            for p in range(size - 1, -1, -1):
-                suffix[p] = suffix[p + 1] | anc[aug[p]]
+            # Each node x of the set with the ancestors of the set's other nodes.
+            if len(aug) == 2:  # (the commonest set: one node and one still needed, or two branches)
+                a0, a1 = aug
+                anc0, anc1 = anc[a0], anc[a1]
+                moves = ((a0, anc1), (a1, anc0))
+                below_all = anc0 | anc1
+            else:
+                size = len(aug)
+                suffix = [0] * (size + 1)  # suffix[p]: ancestors of aug[p:]
+                for p in range(size - 1, -1, -1):
+                    suffix[p] = suffix[p + 1] | anc[aug[p]]
+                moves = []
+                prefix = 0
+                for p in range(size):
+                    moves.append((aug[p], prefix | suffix[p + 1]))
+                    prefix |= anc[aug[p]]
+                below_all = suffix[0]
             # A successor in the antichain, or an ancestor of a node of the set (the set then
             # holds one of its descendants: stepping there would skip over that node), is no step.
-            blocked = key | suffix[0]
-            prefix = 0
-            for p in range(size):
-                x = aug[p]
-                below_others = prefix | suffix[p + 1]  # ancestors of the set's nodes but x
-                prefix |= anc[x]
+            blocked = key | below_all
+            for x, below_others in moves:
                 others = members ^ bits[x]  # (x is in the set)
                 for nxt, bit, nxt_anc, nxt_down in steps[x]:
                     if blocked & bit:

@@ -75,6 +75,7 @@ def _check(chain) -> None:
     rows, cols = np.nonzero(chain.ancestors)
     assert np.array_equal(rows, pj) and np.array_equal(cols, pk)
     t = tables_of(chain)
+    assert [t.predecessors_of(j).tolist() for j in range(n)] == [cols[rows == j].tolist() for j in range(n)]
     assert [p.tolist() for p in t.predecessors] == [cols[rows == j].tolist() for j in range(n)]
     assert t.is_chain() == all(len(p) == j for j, p in enumerate(t.predecessors))
 

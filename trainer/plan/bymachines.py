@@ -20,8 +20,8 @@ from __future__ import annotations
 
 import numpy as np
 
-from trainer.plan.blocks import after
-from trainer.plan.dp import INF, LevelOptions, Tables, _groups, _stash_factor, pair_stage_costs_t, single_stage_table
+from trainer.plan.dp import (INF, LevelOptions, Tables, _groups, _stash_factor, pair_stage_costs_t, pair_sums,
+                             single_stage_table)
 
 # Bands of block starts: each band only pairs up with predecessors k at or after its first start.
 _BANDS = 4
@@ -53,8 +53,9 @@ def solve_rows(t: Tables, values: np.ndarray, opt: LevelOptions, rows: np.ndarra
     later = (jj > ii).T if opt.fewer_machines else None  # (n, C): the reference's j > i
     pk, pj = t.pairs()
     if len(pk):
-        cost = pair_stage_costs_t(t, values, params, opt, pk, pj, reps)  # (R, P)
-        stash = after(acts, pk, pj) + after(params, pk, pj) if opt.memory_bytes is not None else None
+        sums = pair_sums(t, pk, pj)
+        cost = pair_stage_costs_t(t, values, params, opt, pk, pj, reps, sums)  # (R, P)
+        stash = sums.stash() if opt.memory_bytes is not None else None
         count = min(_BANDS, C, max(1, len(pk) * C // _BAND_ENTRIES))
         bands = np.unique(np.linspace(0, C, count + 1).astype(np.intp))
         for lo, hi in zip(bands[:-1], bands[1:]):
@@ -127,10 +128,13 @@ def solve_one_row(F: np.ndarray, t: Tables, values: np.ndarray, opt: LevelOption
     for lo, hi in zip([row + 1] + cuts, cuts + [n]) if row + 1 < n else ():
         a, b = int(first_pair[lo]), int(first_pair[hi])
         ck, cj = pk[a:b], pj[a:b]
-        cost_t = pair_stage_costs_t(t, values, params, opt, ck, cj, reps)  # (R, P): one row per m'
+        sums = pair_sums(t, ck, cj)
+        cost_t = pair_stage_costs_t(t, values, params, opt, ck, cj, reps, sums)  # (R, P): one row per m'
+        stash = sums.stash() if opt.memory_bytes is not None else None
         if bound < INF:
             keep = cost_t.min(axis=0) <= bound
             ck, cj, cost_t = ck[keep], cj[keep], cost_t[:, keep]
+            stash = stash[keep] if stash is not None else None
         if opt.fewer_machines:  # the reference's j > i, for m = 1 (later m: after their own pass)
             np.minimum(table[1, lo:hi], table[0, lo:hi], out=table[1, lo:hi])
         if len(ck) == 0:
@@ -138,7 +142,7 @@ def solve_one_row(F: np.ndarray, t: Tables, values: np.ndarray, opt: LevelOption
                 np.minimum(table[m, lo:hi], table[m - 1, lo:hi], out=table[m, lo:hi])
             continue
         ends, starts = _groups(cj)
-        masked = _memory_masked(t, acts, params, opt, ck, cj, cost_t, factors)
+        masked = _memory_masked(stash, opt, cost_t, factors)
         prefix = [table[0].take(ck)]  # prefix[m''][p] = A[i][k_p][m''], gathered once m'' is final
         acc = np.empty(len(ck))
         for m in range(1, M):
@@ -159,12 +163,11 @@ def solve_one_row(F: np.ndarray, t: Tables, values: np.ndarray, opt: LevelOption
     F[:, :, 0] = table.T
 
 
-def _memory_masked(t: Tables, acts, params, opt: LevelOptions, ck, cj, cost_t, factors) -> dict:
+def _memory_masked(stash: np.ndarray | None, opt: LevelOptions, cost_t, factors) -> dict:
     """{(m', factor): cost row m' with +inf where the stash check fails}, for the factors that
     rule out some stage; rows whose every stage fits are left out (read unmasked)."""
-    if opt.memory_bytes is None:
+    if stash is None:
         return {}
-    stash = after(acts, ck, cj) + after(params, ck, cj)
     largest = float(stash.max()) if len(stash) else 0.0
     out = {}
     for row in factors:
@@ -175,4 +178,4 @@ def _memory_masked(t: Tables, acts, params, opt: LevelOptions, ck, cj, cost_t, f
     return out
 
 
-_SLAB_ENTRIES = 65_536  # (pair, m') entries per slab of end states: 512 KiB temporaries
+_SLAB_ENTRIES = 16_384  # (pair, m') entries per slab of end states: 128 KiB temporaries

@@ -59,6 +59,7 @@ class Tables:
     pair_j: np.ndarray  # ... and its j; grouped by j, k ascending
     _sums: dict | None = None
     _predecessors: list[np.ndarray] | None = None
+    _level1: np.ndarray | BlockSums | None = None  # ``level1_values``, formed once
 
     def block_sums(self) -> tuple[BlockSums, BlockSums]:
         """(activations, parameters) of every block i..j, indexed as (n+1, n) differences."""
@@ -87,6 +88,13 @@ class Tables:
             self._predecessors = [self.pair_k[a:b] for a, b in zip(ends[:-1], ends[1:])]
         return self._predecessors
 
+    def predecessors_of(self, j: int) -> np.ndarray:
+        """``predecessors[j]`` without forming the whole list (for a few reads)."""
+        if self._predecessors is not None:
+            return self._predecessors[j]
+        a, b = np.searchsorted(self.pair_j, (j, j + 1)).tolist()
+        return self.pair_k[a:b]
+
     def is_chain(self) -> bool:
         """Every state precedes every later one (a chain of layers, or a linearised order);
         ancestors are earlier states, so counting the pairs is enough."""
@@ -104,12 +112,44 @@ class Tables:
 
 def level1_values(t: Tables) -> BlockSums:
     """``compute_times[i][j]`` of the reference: (n+1, n), +inf where j < i (formed on read
-    past ``DENSE_UP_TO`` states)."""
-    if t.size > DENSE_UP_TO:
-        return BlockSums(t.compute, empty=INF)
-    v = _block_sums(t.compute)
-    v[np.tri(t.size + 1, t.size, -1, dtype=bool)] = INF  # j < i
-    return v
+    past ``DENSE_UP_TO`` states); formed once per ``Tables`` (it is only read)."""
+    if t._level1 is None:
+        if t.size > DENSE_UP_TO:
+            t._level1 = BlockSums(t.compute, empty=INF)
+        else:
+            v = _block_sums(t.compute)
+            v[np.tri(t.size + 1, t.size, -1, dtype=bool)] = INF  # j < i
+            t._level1 = v
+    return t._level1
+
+
+@dataclass
+class PairSums:
+    """Per (k, j) pair of the state DAG (k precedes j): the sums of the block k+1..j, formed as
+    the block tables form them (cum[j] - cum[k]), and the output activations of k and j; each
+    read once, for the stage costs and the memory check."""
+
+    params: np.ndarray
+    out_k: np.ndarray
+    out_j: np.ndarray
+    tables: Tables
+    pk: np.ndarray
+    pj: np.ndarray
+
+    def compute(self) -> np.ndarray:
+        """Each block's compute: the level-1 ``values`` of the pair."""
+        cum = self.tables.compute
+        return cum[self.pj] - cum[self.pk]
+
+    def stash(self) -> np.ndarray:
+        """Activations plus parameters of each block (the reference's stash per minibatch)."""
+        acts = self.tables.activation
+        return (acts[self.pj] - acts[self.pk]) + self.params
+
+
+def pair_sums(t: Tables, pk: np.ndarray, pj: np.ndarray) -> PairSums:
+    cum_p, out = t.parameters, t.output_activation
+    return PairSums(cum_p[pj] - cum_p[pk], out[pk], out[pj], t, pk, pj)
 
 
 def _block_sums(cum: np.ndarray) -> np.ndarray:
@@ -294,18 +334,23 @@ def _groups(pj: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
 
 
 def pair_stage_costs(t: Tables, values, params, opt: LevelOptions, pk: np.ndarray, pj: np.ndarray, reps: np.ndarray):
-    """``last_stage_costs`` for arbitrary (k, j) pairs, (P, R): the same terms in the same order."""
+    """``last_stage_costs`` for (k, j) pairs of the state DAG, (P, R): the same terms in the same order."""
     return pair_stage_costs_t(t, values, params, opt, pk, pj, reps).T
 
 
 def pair_stage_costs_t(t: Tables, values, params, opt: LevelOptions, pk: np.ndarray, pj: np.ndarray,
-                       reps: np.ndarray) -> np.ndarray:
+                       reps: np.ndarray, sums: PairSums | None = None) -> np.ndarray:
     """``pair_stage_costs`` laid out (R, P): NumPy's inner loops then run over the pairs, not
-    over a handful of replica counts (the same numbers, several times faster)."""
+    over a handful of replica counts (the same numbers, several times faster).
+
+    ``params`` is the tables' parameter block sums (read here through ``sums``, the pairs'
+    ``pair_sums``); level-1 ``values`` are read there too (the same differences)."""
     bw, n = opt.bandwidth, t.size
     reps = reps[:, None]
-    v_last = after(values, pk, pj)
-    p_last = after(params, pk, pj)
+    if sums is None:
+        sums = pair_sums(t, pk, pj)
+    v_last = sums.compute() if values is t._level1 else after(values, pk, pj)
+    p_last = sums.params
     # (v + (4 (m'-1) p) / (B m')) / m', in place: fresh (R, P) temporaries would page-fault.
     last = np.multiply(4 * (reps - 1), p_last)
     np.divide(last, bw * reps, out=last)
@@ -315,9 +360,9 @@ def pair_stage_costs_t(t: Tables, values, params, opt: LevelOptions, pk: np.ndar
         # max(a / d, b / d) = max(a, b) / d for d > 0 (division is monotone, rounding too), so
         # the input and the output transfer share one division; a / 1.0 is a, so no ratio of
         # 1 is divided by.
-        sent = 2.0 * t.output_activation[pj]
+        sent = 2.0 * sums.out_j
         sent[pj == n - 1] = -INF  # nothing is sent after the last state
-        np.maximum(sent, 2.0 * t.output_activation[pk], out=sent)
+        np.maximum(sent, 2.0 * sums.out_k, out=sent)
         t_io = np.divide(sent, bw * reps)
         if opt.activation_compression != 1.0:
             np.divide(t_io, opt.activation_compression, out=t_io)

@@ -90,7 +90,7 @@ def _split(sol: LevelSolution, i: int, j: int, m: int) -> list[tuple[int, int, i
             return [(i, j + 1, m + 1)]
     if opt.fewer_machines and m > 0 and j > i and table[j, m - 1] == target:
         return _split(sol, i, j, m - 1)
-    preds = t.predecessors[j]
+    preds = t.predecessors_of(j)
     preds = preds[preds >= i]
     max_rep = 1 if opt.straight else m
     reps = np.arange(1, max_rep + 1, dtype=float)

@@ -54,7 +54,7 @@ def tail_table(t: Tables, values: np.ndarray, opt: LevelOptions) -> np.ndarray:
     if opt.fewer_machines:
         T[last, :] = -INF
     reaches = np.zeros(n, dtype=bool)
-    reaches[t.predecessors[last]] = True
+    reaches[t.predecessors_of(last)] = True
     reaches[last] = True
     successors: list[list[int]] = [[] for _ in range(n)]
     for k2 in np.nonzero(reaches)[0]:
