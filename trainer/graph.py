@@ -37,14 +37,12 @@ def _bits(mask: int) -> list[int]:
             out.append(low.bit_length() - 1)
             mask ^= low
         return out
-    # Many bits: find them in the binary string (reversed, so index = bit), a C loop per bit.
+    # Many bits: read them off the binary string (reversed, so index = bit), in one NumPy
+    # comparison for long masks, else one comprehension (both C loops, not one step per bit).
     digits = bin(mask)[:1:-1]
-    out = []
-    i = digits.find("1")
-    while i >= 0:
-        out.append(i)
-        i = digits.find("1", i + 1)
-    return out
+    if len(digits) > 128:
+        return np.flatnonzero(np.frombuffer(digits.encode(), dtype=np.uint8) == 49).tolist()  # "1"
+    return [i for i, c in enumerate(digits) if c == "1"]
 
 
 @dataclass

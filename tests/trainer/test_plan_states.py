@@ -136,3 +136,15 @@ def test_linearised_chain_pairs():
 def _check_pairs_only(chain) -> None:
     rows, cols = np.nonzero(np.tri(chain.size, chain.size, -1, dtype=bool))
     assert np.array_equal(chain.pairs[0], cols) and np.array_equal(chain.pairs[1], rows)
+
+
+def test_bits_lists_every_set_bit_ascending():
+    from trainer.graph import _bits
+
+    rng = random.Random(9)
+    for _ in range(400):
+        width = rng.randrange(0, 600)
+        mask = rng.getrandbits(width) if width else 0
+        if rng.random() < 0.4:
+            mask &= rng.getrandbits(width) if width else 0  # sparser masks too
+        assert _bits(mask) == [i for i in range(width) if (mask >> i) & 1]

@@ -102,7 +102,7 @@ def _fill_band(table, pk, ends, starts, cost, stash, opt: LevelOptions, lo: int,
 
 
 def solve_one_row(F: np.ndarray, t: Tables, values: np.ndarray, opt: LevelOptions, row: int,
-                  reps: np.ndarray, bound: float) -> None:
+                  reps: np.ndarray, bound: float, pairs: tuple[np.ndarray, np.ndarray] | None = None) -> None:
     """One row, in the reference's loop order: machine count outermost, every (k, j) pair of
     the state DAG at once (A[i][j][m] reads only A[i][k][m - m'] with m' >= 1).
 
@@ -111,10 +111,13 @@ def solve_one_row(F: np.ndarray, t: Tables, values: np.ndarray, opt: LevelOption
     machine count, or its own at smaller counts. Slabs keep the temporaries small enough to
     be reused instead of freshly mapped (the page faults cost more than the arithmetic).
     Within a slab, A[i][k][m''] is gathered once per m'' (as soon as it is final) and the
-    memory check's mask once per stash factor, not once per target m."""
+    memory check's mask once per stash factor, not once per target m. ``pairs``, when given,
+    are the state-DAG pairs to take candidates from (grouped by j, k ascending) instead of
+    all of them: entries may then come out larger than the reference's, as under a
+    ``bound`` (``onelevel`` says when that is exact)."""
     n, M = t.size, opt.machines
     acts, params = t.block_sums()
-    pk, pj = t.pairs()
+    pk, pj = t.pairs() if pairs is None else pairs
     if row > 0:
         keep = pk >= row
         pk, pj = pk[keep], pj[keep]

@@ -24,7 +24,7 @@ from trainer.plan.states import StateChain, state_chain
 from trainer.plan.cluster import Leaf, build_stages, data_parallel_time, total_workers
 from trainer.plan.dp import LevelOptions, Tables, level1_values
 from trainer.plan.solution import LevelSolution, solve
-from trainer.plan import band, bymachines, chaincap, dp, suffix
+from trainer.plan import band, bymachines, chaincap, dp, onelevel, suffix
 from trainer.plan.errors import PlanError
 from trainer.plan.model import Level, LevelStage, Plan, timing_fields
 from trainer.profile.schema import Profile
@@ -187,6 +187,8 @@ def _solve_in_order(tables: Tables, levels, options: dict, bounds, limits, short
             sol = suffix.solve_two_machine_below(tables, values, opt)
         elif idx == L - 1 and chain and prune and n * n * opt.machines ** 2 > BAND_ABOVE:
             sol = _solve_top_of_chain(tables, values, opt, bounds[-1], total_workers(levels[:-1]))
+        elif L == 1:
+            sol = LevelSolution(tables, values, opt, np.zeros(1, dtype=np.intp), onelevel.solve_top_row(tables, opt, prune))
         else:
             caps, end_bounds = limits[idx] if limits[idx] is not None else (None, None)
             # Capped chain levels also skip, in compiled code, candidates their compute rules out.

@@ -1,0 +1,82 @@
+"""One-level plans: the top row on the pairs that can matter (``trainer.plan.onelevel``).
+
+Unpruned, its table must equal ``dp.solve_level``'s entry for entry; pruned by the grid
+bound and the compute bands, the plan (objective, stages, replicas, layers) must equal the
+unpruned one exactly, with every option, on random DAGs and chains.
+"""
+
+from __future__ import annotations
+
+import random
+
+import numpy as np
+import pytest
+
+from tests.trainer.test_plan_exact import chain_profile, random_profile
+from trainer.plan import onelevel, plan
+from trainer.plan.dp import LevelOptions, level1_values, solve_level
+from trainer.plan.pipedream import tables_of
+from trainer.plan.states import state_chain
+
+
+def _options(rng: random.Random, seed: int) -> dict:
+    return dict(straight=seed % 5 == 0, fewer_workers=seed % 3 == 0,
+                memory_bytes=[None, 4e8, 2e9, 1e12][seed % 4], memory_constraint=seed % 4 != 0,
+                activation_compression=[1.0, None, 2.0][seed % 7 % 3])
+
+
+@pytest.mark.parametrize("seed", range(40))
+def test_unpruned_top_row_equals_the_per_state_dp(seed):
+    rng = random.Random(seed)
+    t = tables_of(state_chain(random_profile(rng, rng.randrange(3, 22), rng.uniform(0.0, 0.6))))
+    o = _options(rng, seed)
+    opt = LevelOptions(machines=rng.randrange(1, 8), bandwidth=rng.choice([1e9, 1e10]), machines_below=1,
+                       final=True, straight=o["straight"], fewer_machines=o["fewer_workers"],
+                       memory_bytes=o["memory_bytes"] if o["memory_constraint"] else None,
+                       activation_compression=o["activation_compression"])
+    row = np.zeros(1, dtype=np.intp)
+    expected = solve_level(t, level1_values(t), opt, row, caps=np.array([t.size - 1]))
+    assert np.array_equal(onelevel.solve_top_row(t, opt, prune=False), expected)
+
+
+@pytest.mark.parametrize("seed", range(60))
+def test_pruned_plans_equal_unpruned_plans(seed, monkeypatch):
+    rng = random.Random(1000 + seed)
+    if seed % 4 == 3:
+        profile = chain_profile(rng, rng.randrange(8, 40))
+    else:
+        profile = random_profile(rng, rng.randrange(6, 30), rng.uniform(0.05, 0.5))
+    levels = [(rng.randrange(2, 9), rng.choice([1e9, 1e10, 1e11]))]
+    o = _options(rng, seed)
+    monkeypatch.setattr(onelevel, "PRUNE_FROM_PAIRS", 10**12)
+    try:
+        plain = plan(profile, levels, **o).to_dict()
+    except Exception as exc:  # an infeasible case must stay infeasible
+        monkeypatch.setattr(onelevel, "PRUNE_FROM_PAIRS", 0)
+        with pytest.raises(type(exc)):
+            plan(profile, levels, **o)
+        return
+    monkeypatch.setattr(onelevel, "PRUNE_FROM_PAIRS", 0)
+    monkeypatch.setattr(onelevel, "GRID_BUCKETS", rng.choice([1, 2, 4, 16]))
+    monkeypatch.setattr(onelevel, "FILTER_BELOW", [1.01, 0.0, 0.4][seed % 3])  # always, never, as planned
+    monkeypatch.setattr(onelevel, "GRID_FROM_PAIRS", 0 if seed % 2 else 10**12)
+    assert plan(profile, levels, **o).to_dict() == plain
+
+
+def test_grid_states_are_distinct_ascending_and_never_the_last():
+    rng = random.Random(7)
+    for _ in range(20):
+        t = tables_of(state_chain(random_profile(rng, rng.randrange(6, 26), rng.uniform(0.1, 0.5))))
+        grid = onelevel._grid(t)
+        assert len(grid) and grid.max() < t.size - 1 and np.all(np.diff(grid) > 0)
+
+
+def test_pairs_ending_at_some_states():
+    rng = random.Random(8)
+    for _ in range(20):
+        t = tables_of(state_chain(random_profile(rng, rng.randrange(3, 26), rng.uniform(0.0, 0.6))))
+        ends = np.unique(rng.sample(range(t.size), k=rng.randrange(1, t.size + 1)))
+        pk, pj = onelevel._pairs_ending_at(t, ends)
+        all_k, all_j = t.pairs()
+        inside = np.isin(all_j, ends)
+        assert np.array_equal(pk, all_k[inside]) and np.array_equal(pj, all_j[inside])

@@ -1,0 +1,151 @@
+"""A one-level plan (a single level of machines): the top row on the pairs that can matter.
+
+The top row A[0][j][m] reads every (k, j) pair of the state DAG for every machine count, but
+only few pairs can be on an optimal path. With an upper bound U on the optimum, a pair is
+kept if its two ends can both be on a plan within U by their compute (below), and (in the
+slabs of ``bymachines.solve_one_row``) if its last stage costs at most U on some replica
+count. U is the value of a real plan, so U >= optimum: the single stage on every machine
+(free: it is the table's first entry for the last state), or on large graphs the best plan
+whose stages all end at a few grid states (per compute bucket, the state with the smallest
+output, a cheap cut, and the one with the most compute), the same DP on the pairs among them.
+
+Why the kept pairs give the reference's numbers where it matters. An entry on an optimal
+path is at most U. Its best candidate is also on an optimal path (swapping it in keeps the
+plan's value), so by induction each such entry is formed from kept pairs and entries that
+are exact; an entry off every optimal path may come out larger (never smaller: dropping
+candidates only raises a minimum). Reading the plan back re-derives each choice by equality
+with the stored optimum; a candidate equal to it is itself on an optimal path, so the same
+first one is found.
+
+Compute bands. At level 1 every stage costs at least its compute over its replicas (the
+all-reduce and transfer terms only add), so the states 0..j on m+1 machines, within U, have
+compute cum[j] <= U (m+1), and the states after j, on the other M-1-m machines, have
+total - cum[j] <= U (M-1-m). Each state thus has an interval of machine counts it can end
+on, and a pair (k, j) with m' replicas needs k's interval to reach m - m' when j's reaches m.
+The bounds get a relative slack of 1e-9 and an absolute one of 1e-12 of the total compute,
+far above the rounding of the cumulative sums.
+"""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+
+from trainer.plan import bymachines
+from trainer.plan.dp import INF, LevelOptions, Tables, level1_values, single_stage_table
+
+# Below this many state-DAG pairs the plain DP is quicker than bounding it first, and below
+# the second the bound from the grid is not worth its own solve.
+PRUNE_FROM_PAIRS = 2000
+GRID_FROM_PAIRS = 50_000
+# Compute buckets of the grid that bounds the optimum.
+GRID_BUCKETS = 16
+SLACK = 1 + 1e-9
+# Filter the pairs by their ends' machine counts only when at most this share could remain.
+FILTER_BELOW = 0.4
+
+
+def solve_top_row(t: Tables, opt: LevelOptions, prune: bool = True) -> np.ndarray:
+    """F (n, M, 1): the reference's A[0][j][m] for a one-level plan on level-1 values, exact on
+    every optimal path (everywhere without ``prune``)."""
+    n, M = t.size, opt.machines
+    values = level1_values(t)
+    acts, params = t.block_sums()
+    F = np.full((n, M, 1), INF)
+    init_m = 1 if opt.straight else M
+    F[:, :init_m, 0] = single_stage_table(values, acts, params, opt, 0, slice(0, n), init_m).T
+    if M == 1:
+        return F
+    reps = np.arange(1, (1 if opt.straight else M - 1) + 1, dtype=float)
+    bound, pairs = INF, None
+    count = len(t.pairs()[0])
+    if prune and count >= PRUNE_FROM_PAIRS:
+        # The single stage on every machine is a plan: a free bound, often close on models
+        # with few parameters; on large graphs a tighter one from the grid is worth its cost.
+        upper = float(F[n - 1, M - 1, 0])
+        if math.isfinite(upper):
+            pairs = _band_pairs(t, opt, upper, len(reps))
+        if pairs is None and count >= GRID_FROM_PAIRS:
+            upper = min(upper, _grid_bound(t, values, opt, F, reps))
+            if math.isfinite(upper):
+                pairs = _band_pairs(t, opt, upper, len(reps))
+        if pairs is not None:
+            bound = upper * SLACK
+    bymachines.solve_one_row(F, t, values, opt, 0, reps, bound, pairs)
+    return F
+
+
+def _grid_bound(t: Tables, values, opt: LevelOptions, F: np.ndarray, reps: np.ndarray) -> float:
+    """The best plan whose stages all end at grid states (or the last): the same DP on the
+    pairs among them, so a real plan's value, at or above the optimum."""
+    n, M = t.size, opt.machines
+    on_grid = np.zeros(n, dtype=bool)
+    on_grid[_grid(t)] = True
+    ends = np.flatnonzero(on_grid)
+    ends = np.append(ends, n - 1) if ends[-1] != n - 1 else ends
+    pk, pj = _pairs_ending_at(t, ends)
+    keep = on_grid[pk]
+    bounded = F.copy()
+    bymachines.solve_one_row(bounded, t, values, opt, 0, reps, INF, (pk[keep], pj[keep]))
+    return float(bounded[n - 1, M - 1, 0])
+
+
+def _pairs_ending_at(t: Tables, ends: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """The state-DAG pairs (k, j) with j in ``ends`` (ascending), grouped by j, k ascending."""
+    pk, pj = t.pairs()
+    first = np.searchsorted(pj, ends)
+    last = np.searchsorted(pj, ends, side="right")
+    counts = last - first
+    total = int(counts.sum())
+    # Positions first[e] .. last[e]-1 for every end e, in one pass.
+    index = np.arange(total, dtype=np.intp) - np.repeat(np.cumsum(counts) - counts - first, counts)
+    return pk[index], pj[index]
+
+
+def _grid(t: Tables) -> np.ndarray:
+    """Grid states for the bound: per compute bucket the state with the smallest output (a
+    cheap cut) and the one with the most compute; never the last state."""
+    n = t.size
+    cum = t.compute
+    total = float(cum[-1])
+    if not total > 0:
+        return np.arange(n - 1)
+    bucket = np.minimum((cum * (GRID_BUCKETS / total)).astype(np.intp), GRID_BUCKETS - 1)
+    states = np.arange(n - 1)  # (a last stage after the last state would be empty)
+    out = []
+    for key in (t.output_activation[:-1], -cum[:-1]):
+        order = np.lexsort((key, bucket[:-1]))
+        first = np.ones(len(order), dtype=bool)
+        first[1:] = bucket[:-1][order][1:] != bucket[:-1][order][:-1]
+        out.append(states[order[first]])
+    return np.union1d(*out)
+
+
+def _band_pairs(t: Tables, opt: LevelOptions, upper: float, R: int) -> tuple[np.ndarray, np.ndarray] | None:
+    """The pairs (k, j) whose ends can both be on a plan within ``upper`` by their compute:
+    some machine count m of j's and m'' of k's with 1 <= m - m'' <= R (module doc). None when
+    nearly every pair qualifies (then filtering costs more than it saves)."""
+    lowest, highest = _machine_counts(t, opt, upper)
+    ends = np.flatnonzero(lowest <= highest)
+    pj = t.pairs()[1]
+    reach = np.searchsorted(pj, ends, side="right") - np.searchsorted(pj, ends)
+    if reach.sum() > FILTER_BELOW * len(pj):
+        return None
+    pk, pj = _pairs_ending_at(t, ends)
+    lo_j, hi_j, lo_k, hi_k = lowest[pj], highest[pj], lowest[pk], highest[pk]
+    keep = (lo_k <= hi_k) & (hi_j - lo_k >= 1) & (lo_j - hi_k <= R)
+    return pk[keep], pj[keep]
+
+
+def _machine_counts(t: Tables, opt: LevelOptions, upper: float) -> tuple[np.ndarray, np.ndarray]:
+    """Per state, the least and the most machine counts m (0-based) it can end on in a plan
+    within ``upper``: cum <= U (m+1) and total - cum <= U (M-1-m) (module doc)."""
+    M = opt.machines
+    cum = t.compute
+    total = float(cum[-1])
+    cap = upper * SLACK
+    tol = 1e-12 * abs(total)
+    lowest = np.maximum(np.ceil((cum - tol) / cap / SLACK) - 1, 0)
+    highest = np.minimum(M - 1 - np.ceil((total - cum - tol) / cap / SLACK), M - 1)
+    return lowest, highest
