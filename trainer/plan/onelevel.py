@@ -37,7 +37,7 @@ from trainer.plan.dp import INF, LevelOptions, Tables, level1_values, single_sta
 
 # Below this many state-DAG pairs the plain DP is quicker than bounding it first, and below
 # the second the bound from the grid is not worth its own solve.
-PRUNE_FROM_PAIRS = 2000
+PRUNE_FROM_PAIRS = 4000
 GRID_FROM_PAIRS = 50_000
 # Compute buckets of the grid that bounds the optimum.
 GRID_BUCKETS = 16
@@ -70,7 +70,9 @@ def solve_top_row(t: Tables, opt: LevelOptions, prune: bool = True) -> np.ndarra
             upper = min(upper, _grid_bound(t, values, opt, F, reps))
             if math.isfinite(upper):
                 pairs = _band_pairs(t, opt, upper, len(reps))
-        if pairs is not None:
+        # The bound on last stages (dropped in slabs, after their costs) pays for itself where
+        # the machine-count loop is heavy (several replica counts) or the pairs are few anyway.
+        if math.isfinite(upper) and (pairs is not None or len(reps) > 1):
             bound = upper * SLACK
     bymachines.solve_one_row(F, t, values, opt, 0, reps, bound, pairs)
     return F
