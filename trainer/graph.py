@@ -356,16 +356,16 @@ def _reverse_postorder(edges: list[list[int]], root: int = 0) -> list[int]:
     done = [False] * len(edges)
     order: list[int] = []
     done[root] = True
-    stack = [(root, iter(edges[root]))]
-    while stack:
-        node, children = stack[-1]
-        for child in children:
+    nodes, children = [root], [iter(edges[root])]  # the path from the root, and where each stands
+    while children:
+        for child in children[-1]:
             if not done[child]:
                 done[child] = True
-                stack.append((child, iter(edges[child])))
+                nodes.append(child)
+                children.append(iter(edges[child]))
                 break
         else:
-            stack.pop()
-            order.append(node)
+            children.pop()
+            order.append(nodes.pop())
     order.reverse()
     return order

@@ -116,7 +116,6 @@ def solve_one_row(F: np.ndarray, t: Tables, values: np.ndarray, opt: LevelOption
     all of them: entries may then come out larger than the reference's, as under a
     ``bound`` (``onelevel`` says when that is exact)."""
     n, M = t.size, opt.machines
-    acts, params = t.block_sums()
     pk, pj = t.pairs() if pairs is None else pairs
     if row > 0:
         keep = pk >= row
@@ -132,7 +131,7 @@ def solve_one_row(F: np.ndarray, t: Tables, values: np.ndarray, opt: LevelOption
         a, b = int(first_pair[lo]), int(first_pair[hi])
         ck, cj = pk[a:b], pj[a:b]
         sums = pair_sums(t, ck, cj)
-        cost_t = pair_stage_costs_t(t, values, params, opt, ck, cj, reps, sums)  # (R, P): one row per m'
+        cost_t = pair_stage_costs_t(t, values, None, opt, ck, cj, reps, sums)  # (R, P): one row per m'
         stash = sums.stash() if opt.memory_bytes is not None else None
         if bound < INF:
             keep = cost_t.min(axis=0) <= bound

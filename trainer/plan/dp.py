@@ -68,6 +68,12 @@ class Tables:
             self._sums = {"acts": table(self.activation), "params": table(self.parameters)}
         return self._sums["acts"], self._sums["params"]
 
+    def block_sums_for_reads(self) -> tuple[BlockSums, BlockSums]:
+        """``block_sums`` for a few reads: the whole tables if formed, else formed on read."""
+        if self._sums is not None:
+            return self._sums["acts"], self._sums["params"]
+        return BlockSums(self.activation), BlockSums(self.parameters)
+
     def compute_sums(self) -> np.ndarray:
         """Compute of every block i..j as (n+1, n) differences (row 0: cum), computed once."""
         if self._sums is None:
@@ -108,6 +114,14 @@ class Tables:
     def block(self, values: np.ndarray, start: int, end: int) -> float:
         """``values`` summed over states start..end as the reference forms it (a difference)."""
         return float(values[end]) if start == 0 else float(values[end] - values[start - 1])
+
+
+def level1_lazy(t: Tables) -> np.ndarray | BlockSums:
+    """``level1_values`` formed on read whatever the size (for paths that read few entries),
+    unless the whole table is already there."""
+    if t._level1 is None:
+        t._level1 = BlockSums(t.compute, empty=INF)
+    return t._level1
 
 
 def level1_values(t: Tables) -> BlockSums:
@@ -343,8 +357,8 @@ def pair_stage_costs_t(t: Tables, values, params, opt: LevelOptions, pk: np.ndar
     """``pair_stage_costs`` laid out (R, P): NumPy's inner loops then run over the pairs, not
     over a handful of replica counts (the same numbers, several times faster).
 
-    ``params`` is the tables' parameter block sums (read here through ``sums``, the pairs'
-    ``pair_sums``); level-1 ``values`` are read there too (the same differences)."""
+    ``params`` (the tables' parameter block sums, or None) is read through ``sums``, the
+    pairs' ``pair_sums``; level-1 ``values`` are read there too (the same differences)."""
     bw, n = opt.bandwidth, t.size
     reps = reps[:, None]
     if sums is None:

@@ -33,7 +33,7 @@ import math
 import numpy as np
 
 from trainer.plan import bymachines
-from trainer.plan.dp import INF, LevelOptions, Tables, level1_values, single_stage_table
+from trainer.plan.dp import INF, LevelOptions, Tables, level1_lazy, single_stage_table
 
 # Below this many state-DAG pairs the plain DP is quicker than bounding it first, and below
 # the second the bound from the grid is not worth its own solve.
@@ -50,11 +50,12 @@ def solve_top_row(t: Tables, opt: LevelOptions, prune: bool = True) -> np.ndarra
     """F (n, M, 1): the reference's A[0][j][m] for a one-level plan on level-1 values, exact on
     every optimal path (everywhere without ``prune``)."""
     n, M = t.size, opt.machines
-    values = level1_values(t)
-    acts, params = t.block_sums()
+    values = level1_lazy(t)  # (this path reads only pairs and row 0: no whole table needed)
     F = np.full((n, M, 1), INF)
     init_m = 1 if opt.straight else M
-    F[:, :init_m, 0] = single_stage_table(values, acts, params, opt, 0, slice(0, n), init_m).T
+    # Row 0 of the block sums is the cumulative sums themselves.
+    row0 = (t.compute[None, :], t.activation[None, :], t.parameters[None, :])
+    F[:, :init_m, 0] = single_stage_table(*row0, opt, 0, slice(0, n), init_m).T
     if M == 1:
         return F
     reps = np.arange(1, (1 if opt.straight else M - 1) + 1, dtype=float)

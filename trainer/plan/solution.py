@@ -83,7 +83,7 @@ def _split(sol: LevelSolution, i: int, j: int, m: int) -> list[tuple[int, int, i
     target = table[j, m]
     if not np.isfinite(target):
         raise ValueError(f"no feasible split for states {i}..{j} on {m + 1} machines")
-    acts, params = t.block_sums()
+    acts, params = t.block_sums_for_reads()
     if m == 0 or not opt.straight:
         single = float(single_stage_costs(sol.values, acts, params, opt, i, slice(j, j + 1), m)[0])
         if single == target:

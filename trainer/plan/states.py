@@ -62,7 +62,7 @@ class StateChain:
 def _bit_rows(masks: list[int], width: int) -> np.ndarray:
     """(len(masks), width) uint8: row r holds the bits of ``masks[r]``, 0 or 1."""
     nbytes = (width + 7) // 8
-    raw = b"".join(m.to_bytes(nbytes, "little") for m in masks)
+    raw = b"".join([m.to_bytes(nbytes, "little") for m in masks])
     bits = np.unpackbits(np.frombuffer(raw, dtype=np.uint8).reshape(len(masks), nbytes), axis=1, bitorder="little")
     return bits[:, :width]
 
@@ -73,11 +73,11 @@ def _pairs_of(ancestors: list[int]) -> tuple[np.ndarray, np.ndarray]:
     on the same matrix is several times slower)."""
     n = len(ancestors)
     nbytes = (n + 7) // 8
-    raw = b"".join(m.to_bytes(nbytes, "little") for m in ancestors)
+    raw = b"".join([m.to_bytes(nbytes, "little") for m in ancestors])
     mask = np.unpackbits(np.frombuffer(raw, dtype=np.uint8), bitorder="little").view(bool)
     width = nbytes * 8
     pk = np.broadcast_to(np.arange(width, dtype=np.intp), (n, width))[mask.reshape(n, width)]
-    counts = np.fromiter((m.bit_count() for m in ancestors), dtype=np.intp, count=n)
+    counts = np.fromiter(map(int.bit_count, ancestors), dtype=np.intp, count=n)
     return pk, np.repeat(np.arange(n, dtype=np.intp), counts)
 
 
