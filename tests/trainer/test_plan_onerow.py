@@ -37,3 +37,20 @@ def test_one_row_equals_the_per_state_dp(seed, monkeypatch):
     assert np.array_equal(fast, plain)
     if opt.memory_bytes != 3e8:  # (a tight limit may leave no block that fits)
         assert np.isfinite(fast[:, :, 0]).any()
+
+
+@pytest.mark.parametrize("seed", range(12))
+def test_single_stage_value_equals_the_array_form(seed):
+    from trainer.plan.dp import single_stage_costs, single_stage_value
+
+    rng = random.Random(300 + seed)
+    t = tables_of(state_chain(random_profile(rng, rng.randrange(3, 16), rng.uniform(0.0, 0.5))))
+    values = level1_values(t)
+    acts, params = t.block_sums()
+    opt = LevelOptions(machines=rng.randrange(1, 9), bandwidth=rng.choice([1e9, 1e10]), machines_below=rng.choice([1, 2, 8]),
+                       final=True, memory_bytes=[None, 3e8, 2e9][seed % 3])
+    for i in range(t.size):
+        for j in range(i, t.size):
+            for m in range(opt.machines):
+                array = float(single_stage_costs(values, acts, params, opt, i, slice(j, j + 1), m)[0])
+                assert single_stage_value(values, acts, params, opt, i, j, m) == array

@@ -193,6 +193,20 @@ def single_stage_costs(values, acts, params, opt: LevelOptions, i: int, js, m: i
     return val
 
 
+def single_stage_value(values, acts, params, opt: LevelOptions, i: int, j: int, m: int) -> float:
+    """``single_stage_costs`` for one block as a Python float: the same operations on the
+    same doubles (IEEE arithmetic, as NumPy's), without array calls."""
+    p = float(params[i, j])
+    dp_comm = (4 * m * p) / (opt.bandwidth * (m + 1))
+    dp_comm = dp_comm / opt.machines_below
+    val = (float(values[i, j]) + dp_comm) / (m + 1)
+    if opt.memory_bytes is not None:
+        stash = math.ceil((opt.machines - (m + 1)) / (m + 1)) * (float(acts[i, j]) + p)
+        if stash > opt.memory_bytes:
+            return INF
+    return val
+
+
 def single_stage_table(values, acts, params, opt: LevelOptions, i, js, count: int) -> np.ndarray:
     """``single_stage_costs`` for m = 0..count-1 at once, (count, *shape): the same terms."""
     M, bw = opt.machines, opt.bandwidth

@@ -11,8 +11,8 @@ from dataclasses import dataclass
 import numpy as np
 
 from trainer.plan import banded, chainkernel
-from trainer.plan.dp import (INF, LevelOptions, Tables, _stash_factor, all_rows, last_stage_costs,
-                             next_level_values, single_stage_costs, solve_level)
+from trainer.plan.dp import (INF, LevelOptions, Tables, _stash_factor, all_rows, next_level_values, pair_stage_costs_t,
+                             pair_sums, single_stage_value, solve_level)
 
 
 @dataclass
@@ -85,8 +85,7 @@ def _split(sol: LevelSolution, i: int, j: int, m: int) -> list[tuple[int, int, i
         raise ValueError(f"no feasible split for states {i}..{j} on {m + 1} machines")
     acts, params = t.block_sums_for_reads()
     if m == 0 or not opt.straight:
-        single = float(single_stage_costs(sol.values, acts, params, opt, i, slice(j, j + 1), m)[0])
-        if single == target:
+        if single_stage_value(sol.values, acts, params, opt, i, j, m) == target:
             return [(i, j + 1, m + 1)]
     if opt.fewer_machines and m > 0 and j > i and table[j, m - 1] == target:
         return _split(sol, i, j, m - 1)
@@ -94,17 +93,16 @@ def _split(sol: LevelSolution, i: int, j: int, m: int) -> list[tuple[int, int, i
     preds = preds[preds >= i]
     max_rep = 1 if opt.straight else m
     reps = np.arange(1, max_rep + 1, dtype=float)
-    last = last_stage_costs(t, sol.values, params, opt, preds, j, reps)
-    M = opt.machines
-    for col, r in enumerate(range(1, max_rep + 1)):
-        if opt.memory_bytes is not None:
-            factor = _stash_factor(m + 1, r, M)
-            stash = (acts[preds + 1, j] + params[preds + 1, j]) * factor
-            cost = np.where(stash > opt.memory_bytes, INF, last[:, col])
-        else:
-            cost = last[:, col]
+    ends = np.full(len(preds), j, dtype=np.intp)
+    sums = pair_sums(t, preds, ends)
+    last = pair_stage_costs_t(t, sol.values, params, opt, preds, ends, reps, sums)  # (m', k)
+    stash = sums.stash() if opt.memory_bytes is not None else None
+    for r in range(1, max_rep + 1):
+        cost = last[r - 1]
+        if stash is not None:
+            cost = np.where(stash * _stash_factor(m + 1, r, opt.machines) > opt.memory_bytes, INF, cost)
         cand = np.maximum(table[preds, m - r], cost)
-        hits = np.nonzero(cand == target)[0]
+        hits = np.flatnonzero(cand == target)
         if len(hits):
             k = int(preds[hits[0]])
             return _split(sol, i, k, m - r) + [(k + 1, j + 1, r)]
