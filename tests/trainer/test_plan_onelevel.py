@@ -71,12 +71,15 @@ def test_grid_states_are_distinct_ascending_and_never_the_last():
         assert len(grid) and grid.max() < t.size - 1 and np.all(np.diff(grid) > 0)
 
 
-def test_pairs_ending_at_some_states():
+def test_pairs_among_some_states():
     rng = random.Random(8)
-    for _ in range(20):
-        t = tables_of(state_chain(random_profile(rng, rng.randrange(3, 26), rng.uniform(0.0, 0.6))))
-        ends = np.unique(rng.sample(range(t.size), k=rng.randrange(1, t.size + 1)))
-        pk, pj = onelevel._pairs_ending_at(t, ends)
+    for case in range(30):
+        profile = random_profile(rng, rng.randrange(3, 26), rng.uniform(0.0, 0.6))
+        t = tables_of(state_chain(profile, linearise=case % 3 == 0))
+        ends = np.array([rng.random() < 0.5 for _ in range(t.size)])
+        starts = np.array([rng.random() < 0.5 for _ in range(t.size)])
         all_k, all_j = t.pairs()
-        inside = np.isin(all_j, ends)
+        inside = ends[all_j] & starts[all_k]
+        pk, pj = t.pairs_among(ends, starts)
         assert np.array_equal(pk, all_k[inside]) and np.array_equal(pj, all_j[inside])
+        assert t.pairs_among(ends, starts, most=inside.sum() - 1) is None or not inside.any()

@@ -16,7 +16,8 @@ from tests.shared_data import graph_txt, shared_profiles_dir
 from tests.trainer.test_plan_exact import random_profile
 from trainer.plan.pipedream import tables_of
 from trainer.graph import AntichainWalk, LayerGraph
-from trainer.plan.states import _chain_pairs, _pairs_of, antichain_states, state_chain
+from trainer.plan.bitpairs import chain_pairs as _chain_pairs, pairs_of as _pairs_of
+from trainer.plan.states import antichain_states, state_chain
 from trainer.profile.schema import Profile
 
 

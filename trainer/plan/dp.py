@@ -24,6 +24,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from trainer.plan.bitpairs import bits_of, pairs_of
 from trainer.plan.blocks import BlockSums, after
 
 INF = math.inf
@@ -57,6 +58,7 @@ class Tables:
     output_activation: np.ndarray  # (n,) bytes crossing a cut right after the state
     pair_k: np.ndarray  # (P,) every edge (k, j) of the state DAG (k precedes j): its k ...
     pair_j: np.ndarray  # ... and its j; grouped by j, k ascending
+    ancestor_bits: list[int] | None = None  # per state j, its ancestors as a bitset (None: from the pairs)
     _sums: dict | None = None
     _predecessors: list[np.ndarray] | None = None
     _level1: np.ndarray | BlockSums | None = None  # ``level1_values``, formed once
@@ -100,6 +102,22 @@ class Tables:
             return self._predecessors[j]
         a, b = np.searchsorted(self.pair_j, (j, j + 1)).tolist()
         return self.pair_k[a:b]
+
+    def pairs_among(self, ends: np.ndarray, starts: np.ndarray, most: float = math.inf):
+        """The pairs (k, j) with ``ends[j]`` and ``starts[k]`` (bool per state), grouped by j,
+        k ascending; None if there would be more than ``most`` of them."""
+        if self.ancestor_bits is None:
+            if self.is_chain():
+                self.ancestor_bits = [(1 << j) - 1 for j in range(self.size)]
+            else:
+                self.ancestor_bits = [bits_of(np.isin(np.arange(self.size), p)) for p in self.predecessors]
+        rows = np.flatnonzero(ends).tolist()
+        allowed = bits_of(starts)
+        anc = self.ancestor_bits
+        masks = [anc[j] & allowed for j in rows]
+        if sum(map(int.bit_count, masks)) > most:
+            return None
+        return pairs_of(masks, rows, self.size)
 
     def is_chain(self) -> bool:
         """Every state precedes every later one (a chain of layers, or a linearised order);

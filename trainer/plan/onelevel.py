@@ -2,9 +2,9 @@
 
 The top row A[0][j][m] reads every (k, j) pair of the state DAG for every machine count, but
 only few pairs can be on an optimal path. With an upper bound U on the optimum, a pair is
-kept if its two ends can both be on a plan within U by their compute (below), and (in the
-slabs of ``bymachines.solve_one_row``) if its last stage costs at most U on some replica
-count. U is the value of a real plan, so U >= optimum: the single stage on every machine
+kept if its two ends can both be on a plan within U by their compute and their outputs
+(below), and (in the slabs of ``bymachines.solve_one_row``) if its last stage costs at most
+U on some replica count. U is the value of a real plan, so U >= optimum: the single stage on every machine
 (free: it is the table's first entry for the last state), or on large graphs the best plan
 whose stages all end at a few grid states (per compute bucket, the state with the smallest
 output, a cheap cut, and the one with the most compute), the same DP on the pairs among them.
@@ -24,6 +24,11 @@ total - cum[j] <= U (M-1-m). Each state thus has an interval of machine counts i
 on, and a pair (k, j) with m' replicas needs k's interval to reach m - m' when j's reaches m.
 The bounds get a relative slack of 1e-9 and an absolute one of 1e-12 of the total compute,
 far above the rounding of the cumulative sums.
+
+Cheap cuts. A cut after state k is followed by a stage that sends k's output in (at least
+2 out[k] / (B m') with m' <= R replicas, when transfers are counted), so a cut on a plan
+within U is one whose output can be sent within U; both ends of a kept pair (but the last
+state, after which nothing is sent) must be such cuts.
 """
 
 from __future__ import annotations
@@ -38,12 +43,12 @@ from trainer.plan.dp import INF, LevelOptions, Tables, level1_lazy, single_stage
 # Below this many state-DAG pairs the plain DP is quicker than bounding it first, and below
 # the second the bound from the grid is not worth its own solve.
 PRUNE_FROM_PAIRS = 4000
-GRID_FROM_PAIRS = 50_000
+GRID_FROM_PAIRS = 10_000
 # Compute buckets of the grid that bounds the optimum.
 GRID_BUCKETS = 16
 SLACK = 1 + 1e-9
-# Filter the pairs by their ends' machine counts only when at most this share could remain.
-FILTER_BELOW = 0.4
+# Filter the pairs by their ends only when the possible end states leave at most this share.
+FILTER_BELOW = 0.8
 
 
 def solve_top_row(t: Tables, opt: LevelOptions, prune: bool = True) -> np.ndarray:
@@ -63,14 +68,12 @@ def solve_top_row(t: Tables, opt: LevelOptions, prune: bool = True) -> np.ndarra
     count = len(t.pairs()[0])
     if prune and count >= PRUNE_FROM_PAIRS:
         # The single stage on every machine is a plan: a free bound, often close on models
-        # with few parameters; on large graphs a tighter one from the grid is worth its cost.
+        # with few parameters; on larger graphs one from the grid, often tighter, pays off.
         upper = float(F[n - 1, M - 1, 0])
-        if math.isfinite(upper):
-            pairs = _band_pairs(t, opt, upper, len(reps))
-        if pairs is None and count >= GRID_FROM_PAIRS:
+        if count >= GRID_FROM_PAIRS:
             upper = min(upper, _grid_bound(t, values, opt, F, reps))
-            if math.isfinite(upper):
-                pairs = _band_pairs(t, opt, upper, len(reps))
+        if math.isfinite(upper):
+            pairs = _useful_pairs(t, opt, upper, len(reps))
         # The bound on last stages (dropped in slabs, after their costs) pays for itself where
         # the machine-count loop is heavy (several replica counts) or the pairs are few anyway.
         if math.isfinite(upper) and (pairs is not None or len(reps) > 1):
@@ -85,25 +88,11 @@ def _grid_bound(t: Tables, values, opt: LevelOptions, F: np.ndarray, reps: np.nd
     n, M = t.size, opt.machines
     on_grid = np.zeros(n, dtype=bool)
     on_grid[_grid(t)] = True
-    ends = np.flatnonzero(on_grid)
-    ends = np.append(ends, n - 1) if ends[-1] != n - 1 else ends
-    pk, pj = _pairs_ending_at(t, ends)
-    keep = on_grid[pk]
+    ends = on_grid.copy()
+    ends[n - 1] = True
     bounded = F.copy()
-    bymachines.solve_one_row(bounded, t, values, opt, 0, reps, INF, (pk[keep], pj[keep]))
+    bymachines.solve_one_row(bounded, t, values, opt, 0, reps, INF, t.pairs_among(ends, on_grid))
     return float(bounded[n - 1, M - 1, 0])
-
-
-def _pairs_ending_at(t: Tables, ends: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    """The state-DAG pairs (k, j) with j in ``ends`` (ascending), grouped by j, k ascending."""
-    pk, pj = t.pairs()
-    first = np.searchsorted(pj, ends)
-    last = np.searchsorted(pj, ends, side="right")
-    counts = last - first
-    total = int(counts.sum())
-    # Positions first[e] .. last[e]-1 for every end e, in one pass.
-    index = np.arange(total, dtype=np.intp) - np.repeat(np.cumsum(counts) - counts - first, counts)
-    return pk[index], pj[index]
 
 
 def _grid(t: Tables) -> np.ndarray:
@@ -125,20 +114,35 @@ def _grid(t: Tables) -> np.ndarray:
     return np.union1d(*out)
 
 
-def _band_pairs(t: Tables, opt: LevelOptions, upper: float, R: int) -> tuple[np.ndarray, np.ndarray] | None:
-    """The pairs (k, j) whose ends can both be on a plan within ``upper`` by their compute:
-    some machine count m of j's and m'' of k's with 1 <= m - m'' <= R (module doc). None when
-    nearly every pair qualifies (then filtering costs more than it saves)."""
+def _useful_pairs(t: Tables, opt: LevelOptions, upper: float, R: int) -> tuple[np.ndarray, np.ndarray] | None:
+    """The pairs (k, j) that can be on a plan within ``upper`` by what their ends alone say:
+    some machine count m of j's and m'' of k's with 1 <= m - m'' <= R (compute bands), and
+    both ends cheap enough cuts (module doc). None when the ends leave nearly every pair
+    (then filtering costs more than it saves)."""
     lowest, highest = _machine_counts(t, opt, upper)
-    ends = np.flatnonzero(lowest <= highest)
-    pj = t.pairs()[1]
-    reach = np.searchsorted(pj, ends, side="right") - np.searchsorted(pj, ends)
-    if reach.sum() > FILTER_BELOW * len(pj):
+    in_band = lowest <= highest
+    can_start = in_band & _affordable_cuts(t, opt, upper, R)
+    can_end = can_start.copy()
+    can_end[-1] = in_band[-1]  # (nothing is sent after the last state)
+    found = t.pairs_among(can_end, can_start, most=FILTER_BELOW * len(t.pairs()[0]))
+    if found is None:
         return None
-    pk, pj = _pairs_ending_at(t, ends)
-    lo_j, hi_j, lo_k, hi_k = lowest[pj], highest[pj], lowest[pk], highest[pk]
-    keep = (lo_k <= hi_k) & (hi_j - lo_k >= 1) & (lo_j - hi_k <= R)
+    pk, pj = found
+    keep = (highest[pj] - lowest[pk] >= 1) & (lowest[pj] - highest[pk] <= R)
     return pk[keep], pj[keep]
+
+
+def _affordable_cuts(t: Tables, opt: LevelOptions, upper: float, R: int) -> np.ndarray:
+    """Per state k, whether a cut after it can be on a plan within ``upper``: the stage after
+    the cut costs at least sending k's output, 2 out[k] / (B m') / ratio with m' <= R
+    replicas (the same divisions as the stage costs, smallest at m' = R; all True when
+    transfers are not counted)."""
+    if opt.activation_compression is None:
+        return np.ones(t.size, dtype=bool)
+    least = (2.0 * t.output_activation) / (opt.bandwidth * float(R))
+    if opt.activation_compression != 1.0:
+        least = least / opt.activation_compression
+    return least <= upper * SLACK
 
 
 def _machine_counts(t: Tables, opt: LevelOptions, upper: float) -> tuple[np.ndarray, np.ndarray]:

@@ -38,6 +38,7 @@ def tables_of(chain: StateChain) -> Tables:
         output_activation=chain.output_activation,
         pair_k=chain.pairs[0],
         pair_j=chain.pairs[1],
+        ancestor_bits=chain.ancestor_bits,
     )
 
 

@@ -11,6 +11,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from trainer.graph import AntichainWalk, LayerGraph, StateLimitExceeded, _bits, _reverse_postorder
+from trainer.plan.bitpairs import chain_pairs, pairs_of
 from trainer.profile.schema import Profile
 
 
@@ -36,6 +37,7 @@ class StateChain:
     output_activation: np.ndarray
     pairs: tuple[np.ndarray, np.ndarray]
     graph: LayerGraph
+    ancestor_bits: list[int] | None = None  # per state, its ancestors as a bitset (None: a chain)
 
     @property
     def size(self) -> int:
@@ -67,30 +69,9 @@ def _bit_rows(masks: list[int], width: int) -> np.ndarray:
     return bits[:, :width]
 
 
-def _pairs_of(ancestors: list[int]) -> tuple[np.ndarray, np.ndarray]:
-    """(k, j) for every bit k of ``ancestors[j]``, grouped by j, k ascending. The bitsets are
-    unpacked to a byte per bit and the set positions picked by a mask (NumPy's ``nonzero``
-    on the same matrix is several times slower)."""
-    n = len(ancestors)
-    nbytes = (n + 7) // 8
-    raw = b"".join([m.to_bytes(nbytes, "little") for m in ancestors])
-    mask = np.unpackbits(np.frombuffer(raw, dtype=np.uint8), bitorder="little").view(bool)
-    width = nbytes * 8
-    pk = np.broadcast_to(np.arange(width, dtype=np.intp), (n, width))[mask.reshape(n, width)]
-    counts = np.fromiter(map(int.bit_count, ancestors), dtype=np.intp, count=n)
-    return pk, np.repeat(np.arange(n, dtype=np.intp), counts)
-
-
-def _chain_pairs(n: int) -> tuple[np.ndarray, np.ndarray]:
-    """``_pairs_of`` for a chain: every k < j."""
-    counts = np.arange(n, dtype=np.intp)
-    pj = np.repeat(counts, counts)
-    starts = np.repeat(np.cumsum(counts) - counts, counts)
-    return np.arange(len(pj), dtype=np.intp) - starts, pj
-
-
 def _chain_from(graph: LayerGraph, kind: str, downsets: list[int], frontiers: list[list[int]],
-                pairs: tuple[np.ndarray, np.ndarray], out_act: np.ndarray) -> StateChain:
+                pairs: tuple[np.ndarray, np.ndarray], out_act: np.ndarray,
+                ancestor_bits: list[int] | None = None) -> StateChain:
     width = len(graph.names)
     member = _bit_rows(downsets, width).astype(float)
     fwd = graph.forward_ms / 1000.0
@@ -107,6 +88,7 @@ def _chain_from(graph: LayerGraph, kind: str, downsets: list[int], frontiers: li
         output_activation=out_act,
         pairs=pairs,
         graph=graph,
+        ancestor_bits=ancestor_bits,
     )
 
 
@@ -129,7 +111,7 @@ def antichain_states(graph: LayerGraph, max_states: int = 2000) -> StateChain:
             state_anc[position[t]] |= mine
     act = graph.activation.tolist()
     out_act = np.array([sum(map(act.__getitem__, f)) for f in frontiers], dtype=float)
-    return _chain_from(graph, "antichain", downsets, frontiers, _pairs_of(state_anc), out_act)
+    return _chain_from(graph, "antichain", downsets, frontiers, pairs_of(state_anc), out_act, state_anc)
 
 
 def linearised_states(graph: LayerGraph) -> StateChain:
@@ -152,7 +134,7 @@ def linearised_states(graph: LayerGraph) -> StateChain:
         downsets.append(down)
         frontiers.append([w for w in order[: i + 1] if graph.succ[w] and max(pos[v] for v in graph.succ[w]) > i]
                          if n <= 400 else [u])
-    return _chain_from(graph, "linearised", downsets, frontiers, _chain_pairs(n), out_act)
+    return _chain_from(graph, "linearised", downsets, frontiers, chain_pairs(n), out_act)
 
 
 def state_chain(profile: Profile, max_states: int = 2000, linearise: bool | None = None) -> StateChain:
