@@ -30,8 +30,7 @@ _BAND_ENTRIES = 8_000  # (pairs x starts) per band below which one band does (fe
 
 def work(t: Tables, rows: np.ndarray, machines: int) -> float:
     """About how many candidate entries ``solve_rows`` forms (to choose it over ``dp``)."""
-    pk, _ = t.pairs()
-    n_pairs = len(pk)
+    n_pairs = t.pair_count()
     return float(n_pairs) * len(rows) * machines * (machines - 1) / 2 * 0.5
 
 

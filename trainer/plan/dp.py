@@ -24,6 +24,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from trainer.graph import _bits
 from trainer.plan.bitpairs import bits_of, pairs_of
 from trainer.plan.blocks import BlockSums, after
 
@@ -56,9 +57,10 @@ class Tables:
     activation: np.ndarray  # (n,) bytes
     parameters: np.ndarray  # (n,) bytes
     output_activation: np.ndarray  # (n,) bytes crossing a cut right after the state
-    pair_k: np.ndarray  # (P,) every edge (k, j) of the state DAG (k precedes j): its k ...
-    pair_j: np.ndarray  # ... and its j; grouped by j, k ascending
-    ancestor_bits: list[int] | None = None  # per state j, its ancestors as a bitset (None: from the pairs)
+    # Per state j, its ancestors as a bitset (bit k: state k precedes j); None for a chain
+    # (every earlier state), whose ``_pairs`` are then given.
+    ancestor_bits: list[int] | None
+    _pairs: tuple[np.ndarray, np.ndarray] | None = None  # ``pairs()``, listed on first use
     _sums: dict | None = None
     _predecessors: list[np.ndarray] | None = None
     _level1: np.ndarray | BlockSums | None = None  # ``level1_values``, formed once
@@ -85,32 +87,41 @@ class Tables:
         return self._sums["compute"]
 
     def pairs(self) -> tuple[np.ndarray, np.ndarray]:
-        """Every (k, j) edge of the state DAG as (pk, pj), grouped by j, k ascending."""
-        return self.pair_k, self.pair_j
+        """Every (k, j) edge of the state DAG as (pk, pj), grouped by j, k ascending (listed on
+        first use: a pruned one-level plan never needs them all)."""
+        if self._pairs is None:
+            self._pairs = pairs_of(self.ancestor_bits)
+        return self._pairs
+
+    def pair_count(self) -> int:
+        if self._pairs is not None:
+            return len(self._pairs[0])
+        return sum(map(int.bit_count, self.ancestor_bits))
 
     @property
     def predecessors(self) -> list[np.ndarray]:
-        """Per state j, the indices of its ancestor states, ascending (views of ``pair_k``)."""
+        """Per state j, the indices of its ancestor states, ascending (views of the pairs)."""
         if self._predecessors is None:
-            ends = np.searchsorted(self.pair_j, np.arange(self.size + 1)).tolist()
-            self._predecessors = [self.pair_k[a:b] for a, b in zip(ends[:-1], ends[1:])]
+            pk, pj = self.pairs()
+            ends = np.searchsorted(pj, np.arange(self.size + 1)).tolist()
+            self._predecessors = [pk[a:b] for a, b in zip(ends[:-1], ends[1:])]
         return self._predecessors
 
     def predecessors_of(self, j: int) -> np.ndarray:
         """``predecessors[j]`` without forming the whole list (for a few reads)."""
         if self._predecessors is not None:
             return self._predecessors[j]
-        a, b = np.searchsorted(self.pair_j, (j, j + 1)).tolist()
-        return self.pair_k[a:b]
+        if self._pairs is None:
+            return np.array(_bits(self.ancestor_bits[j]), dtype=np.intp)
+        pk, pj = self._pairs
+        a, b = np.searchsorted(pj, (j, j + 1)).tolist()
+        return pk[a:b]
 
     def pairs_among(self, ends: np.ndarray, starts: np.ndarray, most: float = math.inf):
         """The pairs (k, j) with ``ends[j]`` and ``starts[k]`` (bool per state), grouped by j,
         k ascending; None if there would be more than ``most`` of them."""
-        if self.ancestor_bits is None:
-            if self.is_chain():
-                self.ancestor_bits = [(1 << j) - 1 for j in range(self.size)]
-            else:
-                self.ancestor_bits = [bits_of(np.isin(np.arange(self.size), p)) for p in self.predecessors]
+        if self.ancestor_bits is None:  # a chain: every earlier state
+            self.ancestor_bits = [(1 << j) - 1 for j in range(self.size)]
         rows = np.flatnonzero(ends).tolist()
         allowed = bits_of(starts)
         anc = self.ancestor_bits
@@ -123,7 +134,7 @@ class Tables:
         """Every state precedes every later one (a chain of layers, or a linearised order);
         ancestors are earlier states, so counting the pairs is enough."""
         n = self.size
-        return len(self.pair_k) == n * (n - 1) // 2
+        return self.pair_count() == n * (n - 1) // 2
 
     @property
     def size(self) -> int:
@@ -337,7 +348,7 @@ def solve_level(t: Tables, values: np.ndarray, opt: LevelOptions, rows: np.ndarr
 
     R = 1 if opt.straight else M - 1
     reps = np.arange(1, R + 1, dtype=float)  # m'
-    pairs = len(t.pairs()[0])
+    pairs = t.pair_count()
     if len(rows) == 1 and M > 1 and pairs * M <= 20_000_000 and caps is None:
         # Few enough (k, j) pairs to hold them all: machine count outermost, as the reference.
         from trainer.plan import bymachines

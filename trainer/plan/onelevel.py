@@ -65,7 +65,7 @@ def solve_top_row(t: Tables, opt: LevelOptions, prune: bool = True) -> np.ndarra
         return F
     reps = np.arange(1, (1 if opt.straight else M - 1) + 1, dtype=float)
     bound, pairs = INF, None
-    count = len(t.pairs()[0])
+    count = t.pair_count()
     if prune and count >= PRUNE_FROM_PAIRS:
         # The single stage on every machine is a plan: a free bound, often close on models
         # with few parameters; on larger graphs one from the grid, often tighter, pays off.
@@ -124,7 +124,7 @@ def _useful_pairs(t: Tables, opt: LevelOptions, upper: float, R: int) -> tuple[n
     can_start = in_band & _affordable_cuts(t, opt, upper, R)
     can_end = can_start.copy()
     can_end[-1] = in_band[-1]  # (nothing is sent after the last state)
-    found = t.pairs_among(can_end, can_start, most=FILTER_BELOW * len(t.pairs()[0]))
+    found = t.pairs_among(can_end, can_start, most=FILTER_BELOW * t.pair_count())
     if found is None:
         return None
     pk, pj = found

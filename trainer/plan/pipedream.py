@@ -36,9 +36,8 @@ def tables_of(chain: StateChain) -> Tables:
         activation=chain.activation,
         parameters=chain.parameters,
         output_activation=chain.output_activation,
-        pair_k=chain.pairs[0],
-        pair_j=chain.pairs[1],
         ancestor_bits=chain.ancestor_bits,
+        _pairs=chain.pairs if chain.ancestor_bits is None else None,  # (a chain's are quick to list)
     )
 
 

@@ -6,6 +6,7 @@ otherwise a linearised topological order in which every tensor crossing a cut is
 
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass
 
 import numpy as np
@@ -21,9 +22,10 @@ class StateChain:
 
     Cumulative quantities are sums over the state's down-set: ``compute_s`` (forward+backward,
     seconds), ``forward_s``, ``backward_s``, ``activation`` and ``parameters`` (bytes);
-    ``output_activation`` is what crosses a cut right after the state. ``pairs`` = (k, j) for
-    every state k that precedes state j in the state DAG (a stage may run from k+1 to j),
-    grouped by j, k ascending; ``ancestors`` is the same as an (n, n) matrix.
+    ``output_activation`` is what crosses a cut right after the state. ``ancestor_bits[j]``
+    has bit k set when state k precedes state j in the state DAG (a stage may run from k+1
+    to j; None: a chain, every earlier state); ``pairs`` lists them as (k, j), grouped by j,
+    k ascending, and ``ancestors`` as an (n, n) matrix.
     """
 
     kind: str  # "antichain" (exact) or "linearised" (topological order treated as a chain)
@@ -35,13 +37,16 @@ class StateChain:
     activation: np.ndarray
     parameters: np.ndarray
     output_activation: np.ndarray
-    pairs: tuple[np.ndarray, np.ndarray]
     graph: LayerGraph
     ancestor_bits: list[int] | None = None  # per state, its ancestors as a bitset (None: a chain)
 
     @property
     def size(self) -> int:
         return len(self.downsets)
+
+    @functools.cached_property
+    def pairs(self) -> tuple[np.ndarray, np.ndarray]:
+        return chain_pairs(self.size) if self.ancestor_bits is None else pairs_of(self.ancestor_bits)
 
     @property
     def ancestors(self) -> np.ndarray:
@@ -52,7 +57,7 @@ class StateChain:
 
     def is_chain(self) -> bool:
         n = self.size
-        return len(self.pairs[0]) == n * (n - 1) // 2  # (each state's ancestors are earlier states)
+        return self.ancestor_bits is None or sum(map(int.bit_count, self.ancestor_bits)) == n * (n - 1) // 2
 
     def layers_between(self, start: int, end: int) -> list[int]:
         """Layers of states start..end-1 (half-open, as the reference prints stages), file order."""
@@ -70,8 +75,7 @@ def _bit_rows(masks: list[int], width: int) -> np.ndarray:
 
 
 def _chain_from(graph: LayerGraph, kind: str, downsets: list[int], frontiers: list[list[int]],
-                pairs: tuple[np.ndarray, np.ndarray], out_act: np.ndarray,
-                ancestor_bits: list[int] | None = None) -> StateChain:
+                out_act: np.ndarray, ancestor_bits: list[int] | None = None) -> StateChain:
     width = len(graph.names)
     member = _bit_rows(downsets, width).astype(float)
     fwd = graph.forward_ms / 1000.0
@@ -86,7 +90,6 @@ def _chain_from(graph: LayerGraph, kind: str, downsets: list[int], frontiers: li
         activation=member @ graph.activation,
         parameters=member @ graph.parameters,
         output_activation=out_act,
-        pairs=pairs,
         graph=graph,
         ancestor_bits=ancestor_bits,
     )
@@ -111,7 +114,7 @@ def antichain_states(graph: LayerGraph, max_states: int = 2000) -> StateChain:
             state_anc[position[t]] |= mine
     act = graph.activation.tolist()
     out_act = np.array([sum(map(act.__getitem__, f)) for f in frontiers], dtype=float)
-    return _chain_from(graph, "antichain", downsets, frontiers, pairs_of(state_anc), out_act, state_anc)
+    return _chain_from(graph, "antichain", downsets, frontiers, out_act, state_anc)
 
 
 def linearised_states(graph: LayerGraph) -> StateChain:
@@ -134,7 +137,7 @@ def linearised_states(graph: LayerGraph) -> StateChain:
         downsets.append(down)
         frontiers.append([w for w in order[: i + 1] if graph.succ[w] and max(pos[v] for v in graph.succ[w]) > i]
                          if n <= 400 else [u])
-    return _chain_from(graph, "linearised", downsets, frontiers, chain_pairs(n), out_act)
+    return _chain_from(graph, "linearised", downsets, frontiers, out_act)
 
 
 def state_chain(profile: Profile, max_states: int = 2000, linearise: bool | None = None) -> StateChain:
