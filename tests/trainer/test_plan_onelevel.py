@@ -48,15 +48,15 @@ def test_pruned_plans_equal_unpruned_plans(seed, monkeypatch):
         profile = random_profile(rng, rng.randrange(6, 30), rng.uniform(0.05, 0.5))
     levels = [(rng.randrange(2, 9), rng.choice([1e9, 1e10, 1e11]))]
     o = _options(rng, seed)
-    monkeypatch.setattr(onelevel, "PRUNE_FROM_PAIRS", 10**12)
+    monkeypatch.setattr(onelevel, "PRUNE_FROM_WORK", 10**12)
     try:
         plain = plan(profile, levels, **o).to_dict()
     except Exception as exc:  # an infeasible case must stay infeasible
-        monkeypatch.setattr(onelevel, "PRUNE_FROM_PAIRS", 0)
+        monkeypatch.setattr(onelevel, "PRUNE_FROM_WORK", 0)
         with pytest.raises(type(exc)):
             plan(profile, levels, **o)
         return
-    monkeypatch.setattr(onelevel, "PRUNE_FROM_PAIRS", 0)
+    monkeypatch.setattr(onelevel, "PRUNE_FROM_WORK", 0)
     monkeypatch.setattr(onelevel, "GRID_BUCKETS", rng.choice([1, 2, 4, 16]))
     monkeypatch.setattr(onelevel, "FILTER_BELOW", [1.01, 0.0, 0.4][seed % 3])  # always, never, as planned
     monkeypatch.setattr(onelevel, "GRID_FROM_PAIRS", 0 if seed % 2 else 10**12)

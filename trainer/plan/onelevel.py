@@ -40,9 +40,9 @@ import numpy as np
 from trainer.plan import bymachines
 from trainer.plan.dp import INF, LevelOptions, Tables, level1_lazy, single_stage_table
 
-# Below this many state-DAG pairs the plain DP is quicker than bounding it first, and below
-# the second the bound from the grid is not worth its own solve.
-PRUNE_FROM_PAIRS = 4000
+# Below this many candidates (pairs x machine-count pairs) the plain DP is quicker than
+# bounding it first; below this many pairs the bound from the grid is not worth its solve.
+PRUNE_FROM_WORK = 24_000
 GRID_FROM_PAIRS = 10_000
 # Compute buckets of the grid that bounds the optimum.
 GRID_BUCKETS = 16
@@ -65,18 +65,17 @@ def solve_top_row(t: Tables, opt: LevelOptions, prune: bool = True) -> np.ndarra
         return F
     reps = np.arange(1, (1 if opt.straight else M - 1) + 1, dtype=float)
     bound, pairs = INF, None
-    count = t.pair_count()
-    if prune and count >= PRUNE_FROM_PAIRS:
+    work = t.pair_count() * M * (M - 1) / 2  # candidates of the plain solve, about
+    if prune and work >= PRUNE_FROM_WORK:
         # The single stage on every machine is a plan: a free bound, often close on models
-        # with few parameters; on larger graphs one from the grid, often tighter, pays off.
+        # with few parameters; on larger work one from the grid, often tighter, pays off.
         upper = float(F[n - 1, M - 1, 0])
-        if count >= GRID_FROM_PAIRS:
+        if t.pair_count() >= GRID_FROM_PAIRS:  # (its own solve costs as a few machine counts)
             upper = min(upper, _grid_bound(t, values, opt, F, reps))
         if math.isfinite(upper):
             pairs = _useful_pairs(t, opt, upper, len(reps))
-        # The bound on last stages (dropped in slabs, after their costs) pays for itself where
-        # the machine-count loop is heavy (several replica counts) or the pairs are few anyway.
-        if math.isfinite(upper) and (pairs is not None or len(reps) > 1):
+        # Where the ends rule out few pairs, the bound would rule out few last stages too.
+        if pairs is not None:
             bound = upper * SLACK
     bymachines.solve_one_row(F, t, values, opt, 0, reps, bound, pairs)
     return F
