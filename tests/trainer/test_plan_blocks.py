@@ -46,3 +46,18 @@ def test_blocks_after_a_state_read_the_same_from_either_form(empty):
     lazy, full = BlockSums(cum, empty), dense(cum, empty)
     assert np.array_equal(after(lazy, k, j), full[k + 1, j])
     assert np.array_equal(after(full, k, j), full[k + 1, j])
+
+
+def test_scalar_reads_equal_the_indexed_ones():
+    from trainer.plan.blocks import scalar
+
+    rng = np.random.default_rng(4)
+    cum = np.cumsum(rng.uniform(0, 3, 9))
+    for empty in (None, np.inf):
+        table = BlockSums(cum, empty=empty)
+        for i in range(10):
+            for j in range(9):
+                expected = float(table[i, j])
+                assert table.scalar(i, j) == expected and scalar(table, i, j) == expected
+        dense = np.asarray(table[np.arange(10)[:, None], np.arange(9)[None, :]])
+        assert all(scalar(dense, i, j) == float(dense[i, j]) for i in range(10) for j in range(9))

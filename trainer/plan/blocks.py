@@ -38,6 +38,12 @@ class BlockSums:
         rows = self._rows[index]
         return self._at(rows[..., None] if np.ndim(rows) else rows, self._cols)
 
+    def scalar(self, i: int, j: int) -> float:
+        """``float(self[i, j])`` for integers, without the array paths."""
+        if self.empty is not None and j < i:
+            return float(self.empty)
+        return float(self.cum[j]) if i == 0 else float(self.cum[j] - self.cum[i - 1])
+
     def after(self, k: np.ndarray, j: np.ndarray) -> np.ndarray:
         """``self[k + 1, j]`` (the blocks k+1..j) for index arrays, without the row-0 case."""
         out = self.cum[j] - self.cum[k]
@@ -68,3 +74,8 @@ class BlockSums:
 def after(table, k: np.ndarray, j: np.ndarray) -> np.ndarray:
     """``table[k + 1, j]`` for a dense table or a ``BlockSums``: the sums of blocks k+1..j."""
     return table.after(k, j) if isinstance(table, BlockSums) else table[k + 1, j]
+
+
+def scalar(table, i: int, j: int) -> float:
+    """``float(table[i, j])`` for a dense table or a ``BlockSums``."""
+    return table.scalar(i, j) if isinstance(table, BlockSums) else float(table[i, j])

@@ -125,7 +125,8 @@ def solve_one_row(F: np.ndarray, t: Tables, values: np.ndarray, opt: LevelOption
     slab = max(1, _SLAB_ENTRIES // R)
     cuts = (np.flatnonzero(np.diff(first_pair[row + 1:n] // slab)) + row + 2).tolist()
     # The memory check's factor ceil((M - (m+1)) / m') per target m and replica count m'.
-    factors = [[int(f) for f in _stash_factor(m + 1, np.arange(1, R + 1), M)] for m in range(M)]
+    factors = ([[int(f) for f in _stash_factor(m + 1, np.arange(1, R + 1), M)] for m in range(M)]
+               if opt.memory_bytes is not None else None)
     for lo, hi in zip([row + 1] + cuts, cuts + [n]) if row + 1 < n else ():
         a, b = int(first_pair[lo]), int(first_pair[hi])
         ck, cj = pk[a:b], pj[a:b]
@@ -148,7 +149,7 @@ def solve_one_row(F: np.ndarray, t: Tables, values: np.ndarray, opt: LevelOption
         acc = np.empty(len(ck))
         for m in range(1, M):
             for r in range(1, min(R, m) + 1):
-                c = masked.get((r, factors[m][r - 1]), cost_t[r - 1])
+                c = masked.get((r, factors[m][r - 1]), cost_t[r - 1]) if masked else cost_t[r - 1]
                 if r == 1:
                     np.maximum(prefix[m - 1], c, out=acc)
                 else:

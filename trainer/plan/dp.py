@@ -26,7 +26,7 @@ import numpy as np
 
 from trainer.graph import _bits
 from trainer.plan.bitpairs import bits_of, pairs_of
-from trainer.plan.blocks import BlockSums, after
+from trainer.plan.blocks import BlockSums, after, scalar
 
 INF = math.inf
 # Up to this many states, per-block sums are whole (n+1, n) tables (cheaper to index than to
@@ -225,12 +225,12 @@ def single_stage_costs(values, acts, params, opt: LevelOptions, i: int, js, m: i
 def single_stage_value(values, acts, params, opt: LevelOptions, i: int, j: int, m: int) -> float:
     """``single_stage_costs`` for one block as a Python float: the same operations on the
     same doubles (IEEE arithmetic, as NumPy's), without array calls."""
-    p = float(params[i, j])
+    p = scalar(params, i, j)
     dp_comm = (4 * m * p) / (opt.bandwidth * (m + 1))
     dp_comm = dp_comm / opt.machines_below
-    val = (float(values[i, j]) + dp_comm) / (m + 1)
+    val = (scalar(values, i, j) + dp_comm) / (m + 1)
     if opt.memory_bytes is not None:
-        stash = math.ceil((opt.machines - (m + 1)) / (m + 1)) * (float(acts[i, j]) + p)
+        stash = math.ceil((opt.machines - (m + 1)) / (m + 1)) * (scalar(acts, i, j) + p)
         if stash > opt.memory_bytes:
             return INF
     return val
