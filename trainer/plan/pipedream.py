@@ -179,7 +179,8 @@ def _solve_in_order(tables: Tables, levels, options: dict, bounds, limits, short
     """Every level, innermost first, under the given per-level bounds and (caps, block bounds)."""
     L, n = len(levels), tables.size
     chain = band.is_chain(tables)
-    values = level1_values(tables)
+    # (one level reads few entries of its values: formed on read, not as a whole table)
+    values = dp.level1_lazy(tables) if L == 1 else level1_values(tables)
     solutions = []
     for idx in range(L):
         opt = _level_options(levels, idx, False, **options)
