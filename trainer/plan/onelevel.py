@@ -47,8 +47,10 @@ GRID_FROM_PAIRS = 10_000
 # Compute buckets of the grid that bounds the optimum.
 GRID_BUCKETS = 16
 SLACK = 1 + 1e-9
-# Filter the pairs by their ends only when the possible end states leave at most this share.
+# Filter the pairs by their ends only when the possible end states leave at most this share,
+# and take the free bound alone when it leaves at most the second.
 FILTER_BELOW = 0.8
+FEW = 0.3
 
 
 def solve_top_row(t: Tables, opt: LevelOptions, prune: bool = True) -> np.ndarray:
@@ -70,10 +72,12 @@ def solve_top_row(t: Tables, opt: LevelOptions, prune: bool = True) -> np.ndarra
         # The single stage on every machine is a plan: a free bound, often close on models
         # with few parameters; on larger work one from the grid, often tighter, pays off.
         upper = float(F[n - 1, M - 1, 0])
-        if t.pair_count() >= GRID_FROM_PAIRS:  # (its own solve costs as a few machine counts)
-            upper = min(upper, _grid_bound(t, values, opt, F, reps))
         if math.isfinite(upper):
-            pairs = _useful_pairs(t, opt, upper, len(reps))
+            pairs = _useful_pairs(t, opt, upper, len(reps), FEW)
+        if pairs is None and t.pair_count() >= GRID_FROM_PAIRS:  # (its solve costs as a few machine counts)
+            upper = min(upper, _grid_bound(t, values, opt, F, reps))
+            if math.isfinite(upper):
+                pairs = _useful_pairs(t, opt, upper, len(reps), FILTER_BELOW)
         # Where the ends rule out few pairs, the bound would rule out few last stages too.
         if pairs is not None:
             bound = upper * SLACK
@@ -113,17 +117,18 @@ def _grid(t: Tables) -> np.ndarray:
     return np.union1d(*out)
 
 
-def _useful_pairs(t: Tables, opt: LevelOptions, upper: float, R: int) -> tuple[np.ndarray, np.ndarray] | None:
+def _useful_pairs(t: Tables, opt: LevelOptions, upper: float, R: int,
+                  share: float) -> tuple[np.ndarray, np.ndarray] | None:
     """The pairs (k, j) that can be on a plan within ``upper`` by what their ends alone say:
     some machine count m of j's and m'' of k's with 1 <= m - m'' <= R (compute bands), and
-    both ends cheap enough cuts (module doc). None when the ends leave nearly every pair
-    (then filtering costs more than it saves)."""
+    both ends cheap enough cuts (module doc). None when the ends leave more than ``share``
+    of the pairs."""
     lowest, highest = _machine_counts(t, opt, upper)
     in_band = lowest <= highest
     can_start = in_band & _affordable_cuts(t, opt, upper, R)
     can_end = can_start.copy()
     can_end[-1] = in_band[-1]  # (nothing is sent after the last state)
-    found = t.pairs_among(can_end, can_start, most=FILTER_BELOW * t.pair_count())
+    found = t.pairs_among(can_end, can_start, most=share * t.pair_count())
     if found is None:
         return None
     pk, pj = found
