@@ -120,15 +120,21 @@ def solve_one_row(F: np.ndarray, t: Tables, values: np.ndarray, opt: LevelOption
         keep = pk >= row
         pk, pj = pk[keep], pj[keep]
     table = np.ascontiguousarray(F[:, :, 0].T)  # (M, n): one row per machine count
-    first_pair = np.searchsorted(pj, np.arange(n + 1))  # pairs of end state j: first_pair[j]..[j+1]
     R = len(reps)
     slab = max(1, _SLAB_ENTRIES // R)
-    cuts = (np.flatnonzero(np.diff(first_pair[row + 1:n] // slab)) + row + 2).tolist()
+    # Slabs (end states lo..hi-1, pairs a..b-1); every pair ends after the row (k >= row, j > k).
+    if row + 1 >= n:
+        slabs = []
+    elif len(pk) <= slab:
+        slabs = [(row + 1, n, 0, len(pk))]
+    else:
+        first_pair = np.searchsorted(pj, np.arange(n + 1))  # pairs of end state j: first_pair[j]..[j+1]
+        cuts = (np.flatnonzero(np.diff(first_pair[row + 1:n] // slab)) + row + 2).tolist()
+        slabs = [(lo, hi, int(first_pair[lo]), int(first_pair[hi])) for lo, hi in zip([row + 1] + cuts, cuts + [n])]
     # The memory check's factor ceil((M - (m+1)) / m') per target m and replica count m'.
     factors = ([[int(f) for f in _stash_factor(m + 1, np.arange(1, R + 1), M)] for m in range(M)]
                if opt.memory_bytes is not None else None)
-    for lo, hi in zip([row + 1] + cuts, cuts + [n]) if row + 1 < n else ():
-        a, b = int(first_pair[lo]), int(first_pair[hi])
+    for lo, hi, a, b in slabs:
         ck, cj = pk[a:b], pj[a:b]
         sums = pair_sums(t, ck, cj)
         cost_t = pair_stage_costs_t(t, values, None, opt, ck, cj, reps, sums)  # (R, P): one row per m'
