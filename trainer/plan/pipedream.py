@@ -11,7 +11,9 @@ Where the time goes, and what keeps it small without changing the optimum:
 - ``_bounds``: a cheap restricted solve gives an upper bound, and entries that provably
   cannot be on an optimal path are dropped (``dp.solve_level``'s ``bound``);
 - ``suffix``: below a two-machine top level only blocks ending at the last state matter;
-- ``band``: on chains, the top level only visits the states an optimal plan can reach.
+- ``band``: on chains, the top level only visits the states an optimal plan can reach;
+- ``onelevel``: a one-level plan only takes last stages between states that can end a
+  stage of a plan within an upper bound (by their compute and their outputs).
 """
 
 from __future__ import annotations
