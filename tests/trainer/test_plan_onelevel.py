@@ -83,3 +83,20 @@ def test_pairs_among_some_states():
         pk, pj = t.pairs_among(ends, starts)
         assert np.array_equal(pk, all_k[inside]) and np.array_equal(pj, all_j[inside])
         assert t.pairs_among(ends, starts, most=inside.sum() - 1) is None or not inside.any()
+
+
+@pytest.mark.parametrize("zero", ["compute", "everything"])
+def test_plans_of_no_time_at_all(zero, monkeypatch):
+    # A bound of zero (nothing to compute or send) must not break the pruning's divisions.
+    rng = random.Random(11)
+    profile = random_profile(rng, 12, 0.3)
+    for layer in profile.layers:
+        layer.forward_ms = layer.backward_ms = 0.0
+        if zero == "everything":
+            layer.activation_bytes = layer.parameter_bytes = 0.0
+    levels = [(4, 1e9)]
+    monkeypatch.setattr(onelevel, "PRUNE_FROM_WORK", 10**12)
+    plain = plan(profile, levels).to_dict()
+    monkeypatch.setattr(onelevel, "PRUNE_FROM_WORK", 0)
+    monkeypatch.setattr(onelevel, "GRID_FROM_PAIRS", 0)
+    assert plan(profile, levels).to_dict() == plain

@@ -123,6 +123,8 @@ def _useful_pairs(t: Tables, opt: LevelOptions, upper: float, R: int,
     some machine count m of j's and m'' of k's with 1 <= m - m'' <= R (compute bands), and
     both ends cheap enough cuts (module doc). None when the ends leave more than ``share``
     of the pairs."""
+    if not upper > 0:  # (a plan of no time at all: the bands would divide by zero)
+        return None
     lowest, highest = _machine_counts(t, opt, upper)
     in_band = lowest <= highest
     can_start = in_band & _affordable_cuts(t, opt, upper, R)
