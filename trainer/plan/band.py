@@ -14,7 +14,8 @@ from __future__ import annotations
 
 import numpy as np
 
-from trainer.plan.dp import INF, LevelOptions, Tables, _groups, _stash_factor, pair_stage_costs, single_stage_costs
+from trainer.plan.dp import INF, LevelOptions, Tables, _groups, _stash_factor, single_stage_costs
+from trainer.plan.paircosts import pair_stage_costs
 
 
 def is_chain(t: Tables) -> bool:

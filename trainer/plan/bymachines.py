@@ -20,8 +20,8 @@ from __future__ import annotations
 
 import numpy as np
 
-from trainer.plan.dp import (INF, LevelOptions, Tables, _groups, _stash_factor, pair_stage_costs_t, pair_sums,
-                             single_stage_table)
+from trainer.plan.dp import INF, LevelOptions, Tables, _groups, _stash_factor, single_stage_table
+from trainer.plan.paircosts import pair_stage_costs_t, pair_sums
 
 # Bands of block starts: each band only pairs up with predecessors k at or after its first start.
 _BANDS = 4

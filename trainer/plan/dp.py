@@ -26,7 +26,7 @@ import numpy as np
 
 from trainer.graph import _bits
 from trainer.plan.bitpairs import bits_of, pairs_of
-from trainer.plan.blocks import BlockSums, after, scalar
+from trainer.plan.blocks import BlockSums, scalar
 
 INF = math.inf
 # Up to this many states, per-block sums are whole (n+1, n) tables (cheaper to index than to
@@ -164,35 +164,6 @@ def level1_values(t: Tables) -> BlockSums:
             v[np.tri(t.size + 1, t.size, -1, dtype=bool)] = INF  # j < i
             t._level1 = v
     return t._level1
-
-
-@dataclass
-class PairSums:
-    """Per (k, j) pair of the state DAG (k precedes j): the sums of the block k+1..j, formed as
-    the block tables form them (cum[j] - cum[k]), and the output activations of k and j; each
-    read once, for the stage costs and the memory check."""
-
-    params: np.ndarray
-    out_k: np.ndarray
-    out_j: np.ndarray
-    tables: Tables
-    pk: np.ndarray
-    pj: np.ndarray
-
-    def compute(self) -> np.ndarray:
-        """Each block's compute: the level-1 ``values`` of the pair."""
-        cum = self.tables.compute
-        return cum[self.pj] - cum[self.pk]
-
-    def stash(self) -> np.ndarray:
-        """Activations plus parameters of each block (the reference's stash per minibatch)."""
-        acts = self.tables.activation
-        return (acts[self.pj] - acts[self.pk]) + self.params
-
-
-def pair_sums(t: Tables, pk: np.ndarray, pj: np.ndarray) -> PairSums:
-    cum_p, out = t.parameters, t.output_activation
-    return PairSums(cum_p[pj] - cum_p[pk], out[pk], out[pj], t, pk, pj)
 
 
 def _block_sums(cum: np.ndarray) -> np.ndarray:
@@ -388,43 +359,6 @@ def _groups(pj: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         return pj, pj
     starts = np.flatnonzero(np.concatenate(([True], pj[1:] != pj[:-1])))
     return pj[starts], starts
-
-
-def pair_stage_costs(t: Tables, values, params, opt: LevelOptions, pk: np.ndarray, pj: np.ndarray, reps: np.ndarray):
-    """``last_stage_costs`` for (k, j) pairs of the state DAG, (P, R): the same terms in the same order."""
-    return pair_stage_costs_t(t, values, params, opt, pk, pj, reps).T
-
-
-def pair_stage_costs_t(t: Tables, values, params, opt: LevelOptions, pk: np.ndarray, pj: np.ndarray,
-                       reps: np.ndarray, sums: PairSums | None = None) -> np.ndarray:
-    """``pair_stage_costs`` laid out (R, P): NumPy's inner loops then run over the pairs, not
-    over a handful of replica counts (the same numbers, several times faster).
-
-    ``params`` (the tables' parameter block sums, or None) is read through ``sums``, the
-    pairs' ``pair_sums``; level-1 ``values`` are read there too (the same differences)."""
-    bw, n = opt.bandwidth, t.size
-    reps = reps[:, None]
-    if sums is None:
-        sums = pair_sums(t, pk, pj)
-    v_last = sums.compute() if values is t._level1 else after(values, pk, pj)
-    p_last = sums.params
-    # (v + (4 (m'-1) p) / (B m')) / m', in place: fresh (R, P) temporaries would page-fault.
-    last = np.multiply(4 * (reps - 1), p_last)
-    np.divide(last, bw * reps, out=last)
-    np.add(v_last, last, out=last)
-    np.divide(last, reps, out=last)
-    if opt.activation_compression is not None:
-        # max(a / d, b / d) = max(a, b) / d for d > 0 (division is monotone, rounding too), so
-        # the input and the output transfer share one division; a / 1.0 is a, so no ratio of
-        # 1 is divided by.
-        sent = 2.0 * sums.out_j
-        sent[pj == n - 1] = -INF  # nothing is sent after the last state
-        np.maximum(sent, 2.0 * sums.out_k, out=sent)
-        t_io = np.divide(sent, bw * reps)
-        if opt.activation_compression != 1.0:
-            np.divide(t_io, opt.activation_compression, out=t_io)
-        np.maximum(last, t_io, out=last)
-    return last
 
 
 def _pull_single_row(F: np.ndarray, j: int, preds: np.ndarray, target_cost: np.ndarray, diag) -> None:

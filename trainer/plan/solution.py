@@ -11,8 +11,9 @@ from dataclasses import dataclass
 import numpy as np
 
 from trainer.plan import banded, chainkernel
-from trainer.plan.dp import (INF, LevelOptions, Tables, _stash_factor, all_rows, next_level_values, pair_stage_costs_t,
-                             pair_sums, single_stage_value, solve_level)
+from trainer.plan.dp import (INF, LevelOptions, Tables, _stash_factor, all_rows, next_level_values, single_stage_value,
+                             solve_level)
+from trainer.plan.paircosts import pair_stage_costs_t, pair_sums
 
 
 @dataclass
