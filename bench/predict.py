@@ -147,7 +147,7 @@ def main() -> None:
     print(f"predict vs measure: mlp depth=8 width=1024, {STAGES} stages, optimizer {OPTIMIZER}, "
           f"load average {os.getloadavg()[0]:.2f} at start, torch {torch.__version__}")
     link = measure_link()
-    print(f"link (gloo, one way, busy sender): latency {link.latency_ms:.3f} ms, "
+    print(f"link ({link.backend}, one way, busy sender): latency {link.latency_ms:.3f} ms, "
           f"{link.bytes_per_ms * 1e3 / 1e9:.2f} GB/s, posting a send {link.post_ms:.3f} ms")
     names = ["a", "b"] if args.config == "both" else [args.config]
     schedules = args.schedules.split(",")
