@@ -49,8 +49,8 @@ def _open_channel(rank: int, size: int):
     dist.broadcast_object_list(names, src=0)
     path = shm.channel_path(names[0], 0, 1)
     slot_bytes = shm.packed_bytes([((max(1, size // 4),), torch.float32)])
-    channel = shm.Channel(path, 2, slot_bytes, rank == 0, 1 - rank, timeout_s=60.0) if rank == 0 else None
-    dist.barrier()
+    channel = shm.Channel(path, 2, slot_bytes, True, 1, timeout_s=60.0) if rank == 0 else None
+    dist.barrier()  # created before it is opened
     if rank == 1:
         channel = shm.Channel(path, 2, slot_bytes, False, 0, timeout_s=60.0)
     dist.barrier()
@@ -102,7 +102,7 @@ def _one_way(rank: int, port: int, sizes: tuple[int, ...], repeats: int, busy_s:
 
 
 def runtime_transport(configured: str | None = None) -> str:
-    """"shm" or "gloo": what a local CPU run's transfers go through (``RunConfig.p2p`` semantics)."""
+    """What a local CPU run's transfers go through, "shm" or "gloo" (``RunConfig.p2p`` semantics)."""
     from trainer.runtime import shm
     from trainer.runtime.comm import p2p_mode
 
