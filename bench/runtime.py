@@ -270,6 +270,7 @@ class Prediction:
         self.link = measure_link()
         self.profiles: dict[int, object] = {}
         self.overhead = None
+        self.bench_predict = _sibling("predict")  # runtime_overhead, runtime_floor
 
     def _profile(self, zoo, size: int):
         from trainer.profile.profiler import profile_model
@@ -291,13 +292,13 @@ class Prediction:
         stages = model_mod.stage_layers(cfg, zoo, STAGES)
         if self.overhead is None:
             modules = model_mod.build_stages(zoo.model, zoo.example_input(cfg.microbatch_size), stages)
-            self.overhead = _sibling("predict").runtime_overhead(modules)[1]
+            self.overhead = self.bench_predict.runtime_overhead(modules)[1]
         kw = dict(batch_profile=self._profile(zoo, cfg.batch_size), batch_weight_grads=cfg.weight_grads == "batched")
         prof = self._profile(zoo, cfg.microbatch_size)
         tiny = predict_step_s(prof, stages, cfg.schedule, cfg.microbatches, overhead=self.overhead, **kw)
         # bench/predict.py's runtime floor: this schedule's whole runtime on the model shrunk to
         # width 4, per action on the critical path (measured here, before the runs it predicts)
-        _, per_action = _sibling("predict").runtime_floor(cfg)
+        _, per_action = self.bench_predict.runtime_floor(cfg)
         floor = predict_step_s(prof, stages, cfg.schedule, cfg.microbatches, overhead=[per_action] * STAGES, **kw)
         return tiny, floor
 
