@@ -37,8 +37,8 @@ def _bits(mask: int) -> list[int]:
             out.append(low.bit_length() - 1)
             mask ^= low
         return out
-    # Many bits: read them off the binary string (reversed, so index = bit), in one NumPy
-    # comparison for long masks, else one comprehension (both C loops, not one step per bit).
+    # Many bits: read them off the binary string (reversed, so index = bit): for long masks in
+    # one NumPy comparison (a C loop), else one comprehension over the digits.
     digits = bin(mask)[:1:-1]
     if len(digits) > 128:
         return np.flatnonzero(np.frombuffer(digits.encode(), dtype=np.uint8) == 49).tolist()  # "1"

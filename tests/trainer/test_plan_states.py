@@ -73,6 +73,10 @@ def _check(chain) -> None:
     pk, pj = chain.pairs
     assert pk.dtype == pj.dtype == np.intp
     assert np.all(pk < pj)  # ancestors come earlier in the order
+    # Each step of the walk adds a node outside the down-set, so an ancestor state's down-set
+    # is a strict subset (a check of the bitsets from outside them; the rest of _check reads them).
+    down = chain.downsets
+    assert all(down[k] & ~down[j] == 0 and down[k] != down[j] for k, j in zip(pk.tolist(), pj.tolist()))
     rows, cols = np.nonzero(chain.ancestors)
     assert np.array_equal(rows, pj) and np.array_equal(cols, pk)
     t = tables_of(chain)

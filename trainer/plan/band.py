@@ -18,11 +18,6 @@ from trainer.plan.dp import INF, LevelOptions, Tables, _groups, _stash_factor, s
 from trainer.plan.paircosts import pair_stage_costs
 
 
-def is_chain(t: Tables) -> bool:
-    """Every state precedes every later one (a chain of layers, or a linearised order)."""
-    return t.is_chain()
-
-
 def grid_upper_bound(t: Tables, values: np.ndarray, opt: LevelOptions, count: int = 64) -> float:
     """The same top level with last stages starting only at ~count grid states: a plan the
     full DP also considers, so its value bounds the optimum from above."""
@@ -79,7 +74,7 @@ def solve_top_of_chain(t: Tables, values: np.ndarray, opt: LevelOptions, upper: 
 
     Needs a chain: there every stage costs at least its compute over its workers, at any level.
     """
-    n, M = t.size, opt.machines
+    M = opt.machines
     cum = t.compute
     total = float(cum[-1])
     cap = upper * (1 + 1e-9) * workers_per_machine

@@ -4,10 +4,11 @@ The top row A[0][j][m] reads every (k, j) pair of the state DAG for every machin
 only few pairs can be on an optimal path. With an upper bound U on the optimum, a pair is
 kept if its two ends can both be on a plan within U by their compute and their outputs
 (below), and (in the slabs of ``bymachines.solve_one_row``) if its last stage costs at most
-U on some replica count. U is the value of a real plan, so U >= optimum: the single stage on every machine
-(free: it is the table's first entry for the last state), or on large graphs the best plan
-whose stages all end at a few grid states (per compute bucket, the state with the smallest
-output, a cheap cut, and the one with the most compute), the same DP on the pairs among them.
+U on some replica count. U is the value of a real plan, so U >= optimum: the single stage
+on every machine (free: it is the table's first entry for the last state), or on large
+graphs the best plan whose stages all end at a few grid states (per compute bucket, the
+state with the smallest output, a cheap cut, and the one with the most compute), the same
+DP on the pairs among them.
 
 Why the kept pairs give the reference's numbers where it matters. An entry on an optimal
 path is at most U. Its best candidate is also on an optimal path (swapping it in keeps the
@@ -22,8 +23,9 @@ all-reduce and transfer terms only add), so the states 0..j on m+1 machines, wit
 compute cum[j] <= U (m+1), and the states after j, on the other M-1-m machines, have
 total - cum[j] <= U (M-1-m). Each state thus has an interval of machine counts it can end
 on, and a pair (k, j) with m' replicas needs k's interval to reach m - m' when j's reaches m.
-The bounds get a relative slack of 1e-9 and an absolute one of 1e-12 of the total compute,
-far above the rounding of the cumulative sums.
+The bounds get a relative slack of about 2e-9 (``SLACK`` on U, and again on the division)
+and an absolute one of 1e-12 of the total compute, far above the rounding of the cumulative
+sums.
 
 Cheap cuts. A cut after state k is followed by a stage that sends k's output in (at least
 2 out[k] / (B m') with m' <= R replicas, when transfers are counted), so a cut on a plan

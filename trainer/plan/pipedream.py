@@ -104,7 +104,7 @@ def _bounds_from_upper(tables: Tables, levels, upper: float) -> list[np.ndarray 
     L = len(levels)
     if not math.isfinite(upper):
         return [math.inf] * L
-    chain = band.is_chain(tables)
+    chain = tables.is_chain()
     slack = 1 + 1e-9
     bounds: list[np.ndarray | float] = [math.inf] * L
     bounds[-1] = upper * slack
@@ -153,7 +153,7 @@ def solve_levels(tables: Tables, levels, *, memory_bytes, straight, fewer_worker
     # The bounds only pay off where full rows are solved; the shortcut leaves just the top.
     small = n * n * n * max(w for w, _ in levels) ** 2 < DIRECT_BELOW or at_once
     wanted = prune and not small and not (shortcut_below_top and L == 2)
-    chain = band.is_chain(tables)
+    chain = tables.is_chain()
     if wanted and chain and L >= 3:
         # Long chains on many levels: block caps from a guessed upper bound (chaincap), which
         # also spares the grid solve that ``_bounds`` would spend on finding one. The guess:
@@ -180,7 +180,7 @@ def _solve_in_order(tables: Tables, levels, options: dict, bounds, limits, short
                     prune: bool) -> list[LevelSolution]:
     """Every level, innermost first, under the given per-level bounds and (caps, block bounds)."""
     L, n = len(levels), tables.size
-    chain = band.is_chain(tables)
+    chain = tables.is_chain()
     # (one level reads few entries of its values: formed on read, not as a whole table)
     values = dp.level1_lazy(tables) if L == 1 else level1_values(tables)
     solutions = []
