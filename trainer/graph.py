@@ -270,7 +270,9 @@ class AntichainWalk:
         downsets = [anc[source] | start_key]
         edges: list[list[int]] = [[]]
         extras_of: dict[int, list[int]] = {0: []}  # the needed extras' bits, ascending, by bitset
-        max_states = self.max_states
+        # (a method, not a closure: a closure would turn these locals into cells, which slows
+        # every access to them in the loop below; measured +25% on inception_v3's walk)
+        add_state = _NewStates(ids, augmented, members_of, keys, downsets, edges, extras_of, self.max_states).add
         sid = 0
         while sid < len(augmented):
             aug, out, down = augmented[sid], edges[sid], downsets[sid]
@@ -281,19 +283,7 @@ class AntichainWalk:
                 for nxt, bit, _, nxt_down in steps[x]:
                     nid = ids.get(bit)
                     if nid is None:
-                        nid = len(augmented)
-                        if nid >= max_states:
-                            raise StateLimitExceeded(f"more than {max_states} antichain states")
-                        ids[bit] = nid
-                        extra = needed[nxt]
-                        head = extras_of.get(extra)
-                        if head is None:
-                            head = extras_of[extra] = _bits(extra)
-                        augmented.append(head + [nxt])
-                        members_of.append(extra | bit)
-                        keys.append(bit)
-                        downsets.append(down | nxt_down)
-                        edges.append([])
+                        nid = add_state(bit, needed[nxt], [nxt], down | nxt_down)
                     out.append(nid)
                 sid += 1
                 continue
@@ -327,10 +317,6 @@ class AntichainWalk:
                     new_key = (others | bit) & ~(below_others | nxt_anc)
                     nid = ids.get(new_key)
                     if nid is None:
-                        nid = len(augmented)
-                        if nid >= max_states:
-                            raise StateLimitExceeded(f"more than {max_states} antichain states")
-                        ids[new_key] = nid
                         extra = 0
                         front = []
                         for y in aug:
@@ -338,17 +324,38 @@ class AntichainWalk:
                             if new_key & bits[u]:
                                 front.append(u)
                                 extra |= needed[u]
-                        head = extras_of.get(extra)
-                        if head is None:
-                            head = extras_of[extra] = _bits(extra)
-                        augmented.append(head + front)
-                        members_of.append(extra | new_key)
-                        keys.append(new_key)
-                        downsets.append(down | nxt_down)
-                        edges.append([])
+                        nid = add_state(new_key, extra, front, down | nxt_down)
                     out.append(nid)
         self.downsets = downsets
         return augmented, edges
+
+
+class _NewStates:
+    """Registers a newly found state in the walk's lists (once per state, not per edge)."""
+
+    __slots__ = ("ids", "augmented", "members_of", "keys", "downsets", "edges", "extras_of", "max_states")
+
+    def __init__(self, ids, augmented, members_of, keys, downsets, edges, extras_of, max_states) -> None:
+        self.ids, self.augmented, self.members_of, self.keys = ids, augmented, members_of, keys
+        self.downsets, self.edges, self.extras_of, self.max_states = downsets, edges, extras_of, max_states
+
+    def add(self, key: int, extra: int, front: list[int], down_set: int) -> int:
+        """The new state's id; its augmented list is the needed extras ascending, then ``front``
+        (the kept nodes in the reference's order)."""
+        augmented = self.augmented
+        nid = len(augmented)
+        if nid >= self.max_states:
+            raise StateLimitExceeded(f"more than {self.max_states} antichain states")
+        self.ids[key] = nid
+        head = self.extras_of.get(extra)
+        if head is None:
+            head = self.extras_of[extra] = _bits(extra)
+        augmented.append(head + front)
+        self.members_of.append(extra | key)
+        self.keys.append(key)
+        self.downsets.append(down_set)
+        self.edges.append([])
+        return nid
 
 
 def _reverse_postorder(edges: list[list[int]], root: int = 0) -> list[int]:
