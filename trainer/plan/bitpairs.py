@@ -15,14 +15,18 @@ def pairs_of(masks: list[int], rows: list[int] | None = None, width: int | None 
     as ``rows`` is ordered, k ascending; ``width`` bounds the bits (default len(masks))."""
     n = len(masks)
     width = n if width is None else width
-    nbytes = (width + 7) // 8
-    raw = b"".join([m.to_bytes(nbytes, "little") for m in masks])
-    mask = np.unpackbits(np.frombuffer(raw, dtype=np.uint8), bitorder="little").view(bool)
-    wide = nbytes * 8
-    pk = np.broadcast_to(np.arange(wide, dtype=np.intp), (n, wide))[mask.reshape(n, wide)]
+    pk = np.broadcast_to(np.arange(width, dtype=np.intp), (n, width))[bit_rows(masks, width).view(bool)]
     counts = np.fromiter(map(int.bit_count, masks), dtype=np.intp, count=n)
     js = np.arange(n, dtype=np.intp) if rows is None else np.asarray(rows, dtype=np.intp)
     return pk, np.repeat(js, counts)
+
+
+def bit_rows(masks: list[int], width: int) -> np.ndarray:
+    """(len(masks), width) uint8: row r holds the bits of ``masks[r]``, 0 or 1."""
+    nbytes = (width + 7) // 8
+    raw = b"".join([m.to_bytes(nbytes, "little") for m in masks])
+    bits = np.unpackbits(np.frombuffer(raw, dtype=np.uint8).reshape(len(masks), nbytes), axis=1, bitorder="little")
+    return bits[:, :width]
 
 
 def chain_pairs(n: int) -> tuple[np.ndarray, np.ndarray]:

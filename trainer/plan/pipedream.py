@@ -247,7 +247,7 @@ def _leaves(per_level, n: int) -> list[Leaf]:
     for s0, e0, _, _ in per_level[0]:
         replicas, first = [], []
         for stages in per_level:
-            s, e, r, f = next(st for st in stages if st[0] <= s0 < st[1])
+            _, _, r, f = next(st for st in stages if st[0] <= s0 < st[1])
             replicas.append(r)
             first.append(f)
         cut = -1 if e0 == n else max(lvl for lvl, es in enumerate(ends) if e0 in es)

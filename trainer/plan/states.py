@@ -12,7 +12,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from trainer.graph import AntichainWalk, LayerGraph, StateLimitExceeded, _bits, _reverse_postorder
-from trainer.plan.bitpairs import chain_pairs, pairs_of
+from trainer.plan.bitpairs import bit_rows, chain_pairs, pairs_of
 from trainer.profile.schema import Profile
 
 
@@ -66,18 +66,10 @@ class StateChain:
         return _bits(upper & ~lower)
 
 
-def _bit_rows(masks: list[int], width: int) -> np.ndarray:
-    """(len(masks), width) uint8: row r holds the bits of ``masks[r]``, 0 or 1."""
-    nbytes = (width + 7) // 8
-    raw = b"".join([m.to_bytes(nbytes, "little") for m in masks])
-    bits = np.unpackbits(np.frombuffer(raw, dtype=np.uint8).reshape(len(masks), nbytes), axis=1, bitorder="little")
-    return bits[:, :width]
-
-
 def _chain_from(graph: LayerGraph, kind: str, downsets: list[int], frontiers: list[list[int]],
                 out_act: np.ndarray, ancestor_bits: list[int] | None = None) -> StateChain:
     width = len(graph.names)
-    member = _bit_rows(downsets, width).astype(float)
+    member = bit_rows(downsets, width).astype(float)
     fwd = graph.forward_ms / 1000.0
     bwd = graph.backward_ms / 1000.0
     return StateChain(
