@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from trainer.plan.dp import INF, LevelOptions, Tables, _groups, _stash_factor, single_stage_costs
+from trainer.plan.dp import INF, SLACK, LevelOptions, Tables, _groups, _stash_factor, single_stage_costs
 from trainer.plan.paircosts import pair_stage_costs
 
 
@@ -77,10 +77,10 @@ def solve_top_of_chain(t: Tables, values: np.ndarray, opt: LevelOptions, upper: 
     M = opt.machines
     cum = t.compute
     total = float(cum[-1])
-    cap = upper * (1 + 1e-9) * workers_per_machine
+    cap = upper * SLACK * workers_per_machine
     tol = 1e-12 * total
     F = _fresh_table(t, values, opt)
-    F[F > upper * (1 + 1e-9)] = INF
+    F[F > upper * SLACK] = INF
     # Band of m: states j whose compute fits m+1 machines and whose rest fits the other M-1-m.
     bands = [np.nonzero((cum <= cap * (m + 1) + tol) & (total - cum <= cap * (M - 1 - m) + tol))[0] for m in range(M)]
     acts, params = t.block_sums()

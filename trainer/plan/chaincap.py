@@ -40,9 +40,7 @@ from typing import Callable
 import numpy as np
 
 from trainer.plan.cluster import total_workers
-from trainer.plan.dp import Tables
-
-SLACK = 1 + 1e-9
+from trainer.plan.dp import SLACK, Tables
 
 
 def _bound_lines(levels, upper: float) -> list[tuple[np.ndarray, np.ndarray]]:

@@ -29,6 +29,9 @@ from trainer.plan.bitpairs import bits_of, pairs_of
 from trainer.plan.blocks import BlockSums, scalar
 
 INF = math.inf
+# Relative slack on every bound the pruning compares against: far above the rounding of the
+# compute sums, so no state on an optimal plan is ever cut off by it.
+SLACK = 1 + 1e-9
 # Up to this many states, per-block sums are whole (n+1, n) tables (cheaper to index than to
 # form on each read); beyond, ``BlockSums`` forms only what is read.
 DENSE_UP_TO = 128

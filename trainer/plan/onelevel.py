@@ -40,7 +40,7 @@ import math
 import numpy as np
 
 from trainer.plan import bymachines
-from trainer.plan.dp import INF, LevelOptions, Tables, level1_lazy, single_stage_table
+from trainer.plan.dp import INF, SLACK, LevelOptions, Tables, level1_lazy, single_stage_table
 
 # Below this many candidates (pairs x machine-count pairs) the plain DP is quicker than
 # bounding it first; below this many pairs the bound from the grid is not worth its solve.
@@ -48,7 +48,6 @@ PRUNE_FROM_WORK = 24_000
 GRID_FROM_PAIRS = 10_000
 # Compute buckets of the grid that bounds the optimum.
 GRID_BUCKETS = 16
-SLACK = 1 + 1e-9
 # Filter the pairs by their ends only when the possible end states leave at most this share,
 # and take the free bound alone when it leaves at most the second.
 FILTER_BELOW = 0.8

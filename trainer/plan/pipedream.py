@@ -24,7 +24,7 @@ import numpy as np
 
 from trainer.plan.states import StateChain, state_chain
 from trainer.plan.cluster import Leaf, build_stages, data_parallel_time, total_workers
-from trainer.plan.dp import LevelOptions, Tables, level1_values
+from trainer.plan.dp import SLACK, LevelOptions, Tables, level1_values
 from trainer.plan.solution import LevelSolution, solve
 from trainer.plan import band, bymachines, chaincap, dp, onelevel, suffix
 from trainer.plan.errors import PlanError
@@ -105,25 +105,24 @@ def _bounds_from_upper(tables: Tables, levels, upper: float) -> list[np.ndarray 
     if not math.isfinite(upper):
         return [math.inf] * L
     chain = tables.is_chain()
-    slack = 1 + 1e-9
     bounds: list[np.ndarray | float] = [math.inf] * L
-    bounds[-1] = upper * slack
+    bounds[-1] = upper * SLACK
     machines_above = levels[-1][0]
-    below_top = np.full(tables.size + 1, upper * (machines_above - 1) * slack)
-    below_top[0] = upper * machines_above * slack
+    below_top = np.full(tables.size + 1, upper * (machines_above - 1) * SLACK)
+    below_top[0] = upper * machines_above * SLACK
     if chain:
         # Every stage of a chain costs at least its compute over its workers, so the states
         # before block i need ceil(compute / (U * workers per top machine)) top machines, and
         # the block can only have the rest.
         per_machine = total_workers(levels[:-1])
         before = np.concatenate([[0.0], tables.compute])  # compute of states 0..i-1, per row i
-        needed = np.ceil(before / (upper * slack * per_machine) - 1e-9)
+        needed = np.ceil(before / (upper * SLACK * per_machine) - 1e-9)
         room = np.maximum(machines_above - np.maximum(needed, 1), 0)
-        below_top[1:] = np.minimum(below_top[1:], upper * room[1:] * slack)
+        below_top[1:] = np.minimum(below_top[1:], upper * room[1:] * SLACK)
     bounds[-2] = below_top
     if chain:
         for idx in range(L - 3, -1, -1):
-            bounds[idx] = np.maximum.accumulate(bounds[idx + 1]) * levels[idx + 1][0] * slack
+            bounds[idx] = np.maximum.accumulate(bounds[idx + 1]) * levels[idx + 1][0] * SLACK
     return bounds
 
 
