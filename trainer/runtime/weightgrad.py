@@ -11,13 +11,15 @@ layer's output gradient on the way, and skips every weight-gradient computation 
 W turns the noted output gradients into weight gradients:
 
 - ``nn.Linear``: ``dW = g^T x`` and ``db = sum(g)``, with the rows of every pending microbatch
-  that ran against the same tensors concatenated into one matmul (on small microbatches a
-  per-microbatch ``g^T x`` writes a full weight-sized output each time: memory-bound);
+  concatenated into one matmul, whatever weight version each ran against (on small
+  microbatches a per-microbatch ``g^T x`` writes a full weight-sized output each time:
+  memory-bound);
 - any other parameterised layer: ``torch.autograd.grad`` from that call's output edge to its own
   parameters, per microbatch (only the layer's weight branch runs; the graph is kept from BI).
 
-Gradients are accumulated into the ``.grad`` of the very tensors the forward used, as the full
-backward's ``AccumulateGrad`` would. Parameters the hooks cannot attribute to one module call
+Gradients are accumulated into the ``.grad`` of the tensors a forward used, as the full backward's
+``AccumulateGrad`` would (a batched Linear's: those of its first microbatch; the step adds every
+version's gradients up anyway). Parameters the hooks cannot attribute to one module call
 (read through an fx ``get_attr``, or owned by a module that never ran as itself) get their
 gradients in BI, the plain way.
 """
@@ -185,12 +187,16 @@ def backward_inputs(roots: list[torch.Tensor], root_grads: list[torch.Tensor] | 
 def backward_weights(pending: list[PendingWeights]) -> None:
     """W for the given microbatches: Linear layers batched per set of tensors, the rest one
     microbatch at a time."""
-    # Linear calls that ran against the same tensors (module, version) share one matmul
-    groups: dict[tuple[int, ...], list[tuple[LayerCall, set[int]]]] = {}
+    # All calls of one Linear share one matmul, whichever weight version each ran against: a
+    # Linear's weight gradient g^T x does not read the weights (the version shaped g and x in BI),
+    # and every gradient of one W(-1) goes to the same update. One matmul and one gradient
+    # tensor, where a group per version wrote one per version and added them up at the step
+    # (pipedream: 2 versions per batch on the first stage).
+    groups: dict[tuple, list[tuple[LayerCall, set[int]]]] = {}
     for pw in pending:
         for c in pw.calls:
             if c.linear:
-                key = (id(c.module),) + tuple(id(p) for p in c.params)
+                key = (id(c.module), *c.names)
                 groups.setdefault(key, []).append((c, pw.skip))
             else:
                 _generic_weights(c, pw.skip)
@@ -203,7 +209,8 @@ def backward_weights(pending: list[PendingWeights]) -> None:
 
 
 def _linear_weights(calls: list[LayerCall], skip: set[int]) -> None:
-    # The tensors the forwards ran with (a stashed version's, not what the slots hold now).
+    # The gradient lands on the tensors the first call ran with (a stashed version's, not what the
+    # slots hold now); whether a slot's gradient came in BI (``skip``) is the same for every version.
     role = dict(zip(calls[0].names, calls[0].params))
     w_t, b_t = role.get("weight"), role.get("bias")
     xs, gs = [], []
