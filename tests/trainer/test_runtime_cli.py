@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -118,3 +119,41 @@ def test_cuda_training_checks_the_machine_s_gpus_before_starting(monkeypatch):
     monkeypatch.setattr(torch.cuda, "device_count", lambda: 1)
     r = in_process(*BASE, "--stages", "2", "--schedule", "1f1b", "--steps", "1", "--device", "cuda")
     assert r.exit_code == 2 and "2 worker processes need 2 GPUs" in r.stderr and "has 1" in r.stderr, r.output
+
+
+def test_train_asks_for_huge_pages_before_torch_allocates(monkeypatch):
+    """`pipeboard train` sets THP_MEM_ALLOC_ENABLE (unless given) as its first act, and the pinned
+    torch honours it: the memory of a 4 MiB tensor is marked for huge pages (``hg`` in its
+    mapping's VmFlags: madvise(MADV_HUGEPAGE)); without the variable it is not."""
+    from typer.testing import CliRunner
+
+    from app.cli import cli
+    from trainer.runtime.hugepages import VARIABLE
+
+    monkeypatch.delenv(VARIABLE, raising=False)
+    r = CliRunner().invoke(cli, [*BASE, "--plan", "p.json", "--stages", "2", "--schedule", "1f1b"])
+    assert r.exit_code == 2 and os.environ.get(VARIABLE) == "1"
+    monkeypatch.setenv(VARIABLE, "0")
+    CliRunner().invoke(cli, [*BASE, "--plan", "p.json", "--stages", "2", "--schedule", "1f1b"])
+    assert os.environ[VARIABLE] == "0"  # an explicit choice stays
+    probe = """
+import sys
+if sys.argv[1] == "ask":
+    from trainer.runtime.hugepages import prefer_huge_pages
+    prefer_huge_pages()
+import torch
+t = torch.empty(1 << 20)
+p, inside = t.data_ptr(), False
+for line in open("/proc/self/smaps"):
+    head = line.split()[0]
+    if "-" in head and not head.endswith(":"):
+        lo, hi = (int(x, 16) for x in head.split("-"))
+        inside = lo <= p < hi
+    elif inside and head == "VmFlags:":
+        print("hg" in line.split())
+"""
+    env = {k: v for k, v in os.environ.items() if k != VARIABLE}
+    for mode, want in (("ask", "True"), ("plain", "False")):
+        out = subprocess.run([sys.executable, "-c", probe, mode], capture_output=True, text=True, timeout=60, env=env)
+        assert out.returncode == 0, out.stderr
+        assert out.stdout.strip() == want, mode
