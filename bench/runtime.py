@@ -18,10 +18,12 @@ In one invocation, alternating round by round, it measures samples/s of
   communication; the simulator then runs the schedule on those measured action times with free
   transfers, which places the bubble exactly;
 - one process, one thread, on the full batch;
-and prints medians, every ratio the issue asks for next to its target, the instrumentation cost
+and prints medians, every ratio the issue asks for next to its target (paired: the median of the
+per-round ratios of runs made next to each other; and of the medians), the instrumentation cost
 (1f1b with and without event recording), and the simulator's predicted step time fed the model's
 profile next to the measured one. Every process uses one torch thread and our workers' allocator
-settings. The machine is shared: numbers are noisy, so read the ratios, not single figures.
+settings (huge pages included, as ``pipeboard train`` asks for them). The machine is shared:
+numbers are noisy, so read the ratios, not single figures.
 """
 
 from __future__ import annotations
@@ -36,6 +38,10 @@ from pathlib import Path
 # bench/ holds scripts named like stdlib modules (profile.py): keep it off the import path.
 sys.path = [p for p in sys.path if Path(p or ".").resolve() != Path(__file__).resolve().parent]
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from trainer.runtime.hugepages import prefer_huge_pages  # noqa: E402
+
+prefer_huge_pages()  # as `pipeboard train` runs, for every process measured here (before torch allocates)
 
 import torch  # noqa: E402
 import torch.multiprocessing as mp  # noqa: E402
@@ -346,16 +352,21 @@ def main() -> None:
         predicted = {s: prediction.step_s(s, **c) for s in schedules}  # inputs measured before the runs
         res: dict[str, list[float]] = {}
         for r in range(args.rounds):
-            # torch next to ours 1f1b, the uninstrumented run next to the instrumented one: pairs
-            # that are compared directly run back to back, so load drift hits both alike.
+            # Runs compared directly run next to each other, so load drift hits both alike: the
+            # uninstrumented run beside ours 1f1b (torch one further), each schedule beside its
+            # ceiling, one process beside pipedream. Odd rounds run the list backwards, so neither side of a
+            # pair always goes first.
             jobs = [("torch Schedule1F1B", lambda: torch_1f1b(steps, **c))]
             for s in schedules:
-                jobs.append((f"ours {s}", lambda s=s: ours(s, steps, **c)))
                 if name == "a" and s == "1f1b":
                     jobs.append(("ours 1f1b uninstrumented", lambda: ours("1f1b", steps, instrument=False, **c)))
-            jobs += [(f"ceiling {s}", lambda s=s: ceiling(steps, s, **c)) for s in schedules]
-            jobs.append(("one process full batch", lambda: single(steps, **c)))
-            for label, fn in jobs:
+                jobs.append((f"ours {s}", lambda s=s: ours(s, steps, **c)))
+                jobs.append((f"ceiling {s}", lambda s=s: ceiling(steps, s, **c)))
+                if s == "pipedream":
+                    jobs.append(("one process full batch", lambda: single(steps, **c)))
+            if "pipedream" not in schedules:
+                jobs.append(("one process full batch", lambda: single(steps, **c)))
+            for label, fn in (jobs if r % 2 == 0 else jobs[::-1]):
                 res.setdefault(label, []).append(fn())
             print(f"  config {name} round {r + 1}/{args.rounds} done", flush=True)
         report(name, c, steps, args.rounds, schedules, res, predicted)
@@ -363,26 +374,39 @@ def main() -> None:
 
 def report(name: str, c: dict, steps: int, rounds: int, scheds: list[str], res: dict[str, list[float]],
            predicted: dict[str, tuple[float, float]]) -> None:
-    """Medians, then every ratio the issue asks for next to its target, then the prediction."""
+    """Medians, then every ratio the issue asks for next to its target, then the prediction.
+
+    A ratio is printed twice: of the two medians, and the median of the per-round ratios of runs
+    made next to each other ("paired"), which drift between rounds cannot skew; the targets are
+    read on the paired figure."""
     med = {k: statistics.median(v) for k, v in res.items()}
     print(f"\n({name}) batch {c['batch_size']} in {c['microbatches']} microbatches, {steps} steps per run, "
           f"median of {rounds} alternating rounds (samples/s):")
     for k, v in med.items():
         print(f"  {k:28s} {v:9.1f}   rounds: {', '.join(f'{x:.0f}' for x in res[k])}")
-    t, one = med["torch Schedule1F1B"], med["one process full batch"]
+
+    def ratio(top: str, bottom: str) -> tuple[float, float]:
+        paired = statistics.median(a / b for a, b in zip(res[top], res[bottom]))
+        return med[top] / med[bottom], paired
+
+    def show(label: str, top: str, bottom: str, target: str = "", pct: bool = False) -> None:
+        of_medians, paired = ratio(top, bottom)
+        fmt = (lambda v: f"{v:6.1%}") if pct else (lambda v: f"{v:5.2f}x")
+        print(f"  {label:38s} = {fmt(paired)} paired, {fmt(of_medians)} of medians{target}")
+
     want_torch = {"1f1b": 1.15, "pipedream": 1.3} if name == "a" else {}
     for s in scheds:
-        ours_s = med[f"ours {s}"]
         target = f"   (issue: >= {want_torch[s]:.2f}x)" if s in want_torch else ""
-        print(f"  ours {s:12s} / torch 1F1B   = {ours_s / t:5.2f}x{target}")
-        print(f"  ours {s:12s} / its ceiling  = {ours_s / med[f'ceiling {s}']:5.1%}   (issue: >= 90%)")
+        show(f"ours {s} / torch 1F1B", f"ours {s}", "torch Schedule1F1B", target)
+        show(f"ours {s} / its ceiling", f"ours {s}", f"ceiling {s}", "   (issue: >= 90%)", pct=True)
         if s.startswith("pipedream"):
             target = "   (issue: >= 1.60x)" if name == "b" and s == "pipedream" else ""
-            print(f"  ours {s:12s} / one process full batch = {ours_s / one:5.2f}x{target}")
+            show(f"ours {s} / one process full batch", f"ours {s}", "one process full batch", target)
     if "ceiling 1f1b" in med:
-        print(f"  torch 1F1B / 1f1b ceiling    = {t / med['ceiling 1f1b']:5.1%}")
+        show("torch 1F1B / 1f1b ceiling", "torch Schedule1F1B", "ceiling 1f1b", pct=True)
     if "ours 1f1b uninstrumented" in med:
-        print(f"  instrumentation cost (1f1b): {1 - med['ours 1f1b'] / med['ours 1f1b uninstrumented']:+.1%} of throughput")
+        of_medians, paired = ratio("ours 1f1b", "ours 1f1b uninstrumented")
+        print(f"  instrumentation cost (1f1b): {1 - paired:+.1%} of throughput paired, {1 - of_medians:+.1%} of medians")
     print("  predicted (trainer.schedule.predict fed the profiles, link and per-action overhead: the tiny-stage "
           "one, or the runtime floor) vs measured (median run), ms per step; issue: within 10%:")
     for s in scheds:
