@@ -5,9 +5,9 @@ small microbatch (16 MB per 4-layer stage of the benchmark's 1024-wide mlp, twic
 stashed version), which costs a TLB miss per 4 KiB page. With ``THP_MEM_ALLOC_ENABLE=1``,
 PyTorch's CPU allocator marks every allocation of 2 MiB or more ``MADV_HUGEPAGE``, so the kernel
 backs its 2 MiB-aligned part with huge pages where transparent huge pages are in ``madvise``
-mode (the common default, and this machine's; with ``never`` nothing changes). Measured on bench/runtime.py's
-configuration (b), pipedream, alternating runs without and with it: 3,393 / 3,521 and
-3,435 / 3,501 samples/s (+2-4%); the no-communication ceiling moved alike.
+mode (the common default, and this machine's; with ``never`` nothing changes). Measured on
+bench/runtime.py's configuration (b), pipedream, alternating runs without and with it: 3,393 /
+3,521 and 3,435 / 3,501 samples/s (+2-4%); the no-communication ceiling moved alike.
 
 PyTorch reads the variable once, at the process's first CPU allocation: it must be in the
 environment before torch allocates anything. Forked workers inherit the launcher's setting,
