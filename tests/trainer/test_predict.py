@@ -98,6 +98,18 @@ def test_repeat_iterations_numbers_microbatches_and_versions_on():
         assert [a.version for a in acts if a.kind.value == "step"] == [1, 2, 3]
 
 
+def test_link_fit_keeps_latency_non_negative_with_the_best_line_through_the_origin():
+    """Noisy small sizes can tip the free fit's intercept below zero; the fit is then the
+    least-squares line with latency 0 (slope sum(xy) / sum(x^2)), not the free slope cut at 0."""
+    samples = [[1000.0, 0.02, 0.01], [2000.0, 0.01, 0.01], [10000.0, 0.5, 0.01]]
+    link = fit_link(samples)
+    assert link.latency_ms == 0.0
+    slope = sum(x * y for x, y, _ in samples) / sum(x * x for x, _, _ in samples)
+    assert link.bytes_per_ms == pytest.approx(1 / slope)
+    free = fit_link([[1000.0, 0.2, 0.0], [3000.0, 0.4, 0.0]])  # a positive intercept stays as fitted
+    assert free.latency_ms == pytest.approx(0.1) and free.bytes_per_ms == pytest.approx(10000.0)
+
+
 def test_profile_v2_round_trips_its_new_fields(tmp_path):
     link = fit_link([[1000.0, 0.3, 0.05], [3000.0, 0.7, 0.07]])
     assert link.latency_ms == pytest.approx(0.1) and link.bytes_per_ms == pytest.approx(5000.0)

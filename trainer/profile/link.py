@@ -121,8 +121,13 @@ def fit_link(samples: list[list[float]], backend: str = "gloo") -> Link:
     if sxx == 0:
         raise ValueError("fit_link needs at least two different sizes")
     slope = sum((x - mx) * (y - my) for x, y in zip(xs, ys)) / sxx
+    latency = my - slope * mx
+    if latency < 0:
+        # No latency is negative: the least-squares line under latency >= 0 then goes through
+        # the origin, and its slope changes with it (keeping the free fit's slope with latency
+        # cut to 0 under-predicted every size).
+        latency, slope = 0.0, sum(x * y for x, y in zip(xs, ys)) / sum(x * x for x in xs)
     slope = max(slope, 1e-12)  # a flat line: bandwidth beyond what the sizes can tell
-    latency = max(0.0, my - slope * mx)
     # posting costs the same whatever the size; another process taking the core meanwhile only
     # ever adds to it, so the least of the per-size medians is the cost
     post = min(s[2] for s in samples)
