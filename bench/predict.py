@@ -9,7 +9,8 @@ pipedream on whole batches (one microbatch per update).
 
 It measures, in this order: the link between two processes (trainer.profile.link), the model's
 profile at every microbatch size and batch size the runs need (with one concurrent training
-process standing in for the other stage: ``concurrent=1``), then each run. For every schedule,
+process standing in for the other stage, ``concurrent=1``, training on microbatches as that stage
+does), then each run. For every schedule,
 configuration and weight-gradient mode it prints the runtime's measured time per step (steady
 state, ``run_training``'s samples/s; the fastest of ``--runs`` runs, since other processes on the
 shared machine only ever slow a run down), ``predict_step_s``'s prediction and the error, then the
@@ -156,15 +157,21 @@ def main() -> None:
     names = ["a", "b"] if args.config == "both" else [args.config]
     schedules = args.schedules.split(",")
     zoo = model_mod.load_zoo(run_cfg("1f1b", 64, 8, 1, "batched"))
-    sizes = sorted({CONFIGS[n]["batch_size"] // int(s.partition(":")[2] or CONFIGS[n]["microbatches"])
-                    for n in names for s in schedules} | {CONFIGS[n]["batch_size"] for n in names})
+    # (samples measured, samples the other stage's process trains on meanwhile): the microbatch,
+    # and the batch (batched weight gradients) while the other stage runs microbatches
+    needed = set()
+    for n in names:
+        for s in schedules:
+            mb = CONFIGS[n]["batch_size"] // int(s.partition(":")[2] or CONFIGS[n]["microbatches"])
+            needed |= {(mb, mb), (CONFIGS[n]["batch_size"], mb)}
     profiles = {}
-    for size in sizes:
+    for size, load in sorted(needed):
         t = time.monotonic()
-        profiles[size] = profile_model(zoo.model, zoo.example_input(size), batch_size=size, optimizer=OPTIMIZER,
-                                       model_name="mlp", repeats=args.repeats, concurrent=STAGES - 1)
-        profiles[size].link = link
-        print(f"profile at {size} samples: {time.monotonic() - t:.1f} s")
+        profiles[(size, load)] = profile_model(zoo.model, zoo.example_input(size), batch_size=size, optimizer=OPTIMIZER,
+                                               model_name="mlp", repeats=args.repeats, concurrent=STAGES - 1,
+                                               load_input=zoo.example_input(load))
+        profiles[(size, load)].link = link
+        print(f"profile at {size} samples, the other stage on {load}: {time.monotonic() - t:.1f} s")
     modules = model_mod.build_stages(zoo.model, zoo.example_input(8), model_mod.stage_layers(
         run_cfg("1f1b", 64, 8, 1, "batched"), zoo, STAGES))
     counts, overhead = runtime_overhead(modules)
@@ -183,11 +190,11 @@ def main() -> None:
                 stages = model_mod.stage_layers(cfg, zoo, STAGES)
                 M, mb = cfg.microbatches, cfg.microbatch_size
                 batched = mode == "batched"
-                pred = predict_step_s(profiles[mb], stages, cfg.schedule, M, batch_profile=profiles[c["batch_size"]],
+                pred = predict_step_s(profiles[(mb, mb)], stages, cfg.schedule, M, batch_profile=profiles[(c["batch_size"], mb)],
                                       batch_weight_grads=batched, overhead=overhead)
                 floor_s, per_action = runtime_floor(cfg, runs=args.runs)
-                pred_floor = predict_step_s(profiles[mb], stages, cfg.schedule, M,
-                                            batch_profile=profiles[c["batch_size"]], batch_weight_grads=batched,
+                pred_floor = predict_step_s(profiles[(mb, mb)], stages, cfg.schedule, M,
+                                            batch_profile=profiles[(c["batch_size"], mb)], batch_weight_grads=batched,
                                             overhead=[per_action] * STAGES)
                 # other processes on the shared machine only ever slow a run down: keep the fastest
                 tries = [measured_step_s(cfg) for _ in range(args.runs)]
@@ -201,7 +208,8 @@ def main() -> None:
                       f"{per_action.forward_s * 1e3:.2f} ms/action); on the run's recorded action times "
                       f"{replay * 1e3:6.1f} ({replay / meas - 1:+.1%})", flush=True)
                 if args.costs:
-                    costs = stage_costs(profiles[mb], stages, microbatches=M, batch_profile=profiles[c["batch_size"]],
+                    costs = stage_costs(profiles[(mb, mb)], stages, microbatches=M,
+                                        batch_profile=profiles[(c["batch_size"], mb)],
                                         overhead=overhead)
                     for k, sc in enumerate(costs):
                         rec = {kind: v * 1e3 for (w, kind), v in actions.items() if w == k}

@@ -266,7 +266,8 @@ def single(steps: int, **c) -> float:
 
 class Prediction:
     """``trainer.schedule.predict.predict_step_s`` fed what it is designed for: the model's
-    profiles at the microbatch and the batch size (taken with the other stage's process busy),
+    profiles at the microbatch and the batch size (taken with the other stage's process training
+    on microbatches),
     the measured gloo link, and the runtime's per-action overhead (trainer.runtime.overhead's
     tiny-stage measurement, as a job's profile phase takes it). Each input is measured once, before the runs that it predicts."""
 
@@ -278,15 +279,18 @@ class Prediction:
         self.overhead = None
         self.bench_predict = _sibling("predict")  # runtime_overhead, runtime_floor
 
-    def _profile(self, zoo, size: int):
+    def _profile(self, zoo, size: int, load: int):
+        """The profile at ``size`` samples, with the other stage's process training on ``load``
+        samples meanwhile (the microbatch size: what that stage runs in the pipeline)."""
         from trainer.profile.profiler import profile_model
 
-        if size not in self.profiles:
-            self.profiles[size] = profile_model(zoo.model, zoo.example_input(size), batch_size=size,
-                                                optimizer=OPTIMIZER, model_name="mlp", repeats=20,
-                                                concurrent=STAGES - 1)
-            self.profiles[size].link = self.link
-        return self.profiles[size]
+        if (size, load) not in self.profiles:
+            prof = profile_model(zoo.model, zoo.example_input(size), batch_size=size, optimizer=OPTIMIZER,
+                                 model_name="mlp", repeats=20, concurrent=STAGES - 1,
+                                 load_input=zoo.example_input(load))
+            prof.link = self.link
+            self.profiles[(size, load)] = prof
+        return self.profiles[(size, load)]
 
     def step_s(self, schedule: str, **c) -> tuple[float, float]:
         """Predicted seconds per step: with the tiny-stage overhead, and with the runtime floor."""
@@ -299,8 +303,9 @@ class Prediction:
         if self.overhead is None:
             modules = model_mod.build_stages(zoo.model, zoo.example_input(cfg.microbatch_size), stages)
             self.overhead = self.bench_predict.runtime_overhead(modules)[1]
-        kw = dict(batch_profile=self._profile(zoo, cfg.batch_size), batch_weight_grads=cfg.weight_grads == "batched")
-        prof = self._profile(zoo, cfg.microbatch_size)
+        mb = cfg.microbatch_size
+        kw = dict(batch_profile=self._profile(zoo, cfg.batch_size, mb), batch_weight_grads=cfg.weight_grads == "batched")
+        prof = self._profile(zoo, mb, mb)
         tiny = predict_step_s(prof, stages, cfg.schedule, cfg.microbatches, overhead=self.overhead, **kw)
         # bench/predict.py's runtime floor: this schedule's whole runtime on the model shrunk to
         # width 4, per action on the critical path (measured here, before the runs it predicts)

@@ -185,9 +185,30 @@ def test_the_measurements_can_be_left_out_and_a_concurrent_load_runs_meanwhile()
     assert all(layer.backward_input_ms is None and layer.optimizer_ms is None for layer in plain.layers)
     assert plain.meta["gradients"] == "fresh" and plain.meta["optimizer_step_ms"] is None
     loaded = profile_model(model, torch.randn(4, 8), warmup=0, repeats=2, concurrent=1)
-    assert loaded.meta["concurrent"] == 1 and by_kind(loaded, "Linear")
+    assert loaded.meta["concurrent"] == 1 and by_kind(loaded, "Linear") and loaded.meta["load_batch_size"] == 4
+    assert plain.meta["load_batch_size"] is None
     with pytest.raises(ValueError, match="concurrent"):
         profile_model(model, torch.randn(4, 8), concurrent=-1)
+
+
+def test_the_concurrent_load_trains_on_its_own_input(monkeypatch):
+    """A batch measured under a load of microbatches (what the other stage runs meanwhile)."""
+    import trainer.profile.profiler as profiler
+
+    seen = []
+    real = profiler.ConcurrentLoad
+
+    class Spy(real):
+        def __init__(self, model, inputs, n):
+            seen.append([tuple(t.shape) for t in inputs])
+            super().__init__(model, inputs, n)
+
+    monkeypatch.setattr(profiler, "ConcurrentLoad", Spy)
+    model = torch.nn.Sequential(torch.nn.Linear(8, 8), torch.nn.Tanh(), torch.nn.Linear(8, 2))
+    prof = profile_model(model, torch.randn(16, 8), warmup=0, repeats=2, concurrent=1, load_input=torch.randn(2, 8))
+    assert seen == [[(2, 8)]] and prof.batch_size == 16 and prof.meta["load_batch_size"] == 2
+    profile_model(model, torch.randn(16, 8), warmup=0, repeats=1, concurrent=1)
+    assert seen[-1] == [(16, 8)]  # by default the load trains on the measured input
 
 
 def by_kind(prof: Profile, prefix: str) -> list:
