@@ -38,25 +38,13 @@ def _spin(seconds: float) -> None:
 
 
 def _open_channel(rank: int, size: int):
-    """A one-slot-pair shared-memory channel from rank 0 to rank 1 for messages of ``size`` bytes."""
-    import os
+    """The runtime's own shared-memory channel (``comm.open_channels``) from rank 0 to rank 1, for
+    one float32 message of ``size`` bytes: rank 0 gets its sending end, rank 1 its receiving end."""
+    from trainer.runtime.comm import BoundarySpec, TensorSpec, open_channels
 
-    import torch.distributed as dist
-
-    from trainer.runtime import shm
-
-    names = [f"pipeboard-link-{os.getpid()}-{os.urandom(4).hex()}"]
-    dist.broadcast_object_list(names, src=0)
-    path = shm.channel_path(names[0], 0, 1)
-    slot_bytes = shm.packed_bytes([((max(1, size // 4),), torch.float32)])
-    channel = shm.Channel(path, 2, slot_bytes, True, 1, timeout_s=60.0) if rank == 0 else None
-    dist.barrier()  # created before it is opened
-    if rank == 1:
-        channel = shm.Channel(path, 2, slot_bytes, False, 0, timeout_s=60.0)
-    dist.barrier()
-    if rank == 0:
-        os.unlink(path)
-    return channel
+    spec = BoundarySpec((TensorSpec((max(1, size // 4),), torch.float32),))
+    out, inc = open_channels("shm", rank, 2, {(0, 1)}, [spec], 2, None, timeout_s=60.0)
+    return out[1] if rank == 0 else inc[0]
 
 
 def _one_way(rank: int, port: int, sizes: tuple[int, ...], repeats: int, busy_s: float, transport: str,
