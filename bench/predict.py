@@ -105,6 +105,16 @@ def recorded_costs(actions: dict, M: int, link) -> list[StageCosts]:
     return out
 
 
+def stage_profile(zoo, size: int, load: int, link, repeats: int = 20):
+    """The model's profile at ``size`` samples while one process standing in for the other stage
+    trains on ``load`` samples (the microbatch: what that stage runs in the pipeline), with the
+    measured ``link`` attached."""
+    prof = profile_model(zoo.model, zoo.example_input(size), batch_size=size, optimizer=OPTIMIZER, model_name="mlp",
+                         repeats=repeats, concurrent=STAGES - 1, load_input=zoo.example_input(load))
+    prof.link = link
+    return prof
+
+
 def runtime_floor(cfg: RunConfig, steps: int = 40, runs: int = 2) -> tuple[float, ActionOverhead]:
     """The runtime's own cost per action: its step time on this schedule with the model shrunk
     to width 4 (compute next to nothing: what is left is the executor, the ``Stage`` calls, the
@@ -167,10 +177,7 @@ def main() -> None:
     profiles = {}
     for size, load in sorted(needed):
         t = time.monotonic()
-        profiles[(size, load)] = profile_model(zoo.model, zoo.example_input(size), batch_size=size, optimizer=OPTIMIZER,
-                                               model_name="mlp", repeats=args.repeats, concurrent=STAGES - 1,
-                                               load_input=zoo.example_input(load))
-        profiles[(size, load)].link = link
+        profiles[(size, load)] = stage_profile(zoo, size, load, link, args.repeats)
         print(f"profile at {size} samples, the other stage on {load}: {time.monotonic() - t:.1f} s")
     modules = model_mod.build_stages(zoo.model, zoo.example_input(8), model_mod.stage_layers(
         run_cfg("1f1b", 64, 8, 1, "batched"), zoo, STAGES))

@@ -267,29 +267,22 @@ def single(steps: int, **c) -> float:
 class Prediction:
     """``trainer.schedule.predict.predict_step_s`` fed what it is designed for: the model's
     profiles at the microbatch and the batch size (taken with the other stage's process training
-    on microbatches),
-    the measured gloo link, and the runtime's per-action overhead (trainer.runtime.overhead's
-    tiny-stage measurement, as a job's profile phase takes it). Each input is measured once, before the runs that it predicts."""
+    on microbatches), the measured link over the runtime's transport, and the runtime's per-action
+    overhead (trainer.runtime.overhead's tiny-stage measurement, as a job's profile phase takes
+    it). Each input is measured once, before the runs that it predicts."""
 
     def __init__(self) -> None:
         from trainer.profile.link import measure_link
 
         self.link = measure_link()
-        self.profiles: dict[int, object] = {}
+        self.profiles: dict[tuple[int, int], object] = {}  # (samples, the other stage's samples) -> profile
         self.overhead = None
         self.bench_predict = _sibling("predict")  # runtime_overhead, runtime_floor
 
     def _profile(self, zoo, size: int, load: int):
-        """The profile at ``size`` samples, with the other stage's process training on ``load``
-        samples meanwhile (the microbatch size: what that stage runs in the pipeline)."""
-        from trainer.profile.profiler import profile_model
-
+        """bench/predict.py's profile at ``size`` samples, the other stage on ``load``, measured once."""
         if (size, load) not in self.profiles:
-            prof = profile_model(zoo.model, zoo.example_input(size), batch_size=size, optimizer=OPTIMIZER,
-                                 model_name="mlp", repeats=20, concurrent=STAGES - 1,
-                                 load_input=zoo.example_input(load))
-            prof.link = self.link
-            self.profiles[(size, load)] = prof
+            self.profiles[(size, load)] = self.bench_predict.stage_profile(zoo, size, load, self.link)
         return self.profiles[(size, load)]
 
     def step_s(self, schedule: str, **c) -> tuple[float, float]:

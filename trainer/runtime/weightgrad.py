@@ -185,7 +185,7 @@ def backward_inputs(roots: list[torch.Tensor], root_grads: list[torch.Tensor] | 
 
 
 def backward_weights(pending: list[PendingWeights]) -> None:
-    """W for the given microbatches: Linear layers batched per set of tensors, the rest one
+    """W for the given microbatches: each Linear layer batched over all of them, the rest one
     microbatch at a time."""
     # All calls of one Linear share one matmul, whichever weight version each ran against: a
     # Linear's weight gradient g^T x does not read the weights (the version shaped g and x in BI),
