@@ -294,7 +294,7 @@ def profile_model(
     model = model.to(dev).train()
     inputs = tuple(t.to(dev) for t in as_tuple(example_input))
     if batch_size is None:
-        batch_size = int(inputs[0].shape[0]) if inputs[0].dim() else 1
+        batch_size = _leading_size(inputs)
     lg = trace_layers(model, inputs)
     clock = _Clock(dev, timer)
     owner = _owners(lg)
@@ -351,11 +351,16 @@ def profile_model(
         "wall_s": time.perf_counter() - started,
         "gradients": "accumulate" if accumulate else "fresh",
         "concurrent": concurrent,
-        "load_batch_size": (int(load[0].shape[0]) if load[0].dim() else 1) if concurrent else None,
+        "load_batch_size": _leading_size(load) if concurrent else None,
         "optimizer_step_ms": sum(opt_ms.values()) if optimizer_steps else None,
     }
     return Profile(layers=layers, edges=lg.edges(), model=model_name or type(model).__name__,
                    batch_size=batch_size, device=str(dev), meta=meta)
+
+
+def _leading_size(inputs: tuple) -> int:
+    """The batch size of model inputs: the first tensor's leading dimension (1 for a scalar)."""
+    return int(inputs[0].shape[0]) if inputs[0].dim() else 1
 
 
 def _synced_now() -> float:
