@@ -18,6 +18,19 @@ cli = typer.Typer(
     pretty_exceptions_enable=False,
 )
 
+
+
+@cli.callback()
+def _before_any_command() -> None:
+    # Huge pages for large tensors in every command that runs torch (profile, train, simulate), so
+    # a profile is measured under the allocator settings the runtime trains with; it must happen
+    # before torch allocates anything (see trainer/runtime/hugepages.py). Commands import torch
+    # themselves, after this.
+    from trainer.runtime.hugepages import prefer_huge_pages
+
+    prefer_huge_pages()
+
+
 for module in (profile, plan, simulate, train, server, jobs):
     module.register(cli)
 

@@ -99,9 +99,6 @@ def register(cli: typer.Typer) -> None:
         events_jsonl: Optional[str] = typer.Option(None, "--events-jsonl", help="Append every report as a JSON line."),
     ) -> None:
         """Train MODEL with a pipeline schedule on one process per stage replica."""
-        from trainer.runtime.hugepages import prefer_huge_pages
-
-        prefer_huge_pages()  # before torch allocates anything (see trainer/runtime/hugepages.py)
         from trainer.runtime.config import ConfigError, RunConfig
 
         if plan is not None and stages is not None:
