@@ -50,7 +50,7 @@ def _sweep(F, t: Tables, values, opt: LevelOptions, pk, pj, reps) -> None:
     """Machine count outermost over the given (k, j) pairs (sorted by j)."""
     M = opt.machines
     acts, params = t.block_sums()
-    cost = pair_stage_costs(t, values, params, opt, pk, pj, reps) if len(pk) else np.zeros((0, len(reps)))
+    cost = pair_stage_costs(t, values, opt, pk, pj, reps) if len(pk) else np.zeros((0, len(reps)))
     stash = acts[pk + 1, pj] + params[pk + 1, pj] if opt.memory_bytes is not None else None
     ends, starts = _groups(pj)  # the same for every machine count
     for m in range(1, M):
@@ -100,7 +100,7 @@ def solve_top_of_chain(t: Tables, values: np.ndarray, opt: LevelOptions, upper: 
             valid = ks[:, None] < js[None, :]  # on a chain every earlier state precedes
             kk, jj = np.nonzero(valid)
             pk, pj = ks[kk], js[jj]
-            cost = pair_stage_costs(t, values, params, opt, pk, pj, np.array([float(r)]))[:, 0]
+            cost = pair_stage_costs(t, values, opt, pk, pj, np.array([float(r)]))[:, 0]
             if opt.memory_bytes is not None:
                 stash = (acts[pk + 1, pj] + params[pk + 1, pj]) * _stash_factor(m + 1, r, M)
                 cost = np.where(stash > opt.memory_bytes, INF, cost)

@@ -53,7 +53,7 @@ def solve_rows(t: Tables, values: np.ndarray, opt: LevelOptions, rows: np.ndarra
     pk, pj = t.pairs()
     if len(pk):
         sums = pair_sums(t, pk, pj)
-        cost = pair_stage_costs_t(t, values, params, opt, pk, pj, reps, sums)  # (R, P)
+        cost = pair_stage_costs_t(t, values, opt, pk, pj, reps, sums)  # (R, P)
         stash = sums.stash() if opt.memory_bytes is not None else None
         count = min(_BANDS, C, max(1, len(pk) * C // _BAND_ENTRIES))
         bands = np.unique(np.linspace(0, C, count + 1).astype(np.intp))
@@ -137,7 +137,7 @@ def solve_one_row(F: np.ndarray, t: Tables, values: np.ndarray, opt: LevelOption
     for lo, hi, a, b in slabs:
         ck, cj = pk[a:b], pj[a:b]
         sums = pair_sums(t, ck, cj)
-        cost_t = pair_stage_costs_t(t, values, None, opt, ck, cj, reps, sums)  # (R, P): one row per m'
+        cost_t = pair_stage_costs_t(t, values, opt, ck, cj, reps, sums)  # (R, P): one row per m'
         stash = sums.stash() if opt.memory_bytes is not None else None
         if bound < INF:
             keep = cost_t.min(axis=0) <= bound

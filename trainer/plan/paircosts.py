@@ -43,18 +43,18 @@ def pair_sums(t: Tables, pk: np.ndarray, pj: np.ndarray) -> PairSums:
     return PairSums(cum_p[pj] - cum_p[pk], out[pk], out[pj], t, pk, pj)
 
 
-def pair_stage_costs(t: Tables, values, params, opt: LevelOptions, pk: np.ndarray, pj: np.ndarray, reps: np.ndarray):
+def pair_stage_costs(t: Tables, values, opt: LevelOptions, pk: np.ndarray, pj: np.ndarray, reps: np.ndarray):
     """``last_stage_costs`` for (k, j) pairs of the state DAG, (P, R): the same terms in the same order."""
-    return pair_stage_costs_t(t, values, params, opt, pk, pj, reps).T
+    return pair_stage_costs_t(t, values, opt, pk, pj, reps).T
 
 
-def pair_stage_costs_t(t: Tables, values, params, opt: LevelOptions, pk: np.ndarray, pj: np.ndarray,
+def pair_stage_costs_t(t: Tables, values, opt: LevelOptions, pk: np.ndarray, pj: np.ndarray,
                        reps: np.ndarray, sums: PairSums | None = None) -> np.ndarray:
     """``pair_stage_costs`` laid out (R, P): NumPy's inner loops then run over the pairs, not
     over a handful of replica counts (the same numbers, several times faster).
 
-    ``params`` (the tables' parameter block sums, or None) is read through ``sums``, the
-    pairs' ``pair_sums``; level-1 ``values`` are read there too (the same differences)."""
+    The blocks' parameters are read through ``sums``, the pairs' ``pair_sums``; level-1
+    ``values`` are read there too (the same differences)."""
     bw, n = opt.bandwidth, t.size
     reps = reps[:, None]
     if sums is None:

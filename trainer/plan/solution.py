@@ -96,7 +96,7 @@ def _split(sol: LevelSolution, i: int, j: int, m: int) -> list[tuple[int, int, i
     reps = np.arange(1, max_rep + 1, dtype=float)
     ends = np.full(len(preds), j, dtype=np.intp)
     sums = pair_sums(t, preds, ends)
-    last = pair_stage_costs_t(t, sol.values, params, opt, preds, ends, reps, sums)  # (m', k)
+    last = pair_stage_costs_t(t, sol.values, opt, preds, ends, reps, sums)  # (m', k)
     stash = sums.stash() if opt.memory_bytes is not None else None
     for r in range(1, max_rep + 1):
         cost = last[r - 1]
