@@ -12,7 +12,7 @@ from __future__ import annotations
 import numpy as np
 
 from trainer.plan import chainkernel
-from trainer.plan.dp import INF, LevelOptions, Tables, _target_costs, last_stage_costs, single_stage_costs
+from trainer.plan.dp import INF, SLACK, LevelOptions, Tables, _target_costs, last_stage_costs, single_stage_costs
 
 # Below this many states the NumPy DP under the same caps is quicker than importing numba (and,
 # after a change to chainkernel, compiling it).
@@ -63,7 +63,7 @@ def solve_banded(t: Tables, values: np.ndarray, opt: LevelOptions, bound, caps: 
         else:
             costs = np.ascontiguousarray(cost.T)[None]  # (1, R, K): the same for every target
         chainkernel.pull_rows_windowed(band, j, lo, j, rows, caps, preds, costs, R, j_bound, compute, compute_t,
-                                       float(workers), chainkernel.SLACK, bool(opt.fewer_machines))
+                                       float(workers), SLACK, bool(opt.fewer_machines))
     return band
 
 

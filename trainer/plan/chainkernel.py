@@ -23,8 +23,6 @@ from __future__ import annotations
 
 import importlib.util
 
-from trainer.plan.dp import SLACK  # noqa: F401 (banded passes it to the kernel)
-
 _compiled = None
 
 
