@@ -66,7 +66,6 @@ class LayerGraph:
     removed_inputs: list[int] = field(default_factory=list)
     removed_sinks: list[int] = field(default_factory=list)
     _anc: list[int] | None = None
-    _desc: list[int] | None = None
     _topo: list[int] | None = None
 
     @classmethod
@@ -118,7 +117,7 @@ class LayerGraph:
         self.succ[u] = []
         self.pred[u] = []
         self.alive &= ~(1 << u)
-        self._topo = self._anc = self._desc = None
+        self._topo = self._anc = None
 
     def _drop_like_reference(self) -> None:
         # The reference gives the optimizer no say over where inputs go (always the first stage)
@@ -171,18 +170,6 @@ class LayerGraph:
                 anc[u] = acc
             self._anc = anc
         return self._anc
-
-    def descendants(self) -> list[int]:
-        """Per layer, the bitset of its strict descendants."""
-        if self._desc is None:
-            desc = [0] * len(self.names)
-            for u in reversed(self.topological_order()):
-                acc = 0
-                for s in self.succ[u]:
-                    acc |= desc[s] | (1 << s)
-                desc[u] = acc
-            self._desc = desc
-        return self._desc
 
 
 class AntichainWalk:

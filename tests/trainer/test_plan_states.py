@@ -25,7 +25,7 @@ def _plain_walk(graph: LayerGraph) -> tuple[list[list[int]], list[list[int]]]:
     """The walk without its shortcuts: each successor step tested in full, the augmented set
     rebuilt from the kept nodes (as ``AntichainWalk.run`` did before the lone-node path)."""
     walk = AntichainWalk(graph, 10**9)
-    anc, desc, succ = walk.anc, graph.descendants(), graph.succ
+    anc, desc, succ = walk.anc, _descendants(graph), graph.succ
     start = [graph.sources()[0]]
     first, first_members = walk.augment(start)
     ids = {1 << start[0]: 0}
@@ -54,6 +54,15 @@ def _plain_walk(graph: LayerGraph) -> tuple[list[list[int]], list[list[int]]]:
                 edges[sid].append(ids[new_key])
         sid += 1
     return augmented, edges
+
+
+def _descendants(graph: LayerGraph) -> list[int]:
+    """Per layer, the bitset of its strict descendants."""
+    desc = [0] * len(graph.names)
+    for u in reversed(graph.topological_order()):
+        for s in graph.succ[u]:
+            desc[u] |= desc[s] | (1 << s)
+    return desc
 
 
 def _plain_downsets(chain) -> list[int]:
