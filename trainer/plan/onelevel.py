@@ -68,17 +68,18 @@ def solve_top_row(t: Tables, opt: LevelOptions, prune: bool = True) -> np.ndarra
         return F
     reps = np.arange(1, (1 if opt.straight else M - 1) + 1, dtype=float)
     bound, pairs = INF, None
-    work = t.pair_count() * M * (M - 1) / 2  # candidates of the plain solve, about
+    count = t.pair_count()  # (a pass over the ancestor bitsets: counted once here)
+    work = count * M * (M - 1) / 2  # candidates of the plain solve, about
     if prune and work >= PRUNE_FROM_WORK:
         # The single stage on every machine is a plan: a free bound, often close on models
         # with few parameters; on larger work one from the grid, often tighter, pays off.
         upper = float(F[n - 1, M - 1, 0])
         if math.isfinite(upper):
-            pairs = _useful_pairs(t, opt, upper, len(reps), FEW)
-        if pairs is None and t.pair_count() >= GRID_FROM_PAIRS:  # (its solve costs as a few machine counts)
+            pairs = _useful_pairs(t, opt, upper, len(reps), FEW * count)
+        if pairs is None and count >= GRID_FROM_PAIRS:  # (its solve costs as a few machine counts)
             upper = min(upper, _grid_bound(t, values, opt, F, reps))
             if math.isfinite(upper):
-                pairs = _useful_pairs(t, opt, upper, len(reps), FILTER_BELOW)
+                pairs = _useful_pairs(t, opt, upper, len(reps), FILTER_BELOW * count)
         # Where the ends rule out few pairs, the bound would rule out few last stages too.
         if pairs is not None:
             bound = upper * SLACK
@@ -119,11 +120,11 @@ def _grid(t: Tables) -> np.ndarray:
 
 
 def _useful_pairs(t: Tables, opt: LevelOptions, upper: float, R: int,
-                  share: float) -> tuple[np.ndarray, np.ndarray] | None:
+                  most: float) -> tuple[np.ndarray, np.ndarray] | None:
     """The pairs (k, j) that can be on a plan within ``upper`` by what their ends alone say:
     some machine count m of j's and m'' of k's with 1 <= m - m'' <= R (compute bands), and
-    both ends cheap enough cuts (module doc). None when the ends leave more than ``share``
-    of the pairs."""
+    both ends cheap enough cuts (module doc). None when the ends leave more than ``most``
+    pairs."""
     if not upper > 0:  # (a plan of no time at all: the bands would divide by zero)
         return None
     lowest, highest = _machine_counts(t, opt, upper)
@@ -131,7 +132,7 @@ def _useful_pairs(t: Tables, opt: LevelOptions, upper: float, R: int,
     can_start = in_band & _affordable_cuts(t, opt, upper, R)
     can_end = can_start.copy()
     can_end[-1] = in_band[-1]  # (nothing is sent after the last state)
-    found = t.pairs_among(can_end, can_start, most=share * t.pair_count())
+    found = t.pairs_among(can_end, can_start, most=most)
     if found is None:
         return None
     pk, pj = found
