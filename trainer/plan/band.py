@@ -15,7 +15,7 @@ from __future__ import annotations
 import numpy as np
 
 from trainer.plan.dp import INF, SLACK, LevelOptions, Tables, _groups, _stash_factor, single_stage_costs
-from trainer.plan.paircosts import pair_stage_costs
+from trainer.plan.paircosts import pair_stage_costs, pair_sums
 
 
 def grid_upper_bound(t: Tables, values: np.ndarray, opt: LevelOptions, count: int = 64) -> float:
@@ -49,9 +49,9 @@ def _fresh_table(t: Tables, values: np.ndarray, opt: LevelOptions) -> np.ndarray
 def _sweep(F, t: Tables, values, opt: LevelOptions, pk, pj, reps) -> None:
     """Machine count outermost over the given (k, j) pairs (sorted by j)."""
     M = opt.machines
-    acts, params = t.block_sums()
-    cost = pair_stage_costs(t, values, opt, pk, pj, reps) if len(pk) else np.zeros((0, len(reps)))
-    stash = acts[pk + 1, pj] + params[pk + 1, pj] if opt.memory_bytes is not None else None
+    sums = pair_sums(t, pk, pj)
+    cost = pair_stage_costs(t, values, opt, pk, pj, reps, sums) if len(pk) else np.zeros((0, len(reps)))
+    stash = sums.stash() if opt.memory_bytes is not None else None
     ends, starts = _groups(pj)  # the same for every machine count
     for m in range(1, M):
         if opt.fewer_machines:
@@ -83,7 +83,6 @@ def solve_top_of_chain(t: Tables, values: np.ndarray, opt: LevelOptions, upper: 
     F[F > upper * SLACK] = INF
     # Band of m: states j whose compute fits m+1 machines and whose rest fits the other M-1-m.
     bands = [np.nonzero((cum <= cap * (m + 1) + tol) & (total - cum <= cap * (M - 1 - m) + tol))[0] for m in range(M)]
-    acts, params = t.block_sums()
     R = 1 if opt.straight else M - 1
     for m in range(1, M):
         if opt.fewer_machines:
@@ -100,9 +99,10 @@ def solve_top_of_chain(t: Tables, values: np.ndarray, opt: LevelOptions, upper: 
             valid = ks[:, None] < js[None, :]  # on a chain every earlier state precedes
             kk, jj = np.nonzero(valid)
             pk, pj = ks[kk], js[jj]
-            cost = pair_stage_costs(t, values, opt, pk, pj, np.array([float(r)]))[:, 0]
+            sums = pair_sums(t, pk, pj)
+            cost = pair_stage_costs(t, values, opt, pk, pj, np.array([float(r)]), sums)[:, 0]
             if opt.memory_bytes is not None:
-                stash = (acts[pk + 1, pj] + params[pk + 1, pj]) * _stash_factor(m + 1, r, M)
+                stash = sums.stash() * _stash_factor(m + 1, r, M)
                 cost = np.where(stash > opt.memory_bytes, INF, cost)
             cand = np.full(valid.shape, INF)
             cand[kk, jj] = np.maximum(F[pk, m - r], cost)

@@ -43,9 +43,10 @@ def pair_sums(t: Tables, pk: np.ndarray, pj: np.ndarray) -> PairSums:
     return PairSums(cum_p[pj] - cum_p[pk], out[pk], out[pj], t, pk, pj)
 
 
-def pair_stage_costs(t: Tables, values, opt: LevelOptions, pk: np.ndarray, pj: np.ndarray, reps: np.ndarray):
+def pair_stage_costs(t: Tables, values, opt: LevelOptions, pk: np.ndarray, pj: np.ndarray, reps: np.ndarray,
+                     sums: PairSums | None = None):
     """``last_stage_costs`` for (k, j) pairs of the state DAG, (P, R): the same terms in the same order."""
-    return pair_stage_costs_t(t, values, opt, pk, pj, reps).T
+    return pair_stage_costs_t(t, values, opt, pk, pj, reps, sums).T
 
 
 def pair_stage_costs_t(t: Tables, values, opt: LevelOptions, pk: np.ndarray, pj: np.ndarray,
