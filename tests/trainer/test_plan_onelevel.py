@@ -19,7 +19,7 @@ from trainer.plan.pipedream import tables_of
 from trainer.plan.states import state_chain
 
 
-def _options(rng: random.Random, seed: int) -> dict:
+def _options(seed: int) -> dict:
     return dict(straight=seed % 5 == 0, fewer_workers=seed % 3 == 0,
                 memory_bytes=[None, 4e8, 2e9, 1e12][seed % 4], memory_constraint=seed % 4 != 0,
                 activation_compression=[1.0, None, 2.0][seed % 7 % 3])
@@ -29,7 +29,7 @@ def _options(rng: random.Random, seed: int) -> dict:
 def test_unpruned_top_row_equals_the_per_state_dp(seed):
     rng = random.Random(seed)
     t = tables_of(state_chain(random_profile(rng, rng.randrange(3, 22), rng.uniform(0.0, 0.6))))
-    o = _options(rng, seed)
+    o = _options(seed)
     opt = LevelOptions(machines=rng.randrange(1, 8), bandwidth=rng.choice([1e9, 1e10]), machines_below=1,
                        final=True, straight=o["straight"], fewer_machines=o["fewer_workers"],
                        memory_bytes=o["memory_bytes"] if o["memory_constraint"] else None,
@@ -47,7 +47,7 @@ def test_pruned_plans_equal_unpruned_plans(seed, monkeypatch):
     else:
         profile = random_profile(rng, rng.randrange(6, 30), rng.uniform(0.05, 0.5))
     levels = [(rng.randrange(2, 9), rng.choice([1e9, 1e10, 1e11]))]
-    o = _options(rng, seed)
+    o = _options(seed)
     monkeypatch.setattr(onelevel, "PRUNE_FROM_WORK", 10**12)
     try:
         plain = plan(profile, levels, **o).to_dict()
