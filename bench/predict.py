@@ -38,7 +38,7 @@ from pathlib import Path
 sys.path = [p for p in sys.path if Path(p or ".").resolve() != Path(__file__).resolve().parent]
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from trainer.runtime.hugepages import prefer_huge_pages  # noqa: E402
+from trainer.allocator import prefer_huge_pages  # noqa: E402
 
 prefer_huge_pages()  # as `pipeboard train` runs, for every process measured here (before torch allocates)
 

@@ -26,7 +26,7 @@ def _before_any_command() -> None:
     # a profile is measured under the allocator settings the runtime trains with; it must happen
     # before torch allocates anything (see trainer/runtime/hugepages.py). Commands import torch
     # themselves, after this.
-    from trainer.runtime.hugepages import prefer_huge_pages
+    from trainer.allocator import prefer_huge_pages
 
     prefer_huge_pages()
 

@@ -119,6 +119,10 @@ def main(argv: list[str] | None = None) -> int:
                         help="also measure the link between two processes and the runtime's per-action overhead")
     parser.add_argument("-o", "--output", required=True)
     args = parser.parse_args(argv)
+    # As `pipeboard train` runs (trainer/allocator.py); before torch loads, which happens below.
+    from trainer.allocator import prefer_huge_pages
+
+    prefer_huge_pages()
     if args.threads:
         # A small layer's step on a thread pool whose other core is busy waits for it (an Adam step
         # of 8k parameters: 8 ms on 2 threads, 0.15 ms on 1): time what the workers will run.

@@ -132,6 +132,9 @@ def test_a_train_jobs_profile_phase_stores_the_calibration(live_db, tmp_path):
             assert s.get(Job, job_id).profile_id == profile_id
             messages = [e.payload.get("message", "") for e in s.scalars(select(JobEvent).where(JobEvent.job_id == job_id))]
         assert prof.batch_size == 4 and prof.weight_batch_size == 16
+        # measured under the allocator settings `pipeboard train` runs with (an explicit 0 stays)
+        assert prof.meta["allocator"] == {"huge_pages": os.environ.get("THP_MEM_ALLOC_ENABLE", "1") == "1",
+                                          "keep_freed_memory": True}
         assert prof.link is not None and prof.link.bytes_per_ms > 0
         assert prof.overhead is not None and {s["last"] for s in prof.overhead.samples} == {False, True}
         weighted = [layer for layer in prof.layers if layer.parameter_bytes > 0]

@@ -128,7 +128,7 @@ def test_train_asks_for_huge_pages_before_torch_allocates(monkeypatch):
     from typer.testing import CliRunner
 
     from app.cli import cli
-    from trainer.runtime.hugepages import VARIABLE
+    from trainer.allocator import VARIABLE
 
     monkeypatch.delenv(VARIABLE, raising=False)
     r = CliRunner().invoke(cli, [*BASE, "--plan", "p.json", "--stages", "2", "--schedule", "1f1b"])
@@ -139,7 +139,7 @@ def test_train_asks_for_huge_pages_before_torch_allocates(monkeypatch):
     probe = """
 import sys
 if sys.argv[1] == "ask":
-    from trainer.runtime.hugepages import prefer_huge_pages
+    from trainer.allocator import prefer_huge_pages
     prefer_huge_pages()
 import torch
 t = torch.empty(1 << 20)

@@ -34,6 +34,7 @@ from typing import Any, Callable, Sequence
 import torch
 from torch import fx, nn
 
+from trainer.allocator import keep_freed_memory, settings as allocator_settings
 from trainer.profile.conditions import ConcurrentLoad, optimizer_ms
 from trainer.profile.fxgraph import LayerGraph, LayerNode, as_tuple, trace_layers
 from trainer.profile.schema import Layer, Profile
@@ -278,6 +279,11 @@ def profile_model(
     with microbatches then, and the 512-row W of the benchmark mlp's 8 layers measured 90.6 and
     89.5 ms under a 64-row load against 85.5 and 84.9 under a 512-row one (alternating), closer to
     what runs record (43.7-45.2 ms for a 4-layer stage).
+
+    The process is switched to the runtime workers' heap setting first (freed memory is kept:
+    ``trainer.allocator.keep_freed_memory``), so that backwards are not timed with page faults a
+    run does not have; huge pages must be asked for before torch loads (the ``pipeboard`` commands
+    do). ``meta["allocator"]`` records both.
     """
     if warmup < 0 or repeats < 1:
         raise ValueError("warmup must be >= 0 and repeats >= 1")
@@ -290,6 +296,7 @@ def profile_model(
         raise ValueError("device 'cuda' was requested but CUDA is not available on this machine")
     if concurrent < 0 or (concurrent and dev.type != "cpu"):
         raise ValueError(f"concurrent must be >= 0, and 0 on {dev.type}; got {concurrent}")
+    keep_freed_memory()  # before the concurrent load forks: it inherits the setting
     started = time.perf_counter()
     model = model.to(dev).train()
     inputs = tuple(t.to(dev) for t in as_tuple(example_input))
@@ -352,6 +359,7 @@ def profile_model(
         "gradients": "accumulate" if accumulate else "fresh",
         "concurrent": concurrent,
         "load_batch_size": _leading_size(load) if concurrent else None,
+        "allocator": allocator_settings(),
         "optimizer_step_ms": sum(opt_ms.values()) if optimizer_steps else None,
     }
     return Profile(layers=layers, edges=lg.edges(), model=model_name or type(model).__name__,

@@ -18,6 +18,7 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
+from trainer.allocator import keep_freed_memory
 from trainer.runtime import checkpoint, model as model_mod
 from trainer.runtime.comm import P2P, open_channels, p2p_mode
 from trainer.runtime.config import RunConfig
@@ -65,22 +66,6 @@ def _die_with_parent() -> None:
         import signal
 
         ctypes.CDLL("libc.so.6", use_errno=True).prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
-    except (OSError, AttributeError):
-        pass
-
-
-def keep_freed_memory() -> None:
-    """glibc: serve tensors up to 32 MiB from the heap and never hand freed memory back.
-
-    By default glibc mmaps large blocks and unmaps them on free, so every step's fresh weight
-    gradients (and pipedream's per-minibatch ones) cost page faults and kernel zeroing; measured
-    here, that was a third of a pipedream stage's CPU time on the benchmark MLP."""
-    try:
-        import ctypes
-
-        libc = ctypes.CDLL("libc.so.6")
-        libc.mallopt(-3, 32 << 20)  # M_MMAP_THRESHOLD
-        libc.mallopt(-1, 1 << 30)  # M_TRIM_THRESHOLD
     except (OSError, AttributeError):
         pass
 
