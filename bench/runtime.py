@@ -39,7 +39,7 @@ from pathlib import Path
 sys.path = [p for p in sys.path if Path(p or ".").resolve() != Path(__file__).resolve().parent]
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from trainer.allocator import prefer_huge_pages  # noqa: E402
+from trainer.allocator import keep_freed_memory, prefer_huge_pages  # noqa: E402
 
 prefer_huge_pages()  # as `pipeboard train` runs, for every process measured here (before torch allocates)
 
@@ -50,7 +50,6 @@ from trainer.runtime import RunConfig, run_training  # noqa: E402
 from trainer.runtime import model as model_mod  # noqa: E402
 from trainer.runtime.data import TrainStream  # noqa: E402
 from trainer.runtime.launch import free_port  # noqa: E402
-from trainer.allocator import keep_freed_memory  # noqa: E402
 
 CONFIGS = {
     "a": dict(batch_size=64, microbatches=8),

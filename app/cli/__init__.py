@@ -24,7 +24,7 @@ cli = typer.Typer(
 def _before_any_command() -> None:
     # Huge pages for large tensors in every command that runs torch (profile, train, simulate), so
     # a profile is measured under the allocator settings the runtime trains with; it must happen
-    # before torch allocates anything (see trainer/runtime/hugepages.py). Commands import torch
+    # before torch allocates anything (see trainer/allocator.py). Commands import torch
     # themselves, after this.
     from trainer.allocator import prefer_huge_pages
 
