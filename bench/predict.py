@@ -2,6 +2,7 @@
 
     .venv/bin/python bench/predict.py [--config a|b|both] [--schedules 1f1b,gpipe,pipedream,pipedream:1]
                                       [--weight-grads batched,immediate] [--steps N] [--runs N] [--repeats R]
+                                      [--cpu-matmul default|onednn]
 
 The configurations of bench/runtime.py: mlp depth=8 width=1024, 2 stages on 2 processes, one
 torch thread each, SGD; (a) batch 64 in 8 microbatches, (b) batch 512 in 8. ``pipedream:1`` is
@@ -44,6 +45,7 @@ prefer_huge_pages()  # as `pipeboard train` runs, for every process measured her
 
 import torch  # noqa: E402
 
+from trainer import cpu_matmul  # noqa: E402
 from trainer.profile.link import measure_link  # noqa: E402
 from trainer.profile.profiler import profile_model  # noqa: E402
 from trainer.runtime import RunConfig, run_training  # noqa: E402
@@ -156,10 +158,15 @@ def main() -> None:
     ap.add_argument("--repeats", type=int, default=20, help="profiled steps per profile")
     ap.add_argument("--costs", action="store_true", help="also print per-action costs: predicted vs recorded")
     ap.add_argument("--no-overhead", action="store_true", help="predict without the runtime's per-action overhead")
+    ap.add_argument("--cpu-matmul", choices=["default", "onednn"], default="default",
+                    help="float32 matrix products of the profiles and the runs (trainer/cpu_matmul.py)")
     args = ap.parse_args()
+    os.environ[cpu_matmul.ENV] = args.cpu_matmul  # the runs' workers read it
+    cpu_matmul.use(args.cpu_matmul)  # the profiles, measured here and in processes forked from here
     torch.set_num_threads(1)
     started = time.monotonic()
     print(f"predict vs measure: mlp depth=8 width=1024, {STAGES} stages, optimizer {OPTIMIZER}, "
+          f"float32 matmul {cpu_matmul.active()}, "
           f"load average {os.getloadavg()[0]:.2f} at start, torch {torch.__version__}")
     link = measure_link()
     print(f"link ({link.backend}, one way, busy sender): latency {link.latency_ms:.3f} ms, "

@@ -1,7 +1,7 @@
 """Runtime benchmark: our schedules vs torch.distributed.pipelining vs the no-communication ceiling.
 
     .venv/bin/python bench/runtime.py [--config a|b|both] [--rounds R] [--steps N]
-        [--weight-grads batched|immediate]
+        [--weight-grads batched|immediate] [--cpu-matmul default|onednn]
 
 (a) mlp depth=8 width=1024, batch 64 in 8 microbatches, 2 stages on 2 processes.
 (b) the same model, batch 512 in 8 microbatches of 64 (compute-heavy).
@@ -21,8 +21,9 @@ In one invocation, alternating round by round, it measures samples/s of
 and prints medians, every ratio the issue asks for next to its target (paired: the median of the
 per-round ratios of runs made next to each other; and of the medians), the instrumentation cost
 (1f1b with and without event recording), and the simulator's predicted step time fed the model's
-profile next to the measured one. Every process uses one torch thread and our workers' allocator
-settings (huge pages included, as ``pipeboard train`` asks for them). The machine is shared:
+profile next to the measured one. Every process uses one torch thread, our workers' allocator
+settings (huge pages included, as ``pipeboard train`` asks for them) and the same float32 matrix
+product kernels (``--cpu-matmul``: PyTorch's BLAS by default, or oneDNN for all of them). The machine is shared:
 numbers are noisy, so read the ratios, not single figures.
 """
 
@@ -46,6 +47,7 @@ prefer_huge_pages()  # as `pipeboard train` runs, for every process measured her
 import torch  # noqa: E402
 import torch.multiprocessing as mp  # noqa: E402
 
+from trainer import cpu_matmul  # noqa: E402
 from trainer.runtime import RunConfig, run_training  # noqa: E402
 from trainer.runtime import model as model_mod  # noqa: E402
 from trainer.runtime.data import TrainStream  # noqa: E402
@@ -328,8 +330,14 @@ def main() -> None:
                     help="instead: N back-to-back instrumented/uninstrumented pairs (gpipe, config a)")
     ap.add_argument("--weight-grads", choices=["batched", "immediate"], default="batched",
                     help="our runs' weight gradients: one batched pass per update (default) or in each backward")
+    ap.add_argument("--cpu-matmul", choices=["default", "onednn"], default="default",
+                    help="float32 matrix products of every process measured (trainer/cpu_matmul.py)")
     args = ap.parse_args()
     WEIGHT_GRADS[0] = args.weight_grads
+    # every process measured here computes with the same kernels: forked ones inherit them, our
+    # runs' workers read the variable
+    os.environ[cpu_matmul.ENV] = args.cpu_matmul
+    cpu_matmul.use(args.cpu_matmul)
     if args.instrumentation_pairs:
         _sibling("runtime_modes").instrumentation_cost(args.instrumentation_pairs, "gpipe", args.steps, ours,
                                                         CONFIGS["a"])
@@ -340,7 +348,7 @@ def main() -> None:
     torch.set_num_threads(1)
     schedules = args.schedules.split(",")
     print(f"runtime benchmark: mlp depth=8 width=1024, {STAGES} stages, optimizer {OPTIMIZER}, "
-          f"weight gradients {WEIGHT_GRADS[0]}, "
+          f"weight gradients {WEIGHT_GRADS[0]}, float32 matmul {cpu_matmul.active()}, "
           f"{os.cpu_count()} CPUs (shared machine: noisy), torch {torch.__version__}, no GPU")
     prediction = Prediction()
     for name in (["a", "b"] if args.config == "both" else [args.config]):

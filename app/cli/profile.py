@@ -54,6 +54,10 @@ def profile_cmd(
     repeats: int = typer.Option(10, "--repeats", help="measured steps (medians are reported)"),
     seed: int = typer.Option(0, "--seed", help="weight seed of a zoo model"),
     threads: int = typer.Option(1, "--threads", help="torch intra-op threads (a pipeline worker uses one)"),
+    cpu_matmul: Optional[str] = typer.Option(
+        None, "--cpu-matmul",
+        help="float32 matrix products: default (PyTorch's BLAS) or onednn, as the runs it plans will use "
+             "(default: $PIPEBOARD_CPU_MATMUL, else default)"),
 ) -> None:
     """Measure MODEL layer by layer and write a profile JSON."""
     if device not in ("cpu", "cuda"):
@@ -71,12 +75,18 @@ def profile_cmd(
     from rich.console import Console
     from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
 
+    from trainer import cpu_matmul as matmul
     from trainer.profile.profiler import profile_model, self_check_line
     from trainer.profile.usermodel import resolve_model
 
     import torch
 
     torch.set_num_threads(threads)
+    try:
+        if device == "cpu":
+            matmul.use(matmul.configured(cpu_matmul))
+    except (ValueError, RuntimeError) as exc:
+        fail(f"--cpu-matmul: {exc}" if isinstance(exc, RuntimeError) else str(exc).replace("cpu_matmul:", "--cpu-matmul:"))
     if device == "cuda":
         if not torch.cuda.is_available():
             fail("--device cuda: CUDA is not available on this machine")

@@ -29,6 +29,21 @@ def test_profile_a_zoo_model(run, tmp_path):
     assert prof.model == "mlp" and prof.batch_size == 4 and prof.meta["model_args"] == {"depth": 2, "width": 16}
     assert len(prof.layers) == 6
     assert "self-check" in result.output and "ratio" in result.output
+    assert prof.meta["cpu_matmul"] == "default"
+
+
+def test_profile_with_the_kernels_runs_will_use(run, tmp_path):
+    from trainer import cpu_matmul
+
+    out = tmp_path / "p.json"
+    try:
+        result = run("profile", "mlp", "-a", "depth=2", "-a", "width=16", "--batch-size", "4", "--repeats", "2",
+                     "--warmup", "0", "--cpu-matmul", "onednn", "-o", str(out))
+        assert cpu_matmul.active() == "onednn"
+    finally:
+        cpu_matmul.use("default")  # the command sets its (the test) process up
+    assert result.exit_code == 0, result.output
+    assert Profile.load(out).meta["cpu_matmul"] == "onednn"
 
 
 def test_import_then_export_round_trips(run, tmp_path):
@@ -49,6 +64,7 @@ def test_import_then_export_round_trips(run, tmp_path):
     (["profile", "mlp", "-a", "depth=0"], ["depth", ">= 1"]),
     (["profile", "mlp", "--device", "tpu"], ["--device"]),
     (["profile", "mlp", "--batch-size", "0"], ["--batch-size"]),
+    (["profile", "mlp", "--cpu-matmul", "mkl"], ["--cpu-matmul", "default, onednn"]),
     (["profile", "no_module_xyz:factory"], ["cannot import"]),
     (["profile", "import", "/nonexistent/graph.txt"], ["/nonexistent/graph.txt"]),
 ])

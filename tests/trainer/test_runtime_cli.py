@@ -89,6 +89,7 @@ def test_bad_input_is_one_line_and_exit_code_2():
         (["--stages", "2", "--schedule", "1f1b", "--steps", "1", "--resume"], "resume"),
         (["--stages", "2", "--schedule", "1f1b", "--steps", "1", "--plan", "/nonexistent.json"], "--plan"),
         (["--stages", "2", "--schedule", "1f1b", "--steps", "1", "--device", "tpu"], "device"),
+        (["--stages", "2", "--schedule", "1f1b", "--steps", "1", "--cpu-matmul", "mkl"], "cpu_matmul"),
     ]:
         r = in_process(*BASE, *args)
         assert r.exit_code == 2, (args, r.output)

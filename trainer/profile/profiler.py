@@ -34,6 +34,7 @@ from typing import Any, Callable, Sequence
 import torch
 from torch import fx, nn
 
+from trainer import cpu_matmul
 from trainer.allocator import keep_freed_memory, settings as allocator_settings
 from trainer.profile.conditions import ConcurrentLoad, optimizer_ms
 from trainer.profile.fxgraph import LayerGraph, LayerNode, as_tuple, trace_layers
@@ -360,6 +361,7 @@ def profile_model(
         "concurrent": concurrent,
         "load_batch_size": _leading_size(load) if concurrent else None,
         "allocator": allocator_settings(),
+        "cpu_matmul": cpu_matmul.active() if dev.type == "cpu" else None,
         "optimizer_step_ms": sum(opt_ms.values()) if optimizer_steps else None,
     }
     return Profile(layers=layers, edges=lg.edges(), model=model_name or type(model).__name__,

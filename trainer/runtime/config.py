@@ -61,6 +61,10 @@ class RunConfig:
     # Stage-to-stage transfers: "gloo", "auto" (shared memory between workers on one host, else
     # gloo) or "shm" (the same, an error where unsupported); None: $PIPEBOARD_P2P, else auto.
     p2p: str | None = None
+    # float32 matrix products on CPU workers: "default" (PyTorch's BLAS) or "onednn" (see
+    # trainer/cpu_matmul.py: about twice as fast on AMD processors); None: $PIPEBOARD_CPU_MATMUL,
+    # else default.
+    cpu_matmul: str | None = None
     start_method: str | None = None  # default: fork on CPU (no re-import of torch), spawn on CUDA
     master_port: int | None = None  # default: a free port
     fail_at: dict[str, int] | None = None  # testing aid: {"rank": r, "step": s} makes rank r exit
@@ -123,5 +127,13 @@ class RunConfig:
             raise ConfigError(f"threads: must be >= 1, got {self.threads}")
         if self.p2p is not None and self.p2p not in P2P_MODES:
             raise ConfigError(f"p2p: must be one of {', '.join(P2P_MODES)}, got {self.p2p!r}")
+        from trainer import cpu_matmul
+
+        try:
+            matmul = cpu_matmul.configured(self.cpu_matmul)
+        except ValueError as exc:
+            raise ConfigError(str(exc)) from None
+        if matmul == "onednn" and self.device == "cpu" and not cpu_matmul.available():
+            raise ConfigError("cpu_matmul: onednn needs a PyTorch build with oneDNN (mkldnn); this one has none")
         if self.hang_timeout_s <= 0:
             raise ConfigError(f"hang_timeout_s: must be > 0, got {self.hang_timeout_s}")

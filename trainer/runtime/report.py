@@ -46,8 +46,8 @@ class Reporter:
     def handle(self, msg: tuple) -> None:
         kind, rank = msg[0], msg[1]
         if kind == "ready":
-            _, _, stages, replica, pid, start, total, spe = msg
-            self.workers[rank] = {"stages": stages, "replica": replica, "pid": pid}
+            _, _, stages, replica, pid, start, total, spe, matmul = msg
+            self.workers[rank] = {"stages": stages, "replica": replica, "pid": pid, "cpu_matmul": matmul}
             self.start_step, self.total_steps, self.steps_per_epoch = start, total, spe
             if len(self.workers) == self.world:
                 pids = {r: w["pid"] for r, w in sorted(self.workers.items())}
@@ -155,4 +155,6 @@ class Reporter:
             "time_to_target_s": self.time_to_target,
             "reached_target": self.time_to_target is not None if target is not None else None,
             "evaluations": [{"step": s, "wall_s": w, "metric": m} for s, w, m in self.evals],
+            # what the CPU workers computed their float32 matrix products with (trainer/cpu_matmul.py)
+            "cpu_matmul": ",".join(sorted({w["cpu_matmul"] for w in self.workers.values() if w["cpu_matmul"]})) or None,
         }

@@ -18,6 +18,7 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
+from trainer import cpu_matmul
 from trainer.allocator import keep_freed_memory
 from trainer.runtime import checkpoint, model as model_mod
 from trainer.runtime.comm import P2P, open_channels, p2p_mode
@@ -78,6 +79,8 @@ def train(cfg: RunConfig, env: WorkerEnv) -> None:
     rank, world = env.rank, env.world
     torch.set_num_threads(cfg.threads or threads_per_worker(world))
     device = torch.device(f"cuda:{rank % torch.cuda.device_count()}" if cfg.device == "cuda" else "cpu")
+    if device.type == "cpu":
+        cpu_matmul.use(cpu_matmul.configured(cfg.cpu_matmul))
     if device.type == "cuda":
         torch.cuda.set_device(device)
     timeout = timedelta(seconds=cfg.hang_timeout_s + 60)
@@ -147,7 +150,8 @@ def train(cfg: RunConfig, env: WorkerEnv) -> None:
     executor = Executor(rank, stages, S, p2p, rank_of, groups, recorder, heartbeat)
     last_stage = stages.get(S - 1)
     is_reporter = last_stage is not None and rank_of(S - 1, 0) == rank
-    env.channel.put(("ready", rank, list(me.stages), me.replica, os.getpid(), start, total, stream.steps_per_epoch))
+    env.channel.put(("ready", rank, list(me.stages), me.replica, os.getpid(), start, total, stream.steps_per_epoch,
+                     cpu_matmul.active() if device.type == "cpu" else None))
     heartbeat.beat()
 
     def on_step_done(k: int) -> None:
