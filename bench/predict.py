@@ -158,9 +158,11 @@ def main() -> None:
     ap.add_argument("--repeats", type=int, default=20, help="profiled steps per profile")
     ap.add_argument("--costs", action="store_true", help="also print per-action costs: predicted vs recorded")
     ap.add_argument("--no-overhead", action="store_true", help="predict without the runtime's per-action overhead")
-    ap.add_argument("--cpu-matmul", choices=["default", "onednn"], default="default",
-                    help="float32 matrix products of the profiles and the runs (trainer/cpu_matmul.py)")
+    ap.add_argument("--cpu-matmul", choices=["default", "onednn"], default=None,
+                    help="float32 matrix products of the profiles and the runs (trainer/cpu_matmul.py; "
+                         "default: $PIPEBOARD_CPU_MATMUL, else default)")
     args = ap.parse_args()
+    args.cpu_matmul = cpu_matmul.configured(args.cpu_matmul)
     os.environ[cpu_matmul.ENV] = args.cpu_matmul  # the runs' workers read it
     cpu_matmul.use(args.cpu_matmul)  # the profiles, measured here and in processes forked from here
     torch.set_num_threads(1)

@@ -23,8 +23,8 @@ per-round ratios of runs made next to each other; and of the medians), the instr
 (1f1b with and without event recording), and the simulator's predicted step time fed the model's
 profile next to the measured one. Every process uses one torch thread, our workers' allocator
 settings (huge pages included, as ``pipeboard train`` asks for them) and the same float32 matrix
-product kernels (``--cpu-matmul``: PyTorch's BLAS by default, or oneDNN for all of them). The machine is shared:
-numbers are noisy, so read the ratios, not single figures.
+product kernels (``--cpu-matmul``: PyTorch's BLAS by default, or oneDNN for all of them). The
+machine is shared: numbers are noisy, so read the ratios, not single figures.
 """
 
 from __future__ import annotations
@@ -330,12 +330,14 @@ def main() -> None:
                     help="instead: N back-to-back instrumented/uninstrumented pairs (gpipe, config a)")
     ap.add_argument("--weight-grads", choices=["batched", "immediate"], default="batched",
                     help="our runs' weight gradients: one batched pass per update (default) or in each backward")
-    ap.add_argument("--cpu-matmul", choices=["default", "onednn"], default="default",
-                    help="float32 matrix products of every process measured (trainer/cpu_matmul.py)")
+    ap.add_argument("--cpu-matmul", choices=["default", "onednn"], default=None,
+                    help="float32 matrix products of every process measured (trainer/cpu_matmul.py; "
+                         "default: $PIPEBOARD_CPU_MATMUL, else default)")
     args = ap.parse_args()
     WEIGHT_GRADS[0] = args.weight_grads
     # every process measured here computes with the same kernels: forked ones inherit them, our
     # runs' workers read the variable
+    args.cpu_matmul = cpu_matmul.configured(args.cpu_matmul)
     os.environ[cpu_matmul.ENV] = args.cpu_matmul
     cpu_matmul.use(args.cpu_matmul)
     if args.instrumentation_pairs:

@@ -83,10 +83,13 @@ def profile_cmd(
 
     torch.set_num_threads(threads)
     try:
+        backend = matmul.configured(cpu_matmul)
         if device == "cpu":
-            matmul.use(matmul.configured(cpu_matmul))
-    except (ValueError, RuntimeError) as exc:
-        fail(f"--cpu-matmul: {exc}" if isinstance(exc, RuntimeError) else str(exc).replace("cpu_matmul:", "--cpu-matmul:"))
+            matmul.use(backend)
+    except ValueError as exc:
+        fail(str(exc).replace("cpu_matmul:", "--cpu-matmul:"))
+    except RuntimeError as exc:
+        fail(f"--cpu-matmul: {exc}")
     if device == "cuda":
         if not torch.cuda.is_available():
             fail("--device cuda: CUDA is not available on this machine")

@@ -17,15 +17,22 @@ from app.models import Model, Profile
 from app.schemas import LayerRow, ProfilePublic
 from app.services.errors import NotFound, ServiceError
 from app.services.tx import begin_write
+from trainer import cpu_matmul
 
 
 def cache_key(model: str, model_args: dict[str, Any], batch_size: int, device: str = "cpu",
               calibration: list[str] | None = None) -> str:
     """The canonical name; a job's profile also names how it was calibrated (``calibration``:
     calibration_args' flags; threads, the batch its weight gradients were timed at, optimizer), so a
-    different run does not reuse it. ``--calibrate`` itself, in every such list, is left out."""
+    different run does not reuse it. ``--calibrate`` itself, in every such list, is left out. A
+    profile measured with other matrix-product kernels than the default (``PIPEBOARD_CPU_MATMUL``,
+    which the profiling child and the runs read; trainer/cpu_matmul.py) says so too: it times
+    layers about twice as fast."""
     args = json.dumps(model_args, sort_keys=True, separators=(",", ":")) if model_args else ""
     named = [a.lstrip("-") for a in calibration or [] if a != "--calibrate"]
+    matmul = os.environ.get(cpu_matmul.ENV) or "default"
+    if device == "cpu" and matmul != "default":
+        named.append(f"matmul={matmul}")
     extra = (" " + " ".join(named)) if named else ""
     return f"{model}{args} bs={batch_size} {device}{extra}"[:200]
 

@@ -160,3 +160,19 @@ def test_weight_gradients_at_the_batch_follow_what_the_runtimes_w_batches():
     assert convs and all(layer.weight_batched_ms == pytest.approx(3 * layer.backward_weight_ms) for layer in convs)
     linears = [layer for layer in prof.layers if layer.desc.startswith("Linear(")]
     assert linears and all(layer.weight_batched_ms is not None for layer in linears)
+
+
+def test_profiles_measured_with_other_matmul_kernels_are_not_reused(monkeypatch):
+    """A profile timed with oneDNN's kernels (about twice as fast) must not feed runs on the
+    default ones, nor the other way round: the cache key names the kernels."""
+    from app.services.profiles import cache_key
+    from trainer import cpu_matmul
+
+    monkeypatch.delenv(cpu_matmul.ENV, raising=False)
+    plain = cache_key("mlp", {"depth": 2}, 16, "cpu", ["--threads", "1"])
+    monkeypatch.setenv(cpu_matmul.ENV, "default")
+    assert cache_key("mlp", {"depth": 2}, 16, "cpu", ["--threads", "1"]) == plain
+    monkeypatch.setenv(cpu_matmul.ENV, "onednn")
+    fast = cache_key("mlp", {"depth": 2}, 16, "cpu", ["--threads", "1"])
+    assert fast != plain and "matmul=onednn" in fast
+    assert "matmul" not in cache_key("mlp", {"depth": 2}, 16, "cuda")

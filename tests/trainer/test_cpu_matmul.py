@@ -11,7 +11,7 @@ from trainer.runtime.checkpoint import assemble_model
 from trainer.runtime.config import ConfigError
 from trainer.runtime.reference import train_sync
 
-pytestmark = pytest.mark.skipif(not cpu_matmul.available(), reason="this PyTorch build has no oneDNN")
+needs_onednn = pytest.mark.skipif(not cpu_matmul.available(), reason="this PyTorch build has no oneDNN")
 
 
 @pytest.fixture
@@ -27,6 +27,7 @@ def _close(got: torch.Tensor, exact: torch.Tensor) -> bool:
     return torch.allclose(got.double(), exact, rtol=1e-5, atol=1e-4)
 
 
+@needs_onednn
 def test_float32_products_go_through_onednn_and_are_right(onednn):
     g = torch.Generator().manual_seed(0)
     a, b = torch.randn(64, 96, generator=g), torch.randn(96, 40, generator=g)
@@ -40,6 +41,7 @@ def test_float32_products_go_through_onednn_and_are_right(onednn):
     assert cpu_matmul.calls - before == 4
 
 
+@needs_onednn
 @pytest.mark.parametrize("case", ["float64", "int64", "alpha_beta", "matrix_bias", "strided", "empty"])
 def test_other_products_fall_back_to_pytorch_with_its_results(case):
     g = torch.Generator().manual_seed(1)
@@ -60,17 +62,41 @@ def test_other_products_fall_back_to_pytorch_with_its_results(case):
         assert cpu_matmul.calls == before  # not through oneDNN
     finally:
         cpu_matmul.use("default")
-    assert got.dtype == expected.dtype and got.shape == expected.shape
-    assert torch.allclose(got, expected, rtol=1e-6, atol=1e-5) if got.is_floating_point() else torch.equal(got, expected)
+    assert torch.equal(got, expected)  # PyTorch's own kernel, bit for bit
 
 
-def test_a_shape_mismatch_keeps_pytorch_s_message(onednn):
-    with pytest.raises(RuntimeError, match=r"mat1 and mat2 shapes cannot be multiplied \(4x3 and 5x2\)"):
-        torch.nn.functional.linear(torch.randn(4, 3), torch.randn(2, 5))
-    with pytest.raises(RuntimeError, match=r"mat1 and mat2 shapes cannot be multiplied \(4x3 and 5x2\)"):
-        torch.mm(torch.randn(4, 3, dtype=torch.float64), torch.randn(5, 2, dtype=torch.float64))
+@needs_onednn
+@pytest.mark.parametrize("call,message", [
+    (lambda: torch.mm(torch.randn(4, 3), torch.randn(3, 2, dtype=torch.float64)), "same dtype"),
+    (lambda: torch.addmm(torch.randn(2), torch.randn(3), torch.randn(3, 2)), "mat1 must be a matrix"),
+    (lambda: torch.nn.functional.linear(torch.randn(4, 3), torch.randn(2, 5)), r"\(4x3 and 5x2\)"),
+])
+def test_bad_products_fail_with_pytorch_s_own_messages(call, message):
+    with pytest.raises(RuntimeError) as plain:
+        call()
+    assert plain.match(message)
+    cpu_matmul.use("onednn")
+    try:
+        with pytest.raises(RuntimeError) as ours:
+            call()
+    finally:
+        cpu_matmul.use("default")
+    assert str(ours.value) == str(plain.value)
 
 
+@needs_onednn
+def test_accumulating_a_weight_gradient_in_place_takes_onednn(onednn):
+    g = torch.Generator().manual_seed(3)
+    grads, xs = torch.randn(32, 24, generator=g), torch.randn(32, 40, generator=g)
+    acc = torch.randn(24, 40, generator=g)
+    exact = acc.double() + grads.double().t() @ xs.double()
+    before = cpu_matmul.calls
+    out = acc.addmm_(grads.t(), xs)  # what the runtime's batched W does into an existing .grad
+    assert out is acc and cpu_matmul.calls - before == 1
+    assert _close(acc, exact)
+
+
+@needs_onednn
 def test_a_linear_layer_s_forward_and_both_gradients_take_onednn():
     torch.manual_seed(0)
     layer = torch.nn.Linear(96, 32)
@@ -94,6 +120,7 @@ def test_a_linear_layer_s_forward_and_both_gradients_take_onednn():
         assert torch.allclose(g, e, rtol=1e-5, atol=1e-6)
 
 
+@needs_onednn
 def test_default_removes_the_kernels():
     cpu_matmul.use("onednn")
     assert cpu_matmul.active() == "onednn"
@@ -116,12 +143,14 @@ def test_a_bad_setting_names_where_it_came_from(monkeypatch):
     assert cpu_matmul.configured() == "onednn" and cpu_matmul.configured("default") == "default"
 
 
+@needs_onednn
 def test_workers_train_with_onednn_and_still_equal_gradient_accumulation(tmp_path):
     small = {"depth": 4, "width": 48, "samples": 512}
     cfg = RunConfig(model="mlp", model_args=small, batch_size=16, microbatches=4, schedule="1f1b", num_stages=2,
                     steps=3, checkpoint_dir=str(tmp_path), eval_at_end=False, cpu_matmul="onednn")
     summary = run_training(cfg)
     assert summary["cpu_matmul"] == "onednn"  # what each worker reported it computed with
+    assert summary["onednn_products"] > 3 * 4 * 2 * 3  # steps x microbatches x layers x (F, BI, W) at least
     trained, _ = assemble_model(cfg, tmp_path)
     cpu_matmul.use("onednn")
     try:
@@ -134,7 +163,17 @@ def test_workers_train_with_onednn_and_still_equal_gradient_accumulation(tmp_pat
     assert diff(reference) < 1e-5
 
 
-def test_workers_report_the_default_kernels_when_not_asked(tmp_path):
+def test_workers_report_the_default_kernels_when_not_asked(tmp_path, monkeypatch):
+    monkeypatch.delenv(cpu_matmul.ENV, raising=False)
     cfg = RunConfig(model="mlp", model_args={"depth": 2, "width": 8, "samples": 64}, batch_size=8, microbatches=2,
                     schedule="gpipe", num_stages=2, steps=2, eval_at_end=False)
-    assert run_training(cfg)["cpu_matmul"] == "default"
+    summary = run_training(cfg)
+    assert summary["cpu_matmul"] == "default" and summary["onednn_products"] is None
+
+
+def test_the_launcher_s_setting_reaches_every_worker(tmp_path, monkeypatch):
+    """The launcher resolves the variable once; workers do not read their own environment."""
+    monkeypatch.setenv(cpu_matmul.ENV, "onednn" if cpu_matmul.available() else "default")
+    cfg = RunConfig(model="mlp", model_args={"depth": 2, "width": 8, "samples": 64}, batch_size=8, microbatches=2,
+                    schedule="gpipe", num_stages=2, steps=2, eval_at_end=False)
+    assert run_training(cfg)["cpu_matmul"] == cpu_matmul.configured()

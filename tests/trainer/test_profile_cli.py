@@ -20,7 +20,8 @@ def run():
     return invoke
 
 
-def test_profile_a_zoo_model(run, tmp_path):
+def test_profile_a_zoo_model(run, tmp_path, monkeypatch):
+    monkeypatch.delenv("PIPEBOARD_CPU_MATMUL", raising=False)
     out = tmp_path / "p.json"
     result = run("profile", "mlp", "--model-arg", "depth=2", "-a", "width=16", "--batch-size", "4",
                  "--repeats", "2", "--warmup", "0", "-o", str(out))

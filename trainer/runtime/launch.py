@@ -19,6 +19,7 @@ import socket
 import time
 from typing import Any
 
+from trainer import cpu_matmul
 from trainer.runtime import model as model_mod, shm
 from trainer.runtime.config import ConfigError, RunConfig
 from trainer.runtime.layout import resolve
@@ -58,7 +59,8 @@ def run_training(cfg: RunConfig, sink: Sink | None = None) -> dict[str, Any]:
     zoo = model_mod.load_zoo(cfg)
     layers = model_mod.stage_layers(cfg, zoo, layout.virtual_stages)
     model_mod.build_stages(zoo.model, zoo.example_input(cfg.microbatch_size), layers)
-    cfg = cfg.with_(stages=layers, num_stages=None)
+    # the launcher's matmul setting, for every worker whatever their environment
+    cfg = cfg.with_(stages=layers, num_stages=None, cpu_matmul=cpu_matmul.configured(cfg.cpu_matmul))
     layout = resolve(cfg)
     world = layout.world
     _check_devices(cfg, world)

@@ -128,6 +128,10 @@ class Reporter:
         span = self.step_time[last] - self.step_time[first]
         return self.batch_size * (last - first) / span if span > 0 else None
 
+    def _onednn_products(self) -> int | None:
+        counts = [f[3] for f in self.finished.values() if len(f) > 3 and f[3] is not None]
+        return sum(counts) if counts else None
+
     def summary(self, target: float | None, higher_is_better: bool, wall_s: float) -> dict[str, Any]:
         steps_done = max(self.step_time, default=self.start_step - 1) + 1
         final_metric = self.evals[-1][2] if self.evals else None
@@ -155,6 +159,8 @@ class Reporter:
             "time_to_target_s": self.time_to_target,
             "reached_target": self.time_to_target is not None if target is not None else None,
             "evaluations": [{"step": s, "wall_s": w, "metric": m} for s, w, m in self.evals],
-            # what the CPU workers computed their float32 matrix products with (trainer/cpu_matmul.py)
+            # the kernels the CPU workers computed float32 matrix products with (trainer/cpu_matmul.py),
+            # and how many products oneDNN computed in all (None: no worker had its kernels)
             "cpu_matmul": ",".join(sorted({w["cpu_matmul"] for w in self.workers.values() if w["cpu_matmul"]})) or None,
+            "onednn_products": self._onednn_products(),
         }

@@ -208,7 +208,8 @@ def train(cfg: RunConfig, env: WorkerEnv) -> None:
                 checkpoint.mark_complete(cfg.checkpoint_dir, step, ckpt_layout)
         if stop:
             break
-    env.channel.put(("finished", rank, step, recorder.now(), metric))
+    env.channel.put(("finished", rank, step, recorder.now(), metric,
+                     cpu_matmul.calls if cpu_matmul.active() == "onednn" else None))
     with blocked(heartbeat):
         dist.barrier(group=control)
 
