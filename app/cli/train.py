@@ -132,7 +132,8 @@ def register(cli: typer.Typer) -> None:
                 sinks.append(DbSink(job_id))
             summary = run_training(cfg, MultiSink(sinks))
         except (ConfigError, ValueError, KeyError) as exc:
-            fail(str(exc).strip("'\""))
+            # a KeyError's str() quotes its message; other messages may end in a quoted value
+            fail(str(exc.args[0]) if isinstance(exc, KeyError) and exc.args else str(exc))
         except Exception as exc:  # RunFailed, or anything else: one line, never a traceback
             if type(exc).__name__ != "RunFailed":
                 exc = f"{type(exc).__name__}: {exc}"

@@ -96,6 +96,8 @@ def test_bad_input_is_one_line_and_exit_code_2():
         lines = r.stderr.strip().splitlines()
         assert len(lines) == 1 and field in lines[0], r.stderr
         assert r.exception is None or isinstance(r.exception, SystemExit)  # no traceback
+    r = in_process(*BASE, "--stages", "2", "--schedule", "1f1b", "--steps", "1", "--cpu-matmul", "mkl")
+    assert r.stderr.strip() == "error: cpu_matmul: must be one of default, onednn, got 'mkl'"  # quotes intact
 
 
 @pytest.mark.parametrize("higher_is_better, best", [(True, 0.9), (False, 0.2)])
