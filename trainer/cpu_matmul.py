@@ -40,6 +40,7 @@ ENV = "PIPEBOARD_CPU_MATMUL"
 
 _library: Any = None  # the torch.library.Library holding the kernels, while registered
 calls = 0  # products oneDNN computed in this process since the kernels were registered
+torch: Any = None  # bound by use() (the kernels run on every matrix product: no import there)
 
 
 def configured(value: str | None = None) -> str:
@@ -53,9 +54,9 @@ def configured(value: str | None = None) -> str:
 
 def available() -> bool:
     """Whether this PyTorch build has the oneDNN kernel ``use("onednn")`` calls."""
-    import torch
+    import torch as t
 
-    return torch.backends.mkldnn.is_available() and hasattr(torch.ops.mkldnn, "_linear_pointwise")
+    return t.backends.mkldnn.is_available() and hasattr(t.ops.mkldnn, "_linear_pointwise")
 
 
 def active() -> str:
@@ -63,9 +64,10 @@ def active() -> str:
     return "onednn" if _library is not None else "default"
 
 
-def use(backend: str) -> None:
-    """Compute this process's float32 CPU matrix products with ``backend`` from now on."""
-    global _library, calls
+def use(backend: str | None) -> None:
+    """Compute this process's float32 CPU matrix products with ``backend`` (None: ``configured()``)
+    from now on."""
+    global _library, calls, torch
     backend = configured(backend)
     if backend == active():
         return
@@ -75,8 +77,9 @@ def use(backend: str) -> None:
         return
     if not available():
         raise RuntimeError("onednn needs a PyTorch build with oneDNN (mkldnn); this one has none")
-    import torch
+    import torch as t
 
+    torch = t
     library = torch.library.Library("aten", "IMPL")
     with warnings.catch_warnings():
         # "Overriding a previously registered kernel": that is the point
@@ -94,40 +97,30 @@ def _by_rows_or_columns(t) -> bool:
 
 
 def _onednn_ok(a, b) -> bool:
-    import torch
-
     return (a.dtype is torch.float32 and b.dtype is torch.float32 and a.dim() == 2 and b.dim() == 2
             and a.shape[1] == b.shape[0] and a.numel() > 0 and b.numel() > 0
             and _by_rows_or_columns(a) and _by_rows_or_columns(b))
 
 
 def _bias_ok(bias, b, beta, alpha) -> bool:
-    import torch
-
     return (beta == 1 and alpha == 1 and bias.dtype is torch.float32 and bias.dim() == 1
             and bias.shape[0] == b.shape[1] and bias.stride() == (1,))
 
 
 def _linear(a, b, bias):
     """``a @ b + bias`` by oneDNN: its linear computes x @ w^T, and w = b^T is read in place."""
-    import torch
-
     global calls
     calls += 1
     return torch.ops.mkldnn._linear_pointwise(a, b.t(), bias, "none", [], "")
 
 
 def _mm(a, b):
-    import torch
-
     if _onednn_ok(a, b):
         return _linear(a, b, None)
     return torch.ops.aten.mm.out(a, b, out=a.new_empty(0))  # PyTorch's own kernel
 
 
 def _addmm(bias, a, b, *, beta=1, alpha=1):
-    import torch
-
     if _onednn_ok(a, b) and _bias_ok(bias, b, beta, alpha):
         return _linear(a, b, bias)
     return torch.ops.aten.addmm.out(bias, a, b, beta=beta, alpha=alpha, out=a.new_empty(0))
@@ -135,8 +128,6 @@ def _addmm(bias, a, b, *, beta=1, alpha=1):
 
 def _addmm_(acc, a, b, *, beta=1, alpha=1):
     """``acc += a @ b`` (a weight gradient accumulating over microbatches)."""
-    import torch
-
     if (beta == 1 and alpha == 1 and acc.dtype is torch.float32 and acc.dim() == 2 and _onednn_ok(a, b)
             and acc.shape == (a.shape[0], b.shape[1])):
         return acc.add_(_linear(a, b, None))

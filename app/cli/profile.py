@@ -83,7 +83,7 @@ def profile_cmd(
 
     torch.set_num_threads(threads)
     try:
-        backend = matmul.configured(cpu_matmul)
+        backend = matmul.configured(cpu_matmul)  # checked on every device, used on the CPU
         if device == "cpu":
             matmul.use(backend)
     except ValueError as exc:

@@ -127,7 +127,7 @@ def main(argv: list[str] | None = None) -> int:
     from trainer import cpu_matmul
 
     try:
-        cpu_matmul.use(cpu_matmul.configured())
+        cpu_matmul.use(None)  # $PIPEBOARD_CPU_MATMUL
     except (ValueError, RuntimeError) as exc:
         print(f"profiling {args.source} failed: {exc}", file=sys.stderr)
         return 1

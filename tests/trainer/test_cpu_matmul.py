@@ -172,7 +172,7 @@ def test_workers_report_the_default_kernels_when_not_asked(tmp_path, monkeypatch
 
 
 def test_the_launcher_s_setting_reaches_every_worker(tmp_path, monkeypatch):
-    """The launcher resolves the variable once; workers do not read their own environment."""
+    """The variable the launcher sees reaches every worker (it resolves it once, for all of them)."""
     monkeypatch.setenv(cpu_matmul.ENV, "onednn" if cpu_matmul.available() else "default")
     cfg = RunConfig(model="mlp", model_args={"depth": 2, "width": 8, "samples": 64}, batch_size=8, microbatches=2,
                     schedule="gpipe", num_stages=2, steps=2, eval_at_end=False)

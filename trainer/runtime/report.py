@@ -129,7 +129,7 @@ class Reporter:
         return self.batch_size * (last - first) / span if span > 0 else None
 
     def _onednn_products(self) -> int | None:
-        counts = [f[3] for f in self.finished.values() if len(f) > 3 and f[3] is not None]
+        counts = [f[3] for f in self.finished.values() if f[3] is not None]
         return sum(counts) if counts else None
 
     def summary(self, target: float | None, higher_is_better: bool, wall_s: float) -> dict[str, Any]:

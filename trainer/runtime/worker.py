@@ -80,7 +80,7 @@ def train(cfg: RunConfig, env: WorkerEnv) -> None:
     torch.set_num_threads(cfg.threads or threads_per_worker(world))
     device = torch.device(f"cuda:{rank % torch.cuda.device_count()}" if cfg.device == "cuda" else "cpu")
     if device.type == "cpu":
-        cpu_matmul.use(cpu_matmul.configured(cfg.cpu_matmul))
+        cpu_matmul.use(cfg.cpu_matmul)
     if device.type == "cuda":
         torch.cuda.set_device(device)
     timeout = timedelta(seconds=cfg.hang_timeout_s + 60)
