@@ -1,11 +1,13 @@
 """Which library computes float32 matrix products on the CPU: PyTorch's BLAS (MKL) or oneDNN.
 
-Why: PyTorch's CPU ``mm``/``addmm`` call MKL, and MKL takes a slower code path on AMD processors
-than on Intel's. On this project's machines (AMD EPYC, Zen 5, AVX-512; one thread) a
-``Linear(1024, 1024)`` forward on 64 rows ran at 102 GFLOP/s through MKL and 214 through oneDNN
-(which PyTorch ships, and which picks its kernels by instruction set, not by vendor); the weight
-gradient over 512 rows took 11.2 ms against 5.6 ms; a training step of the benchmark mlp (depth 8,
-width 1024, batch 512) went from 2,020 to 3,982 samples/s.
+Why: PyTorch's CPU ``mm``/``addmm`` call MKL, and MKL takes a slower code path on some AMD
+processors than on Intel's; oneDNN (which PyTorch ships) picks its kernels by instruction set, not
+by vendor. How much that buys depends on the processor, one thread each (``bench/matmul.py``
+measures it): on an AMD EPYC Zen 5 (2026-11-30) a ``Linear(1024, 1024)`` forward on 64 rows ran
+at 102 GFLOP/s through MKL and 214 through oneDNN, and a training step of the benchmark mlp
+(depth 8, width 1024, batch 512) went from 2,020 to 3,982 samples/s; on an AMD EPYC Zen 4
+(family 25 model 17, 2026-12-01) the same figures were 87 against 98 GFLOP/s and 1,853 against
+1,986 samples/s (1.07x).
 
 How: ``use("onednn")`` registers CPU kernels for ``aten::mm``, ``aten::addmm`` and
 ``aten::addmm_`` (through ``torch.library``) that hand 2-D float32 operands, each laid out by rows
