@@ -148,6 +148,46 @@ def measured_step_s(cfg: RunConfig) -> tuple[float, dict]:
     return cfg.batch_size / summary["samples_per_s"], sink.means()
 
 
+class Prediction:
+    """``trainer.schedule.predict.predict_step_s`` fed what it is designed for: the model's
+    profiles at the microbatch and the batch size (taken with the other stage's process training
+    on microbatches), the measured link over the runtime's transport, and the runtime's per-action
+    overhead (trainer.runtime.overhead's tiny-stage measurement, as a job's profile phase takes
+    it). Each input is measured once, before the runs that it predicts. bench/runtime.py predicts
+    its runs with it; ``weight_grads`` is theirs."""
+
+    def __init__(self, weight_grads: str) -> None:
+        self.weight_grads = weight_grads
+        self.link = measure_link()
+        self.profiles: dict[tuple[int, int], object] = {}  # (samples, the other stage's samples) -> profile
+        self.overhead = None
+
+    def _profile(self, zoo, size: int, load: int):
+        """``stage_profile`` at ``size`` samples, the other stage on ``load``, measured once."""
+        if (size, load) not in self.profiles:
+            self.profiles[(size, load)] = stage_profile(zoo, size, load, self.link)
+        return self.profiles[(size, load)]
+
+    def step_s(self, schedule: str, **c) -> tuple[float, float]:
+        """Predicted seconds per step: with the tiny-stage overhead, and with the runtime floor."""
+        cfg = run_cfg(schedule, steps=1, weight_grads=self.weight_grads, **c)
+        torch.set_num_threads(1)
+        zoo = model_mod.load_zoo(cfg)
+        stages = model_mod.stage_layers(cfg, zoo, STAGES)
+        if self.overhead is None:
+            modules = model_mod.build_stages(zoo.model, zoo.example_input(cfg.microbatch_size), stages)
+            self.overhead = runtime_overhead(modules)[1]
+        mb = cfg.microbatch_size
+        kw = dict(batch_profile=self._profile(zoo, cfg.batch_size, mb), batch_weight_grads=cfg.weight_grads == "batched")
+        prof = self._profile(zoo, mb, mb)
+        tiny = predict_step_s(prof, stages, cfg.schedule, cfg.microbatches, overhead=self.overhead, **kw)
+        # the runtime floor: this schedule's whole runtime on the model shrunk to
+        # width 4, per action on the critical path (measured here, before the runs it predicts)
+        _, per_action = runtime_floor(cfg)
+        floor = predict_step_s(prof, stages, cfg.schedule, cfg.microbatches, overhead=[per_action] * STAGES, **kw)
+        return tiny, floor
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--config", choices=["a", "b", "both"], default="both")
