@@ -9,8 +9,9 @@ machine, one torch thread, the two kernel sets alternating round by round:
 
 - a ``Linear(width, width)``'s forward, input gradient (``g W``) and weight gradient (``g^T x``)
   on each ``--rows`` count, in GFLOP/s;
-- a training step (forward, backward, SGD step) of the benchmark mlp (depth 8, ``--width``) on
-  ``--batch`` samples, in samples/s;
+- a training step of the benchmark mlp (depth 8, ``--width``) on ``--batch`` samples, as
+  bench/runtime.py's one process runs it (SGD with momentum; the runtime's allocator settings),
+  in samples/s;
 
 each as the median over rounds, with the ratio oneDNN / default. A ratio near 1 says keep the
 default (it matches other PyTorch programs bit for bit and costs no per-call overhead).
@@ -29,10 +30,15 @@ from pathlib import Path
 sys.path = [p for p in sys.path if Path(p or ".").resolve() != Path(__file__).resolve().parent]
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+from trainer.allocator import keep_freed_memory, prefer_huge_pages  # noqa: E402
+
+prefer_huge_pages()  # the runtime workers' allocator settings (before torch allocates)
+
 import torch  # noqa: E402
 
 import trainer.zoo  # noqa: E402
 from trainer import cpu_matmul  # noqa: E402
+from trainer.runtime.data import TrainStream  # noqa: E402
 
 KERNELS = ("default", "onednn")
 
@@ -76,14 +82,15 @@ def products(width: int, rows: int, repeats: int) -> dict[str, float]:
 
 
 def training_step(width: int, batch: int, steps: int) -> float:
-    """Samples/s of the benchmark mlp's training step (forward, backward, SGD step)."""
+    """Samples/s of bench/runtime.py's one process on the full batch: the mlp's forward, loss,
+    backward and SGD step (momentum, learning rate 1e-4) on a batch of its training data."""
     zoo = trainer.zoo.get("mlp", seed=0, depth=8, width=width)
-    opt = torch.optim.SGD(zoo.model.parameters(), lr=1e-4)
-    x = zoo.example_input(batch)
-    y = torch.zeros(batch, zoo.model(x[:1]).shape[-1])
+    zoo.optimizer, zoo.lr = "sgd", 1e-4
+    opt = zoo.make_optimizer(zoo.model.parameters())
+    x, y = TrainStream(zoo, batch, 1, torch.device("cpu")).microbatch(0)
 
     def step() -> None:
-        torch.nn.functional.mse_loss(zoo.model(x), y).backward()
+        zoo.loss_fn(zoo.model(x), y).backward()
         opt.step()
         opt.zero_grad(set_to_none=True)
 
@@ -102,6 +109,7 @@ def main() -> None:
     if not cpu_matmul.available():
         sys.exit("bench/matmul.py: this PyTorch build has no oneDNN matmul (torch.ops.mkldnn._linear_pointwise)")
     torch.set_num_threads(1)
+    keep_freed_memory()
     print(f"float32 matrix products, one torch thread, torch {torch.__version__}, {cpu_name()}")
     results: dict[str, dict[str, list[float]]] = {k: {} for k in KERNELS}
     for r in range(args.rounds):
@@ -114,7 +122,8 @@ def main() -> None:
             for name, value in figures.items():
                 results[kernels].setdefault(name, []).append(value)
     cpu_matmul.use("default")
-    print(f"{'median of ' + str(args.rounds) + ' rounds (GFLOP/s unless said)':54s} {'default':>9s} {'onednn':>9s}  onednn/default")
+    heading = f"median of {args.rounds} rounds (GFLOP/s unless said)"
+    print(f"{heading:54s} {'default':>9s} {'onednn':>9s}  onednn/default")
     for name in results["default"]:
         base, alt = (statistics.median(results[k][name]) for k in KERNELS)
         print(f"  {name:52s} {base:9.1f} {alt:9.1f}  {alt / base:5.2f}x")

@@ -6,8 +6,8 @@ by vendor. How much that buys depends on the processor, one thread each (``bench
 measures it): on an AMD EPYC Zen 5 (2026-11-30) a ``Linear(1024, 1024)`` forward on 64 rows ran
 at 102 GFLOP/s through MKL and 214 through oneDNN, and a training step of the benchmark mlp
 (depth 8, width 1024, batch 512) went from 2,020 to 3,982 samples/s; on an AMD EPYC Zen 4
-(family 25 model 17, 2026-12-01) the same figures were 87 against 98 GFLOP/s and 1,853 against
-1,986 samples/s (1.07x).
+(family 25 model 17, 2026-12-01) they were 88 against 97 GFLOP/s (1.11x) and 1,929 against 1,952
+samples/s (1.01x, the per-call cost below included).
 
 How: ``use("onednn")`` registers CPU kernels for ``aten::mm``, ``aten::addmm`` and
 ``aten::addmm_`` (through ``torch.library``) that hand 2-D float32 operands, each laid out by rows
