@@ -202,9 +202,7 @@ def main() -> None:
                     help="float32 matrix products of the profiles and the runs (trainer/cpu_matmul.py; "
                          "default: $PIPEBOARD_CPU_MATMUL, else default)")
     args = ap.parse_args()
-    args.cpu_matmul = cpu_matmul.configured(args.cpu_matmul)
-    os.environ[cpu_matmul.ENV] = args.cpu_matmul  # the runs' workers read it
-    cpu_matmul.use(args.cpu_matmul)  # the profiles, measured here and in processes forked from here
+    cpu_matmul.use_with_children(args.cpu_matmul)  # the profiles (here and forked) and the runs' workers
     torch.set_num_threads(1)
     started = time.monotonic()
     print(f"predict vs measure: mlp depth=8 width=1024, {STAGES} stages, optimizer {OPTIMIZER}, "

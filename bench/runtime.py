@@ -306,8 +306,7 @@ def single(steps: int, **c) -> float:
 
 def microbatches_of(schedule: str, c: dict) -> int:
     """The microbatches per batch a benchmarked schedule runs (``pipedream:1``: 1)."""
-    own = schedule.partition(":")[2]
-    return int(own) if own else c["microbatches"]
+    return run_cfg(schedule, steps=1, **c).microbatches
 
 
 def whole_model_anchors(schedules: list[str], c: dict) -> set[str]:
@@ -360,11 +359,7 @@ def main() -> None:
                          "default: $PIPEBOARD_CPU_MATMUL, else default)")
     args = ap.parse_args()
     WEIGHT_GRADS[0] = args.weight_grads
-    # every process measured here computes with the same kernels: forked ones inherit them, our
-    # runs' workers read the variable
-    args.cpu_matmul = cpu_matmul.configured(args.cpu_matmul)
-    os.environ[cpu_matmul.ENV] = args.cpu_matmul
-    cpu_matmul.use(args.cpu_matmul)
+    cpu_matmul.use_with_children(args.cpu_matmul)  # every process measured here: the same kernels
     if args.instrumentation_pairs:
         _sibling("runtime_modes").instrumentation_cost(args.instrumentation_pairs, "gpipe", args.steps, ours,
                                                         CONFIGS["a"])
@@ -383,6 +378,7 @@ def main() -> None:
         steps = args.steps if name == "a" else max(8, args.steps // 2)
         predicted = {s: prediction.step_s(s, **c) for s in schedules}  # inputs measured before the runs
         res: dict[str, list[float]] = {}
+        anchors = whole_model_anchors(schedules, c)
         for r in range(args.rounds):
             # Runs compared directly run next to each other, so load drift hits both alike: the
             # uninstrumented run beside ours 1f1b (torch one further), each schedule beside its
@@ -390,7 +386,6 @@ def main() -> None:
             # microbatch count) beside ours pipedream and the one process. Odd rounds run the
             # list backwards, so neither side of a pair always goes first.
             jobs = [("torch Schedule1F1B", lambda: torch_1f1b(steps, **c))]
-            anchors = whole_model_anchors(schedules, c)
             for s in schedules:
                 if name == "a" and s == "1f1b":
                     jobs.append(("ours 1f1b uninstrumented", lambda: ours("1f1b", steps, instrument=False, **c)))

@@ -93,6 +93,16 @@ def use(backend: str | None) -> None:
     calls = 0
 
 
+def use_with_children(backend: str | None) -> str:
+    """``use(backend)`` in this process and ``$PIPEBOARD_CPU_MATMUL`` set to it for the processes
+    it starts (forked ones inherit the kernels; spawned ones and ``run_training``'s launcher read
+    the variable); returns the backend."""
+    backend = configured(backend)
+    os.environ[ENV] = backend
+    use(backend)
+    return backend
+
+
 def _by_rows_or_columns(t) -> bool:
     rows, cols = t.shape
     return t.stride() == (cols, 1) or t.stride() == (1, rows)

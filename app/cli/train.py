@@ -96,8 +96,8 @@ def register(cli: typer.Typer) -> None:
                                    help="cpu (gloo) or cuda (NCCL; one GPU per worker process on this machine)."),
         cpu_matmul: Optional[str] = typer.Option(
             None, "--cpu-matmul",
-            help="CPU workers' float32 matrix products: default (PyTorch's BLAS) or onednn (about twice as fast on "
-                 "AMD processors). Default: $PIPEBOARD_CPU_MATMUL, else default."),
+            help="CPU workers' float32 matrix products: default (PyTorch's BLAS) or onednn (up to twice as fast on "
+                 "some AMD processors; bench/matmul.py measures yours). Default: $PIPEBOARD_CPU_MATMUL, else default."),
         as_json: bool = typer.Option(False, "--json", help="Print the summary as one JSON object."),
         job_id: Optional[int] = typer.Option(None, "--job-id", help="Report to the service's job N (database)."),
         events_jsonl: Optional[str] = typer.Option(None, "--events-jsonl", help="Append every report as a JSON line."),

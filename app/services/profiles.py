@@ -26,8 +26,8 @@ def cache_key(model: str, model_args: dict[str, Any], batch_size: int, device: s
     calibration_args' flags; threads, the batch its weight gradients were timed at, optimizer), so a
     different run does not reuse it. ``--calibrate`` itself, in every such list, is left out. A
     profile measured with other matrix-product kernels than the default (``PIPEBOARD_CPU_MATMUL``,
-    which the profiling child and the runs read; trainer/cpu_matmul.py) says so too: it times
-    layers about twice as fast."""
+    which the profiling child and the runs read; trainer/cpu_matmul.py) says so too: its layer
+    times differ (up to 2x on some AMD processors)."""
     args = json.dumps(model_args, sort_keys=True, separators=(",", ":")) if model_args else ""
     named = [a.lstrip("-") for a in calibration or [] if a != "--calibrate"]
     matmul = os.environ.get(cpu_matmul.ENV) or "default"

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import os
+
 import pytest
 import torch
 
@@ -177,3 +179,17 @@ def test_the_launcher_s_setting_reaches_every_worker(tmp_path, monkeypatch):
     cfg = RunConfig(model="mlp", model_args={"depth": 2, "width": 8, "samples": 64}, batch_size=8, microbatches=2,
                     schedule="gpipe", num_stages=2, steps=2, eval_at_end=False)
     assert run_training(cfg)["cpu_matmul"] == cpu_matmul.configured()
+
+
+def test_use_with_children_sets_the_variable_for_started_processes(monkeypatch):
+    monkeypatch.delenv(cpu_matmul.ENV, raising=False)
+    try:
+        assert cpu_matmul.use_with_children("onednn") == "onednn"
+        assert os.environ[cpu_matmul.ENV] == "onednn" and cpu_matmul.active() == "onednn"
+        monkeypatch.setenv(cpu_matmul.ENV, "onednn")
+        assert cpu_matmul.use_with_children(None) == "onednn"  # None: the configured setting
+        with pytest.raises(ValueError, match="cpu_matmul"):
+            cpu_matmul.use_with_children("fast")
+    finally:
+        cpu_matmul.use("default")
+    assert cpu_matmul.active() == "default"
