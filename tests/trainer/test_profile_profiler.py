@@ -228,10 +228,12 @@ model = torch.nn.Sequential(*[torch.nn.Linear(1024, 1024) for _ in range(4)])
 x = torch.randn(8, 1024)
 for _ in range(3):
     model(x).sum().backward()
-before = resource.getrusage(resource.RUSAGE_SELF).ru_minflt
+per_step = []
 for _ in range(5):
+    before = resource.getrusage(resource.RUSAGE_SELF).ru_minflt
     model(x).sum().backward()
-print((resource.getrusage(resource.RUSAGE_SELF).ru_minflt - before) / 5)
+    per_step.append(resource.getrusage(resource.RUSAGE_SELF).ru_minflt - before)
+print(sorted(per_step)[2])  # the median step: a one-off burst of the kernel's does not count
 """
 
 
@@ -239,7 +241,10 @@ def test_profiles_run_with_the_workers_heap_so_backwards_take_no_page_faults():
     """After profile_model the process keeps freed memory as runtime workers do: a backward of four
     Linear(1024, 1024) layers allocates its fresh 4 MiB gradients without page faults. Under glibc's
     defaults (the control, a fresh process) each step faults thousands of pages, time a run's
-    backward does not spend, which the profile then charged to every layer's backward."""
+    backward does not spend, which the profile then charged to every layer's backward. The median
+    step counts: once, under the full suite's load in CI, the profiled process averaged 101 faults
+    per step where it has 0 alone or beside a compute load (the kernel's doing, which no allocator
+    setting controls); a one-off burst in one step is not what the setting is about."""
     import subprocess
     import sys
     from pathlib import Path
