@@ -9,6 +9,12 @@ directly or through helpers; those are the profile's edges.
 
 Layer names are fx node names, so a plan made from a profile names the nodes that
 :func:`trainer.partition.split_model` cuts.
+
+A module marked with :func:`mark_leaf` (or whose class sets ``_pipeboard_leaf = True``) is traced
+as one ``call_module`` node, i.e. one layer, instead of being flattened: that is how a model whose
+insides fx cannot trace (a transformers decoder block with its Python control flow) is split at
+module boundaries (see :mod:`trainer.task.hf`). Its inner modules still run as modules, so forward
+hooks on them (the runtime's weight-gradient split) fire as usual.
 """
 
 from __future__ import annotations
@@ -112,12 +118,40 @@ def _drop_constant_inputs(gm: fx.GraphModule, n_inputs: int) -> None:
     gm.recompile()
 
 
+LEAF_ATTR = "_pipeboard_leaf"
+
+
+def mark_leaf(module: nn.Module) -> nn.Module:
+    """Make the tracer keep ``module`` whole: one fx node, one layer. Returns the module.
+
+    It sets an instance attribute (no parameter, buffer or state-dict entry); a class can set
+    ``_pipeboard_leaf = True`` instead to make all its instances leaves."""
+    setattr(module, LEAF_ATTR, True)
+    return module
+
+
+def is_leaf(module: nn.Module) -> bool:
+    """Whether ``module`` is marked as a leaf (instance or class attribute)."""
+    return getattr(module, LEAF_ATTR, False) is True
+
+
+class LeafTracer(fx.Tracer):
+    """fx's tracer, with modules marked by :func:`mark_leaf` kept as leaves besides fx's own
+    (the modules of ``torch.nn`` but ``Sequential``)."""
+
+    def is_leaf_module(self, m: nn.Module, module_qualified_name: str) -> bool:
+        return is_leaf(m) or super().is_leaf_module(m, module_qualified_name)
+
+
 def symbolic_trace(model: nn.Module, n_inputs: int | None = None) -> fx.GraphModule:
-    """fx-trace ``model``; with ``n_inputs``, forward parameters beyond them that have defaults
-    are traced as those defaults."""
+    """fx-trace ``model`` (marked leaf modules kept whole); with ``n_inputs``, forward parameters
+    beyond them that have defaults are traced as those defaults."""
     constants = _defaults_beyond(model, n_inputs) if n_inputs is not None else {}
     try:
-        gm = fx.symbolic_trace(model, concrete_args=constants or None)
+        # what fx.symbolic_trace does, with LeafTracer instead of fx.Tracer
+        tracer = LeafTracer()
+        graph = tracer.trace(model, concrete_args=constants or None)
+        gm = fx.GraphModule(tracer.root, graph, type(model).__name__)
     except Exception as exc:  # fx raises TraceError, TypeError, RuntimeError, ... depending on the op
         first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
         raise UntraceableModelError(
