@@ -3,3 +3,14 @@
 Importable with no web stack; it never imports ``app``. Progress goes through a
 ``trainer.sink.Sink`` that the caller supplies.
 """
+
+__all__ = ["Task", "TaskError", "load_task"]
+
+
+def __getattr__(name: str):
+    # Lazy: `import trainer` (the planner's CLI) must not import torch.
+    if name in __all__:
+        from trainer import task
+
+        return getattr(task, name)
+    raise AttributeError(f"module 'trainer' has no attribute {name!r}")

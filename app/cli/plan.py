@@ -1,10 +1,12 @@
 """`pipeboard plan`: split a profile across a cluster with PipeDream's DP or a baseline.
 
-    pipeboard plan PROFILE --workers N [N ...] --bandwidth B [B ...] [--memory BYTES]
+    pipeboard plan PROFILE|SPEC --workers N [N ...] --bandwidth B [B ...] [--memory BYTES]
         [--memory-constraint] [--straight] [--fewer-workers] [--activation-compression R]
         [--method pipedream|uniform|time|params|dp] [--json] [-o plan.json] [--compare]
 
-Nothing here imports torch (planning needs none), so the command starts fast. Bad input ends
+PROFILE is a profile JSON or graph.txt. A model SPEC instead (a zoo name or a task factory, as
+`pipeboard profile` takes, with --model-arg, --data, --batch-size and --precision) is profiled
+first, in this process. Planning a profile imports no torch, so that command starts fast. Bad input ends
 with one line on stderr and exit code 2.
 """
 
@@ -116,8 +118,16 @@ def _print_comparison(plans, console) -> None:
     console.print(table)
 
 
+def _is_zoo_name(name: str) -> bool:
+    from trainer import zoo
+
+    return name in zoo.names()
+
+
 def plan_command(
-    profile: Path = typer.Argument(..., help="Profile JSON or PipeDream graph.txt."),
+    profile: Path = typer.Argument(..., metavar="PROFILE|SPEC",
+                                   help="Profile JSON or PipeDream graph.txt, or a model SPEC (zoo name, "
+                                        "package.module:function, path/to/file.py:function) to profile first."),
     workers: list[str] = typer.Option(..., "--workers", "-n", help="Workers per level, innermost first: --workers 4 4."),
     bandwidth: list[str] = typer.Option(..., "--bandwidth", "-b", help="Bytes/s per level, innermost first."),
     memory: float = typer.Option(None, "--memory", help="Memory per worker in bytes (default 16e9 with --memory-constraint)."),
@@ -130,6 +140,10 @@ def plan_command(
     output: Path = typer.Option(None, "-o", "--output", help="Also write the plan JSON here."),
     compare: bool = typer.Option(False, "--compare", help="Plan with every method and print a throughput table."),
     max_states: int = typer.Option(2000, "--max-states", help="Use exact antichain states up to this many."),
+    model_arg: list[str] = typer.Option([], "--model-arg", help="SPEC: model argument k=v (repeatable)."),
+    data: str = typer.Option(None, "--data", help="SPEC: data location handed to the task factory."),
+    batch_size: int = typer.Option(None, "--batch-size", help="SPEC: samples per minibatch to profile."),
+    precision: str = typer.Option("fp32", "--precision", help="SPEC: fp32 or bf16, as the runs will train."),
 ) -> None:
     """Plan a pipeline: stage boundaries and replication per level (PipeDream's optimizer)."""
     from trainer.plan import PlanError, levels_from_lists
@@ -137,10 +151,22 @@ def plan_command(
     from trainer.plan import plan as make_plan
     from trainer.profile.schema import Profile, ProfileError
 
+    prof = None
     if not profile.is_file():
-        fail(f"PROFILE: no such file {str(profile)!r}")
+        spec = str(profile)
+        if ":" not in spec and not _is_zoo_name(spec):
+            fail(f"PROFILE: no such file {spec!r} (nor a zoo name or a task factory module:function)")
+        from app.cli.common import parse_model_args
+        from app.cli.profile import measure
+
+        try:
+            args = parse_model_args(model_arg)
+        except ValueError as exc:
+            fail(str(exc))
+        prof = measure(spec, batch_size=batch_size, device="cpu", model_args=args, data=data, precision=precision,
+                       warmup=2, repeats=5, seed=0, threads=1, cpu_matmul=None)
     try:
-        prof = Profile.load(profile)
+        prof = prof or Profile.load(profile)
         levels = levels_from_lists(_parse_numbers(workers, "workers", int), _parse_numbers(bandwidth, "bandwidth", float))
         options = dict(memory_bytes=memory, memory_constraint=memory_constraint, straight=straight,
                        fewer_workers=fewer_workers, activation_compression=activation_compression,

@@ -1,11 +1,13 @@
 """`pipeboard profile` and `pipeboard models`.
 
-    pipeboard profile MODEL [--batch-size N] [--device cpu|cuda] [--model-arg k=v ...] -o profile.json
+    pipeboard profile MODEL [--batch-size N] [--device cpu|cuda] [--model-arg k=v ...] [--data PATH]
+        [--precision fp32|bf16] -o profile.json
     pipeboard profile import graph.txt -o profile.json
     pipeboard profile export profile.json -o graph.txt
     pipeboard models
 
-MODEL is a zoo name (`pipeboard models`) or an import path `package.module:factory`. click
+MODEL is a zoo name (`pipeboard models`) or a task factory `package.module:function` or
+`path/to/file.py:function` (trainer.task.spec). click
 cannot give a group both a positional MODEL and the subcommands `import`/`export`, so the group
 routes any first word that is not a subcommand to a hidden `model` command. torch is imported
 inside the commands that need it. Bad input ends with one line on stderr and exit code 2.
@@ -36,30 +38,19 @@ class ProfileGroup(TyperGroup):
 profile_app = typer.Typer(
     cls=ProfileGroup,
     name="profile",
-    help="Profile MODEL (a zoo name or package.module:factory), or import/export PipeDream graph.txt.\n\n"
-    "Usage: pipeboard profile MODEL [--batch-size N] [--device cpu|cuda] [--model-arg k=v] -o profile.json",
+    help="Profile MODEL (a zoo name, or a task factory package.module:function or path/to/file.py:function), "
+    "or import/export PipeDream graph.txt.\n\n"
+    "Usage: pipeboard profile MODEL [--batch-size N] [--device cpu|cuda] [--model-arg k=v] [--data PATH] "
+    "[--precision fp32|bf16] -o profile.json",
     no_args_is_help=True,
     add_completion=False,
 )
 
 
-@profile_app.command(_MODEL_COMMAND, hidden=True)
-def profile_cmd(
-    model: str = typer.Argument(..., metavar="MODEL", help="zoo name or package.module:factory"),
-    batch_size: Optional[int] = typer.Option(None, "--batch-size", "-b", help="samples per minibatch (zoo default if unset)"),
-    device: str = typer.Option("cpu", "--device", help="cpu or cuda"),
-    model_arg: list[str] = typer.Option([], "--model-arg", "-a", help="model argument key=value (repeatable)"),
-    output: Path = typer.Option(Path("profile.json"), "--output", "-o", help="where to write the profile JSON"),
-    warmup: int = typer.Option(3, "--warmup", help="steps run before measuring"),
-    repeats: int = typer.Option(10, "--repeats", help="measured steps (medians are reported)"),
-    seed: int = typer.Option(0, "--seed", help="weight seed of a zoo model"),
-    threads: int = typer.Option(1, "--threads", help="torch intra-op threads (a pipeline worker uses one)"),
-    cpu_matmul: Optional[str] = typer.Option(
-        None, "--cpu-matmul",
-        help="float32 matrix products: default (PyTorch's BLAS) or onednn, as the runs it plans will use "
-             "(default: $PIPEBOARD_CPU_MATMUL, else default)"),
-) -> None:
-    """Measure MODEL layer by layer and write a profile JSON."""
+def measure(spec: str, *, batch_size: int | None, device: str, model_args: dict, data: str | None,
+            precision: str, warmup: int, repeats: int, seed: int, threads: int, cpu_matmul: str | None):
+    """Build SPEC's task, check it, and profile its model: the Profile (one-line errors via
+    ``fail``). Shared by `pipeboard profile` and `pipeboard plan SPEC`."""
     if device not in ("cpu", "cuda"):
         fail(f"--device must be 'cpu' or 'cuda', got {device!r}")
     if batch_size is not None and batch_size < 1:
@@ -68,16 +59,16 @@ def profile_cmd(
         fail("--warmup must be >= 0 and --repeats >= 1")
     if threads < 1:
         fail(f"--threads must be >= 1, got {threads}")
-    try:
-        args = parse_model_args(model_arg)
-    except ValueError as exc:
-        fail(str(exc))
+    from trainer.precision import PRECISIONS
+
+    if precision not in PRECISIONS:
+        fail(f"--precision must be one of {', '.join(PRECISIONS)}, got {precision!r}")
     from rich.console import Console
     from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
 
     from trainer import cpu_matmul as matmul
-    from trainer.profile.profiler import profile_model, self_check_line
-    from trainer.profile.usermodel import resolve_model
+    from trainer.profile.profiler import profile_model
+    from trainer.task import TaskError, check_task, load_task
 
     import torch
 
@@ -90,33 +81,72 @@ def profile_cmd(
         fail(str(exc).replace("cpu_matmul:", "--cpu-matmul:"))
     except RuntimeError as exc:
         fail(f"--cpu-matmul: {exc}")
-    if device == "cuda":
-        if not torch.cuda.is_available():
-            fail("--device cuda: CUDA is not available on this machine")
+    if device == "cuda" and not torch.cuda.is_available():
+        fail("--device cuda: CUDA is not available on this machine")
     try:
-        if ":" not in model:
-            args.setdefault("seed", seed)
-        resolved = resolve_model(model, batch_size, args)
+        task = load_task(spec, model_args, data, seed)
+        bs = batch_size or task.batch_size
+        check_task(task, bs)
+        example = task.example_input(bs)
+    except TaskError as exc:
+        fail(str(exc))
+    try:
         console = Console(stderr=True)
         with Progress(TextColumn("profiling {task.fields[model]}"), BarColumn(), TextColumn("{task.completed}/{task.total} steps"),
                       TextColumn("{task.description}"), TimeElapsedColumn(), console=console, transient=True) as bar:
-            task = bar.add_task("tracing", total=warmup + repeats, model=model)
+            job = bar.add_task("tracing", total=warmup + repeats, model=spec)
 
             def progress(done: int, total: int, what: str) -> None:
-                bar.update(task, completed=done, total=total, description=what)
+                bar.update(job, completed=done, total=total, description=what)
 
-            prof = profile_model(resolved.model, resolved.example_input, batch_size=resolved.batch_size, device=device,
-                                 warmup=warmup, repeats=repeats, progress=progress, optimizer=resolved.optimizer,
-                                 model_name=model)
-        prof.meta["model_args"] = {k: v for k, v in args.items() if k != "seed"}
-        output.parent.mkdir(parents=True, exist_ok=True)
-        prof.save(output)
+            prof = profile_model(task.model, example, batch_size=bs, device=device, warmup=warmup, repeats=repeats,
+                                 progress=progress, optimizer=task.optimizer_name if task.optimizer_name != "custom" else "adam",
+                                 model_name=spec, precision=precision)
     except (KeyboardInterrupt, typer.Exit):
         raise
     except Exception as exc:  # one line, never a traceback (the message names what failed)
         fail(str(exc) if isinstance(exc, ValueError) else f"{type(exc).__name__}: {exc}")
+    prof.meta["model_args"] = dict(model_args)
+    if data is not None:
+        prof.meta["data"] = data
+    return prof
+
+
+@profile_app.command(_MODEL_COMMAND, hidden=True)
+def profile_cmd(
+    model: str = typer.Argument(..., metavar="MODEL",
+                                help="zoo name, or a task factory package.module:function or path/to/file.py:function"),
+    batch_size: Optional[int] = typer.Option(None, "--batch-size", "-b", help="samples per minibatch (the task's default if unset)"),
+    device: str = typer.Option("cpu", "--device", help="cpu or cuda"),
+    model_arg: list[str] = typer.Option([], "--model-arg", "-a", help="model argument key=value (repeatable)"),
+    data: Optional[str] = typer.Option(None, "--data", help="data location, handed to the task factory as data="),
+    precision: str = typer.Option("fp32", "--precision", help="fp32 or bf16 (autocast): the precision the runs will use"),
+    output: Path = typer.Option(Path("profile.json"), "--output", "-o", help="where to write the profile JSON"),
+    warmup: int = typer.Option(3, "--warmup", help="steps run before measuring"),
+    repeats: int = typer.Option(10, "--repeats", help="measured steps (medians are reported)"),
+    seed: int = typer.Option(0, "--seed", help="weight seed of the task's model"),
+    threads: int = typer.Option(1, "--threads", help="torch intra-op threads (a pipeline worker uses one)"),
+    cpu_matmul: Optional[str] = typer.Option(
+        None, "--cpu-matmul",
+        help="float32 matrix products: default (PyTorch's BLAS) or onednn, as the runs it plans will use "
+             "(default: $PIPEBOARD_CPU_MATMUL, else default)"),
+) -> None:
+    """Measure MODEL layer by layer and write a profile JSON."""
+    try:
+        args = parse_model_args(model_arg)
+    except ValueError as exc:
+        fail(str(exc))
+    prof = measure(model, batch_size=batch_size, device=device, model_args=args, data=data, precision=precision,
+                   warmup=warmup, repeats=repeats, seed=seed, threads=threads, cpu_matmul=cpu_matmul)
+    try:
+        output.parent.mkdir(parents=True, exist_ok=True)
+        prof.save(output)
+    except OSError as exc:
+        fail(f"--output: cannot write {str(output)!r}: {exc.strerror}")
     typer.echo(f"wrote {output}: {len(prof.layers)} layers, {len(prof.edges)} edges, batch size {prof.batch_size}, "
-               f"device {prof.device}, {prof.meta['wall_s']:.1f} s")
+               f"device {prof.device}, {precision}, {prof.meta['wall_s']:.1f} s")
+    from trainer.profile.profiler import self_check_line
+
     typer.echo(self_check_line(prof))
 
 
@@ -171,7 +201,11 @@ def models_cmd() -> None:
         goal = f"{'>=' if d['higher_is_better'] else '<='} {d['target']}"
         args = ", ".join(f"{k}={v}" for k, v in d["args"].items())
         table.add_row(d["name"], d["metric"], goal, args, d["description"])
-    Console().print(table)
+    console = Console()
+    console.print(table)
+    console.print("Your own model and data: write a task factory, a function returning trainer.Task (see README, "
+                  "'Your own model and data'), and pass it as --model path/to/file.py:function or "
+                  "package.module:function, with --model-arg k=v and --data PATH.", highlight=False)
 
 
 def register(cli: typer.Typer) -> None:

@@ -1,9 +1,13 @@
 """`pipeboard train`: run a model's pipeline for real (trainer.runtime) with a progress bar.
 
-    pipeboard train --model NAME [--model-arg k=v ...] [--plan plan.json | --stages P]
+    pipeboard train --model SPEC [--model-arg k=v ...] [--data PATH] [--plan plan.json | --stages P]
         --schedule NAME --batch-size B --microbatches M [--epochs E | --steps S | --target METRIC]
         [--workers N] [--checkpoint-dir D] [--resume] [--json] [--job-id N] [--events-jsonl PATH]
-        [--weight-grads batched|immediate] [--cpu-matmul default|onednn]
+        [--weight-grads batched|immediate] [--cpu-matmul default|onednn] [--precision fp32|bf16]
+        [--loader-workers N]
+
+SPEC is a zoo name or a task factory (`package.module:function`, `path/to/file.py:function`)
+returning a trainer.Task; the task is built and checked here, before any worker starts.
 
 Ends with a summary line (or, with --json, one JSON object with samples_per_s, final_metric,
 steps, wall_s, ...). Bad input or a failed run: one line on stderr, exit code 2 or 1.
@@ -67,8 +71,14 @@ class ProgressSink:
 def register(cli: typer.Typer) -> None:
     @cli.command("train")
     def train(
-        model: str = typer.Option(..., "--model", help="Zoo model name (see `pipeboard models`)."),
-        model_arg: list[str] = typer.Option([], "--model-arg", help="Model argument k=v (repeatable)."),
+        model: str = typer.Option(..., "--model", help="Zoo name (`pipeboard models`) or task factory "
+                                  "package.module:function or path/to/file.py:function returning a trainer.Task."),
+        model_arg: list[str] = typer.Option([], "--model-arg", help="Model argument k=v (repeatable), passed to the factory."),
+        data: Optional[str] = typer.Option(None, "--data", help="Data location (a file or folder), passed to the factory as data=."),
+        precision: str = typer.Option("fp32", "--precision",
+                                      help="fp32, or bf16: forwards under autocast, float32 master weights and optimizer state."),
+        loader_workers: Optional[int] = typer.Option(
+            None, "--loader-workers", help="DataLoader worker processes per loading stage (default: the task's)."),
         plan: Optional[str] = typer.Option(None, "--plan", help="Plan JSON (`pipeboard plan`): stages and replicas."),
         stages: Optional[int] = typer.Option(None, "--stages", help="Split uniformly into P stages (no plan)."),
         schedule: str = typer.Option(..., "--schedule", help="gpipe, 1f1b, interleaved-1f1b, zb-h1, pipedream or dp."),
@@ -88,7 +98,7 @@ def register(cli: typer.Typer) -> None:
             help="batched: backwards compute input gradients, one pass per update the weight gradients of all "
                  "its microbatches; immediate: each backward computes both. dp and zb-h1 ignore it."),
         lr: Optional[float] = typer.Option(None, "--lr"),
-        optimizer: Optional[str] = typer.Option(None, "--optimizer", help="adam or sgd (default: the model's)."),
+        optimizer: Optional[str] = typer.Option(None, "--optimizer", help="adam, adamw or sgd (default: the task's)."),
         seed: int = typer.Option(0, "--seed"),
         eval_every: Optional[int] = typer.Option(None, "--eval-every", help="Steps between validations (--target)."),
         hang_timeout: float = typer.Option(30.0, "--hang-timeout", help="Seconds without progress that count as hung."),
@@ -102,7 +112,7 @@ def register(cli: typer.Typer) -> None:
         job_id: Optional[int] = typer.Option(None, "--job-id", help="Report to the service's job N (database)."),
         events_jsonl: Optional[str] = typer.Option(None, "--events-jsonl", help="Append every report as a JSON line."),
     ) -> None:
-        """Train MODEL with a pipeline schedule on one process per stage replica."""
+        """Train a model (a zoo task or your own) with a pipeline schedule, one process per stage replica."""
         from trainer.runtime.config import ConfigError, RunConfig
 
         if plan is not None and stages is not None:
@@ -110,7 +120,8 @@ def register(cli: typer.Typer) -> None:
         try:
             plan_stages, replicas = _plan_layout(plan) if plan else (None, None)
             cfg = RunConfig(
-                model=model, model_args=parse_model_args(model_arg), schedule=schedule, batch_size=batch_size,
+                model=model, model_args=parse_model_args(model_arg), data=data, precision=precision,
+                loader_workers=loader_workers, schedule=schedule, batch_size=batch_size,
                 microbatches=microbatches, stages=plan_stages, replicas=replicas if schedule != "dp" else None,
                 num_stages=stages, workers=workers if (workers or not replicas or schedule != "dp") else sum(replicas),
                 chunks=chunks, vertical_sync=vertical_sync, weight_grads=weight_grads, epochs=epochs, steps=steps, target=target, seed=seed,

@@ -1,12 +1,11 @@
-"""Models: the zoo (always available) plus user models registered by import path.
+"""Models: the zoo (always available) plus user task factories registered by import path.
 
-Registering traces the model with torch.fx first, so a model the profiler and the partitioner
+Registering builds and checks the task and traces its model with torch.fx first, so a model the profiler and the partitioner
 cannot handle is refused at the door with the failing op named, not at 2 a.m. in a job.
 """
 
 from __future__ import annotations
 
-import importlib
 from functools import lru_cache
 from typing import Any
 
@@ -62,34 +61,22 @@ def get(session: Session, ref: str) -> ModelPublic:
 
 
 def trace_check(source: str, config: dict[str, Any]) -> int:
-    """Import, build and fx-trace the model; the number of traced layers, or 422 naming `source`."""
-    module_name, _, attr = source.partition(":")
-    try:
-        factory = getattr(importlib.import_module(module_name), attr)
-    except (ImportError, AttributeError) as exc:
-        raise ServiceError(f"source: cannot import {source!r}: {exc}", status=422, field="source") from None
-    try:
-        built = factory(**config)
-    except Exception as exc:
-        raise ServiceError(f"source: {source}(**config) raised {type(exc).__name__}: {exc}", status=422, field="source") from None
-    if not (isinstance(built, tuple) and len(built) == 2):
-        raise ServiceError(f"source: {source} must return (nn.Module, example_input), got {type(built).__name__}", status=422, field="source")
-    model, example = built
-    import torch
+    """Build the task factory's task, check it, and split its model with torch.fx: the number of
+    layers, or 422 naming `source`."""
+    from trainer.profile.fxgraph import UntraceableModelError, trace_layers
+    from trainer.task import TaskError, check_task, load_task
 
-    if not isinstance(model, torch.nn.Module):
-        raise ServiceError(f"source: {source} returned {type(model).__name__}, not an nn.Module", status=422, field="source")
+    if ":" not in source:
+        raise ServiceError(f"source: {source!r} is not a task factory 'package.module:function'", status=422, field="source")
     try:
-        graph = torch.fx.symbolic_trace(model)
-    except Exception as exc:  # fx names the op it could not trace in its message
-        first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
-        raise ServiceError(f"source: {source} cannot be traced by torch.fx: {first}", status=422, field="source") from None
-    try:
-        with torch.no_grad():
-            graph(*(example if isinstance(example, tuple) else (example,)))
-    except Exception as exc:
-        raise ServiceError(f"source: the traced model fails on its example input: {type(exc).__name__}: {exc}", status=422, field="source") from None
-    return sum(1 for n in graph.graph.nodes if n.op in ("call_module", "call_function", "call_method"))
+        task = load_task(source, config)
+        check_task(task)
+        graph = trace_layers(task.model, task.example_input(2))
+    except UntraceableModelError as exc:
+        raise ServiceError(f"source: {source} cannot be split by torch.fx: {exc}", status=422, field="source") from None
+    except TaskError as exc:
+        raise ServiceError(f"source: {exc}", status=422, field="source") from None
+    return sum(1 for layer in graph.layers if layer.kind == "layer")
 
 
 def register(session: Session, body: ModelCreate) -> ModelPublic:
@@ -100,7 +87,7 @@ def register(session: Session, body: ModelCreate) -> ModelPublic:
     layers = trace_check(body.source, body.config)
     begin_write(session)
     row = Model(name=body.name, source=body.source, kind="import", config=body.config,
-                description=f"registered from {body.source} ({layers} traced ops)")
+                description=f"registered from {body.source} ({layers} traced layers)")
     session.add(row)
     session.commit()
     return to_public(row)

@@ -44,7 +44,7 @@ def profile_for_model(session: Session, model: str, model_args: dict, batch_size
             return row
         with tempfile.TemporaryDirectory(prefix="pipeboard-profile-") as tmp:
             out = Path(tmp) / "profile.json"
-            cmd = [sys.executable, "-m", "app.services.profile_run", "--source", source, "--kind", kind,
+            cmd = [sys.executable, "-m", "app.services.profile_run", "--source", source,
                    "--model-args", json.dumps(args), "--batch-size", str(batch_size), "-o", str(out),
                    *(calibration or [])]
             try:

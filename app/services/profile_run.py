@@ -20,36 +20,18 @@ same profile JSON:
 from __future__ import annotations
 
 import argparse
-import importlib
 import json
 import sys
 from typing import Any
 
 
-def load_model(source: str, kind: str, model_args: dict[str, Any], batch_size: int):
-    """(nn.Module, example_input) for a zoo name or an import path `pkg.mod:factory`."""
-    if kind == "import":
-        module_name, _, attr = source.partition(":")
-        factory = getattr(importlib.import_module(module_name), attr)
-        result = factory(**model_args)
-        if not (isinstance(result, tuple) and len(result) == 2):
-            raise ValueError(f"{source} must return (nn.Module, example_input), got {type(result).__name__}")
-        return result
-    from trainer import zoo
+def load_task(source: str, model_args: dict[str, Any], batch_size: int):
+    """The checked task of a zoo name or a task factory (`pkg.mod:function`)."""
+    from trainer.task import check_task, load_task as load
 
-    zm = zoo.get(source, **model_args)
-    return zm.model, zm.example_input(batch_size)
-
-
-def _resized(example: Any, n: int) -> Any:
-    """An imported model's example input (tensors batched on dim 0) repeated or cut to n rows."""
-    import torch
-
-    def one(t):
-        reps = -(-n // t.shape[0])
-        return torch.cat([t] * reps)[:n]
-
-    return tuple(one(t) for t in example) if isinstance(example, tuple) else one(example)
+    task = load(source, model_args)
+    check_task(task, batch_size)
+    return task
 
 
 def _batched_by_runtime(desc: str) -> bool:
@@ -58,25 +40,23 @@ def _batched_by_runtime(desc: str) -> bool:
     return desc.startswith("Linear(")
 
 
-def profile(source: str, kind: str, model_args: dict[str, Any], batch_size: int, device: str = "cpu", repeats: int = 5,
+def profile(source: str, model_args: dict[str, Any], batch_size: int, device: str = "cpu", repeats: int = 5,
             *, optimizer: str | None = None, weight_batch_size: int | None = None,
             calibrate: bool = False) -> dict[str, Any]:
     """The profile JSON of the model at ``batch_size``; see the module docstring for
     ``weight_batch_size`` and ``calibrate``."""
     from trainer.profile.profiler import profile_model
 
-    model, example = load_model(source, kind, model_args, batch_size)
-    if optimizer is None and kind == "zoo":
-        from trainer import zoo
-
-        optimizer = zoo.get(source, **model_args).optimizer  # what the runtime will step
+    task = load_task(source, model_args, batch_size)
+    model, example = task.model, task.example_input(batch_size)
+    if optimizer is None and task.optimizer_name != "custom":
+        optimizer = task.optimizer_name  # what the runtime will step
     opt = optimizer or "adam"
     prof = profile_model(model, example, batch_size=batch_size, device=device, warmup=2, repeats=repeats, optimizer=opt)
     if not prof.model:
         prof.model = source
     if weight_batch_size is not None and weight_batch_size != batch_size:
-        big_example = (load_model(source, kind, model_args, weight_batch_size)[1] if kind == "zoo"
-                       else _resized(example, weight_batch_size))
+        big_example = task.example_input(weight_batch_size)
         big = profile_model(model, big_example, batch_size=weight_batch_size, device=device, warmup=2,
                             repeats=repeats, optimizer=opt, optimizer_steps=False)
         weights = {layer.name: layer.backward_weight_ms for layer in big.layers}
@@ -105,7 +85,6 @@ def profile(source: str, kind: str, model_args: dict[str, Any], batch_size: int,
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m app.services.profile_run")
     parser.add_argument("--source", required=True)
-    parser.add_argument("--kind", default="zoo", choices=("zoo", "import"))
     parser.add_argument("--model-args", default="{}", help="JSON object")
     parser.add_argument("--batch-size", type=int, default=32)
     parser.add_argument("--device", default="cpu")
@@ -138,7 +117,7 @@ def main(argv: list[str] | None = None) -> int:
 
         torch.set_num_threads(args.threads)
     try:
-        data = profile(args.source, args.kind, json.loads(args.model_args), args.batch_size, args.device, args.repeats,
+        data = profile(args.source, json.loads(args.model_args), args.batch_size, args.device, args.repeats,
                        optimizer=args.optimizer, weight_batch_size=args.weight_batch_size, calibrate=args.calibrate)
     except Exception as exc:  # one line for the job's error, not a traceback
         print(f"profiling {args.source} failed: {type(exc).__name__}: {exc}", file=sys.stderr)

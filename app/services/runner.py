@@ -191,7 +191,7 @@ class JobRun:
     def profile_phase(self, job: Job, workdir: Path) -> int:
         spec = job.spec
         model = spec["model"]
-        source, kind, default_args, model_id = profiles.resolve_model(self.session, model, check_zoo=False)
+        source, _, default_args, model_id = profiles.resolve_model(self.session, model, check_zoo=False)
         args = {**default_args, **(spec.get("model_args") or {})}
         batch = int(spec.get("batch_size") or 32)
         device = spec.get("device", "cpu")
@@ -214,7 +214,7 @@ class JobRun:
                             " (a few seconds)")
             self.progress("profile", message)
             out = workdir / "profile.json"
-            cmd = [sys.executable, "-m", "app.services.profile_run", "--source", source, "--kind", kind,
+            cmd = [sys.executable, "-m", "app.services.profile_run", "--source", source,
                    "--model-args", json.dumps(args), "--batch-size", str(batch), "--device", device,
                    "--repeats", str(spec.get("repeats", 5)), "-o", str(out), *calibration]
             self.run_child(cmd, workdir / "profile.log", phase="profile")

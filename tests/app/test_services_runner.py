@@ -154,7 +154,7 @@ def test_weight_gradients_at_the_batch_follow_what_the_runtimes_w_batches():
     from app.services.profile_run import profile
     from trainer.profile.schema import Profile
 
-    prof = Profile.from_dict(profile("cnn-digits", "zoo", {"channels": 4}, 2, repeats=1, weight_batch_size=6))
+    prof = Profile.from_dict(profile("cnn-digits", {"channels": 4}, 2, repeats=1, weight_batch_size=6))
     assert prof.weight_batch_size == 6 and prof.link is None and prof.overhead is None
     convs = [layer for layer in prof.layers if layer.desc.startswith("Conv2d")]
     assert convs and all(layer.weight_batched_ms == pytest.approx(3 * layer.backward_weight_ms) for layer in convs)

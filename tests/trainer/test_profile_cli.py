@@ -66,7 +66,7 @@ def test_import_then_export_round_trips(run, tmp_path):
     (["profile", "mlp", "--device", "tpu"], ["--device"]),
     (["profile", "mlp", "--batch-size", "0"], ["--batch-size"]),
     (["profile", "mlp", "--cpu-matmul", "mkl"], ["--cpu-matmul", "default, onednn"]),
-    (["profile", "no_module_xyz:factory"], ["cannot import"]),
+    (["profile", "no_module_xyz:factory"], ["no module named 'no_module_xyz'"]),
     (["profile", "import", "/nonexistent/graph.txt"], ["/nonexistent/graph.txt"]),
 ])
 def test_bad_input_is_one_line_and_nonzero(run, args, words):
@@ -103,16 +103,21 @@ def test_profile_help_shows_the_model_form(run):
 def test_profile_a_user_factory_and_an_untraceable_one(run, tmp_path, monkeypatch):
     (tmp_path / "cli_user_models_a.py").write_text(
         "import torch\n"
-        "from torch import nn\n\n"
+        "from torch import nn\n"
+        "from torch.utils.data import TensorDataset\n"
+        "from trainer import Task\n\n"
+        "def _task(model, width, out):\n"
+        "    data = TensorDataset(torch.randn(8, width), torch.randn(8, out))\n"
+        "    return Task(model=model, train_data=data, loss=nn.functional.mse_loss, batch_size=5)\n\n"
         "def small(width=3):\n"
-        "    return nn.Sequential(nn.Linear(width, 2), nn.Tanh()), torch.randn(5, width)\n\n"
+        "    return _task(nn.Sequential(nn.Linear(width, 2), nn.Tanh()), width, 2)\n\n"
         "class Branchy(nn.Module):\n"
         "    def forward(self, x):\n"
         "        if x.mean() > 0:\n"
         "            return x\n"
         "        return -x\n\n"
         "def branchy():\n"
-        "    return Branchy(), torch.randn(2)\n"
+        "    return _task(Branchy(), 2, 2)\n"
     )
     monkeypatch.syspath_prepend(str(tmp_path))
     out = tmp_path / "u.json"

@@ -1,4 +1,4 @@
-"""User models: an untraceable model names the failing op; a bad import path says what is wrong."""
+"""User models: an untraceable model names the failing op and line; a user task profiles."""
 
 from __future__ import annotations
 
@@ -11,7 +11,7 @@ from torch import nn
 
 from trainer.profile.fxgraph import UntraceableModelError, trace_layers
 from trainer.profile.profiler import profile_model
-from trainer.profile.usermodel import ModelSpecError, load_factory, resolve_model
+from trainer.task import load_task
 
 
 pytestmark = pytest.mark.usefixtures("one_thread")
@@ -109,61 +109,43 @@ def user_package(tmp_path, monkeypatch):
     (pkg / "nets.py").write_text(textwrap.dedent("""
         import torch
         from torch import nn
+        from torch.utils.data import TensorDataset
+        from trainer import Task
+
+        def _task(model, width):
+            return Task(model=model, train_data=TensorDataset(torch.randn(8, width), torch.randn(8, 2)),
+                        loss=nn.functional.mse_loss, batch_size=3)
 
         def good(width=4):
-            return nn.Sequential(nn.Linear(width, 2), nn.ReLU()), torch.randn(3, width)
-
-        def not_a_pair():
-            return nn.Linear(2, 2)
-
-        def bad_example():
-            return nn.Linear(2, 2), "x"
+            return _task(nn.Sequential(nn.Linear(width, 2), nn.ReLU()), width)
 
         def untraceable():
             class M(nn.Module):
+                def __init__(self):
+                    super().__init__()
+                    self.lin = nn.Linear(4, 2)
                 def forward(self, x):
                     while x.max() > 1:
                         x = x / 2
-                    return x
-            return M(), torch.randn(2)
+                    return self.lin(x)
+            return _task(M(), 4)
     """))
-    (pkg / "broken.py").write_text("import not_a_real_module_xyz\n")
     monkeypatch.syspath_prepend(str(tmp_path))
     yield "usermodels_a"
     for name in [m for m in sys.modules if m.startswith("usermodels_a")]:
         del sys.modules[name]
 
 
-def test_a_user_factory_profiles(user_package):
-    resolved = resolve_model(f"{user_package}.nets:good", model_args={"width": 6})
-    assert resolved.batch_size == 3
-    prof = profile_model(resolved.model, resolved.example_input, warmup=0, repeats=1)
+def test_a_user_task_profiles(user_package):
+    task = load_task(f"{user_package}.nets:good", model_args={"width": 6})
+    prof = profile_model(task.model, task.example_input(), warmup=0, repeats=1)
+    assert prof.batch_size == 3
     assert prof.layer_names() == ["input_1", "_0", "_1"]  # fx names of a top-level Sequential
     assert prof.layers[1].parameter_bytes == 4 * (6 * 2 + 2)
 
 
-@pytest.mark.parametrize("spec,words", [
-    ("nets_without_colon", ["unknown zoo model", "package.module:factory"]),
-    (":good", ["package.module:factory"]),
-    ("{pkg}.nets:missing", ["no callable", "missing"]),
-    ("{pkg}.broken:x", ["cannot import", "not_a_real_module_xyz"]),
-    ("{pkg}.nets:not_a_pair", ["(nn.Module, example_input)"]),
-    ("{pkg}.nets:bad_example", ["tensor"]),
-])
-def test_bad_import_paths_say_why(user_package, spec, words):
-    with pytest.raises(ModelSpecError) as info:
-        resolve_model(spec.format(pkg=user_package))
-    for word in words:
-        assert word in str(info.value), (word, str(info.value))
-
-
-def test_untraceable_user_factory_names_the_line(user_package):
-    model, example = load_factory(f"{user_package}.nets:untraceable")
+def test_untraceable_user_task_names_the_line(user_package):
+    task = load_task(f"{user_package}.nets:untraceable")
     with pytest.raises(UntraceableModelError) as info:
-        trace_layers(model, example)
+        trace_layers(task.model, task.example_input())
     assert "while x.max() > 1" in str(info.value)
-
-
-def test_unknown_factory_argument(user_package):
-    with pytest.raises(ModelSpecError, match="width"):
-        load_factory(f"{user_package}.nets:not_a_pair", width=3)

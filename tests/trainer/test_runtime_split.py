@@ -37,16 +37,17 @@ def _zoo_case(name: str, stage: int, num_stages: int, mb_size: int = 4, **args):
     split = uniform_split(names, [1] * len(names), num_stages)
     modules = build_stages(zoo.model, example, split)
     gen = torch.Generator().manual_seed(1)
-    order = torch.randperm(len(zoo.train_x), generator=gen)[: MICROBATCHES * mb_size]
+    train_x, train_y = zoo.train_data.tensors
+    order = torch.randperm(len(train_x), generator=gen)[: MICROBATCHES * mb_size]
     data = []
     for i in range(MICROBATCHES):
         rows = order[i * mb_size:(i + 1) * mb_size]
-        xs: tuple = (zoo.train_x[rows],)
+        xs: tuple = (train_x[rows],)
         with torch.no_grad():
             for m in modules[:stage]:
                 xs = m(*xs)
-        data.append((list(xs), zoo.train_y[rows]))
-    return modules[stage], stage == 0, stage == num_stages - 1, zoo.loss_fn, data
+        data.append((list(xs), train_y[rows]))
+    return modules[stage], stage == 0, stage == num_stages - 1, zoo.loss, data
 
 
 class TiedLM(nn.Module):

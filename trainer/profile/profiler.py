@@ -36,6 +36,7 @@ from torch import fx, nn
 
 from trainer import cpu_matmul
 from trainer.allocator import keep_freed_memory, settings as allocator_settings
+from trainer.precision import autocast, check as check_precision
 from trainer.profile.conditions import ConcurrentLoad, optimizer_ms
 from trainer.profile.fxgraph import LayerGraph, LayerNode, as_tuple, trace_layers
 from trainer.profile.schema import Layer, Profile
@@ -66,6 +67,7 @@ class _Clock:
         if timer not in TIMERS:
             raise ValueError(f"timer must be one of {TIMERS}, got {timer!r}")
         self.cuda = device.type == "cuda"
+        self.device = device
         cpu_time = timer == "cpu" or (timer == "auto" and torch.get_num_threads() == 1)
         self.kind = "cuda_event" if self.cuda else ("thread_time" if cpu_time else "perf_counter")
         self._now = time.thread_time if self.kind == "thread_time" else time.perf_counter
@@ -185,12 +187,14 @@ def _backward(outputs: Any) -> None:
 
 
 def _instrumented_step(lg: LayerGraph, owner: dict[str, str], clock: _Clock, inputs: tuple,
-                       params: Sequence[torch.Tensor], accumulate: bool) -> tuple[dict[str, float], dict[str, float]]:
+                       params: Sequence[torch.Tensor], accumulate: bool,
+                       precision: str = "fp32") -> tuple[dict[str, float], dict[str, float]]:
     """One forward+backward of the traced model: per-layer forward and backward milliseconds."""
     if not accumulate:
         _zero_grads(params)
     runner = _LayerClock(lg, owner, clock)
-    out = runner.run(*inputs)
+    with autocast(clock.device.type, precision):
+        out = runner.run(*inputs)
     try:
         _backward(out)
         end = clock.mark()
@@ -210,14 +214,14 @@ def _instrumented_step(lg: LayerGraph, owner: dict[str, str], clock: _Clock, inp
 
 
 def _input_grad_step(lg: LayerGraph, owner: dict[str, str], clock: _Clock, inputs: tuple,
-                     params: Sequence[torch.Tensor]) -> dict[str, float]:
+                     params: Sequence[torch.Tensor], precision: str = "fp32") -> dict[str, float]:
     """One forward+backward with the parameters frozen: per-layer input-gradient milliseconds."""
     flags = [p.requires_grad for p in params]
     leaves = tuple(t.detach().requires_grad_(t.is_floating_point()) for t in inputs)
     try:
         for p in params:
             p.requires_grad_(False)
-        return _instrumented_step(lg, owner, clock, leaves, params, accumulate=True)[1]
+        return _instrumented_step(lg, owner, clock, leaves, params, accumulate=True, precision=precision)[1]
     finally:
         for p, flag in zip(params, flags):
             p.requires_grad_(flag)
@@ -233,12 +237,13 @@ def _fed_by_inputs_only(lg: LayerGraph) -> set[str]:
 
 
 def _plain_step(model: nn.Module, clock: _Clock, inputs: tuple, params: Sequence[torch.Tensor],
-                accumulate: bool) -> tuple[float, float]:
+                accumulate: bool, precision: str = "fp32") -> tuple[float, float]:
     """One forward+backward of the unsplit model: (forward ms, backward ms)."""
     if not accumulate:
         _zero_grads(params)
     a = clock.mark()
-    out = model(*inputs)
+    with autocast(clock.device.type, precision):
+        out = model(*inputs)
     b = clock.mark()
     _backward(out)
     c = clock.mark()
@@ -263,6 +268,7 @@ def profile_model(
     optimizer_steps: bool = True,
     concurrent: int = 0,
     load_input: Any = None,
+    precision: str = "fp32",
 ) -> Profile:
     """Profile ``model`` on ``example_input`` (a tensor or a tuple of tensors).
 
@@ -284,8 +290,11 @@ def profile_model(
     The process is switched to the runtime workers' heap setting first (freed memory is kept:
     ``trainer.allocator.keep_freed_memory``), so that backwards are not timed with page faults a
     run does not have; huge pages must be asked for before torch loads (the ``pipeboard`` commands
-    do). ``meta["allocator"]`` records both.
+    do). ``meta["allocator"]`` records both. ``precision``: the arithmetic the runs will train in
+    (``trainer.precision``): bf16 forwards run under autocast, so times and activation bytes are
+    bf16's; ``meta["precision"]`` records it.
     """
+    check_precision(precision)
     if warmup < 0 or repeats < 1:
         raise ValueError("warmup must be >= 0 and repeats >= 1")
     if optimizer not in OPTIMIZER_STATE_FACTOR:
@@ -303,7 +312,8 @@ def profile_model(
     inputs = tuple(t.to(dev) for t in as_tuple(example_input))
     if batch_size is None:
         batch_size = _leading_size(inputs)
-    lg = trace_layers(model, inputs)
+    with autocast(dev.type, precision):  # the example values, hence activation bytes, in its dtypes
+        lg = trace_layers(model, inputs)
     clock = _Clock(dev, timer)
     owner = _owners(lg)
     params = list(model.parameters())
@@ -311,7 +321,7 @@ def profile_model(
     load = inputs if load_input is None else tuple(t.to(dev) for t in as_tuple(load_input))
     with ConcurrentLoad(model, load, concurrent):
         fwd_samples, bwd_samples, bi_samples, step_f, step_b, instrumented = _measure(
-            lg, model, owner, clock, inputs, params, warmup, repeats, accumulate, split_backward, progress)
+            lg, model, owner, clock, inputs, params, warmup, repeats, accumulate, split_backward, progress, precision)
         seen_params: set[int] = set()
         own = {layer.name: _own_parameters(lg, layer, seen_params) for layer in lg.layers if layer.kind == "layer"}
         step_now = clock._now if not clock.cuda else _synced_now
@@ -361,6 +371,7 @@ def profile_model(
         "concurrent": concurrent,
         "load_batch_size": _leading_size(load) if concurrent else None,
         "allocator": allocator_settings(),
+        "precision": precision,
         "cpu_matmul": cpu_matmul.active() if dev.type == "cpu" else None,
         "optimizer_step_ms": sum(opt_ms.values()) if optimizer_steps else None,
     }
@@ -378,7 +389,8 @@ def _synced_now() -> float:
     return time.perf_counter()
 
 
-def _measure(lg, model, owner, clock, inputs, params, warmup, repeats, accumulate, split_backward, progress):
+def _measure(lg, model, owner, clock, inputs, params, warmup, repeats, accumulate, split_backward, progress,
+             precision="fp32"):
     """Per-layer samples: forward, backward and (optional) input-gradient times, and the plain
     steps' forward and backward for the self-check."""
     names = lg.names()
@@ -393,9 +405,9 @@ def _measure(lg, model, owner, clock, inputs, params, warmup, repeats, accumulat
         if progress:
             progress(r, steps, "warm-up" if r < warmup else f"step {r - warmup + 1}/{repeats}")
         # Instrumented and plain steps alternate so that both see the same background load.
-        fwd, bwd = _instrumented_step(lg, owner, clock, inputs, params, accumulate)
-        f, b = _plain_step(model, clock, inputs, params, accumulate)
-        bi = _input_grad_step(lg, owner, clock, inputs, params) if split_backward else {}
+        fwd, bwd = _instrumented_step(lg, owner, clock, inputs, params, accumulate, precision)
+        f, b = _plain_step(model, clock, inputs, params, accumulate, precision)
+        bi = _input_grad_step(lg, owner, clock, inputs, params, precision) if split_backward else {}
         if r >= warmup:
             for name in names:
                 fwd_samples[name].append(fwd.get(name, 0.0))

@@ -88,9 +88,9 @@ def assemble_model(cfg, root: str | Path, step: int | None = None, rank_filter=N
 
     layout = resolve(cfg)
     step = complete_steps(root)[-1] if step is None else step
-    zoo = model_mod.load_zoo(cfg)
-    example = zoo.example_input(cfg.microbatch_size)
-    stages = model_mod.build_stages(zoo.model, example, model_mod.stage_layers(cfg, zoo, layout.virtual_stages))
+    task = model_mod.load_task(cfg)
+    example = task.example_input(cfg.microbatch_size)
+    stages = model_mod.build_stages(task.model, example, model_mod.stage_layers(cfg, task, layout.virtual_stages))
     states = {r: load_rank(root, step, r) for r in range(layout.world) if rank_filter is None or rank_filter(r)}
     loaded = set()
     for r, state in states.items():
@@ -98,4 +98,4 @@ def assemble_model(cfg, root: str | Path, step: int | None = None, rank_filter=N
             if s not in loaded:
                 stages[s].load_state_dict(st["module"])
                 loaded.add(s)
-    return zoo.model, states
+    return task.model, states

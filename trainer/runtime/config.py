@@ -9,6 +9,9 @@ from __future__ import annotations
 from dataclasses import dataclass, field, replace
 from typing import Any
 
+from trainer.precision import PRECISIONS
+from trainer.task.names import OPTIMIZERS
+
 SYNC_SCHEDULES = ("gpipe", "1f1b", "interleaved-1f1b", "zb-h1")
 ASYNC_SCHEDULES = ("pipedream",)
 SCHEDULES = SYNC_SCHEDULES + ASYNC_SCHEDULES + ("dp",)
@@ -22,11 +25,14 @@ class ConfigError(ValueError):
 
 @dataclass
 class RunConfig:
-    model: str
+    model: str  # a zoo name, or a task factory 'package.module:function' / 'path/to/file.py:function'
     schedule: str
     batch_size: int
     microbatches: int
     model_args: dict[str, Any] = field(default_factory=dict)
+    data: str | None = None  # the data location handed to the task factory as data=
+    precision: str = "fp32"  # or "bf16": autocast forwards, float32 master weights (trainer/precision.py)
+    loader_workers: int | None = None  # DataLoader processes per loading stage; None: the task's
     # Layout: layer names per stage (from a plan) or a uniform split into num_stages.
     stages: list[list[str]] | None = None
     num_stages: int | None = None
@@ -45,8 +51,8 @@ class RunConfig:
     max_steps: int | None = None  # upper bound for --target runs
     # Training
     seed: int = 0
-    lr: float | None = None  # default: the zoo entry's
-    optimizer: str | None = None  # 'adam' | 'sgd'; default: the zoo entry's
+    lr: float | None = None  # default: the task's
+    optimizer: str | None = None  # 'adam' | 'adamw' | 'sgd'; default: the task's
     eval_every: int | None = None  # steps; default: once per epoch with --target, else at the end only
     eval_at_end: bool = True
     # Checkpoints
@@ -117,8 +123,12 @@ class RunConfig:
             raise ConfigError(f"checkpoint_every: must be >= 0, got {self.checkpoint_every}")
         if self.resume and not self.checkpoint_dir:
             raise ConfigError("resume: needs --checkpoint-dir")
-        if self.optimizer is not None and self.optimizer not in ("adam", "sgd"):
-            raise ConfigError(f"optimizer: unknown optimizer {self.optimizer!r} (known: adam, sgd)")
+        if self.optimizer is not None and self.optimizer not in OPTIMIZERS:
+            raise ConfigError(f"optimizer: unknown optimizer {self.optimizer!r} (known: {', '.join(OPTIMIZERS)})")
+        if self.precision not in PRECISIONS:
+            raise ConfigError(f"precision: must be one of {', '.join(PRECISIONS)}, got {self.precision!r}")
+        if self.loader_workers is not None and self.loader_workers < 0:
+            raise ConfigError(f"loader_workers: must be >= 0, got {self.loader_workers}")
         if self.lr is not None and self.lr <= 0:
             raise ConfigError(f"lr: must be > 0, got {self.lr}")
         if self.device not in ("cpu", "cuda"):

@@ -1,63 +1,90 @@
 """Microbatches in one global order that every worker can reproduce on its own.
 
 Global microbatch ``g`` is part ``g % M`` of training step ``g // M``; step ``k`` is batch
-``k % steps_per_epoch`` of epoch ``k // steps_per_epoch`` in the zoo entry's deterministic order.
-The first stage takes the inputs, the last stage the targets; nobody ships data between workers.
-Requests come in increasing order per worker, so one cached batch and an iterator suffice.
+``k % steps_per_epoch`` of epoch ``k // steps_per_epoch`` in the task's seeded order
+(``trainer.task.loading``). The first stage takes the inputs, the last stage the targets: both
+read the same batches through their own DataLoader, and nobody ships data between workers. That
+costs the last stage a second read of each sample, but keeps targets off every boundary and out of
+the schedule; loader workers make the read overlap compute. Requests come in increasing order per
+worker, so one cached batch and the loader's iterator suffice.
 """
 
 from __future__ import annotations
 
 import torch
 
+from trainer.task.loading import EpochBatches, make_loader, map_tensors, val_loader
+
+
+def _to(value, device: torch.device):
+    non_blocking = device.type == "cuda"
+    return map_tensors(value, lambda t: t.to(device, non_blocking=non_blocking))
+
+
+def _part(value, sl: slice):
+    return map_tensors(value, lambda t: t[sl])
+
 
 class TrainStream:
-    def __init__(self, zoo, batch_size: int, microbatches: int, device: torch.device) -> None:
-        self.zoo = zoo
+    """``load=False`` (a middle stage): no loader, only the step arithmetic."""
+
+    def __init__(self, task, batch_size: int, microbatches: int, device: torch.device, workers: int = 0,
+                 load: bool = True) -> None:
         self.batch_size = batch_size
         self.microbatches = microbatches
         self.mb_size = batch_size // microbatches
-        self.steps_per_epoch = zoo.batches_per_epoch(batch_size)
+        self.steps_per_epoch = task.batches_per_epoch(batch_size)
         if self.steps_per_epoch < 1:
-            raise ValueError(f"batch_size: {batch_size} exceeds the training set ({zoo.train_size} samples)")
+            raise ValueError(f"batch_size: {batch_size} exceeds the training set ({task.train_size} samples)")
         self.device = device
+        self.sampler = EpochBatches(task.train_size, batch_size, task.seed)
+        self.loader = make_loader(task.train_data, self.sampler, task.collate_fn, workers,
+                                  pin_memory=device.type == "cuda") if load else None
         self._epoch = -1
         self._iter = None
         self._index = -1
-        self._batch: tuple[torch.Tensor, torch.Tensor] | None = None
+        self._batch = None
 
-    def _batch_of(self, step: int) -> tuple[torch.Tensor, torch.Tensor]:
+    def _batch_of(self, step: int):
         epoch, index = divmod(step, self.steps_per_epoch)
         if epoch != self._epoch or index < self._index:
-            self._epoch, self._iter, self._index = epoch, self.zoo.train_batches(self.batch_size, epoch), -1
+            # Start the epoch's order at this batch: a resumed run reads nothing it skips.
+            self.sampler.set_epoch(epoch, start=index)
+            self._epoch, self._iter, self._index = epoch, iter(self.loader), index - 1
         while self._index < index:
             self._batch = next(self._iter)
             self._index += 1
         return self._batch
 
-    def microbatch(self, g: int) -> tuple[torch.Tensor, torch.Tensor]:
+    def microbatch(self, g: int):
+        """(input, target) of global microbatch ``g`` on the device; input a tensor or a tuple."""
         x, y = self._batch_of(g // self.microbatches)
         part = g % self.microbatches
         sl = slice(part * self.mb_size, (part + 1) * self.mb_size)
-        return x[sl].to(self.device), y[sl].to(self.device)
+        return _to(_part(x, sl), self.device), _to(_part(y, sl), self.device)
 
 
 class ValStream:
     """The validation split in microbatches of the training microbatch size (the boundary shapes
-    are fixed), the last one padded; ``count`` says how many rows are real."""
+    are fixed), the last one padded; ``count`` says how many rows are real. Only the stages that
+    need data (``load=True``) read it."""
 
-    def __init__(self, zoo, mb_size: int, device: torch.device) -> None:
-        self.parts: list[tuple[torch.Tensor, torch.Tensor]] = []
-        self.count = zoo.val_size
-        for x, y in zoo.val_batches(mb_size):
-            if x.shape[0] < mb_size:
-                pad = mb_size - x.shape[0]
-                x = torch.cat([x, x[:1].expand(pad, *x.shape[1:])])
+    def __init__(self, task, mb_size: int, device: torch.device, load: bool = True) -> None:
+        self.parts: list = []
+        self.count = task.val_size
+        self.length = -(-self.count // mb_size)
+        if not load:
+            return
+        for x, y in val_loader(task, mb_size):
+            rows = y.shape[0]
+            if rows < mb_size:
+                pad = mb_size - rows
+                x = map_tensors(x, lambda t: torch.cat([t, t[:1].expand(pad, *t.shape[1:])]))
                 y = torch.cat([y, y[:1].expand(pad, *y.shape[1:])])
-            self.parts.append((x.to(device), y.to(device)))
+            self.parts.append((_to(x, device), _to(y, device)))
 
     def __len__(self) -> int:
-        return len(self.parts)
+        return self.length
 
-    def microbatch(self, j: int) -> tuple[torch.Tensor, torch.Tensor]:
-        return self.parts[j]
+    def microbatch(self, j: int):
+        return self.parts[j] if self.parts else (None, None)

@@ -167,7 +167,7 @@ class Executor:
             stage = self.stages.get(s)
             if kind is Kind.FORWARD:
                 x, y = data(mb)
-                inputs = [x] if s == 0 else take(0, s, mb)
+                inputs = (list(x) if isinstance(x, (tuple, list)) else [x]) if s == 0 else take(0, s, mb)
                 t0 = time.perf_counter()  # the wait for the input is its own (recv) event
                 if train:
                     sync = ddp_sync is None or mb in ddp_sync

@@ -26,6 +26,7 @@ from trainer.runtime.layout import resolve
 from trainer.runtime.report import Reporter
 from trainer.runtime.worker import WorkerEnv, threads_per_worker, worker_main
 from trainer.sink import NullSink, Sink
+from trainer.task.check import check_task
 
 FAILURE_GRACE_S = 1.0  # after a first failure, how long to collect the others' reports
 COMM_ERROR_HINTS = ("connection closed", "connection reset", "broken pipe", "socket", "gloo", "timed out",
@@ -54,11 +55,14 @@ def run_training(cfg: RunConfig, sink: Sink | None = None) -> dict[str, Any]:
     sink = sink or NullSink()
     cfg.validate()
     layout = resolve(cfg)
-    # Resolve the model and its stages once, here: bad model arguments or a plan that does not
-    # fit the model fail before any process starts, and workers need not trace the model again.
-    zoo = model_mod.load_zoo(cfg)
-    layers = model_mod.stage_layers(cfg, zoo, layout.virtual_stages)
-    model_mod.build_stages(zoo.model, zoo.example_input(cfg.microbatch_size), layers)
+    # Resolve the task and its stages once, here: a bad task, bad model arguments or a plan that
+    # does not fit the model fail before any process starts, and workers need not trace again.
+    task = model_mod.load_task(cfg)
+    check_task(task, cfg.batch_size)
+    layers = model_mod.stage_layers(cfg, task, layout.virtual_stages)
+    model_mod.build_stages(task.model, task.example_input(cfg.microbatch_size), layers)
+    if cfg.target is not None and task.val_data is None:
+        raise ConfigError(f"target: task {cfg.model!r} has no val_data to measure a metric on")
     # the launcher's matmul setting, for every worker whatever their environment
     cfg = cfg.with_(stages=layers, num_stages=None, cpu_matmul=cpu_matmul.configured(cfg.cpu_matmul))
     layout = resolve(cfg)
@@ -75,14 +79,16 @@ def run_training(cfg: RunConfig, sink: Sink | None = None) -> dict[str, Any]:
     origin = time.perf_counter()
     wall0 = time.monotonic()
     sink.on_status("starting", f"{world} workers, schedule {cfg.schedule}", workers=world, **layout.describe())
-    reporter = Reporter(sink, world, cfg.batch_size, zoo.metric_name)
+    reporter = Reporter(sink, world, cfg.batch_size, task.metric_name)
     procs = []
     # Workers unlink their shared-memory channels once mapped; one killed during set-up cannot,
     # so the launcher removes whatever is left under this run's prefix on every exit.
     prefix = f"pipeboard-{os.getpid()}-{port}"
     for rank in range(world):
         env = WorkerEnv(rank, world, f"tcp://127.0.0.1:{port}", origin, channel, heartbeat, prefix)
-        p = ctx.Process(target=worker_main, args=(cfg, env), name=f"pipeboard-rank{rank}", daemon=True)
+        # Not daemonic: a worker's DataLoader starts processes of its own, which a daemonic
+        # process may not. Workers still die with the launcher (PR_SET_PDEATHSIG, _stop_all).
+        p = ctx.Process(target=worker_main, args=(cfg, env), name=f"pipeboard-rank{rank}", daemon=False)
         p.start()
         procs.append(p)
     try:
@@ -97,8 +103,8 @@ def run_training(cfg: RunConfig, sink: Sink | None = None) -> dict[str, Any]:
     shm.remove_prefix(prefix)
     reporter.maybe_flush(force=True)
     target = cfg.target
-    summary = reporter.summary(target, zoo.higher_is_better, time.monotonic() - wall0)
-    summary.update({"schedule": cfg.schedule, "model": cfg.model, "workers": world,
+    summary = reporter.summary(target, task.metric_higher_is_better, time.monotonic() - wall0)
+    summary.update({"schedule": cfg.schedule, "model": cfg.model, "workers": world, "precision": cfg.precision,
                     "batch_size": cfg.batch_size, "microbatches": cfg.microbatches, **layout.describe()})
     sink.on_summary(summary)
     sink.on_status("done", summary_line(summary))

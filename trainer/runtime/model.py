@@ -1,4 +1,4 @@
-"""Cut a zoo model into stage modules and learn what crosses each stage boundary.
+"""Cut a task's model into stage modules and learn what crosses each stage boundary.
 
 Stages come from a plan (layer names per stage) or a uniform split balanced by parameter count.
 The cut itself is ``trainer.partition.split_model`` (DAG-aware, fx based): stage ``k`` takes the
@@ -13,32 +13,33 @@ from typing import Sequence
 import torch
 from torch import nn
 
+from trainer.precision import autocast
+from trainer.profile.fxgraph import as_tuple
 from trainer.runtime.comm import BoundarySpec, TensorSpec
 
 
-def load_zoo(cfg):
-    """The zoo entry ``cfg`` names, built from its seed, with the optimizer overrides applied."""
-    import trainer.zoo
+def load_task(cfg):
+    """The task ``cfg`` names (zoo name or factory, model arguments, data), built from its seed,
+    with the run's optimizer override applied (``--lr`` is applied where optimizers are made)."""
+    from trainer.task.spec import load_task as load
 
-    zoo = trainer.zoo.get(cfg.model, seed=cfg.seed, **cfg.model_args)
+    task = load(cfg.model, cfg.model_args, cfg.data, cfg.seed)
     if cfg.optimizer:
-        zoo.optimizer = cfg.optimizer
-    if cfg.lr:
-        zoo.lr = cfg.lr
-    return zoo
+        task.optimizer = cfg.optimizer
+    return task
 
 
-def layer_names(model: nn.Module, example: torch.Tensor) -> list[str]:
+def layer_names(model: nn.Module, example) -> list[str]:
     """The model's layers (inputs excluded) in topological order, as ``split_model`` names them."""
     return [name for name, _ in layer_sizes(model, example)]
 
 
-def layer_sizes(model: nn.Module, example: torch.Tensor) -> list[tuple[str, int]]:
+def layer_sizes(model: nn.Module, example) -> list[tuple[str, int]]:
     """(layer name, parameter count) in topological order: the balance weight of a uniform split.
     Layers without parameters (activations, reshapes) count 1, so they still spread evenly."""
     from trainer.profile.fxgraph import trace_layers
 
-    lg = trace_layers(model, (example,))
+    lg = trace_layers(model, as_tuple(example))
     out = []
     for layer in lg.layers:
         if layer.kind == "input":
@@ -67,27 +68,30 @@ def uniform_split(names: Sequence[str], sizes: Sequence[float], num_stages: int)
     return [list(names[cuts[k]:cuts[k + 1]]) for k in range(num_stages)]
 
 
-def stage_layers(cfg, zoo, num_stages: int) -> list[list[str]]:
-    """The plan's stages, or a uniform split of the zoo model balanced by parameter count."""
+def stage_layers(cfg, task, num_stages: int) -> list[list[str]]:
+    """The plan's stages, or a uniform split of the task's model balanced by parameter count."""
     if cfg.stages:
         return [list(s) for s in cfg.stages]
-    sizes = layer_sizes(zoo.model, zoo.example_input(cfg.microbatch_size))
+    sizes = layer_sizes(task.model, task.example_input(cfg.microbatch_size))
     return uniform_split([n for n, _ in sizes], [z for _, z in sizes], num_stages)
 
 
-def build_stages(model: nn.Module, example: torch.Tensor, stages: list[list[str]]) -> list[nn.Module]:
+def build_stages(model: nn.Module, example, stages: list[list[str]]) -> list[nn.Module]:
     from trainer import partition
 
     return list(partition.split_model(model, example, stages))
 
 
 @torch.no_grad()
-def boundary_specs(modules: Sequence[nn.Module], example: torch.Tensor) -> list[BoundarySpec]:
-    """What crosses each boundary (between stage k and k + 1) for one microbatch."""
+def boundary_specs(modules: Sequence[nn.Module], example, precision: str = "fp32",
+                   device_type: str = "cpu") -> list[BoundarySpec]:
+    """What crosses each boundary (between stage k and k + 1) for one microbatch, in the dtypes
+    the run's precision makes (bf16 activations cross as bf16)."""
     specs = []
-    xs: tuple = (example,)
+    xs: tuple = as_tuple(example)
     for k, m in enumerate(modules):
-        out = m(*xs)
+        with autocast(device_type, precision):
+            out = m(*xs)
         xs = out if isinstance(out, tuple) else (out,)
         if k < len(modules) - 1:
             specs.append(BoundarySpec(tuple(TensorSpec(tuple(t.shape), t.dtype) for t in xs)))

@@ -18,6 +18,7 @@ from dataclasses import replace
 
 import torch
 
+from trainer.precision import autocast
 from trainer.runtime import model as model_mod
 from trainer.runtime.config import RunConfig
 from trainer.runtime.data import TrainStream
@@ -25,17 +26,24 @@ from trainer.runtime.layout import resolve
 from trainer.schedule.actions import Kind
 
 
+def _forward(model, x):
+    return model(*x) if isinstance(x, (tuple, list)) else model(x)
+
+
 def train_sync(cfg: RunConfig, steps: int) -> torch.nn.Module:
     """``steps`` optimizer steps over batches of ``cfg.batch_size``, each the sum of its
-    ``cfg.microbatches`` microbatch gradients of loss / M. Returns the trained model."""
-    zoo = model_mod.load_zoo(cfg)
-    model, opt = zoo.model, zoo.make_optimizer(zoo.model.parameters())
-    stream = TrainStream(zoo, cfg.batch_size, cfg.microbatches, torch.device("cpu"))
+    ``cfg.microbatches`` microbatch gradients of loss / M, forwards in ``cfg.precision``.
+    Returns the trained model."""
+    task = model_mod.load_task(cfg)
+    model, opt = task.model, task.make_optimizer(task.model.parameters(), cfg.lr)
+    stream = TrainStream(task, cfg.batch_size, cfg.microbatches, torch.device("cpu"))
     M = cfg.microbatches
     for k in range(steps):
         for j in range(M):
             x, y = stream.microbatch(k * M + j)
-            (zoo.loss_fn(model(x), y) / M).backward()
+            with autocast("cpu", cfg.precision):
+                loss = task.loss(_forward(model, x), y) / M
+            loss.backward()
         opt.step()
         opt.zero_grad(set_to_none=True)
     return model
@@ -45,15 +53,15 @@ def emulate_async(cfg: RunConfig, steps: int, stash: bool = True) -> torch.nn.Mo
     """Run the pipedream action lists for ``steps`` batches in one process: one update per batch,
     each microbatch's loss scaled by 1/M (a batch's gradient is the mean over its samples)."""
     layout = resolve(cfg)
-    zoo = model_mod.load_zoo(cfg)
-    example = zoo.example_input(cfg.microbatch_size)
-    stages = model_mod.build_stages(zoo.model, example, model_mod.stage_layers(cfg, zoo, layout.virtual_stages))
+    task = model_mod.load_task(cfg)
+    example = task.example_input(cfg.microbatch_size)
+    stages = model_mod.build_stages(task.model, example, model_mod.stage_layers(cfg, task, layout.virtual_stages))
     S, M = len(stages), cfg.microbatches
     scale = 1.0 / M
-    opts = [zoo.make_optimizer(m.parameters()) for m in stages]
+    opts = [task.make_optimizer(m.parameters(), cfg.lr) for m in stages]
     versions = [{0: copy.deepcopy(m)} for m in stages]
     pending = [None] * S  # summed gradients since the last step, per stage
-    stream = TrainStream(zoo, cfg.batch_size, M, torch.device("cpu"))
+    stream = TrainStream(task, cfg.batch_size, M, torch.device("cpu"))
     # full backwards: the same gradients the runtime's batched weight-gradient passes must give
     schedule = replace(layout, batch_weight_grads=False).build(steps * M)
     acts, grads, ctx = {}, {}, {}
@@ -67,11 +75,11 @@ def emulate_async(cfg: RunConfig, steps: int, stash: bool = True) -> torch.nn.Mo
             if s > 0 and (s, mb) not in acts:
                 return False
             x, y = stream.microbatch(mb)
-            inputs = [x] if s == 0 else [t.detach().requires_grad_(t.dtype.is_floating_point) for t in acts.pop((s, mb))]
+            inputs = (list(x) if isinstance(x, (tuple, list)) else [x]) if s == 0 else [t.detach().requires_grad_(t.dtype.is_floating_point) for t in acts.pop((s, mb))]
             module = versions[s][a.version] if stash else stages[s]
             out = module(*inputs)
             if s == S - 1:
-                ctx[(s, mb)] = (inputs, zoo.loss_fn(out[0], y) * scale, module)
+                ctx[(s, mb)] = (inputs, task.loss(out[0], y) * scale, module)
             else:
                 ctx[(s, mb)] = (inputs, out, module)
                 acts[(s + 1, mb)] = out
@@ -83,7 +91,7 @@ def emulate_async(cfg: RunConfig, steps: int, stash: bool = True) -> torch.nn.Mo
                 inputs = [t.detach().requires_grad_(t.dtype.is_floating_point) for t in inputs]
                 out = module(*inputs)
                 if s == S - 1:
-                    out = zoo.loss_fn(out[0], stream.microbatch(mb)[1]) * scale
+                    out = task.loss(out[0], stream.microbatch(mb)[1]) * scale
             if s == S - 1:
                 out.backward()
             else:
@@ -119,4 +127,4 @@ def emulate_async(cfg: RunConfig, steps: int, stash: bool = True) -> torch.nn.Mo
                 progressed = True
         if not progressed:
             raise RuntimeError("emulate_async: the schedule cannot make progress")
-    return zoo.model
+    return task.model

@@ -12,6 +12,7 @@ pending; ``backward_weight(mb)`` (or ``-1``: every pending microbatch at once) c
 
 from __future__ import annotations
 
+from contextlib import nullcontext
 from typing import Callable
 
 import torch
@@ -36,6 +37,7 @@ class Stage:
         loss_scale: float,
         ddp: nn.Module | None = None,
         layer_calls: bool = True,
+        autocast: Callable[[], object] = nullcontext,
     ) -> None:
         self.index = index
         self.module = module
@@ -50,6 +52,7 @@ class Stage:
         self.is_last = is_last
         self.loss_fn = loss_fn
         self.loss_scale = loss_scale
+        self.autocast = autocast  # a fresh context per forward (the run's precision)
         self.in_flight: dict[int, tuple] = {}
         # Weight-gradient split: calls noted per forward, and W work left by BI per microbatch
         # (with the tensors of the version it ran against). DDP reduces inside its own backward:
@@ -100,11 +103,13 @@ class Stage:
         if self._recorder is not None:
             self._recorder.start()
         try:
-            outputs = self._call(version, inputs)
+            with self.autocast():
+                outputs = self._call(version, inputs)
+                if self.is_last:
+                    loss = self.loss_fn(outputs[0] if len(outputs) == 1 else outputs, target)
         finally:
             calls = self._recorder.stop() if self._recorder is not None else []
         if self.is_last:
-            loss = self.loss_fn(outputs[0], target)
             self.losses.append(float(loss.detach()))
             self.in_flight[mb] = (inputs, (loss * self.loss_scale,), calls, version)
             return ()
@@ -182,7 +187,8 @@ class Stage:
     @torch.no_grad()
     def evaluate(self, inputs: list[torch.Tensor]) -> tuple[torch.Tensor, ...]:
         """Forward without autograd (validation); the last stage keeps its outputs."""
-        outputs = self._call(self.versions.current, inputs, train=False)
+        with self.autocast():
+            outputs = self._call(self.versions.current, inputs, train=False)
         if self.is_last:
             self.eval_outputs.append(outputs[0])
         return outputs

@@ -69,9 +69,9 @@ def main(argv: list[str] | None = None) -> None:
     with open(args.config) as f:
         cfg = RunConfig(**json.load(f))
     cfg.validate()
-    zoo = model_mod.load_zoo(cfg)
+    task = model_mod.load_task(cfg)
     layout = resolve(cfg)
-    cfg = cfg.with_(stages=model_mod.stage_layers(cfg, zoo, layout.virtual_stages), num_stages=None)
+    cfg = cfg.with_(stages=model_mod.stage_layers(cfg, task, layout.virtual_stages), num_stages=None)
     if resolve(cfg).world != world:
         raise SystemExit(f"error: the layout needs {resolve(cfg).world} workers, torchrun started {world}")
     store = dist.TCPStore(os.environ["MASTER_ADDR"], int(os.environ["MASTER_PORT"]) + 1, world, rank == 0,
@@ -81,7 +81,7 @@ def main(argv: list[str] | None = None) -> None:
     stop = threading.Event()
     if rank == 0:
         sink = JsonlSink(args.events_jsonl) if args.events_jsonl else NullSink()
-        reporter = Reporter(sink, world, cfg.batch_size, zoo.metric_name)
+        reporter = Reporter(sink, world, cfg.batch_size, task.metric_name)
         thread = threading.Thread(target=drain, args=(store, world, reporter, stop), daemon=True)
         thread.start()
     wall0 = time.monotonic()
@@ -93,7 +93,7 @@ def main(argv: list[str] | None = None) -> None:
             thread.join(10)
             reporter.maybe_flush(force=True)
     if rank == 0:
-        summary = reporter.summary(cfg.target, zoo.higher_is_better, time.monotonic() - wall0)
+        summary = reporter.summary(cfg.target, task.metric_higher_is_better, time.monotonic() - wall0)
         reporter.sink.on_summary(summary)
         print(json.dumps(summary, default=str), flush=True)
 

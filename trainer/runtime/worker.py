@@ -20,6 +20,7 @@ import torch.distributed as dist
 
 from trainer import cpu_matmul
 from trainer.allocator import keep_freed_memory
+from trainer.precision import autocast
 from trainer.runtime import checkpoint, model as model_mod
 from trainer.runtime.comm import P2P, open_channels, p2p_mode
 from trainer.runtime.config import RunConfig
@@ -93,10 +94,10 @@ def train(cfg: RunConfig, env: WorkerEnv) -> None:
     M = cfg.microbatches
     template = layout.build(M)  # one batch (pipedream: M is a multiple of every replica count)
     me = template.workers[rank]
-    zoo = model_mod.load_zoo(cfg)
-    example = zoo.example_input(cfg.microbatch_size)
-    modules = model_mod.build_stages(zoo.model, example, model_mod.stage_layers(cfg, zoo, layout.virtual_stages))
-    specs = model_mod.boundary_specs(modules, example)
+    task = model_mod.load_task(cfg)
+    example = task.example_input(cfg.microbatch_size)
+    modules = model_mod.build_stages(task.model, example, model_mod.stage_layers(cfg, task, layout.virtual_stages))
+    specs = model_mod.boundary_specs(modules, example, cfg.precision)
     S = len(modules)
     stash = cfg.is_async
     # A batch's gradient is the mean over its samples: each microbatch's loss is scaled by 1/M and
@@ -114,15 +115,18 @@ def train(cfg: RunConfig, env: WorkerEnv) -> None:
         ddp = None
         if cfg.schedule == "dp" and world > 1:
             ddp = torch.nn.parallel.DistributedDataParallel(module, process_group=None)
-        stages[s] = Stage(s, module, zoo.make_optimizer(module.parameters()), is_first=s == 0, is_last=s == S - 1,
-                          loss_fn=zoo.loss_fn, stash=stash, loss_scale=scale, ddp=ddp, layer_calls=split)
+        stages[s] = Stage(s, module, task.make_optimizer(module.parameters(), cfg.lr), is_first=s == 0,
+                          is_last=s == S - 1, loss_fn=task.loss, stash=stash, loss_scale=scale, ddp=ddp,
+                          layer_calls=split, autocast=lambda: autocast(device.type, cfg.precision))
     # Every worker built the whole model (same seed, same weights); keep only its own stages, so
     # a worker's memory is its stages' memory.
     del modules, module
-    zoo.model = None
+    task.model = None
 
     # ---- where to start ------------------------------------------------------------------
-    stream = TrainStream(zoo, cfg.batch_size, M, device)
+    feeds = 0 in stages or (S - 1) in stages  # the first stage reads inputs, the last targets
+    loader_workers = cfg.loader_workers if cfg.loader_workers is not None else task.loader_workers
+    stream = TrainStream(task, cfg.batch_size, M, device, loader_workers, load=feeds)
     total = total_steps(cfg, stream.steps_per_epoch)
     ckpt_layout = {**layout.describe(), "model": cfg.model, "batch_size": cfg.batch_size, "microbatches": M}
     start = 0
@@ -168,7 +172,10 @@ def train(cfg: RunConfig, env: WorkerEnv) -> None:
 
     # ---- the training loop ------------------------------------------------------------------
     step, metric, stop = start, None, False
-    val = ValStream(zoo, cfg.microbatch_size, device) if (cfg.target is not None or cfg.eval_at_end) else None
+    replica0 = template_rank_of(template)
+    evaluates = task.val_data is not None and (cfg.target is not None or cfg.eval_at_end)
+    val = ValStream(task, cfg.microbatch_size, device,
+                    load=any(s in stages and replica0(s, 0) == rank for s in (0, S - 1))) if evaluates else None
     for seg_end in segment_ends(cfg, start, total, stream.steps_per_epoch):
         if cfg.is_async:  # one pipedream schedule per segment, drained at its end
             n = (seg_end - step) * M
@@ -190,8 +197,8 @@ def train(cfg: RunConfig, env: WorkerEnv) -> None:
         due_eval = val is not None and ((cfg.target is not None and _due(step, cfg.eval_every or stream.steps_per_epoch))
                                         or step == total)
         if due_eval:
-            metric = _evaluate(cfg, zoo, executor, stages, template, rank, S, val)
-            stop = cfg.target is not None and metric is not None and _reached(zoo, metric, cfg.target)
+            metric = _evaluate(cfg, task, executor, stages, template, rank, S, val)
+            stop = cfg.target is not None and metric is not None and task.reached(metric, cfg.target)
             env.channel.put(("eval", rank, step, recorder.now(), metric)) if is_reporter else None
             flags = torch.tensor([0.0 if metric is None else metric, float(stop)], dtype=torch.float64)
             with blocked(heartbeat):
@@ -268,10 +275,6 @@ def _due(step: int, every: int | None) -> bool:
     return bool(every) and step % every == 0
 
 
-def _reached(zoo, metric: float, target: float) -> bool:
-    return metric >= target if zoo.higher_is_better else metric <= target
-
-
 def _ddp_sync(actions) -> set[int]:
     """dp: only the last microbatch before each all-reduce lets DistributedDataParallel reduce."""
     sync, last_b = set(), None
@@ -284,7 +287,7 @@ def _ddp_sync(actions) -> set[int]:
     return sync
 
 
-def _evaluate(cfg, zoo, executor, stages, template, rank, S, val) -> float | None:
+def _evaluate(cfg, task, executor, stages, template, rank, S, val) -> float | None:
     """Forward the validation split through replica 0 of every stage; the last stage scores it."""
     replica0 = {s: template_rank_of(template)(s, 0) for s in range(S)}
     actions = eval_actions(S, replica0, rank, len(val))
@@ -301,4 +304,4 @@ def _evaluate(cfg, zoo, executor, stages, template, rank, S, val) -> float | Non
     outputs = torch.cat(last.eval_outputs)[: val.count]
     targets = torch.cat([val.microbatch(j)[1] for j in range(len(val))])[: val.count]
     last.eval_outputs = []
-    return float(zoo.metric_fn(outputs.cpu(), targets.cpu()))
+    return float(task.metric_fn(outputs.float().cpu(), targets.cpu()))

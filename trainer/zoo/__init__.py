@@ -1,7 +1,8 @@
-"""The model zoo: trainable models whose data ship with installed packages (no downloads).
+"""The model zoo: task factories whose data ship with installed packages (no downloads).
 
-``names()`` lists them, ``describe()`` says what each is, ``get(name, **model_args)`` builds one
-as a :class:`ZooModel` (model, data, loss, metric, target).
+Each entry is a task factory like a user's (``trainer.task.spec``): ``names()`` lists them,
+``describe()`` says what each is, ``get(name, seed, **model_args)`` builds one as a
+:class:`trainer.Task` through the same ``load_task`` a user's factory goes through.
 """
 
 from __future__ import annotations
@@ -9,17 +10,17 @@ from __future__ import annotations
 import inspect
 from typing import Any, Callable
 
-from trainer.zoo.base import ZooModel
+from trainer.task.task import Task, TaskError
 
-__all__ = ["ZooModel", "UnknownModelError", "names", "describe", "get"]
+__all__ = ["UnknownModelError", "names", "describe", "get", "factory"]
 
 
-class UnknownModelError(KeyError, ValueError):
+class UnknownModelError(KeyError, TaskError):
     def __str__(self) -> str:  # KeyError would quote the message
         return str(self.args[0])
 
 
-def _factories() -> dict[str, Callable[..., ZooModel]]:
+def _factories() -> dict[str, Callable[..., Task]]:
     # Imported here so that `import trainer.zoo` stays cheap (no sklearn until a model is built).
     from trainer.zoo.digits import cnn_digits, mlp_digits, resnet_digits
     from trainer.zoo.synthetic import mlp
@@ -49,14 +50,14 @@ def names() -> list[str]:
 
 
 def model_args_defaults(name: str) -> dict[str, Any]:
-    """The model arguments a zoo entry takes, with their defaults (``seed`` excluded)."""
-    params = inspect.signature(_factory(name)).parameters
-    return {k: p.default for k, p in params.items() if k != "seed"}
+    """The model arguments a zoo entry takes, with their defaults."""
+    params = inspect.signature(factory(name)).parameters
+    return {k: p.default for k, p in params.items()}
 
 
 def describe() -> list[dict[str, Any]]:
     """One dict per model: name, description, metric, target, higher_is_better, args."""
-    from trainer.zoo.base import METRICS
+    from trainer.task.metrics import METRICS
 
     out = []
     for name in names():
@@ -72,28 +73,22 @@ def describe() -> list[dict[str, Any]]:
     return out
 
 
-def _factory(name: str) -> Callable[..., ZooModel]:
+def factory(name: str) -> Callable[..., Task]:
+    """The task factory of zoo entry ``name``."""
     factories = _factories()
     if name not in factories:
-        raise UnknownModelError(f"unknown zoo model {name!r} (known: {', '.join(factories)})")
+        raise UnknownModelError(f"unknown zoo model {name!r} (known: {', '.join(factories)}); or give a task "
+                                "factory 'package.module:function' or 'path/to/file.py:function'")
     return factories[name]
 
 
-def get(name: str, seed: int = 0, **model_args: Any) -> ZooModel:
-    """Build zoo model ``name`` with weights fixed by ``seed``; unknown arguments are an error
-    naming the argument."""
-    factory = _factory(name)
-    defaults = model_args_defaults(name)
-    for key, value in model_args.items():
-        if key not in defaults:
-            raise ValueError(f"model {name!r} has no argument {key!r} (arguments: {', '.join(sorted(defaults)) or 'none'})")
-        want = type(defaults[key])
-        if want is int and (isinstance(value, bool) or not isinstance(value, int)):
-            raise ValueError(f"model {name!r}: argument {key!r} must be an integer, got {value!r}")
-        if want is int and value < 1:  # every integer argument of the zoo is a size or a count
-            raise ValueError(f"model {name!r}: argument {key!r} must be >= 1, got {value!r}")
-        if want is float and (isinstance(value, bool) or not isinstance(value, (int, float))):
-            raise ValueError(f"model {name!r}: argument {key!r} must be a number, got {value!r}")
-    if isinstance(seed, bool) or not isinstance(seed, int):
-        raise ValueError(f"model {name!r}: argument 'seed' must be an integer, got {seed!r}")
-    return factory(seed=seed, **model_args)
+def get(name: str, seed: int = 0, **model_args: Any) -> Task:
+    """Build zoo task ``name`` with weights fixed by ``seed``; unknown or mistyped arguments are
+    an error naming the argument."""
+    from trainer.task.spec import load_task
+
+    factory(name)
+    for key, value in model_args.items():  # every integer argument of the zoo is a size or a count
+        if isinstance(value, int) and not isinstance(value, bool) and value < 1:
+            raise TaskError(f"model {name!r}: argument {key!r} must be >= 1, got {value!r}")
+    return load_task(name, model_args, seed=seed)

@@ -12,7 +12,9 @@ from pathlib import Path
 import torch
 from torch import nn
 
-from trainer.zoo.base import ZooModel, build_seeded
+from torch.utils.data import TensorDataset
+
+from trainer.task import Task
 
 VAL_SHARE = 0.2
 
@@ -40,9 +42,9 @@ def _digits() -> tuple[torch.Tensor, torch.Tensor]:
     return x, y
 
 
-def _split(seed: int, flat: bool) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
-    """A fixed split: the permutation depends on nothing but the split seed (always 0), so the
-    validation images never change with the model seed."""
+def _split(flat: bool) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+    """A fixed split: the permutation depends on nothing but its own seed (0), so the validation
+    images never change with the run's seed."""
     x, y = _digits()
     x = x.reshape(len(x), 64) if flat else x.unsqueeze(1)
     order = torch.randperm(len(x), generator=torch.Generator().manual_seed(0))
@@ -127,29 +129,24 @@ class DigitsResNet(nn.Module):
         return self.head(self.flatten(self.blocks(x)))
 
 
-def _entry(name: str, model: nn.Module, flat: bool, seed: int, description: str, target: float,
-           args: dict) -> ZooModel:
-    train_x, train_y, val_x, val_y = _split(seed, flat)
-    return ZooModel(
-        name=name, model=model, loss_fn=nn.functional.cross_entropy, metric_name="accuracy",
-        target=target, train_x=train_x, train_y=train_y, val_x=val_x, val_y=val_y,
-        description=description, optimizer="adam", lr=1e-3, default_batch_size=64, seed=seed,
-        model_args=args,
+def _task(name: str, model: nn.Module, flat: bool, description: str, target: float) -> Task:
+    train_x, train_y, val_x, val_y = _split(flat)
+    return Task(
+        model=model, train_data=TensorDataset(train_x, train_y), val_data=TensorDataset(val_x, val_y),
+        loss=nn.functional.cross_entropy, metric="accuracy", target=target, optimizer="adam", lr=1e-3,
+        batch_size=64, loader_workers=0, name=name, description=description,
     )
 
 
-def mlp_digits(seed: int = 0, hidden: int = 128, depth: int = 2) -> ZooModel:
-    return _entry("mlp-digits", build_seeded(seed, lambda: DigitsMLP(hidden, depth)), True, seed,
-                  "MLP on scikit-learn digits (8x8 images, 10 classes)", 0.95,
-                  {"hidden": hidden, "depth": depth})
+def mlp_digits(hidden: int = 128, depth: int = 2) -> Task:
+    return _task("mlp-digits", DigitsMLP(hidden, depth), True,
+                 "MLP on scikit-learn digits (8x8 images, 10 classes)", 0.95)
 
 
-def cnn_digits(seed: int = 0, channels: int = 32) -> ZooModel:
-    return _entry("cnn-digits", build_seeded(seed, lambda: DigitsCNN(channels)), False, seed,
-                  "3-layer CNN on scikit-learn digits", 0.96, {"channels": channels})
+def cnn_digits(channels: int = 32) -> Task:
+    return _task("cnn-digits", DigitsCNN(channels), False, "3-layer CNN on scikit-learn digits", 0.96)
 
 
-def resnet_digits(seed: int = 0, channels: int = 16, blocks: int = 3) -> ZooModel:
-    return _entry("resnet-digits", build_seeded(seed, lambda: DigitsResNet(channels, blocks)), False, seed,
-                  "residual CNN (a DAG of skip connections) on scikit-learn digits", 0.96,
-                  {"channels": channels, "blocks": blocks})
+def resnet_digits(channels: int = 16, blocks: int = 3) -> Task:
+    return _task("resnet-digits", DigitsResNet(channels, blocks), False,
+                 "residual CNN (a DAG of skip connections) on scikit-learn digits", 0.96)

@@ -13,7 +13,7 @@ from dataclasses import dataclass
 
 import torch
 
-from trainer.zoo.base import ZooModel
+from trainer.task import Task
 
 
 @dataclass
@@ -27,12 +27,12 @@ class FitResult:
     metric: float  # the last validation value
 
 
-def train_to_target(entry: ZooModel, batch_size: int | None = None, max_seconds: float = 90.0,
+def train_to_target(entry: Task, batch_size: int | None = None, max_seconds: float = 90.0,
                     max_epochs: int = 1000) -> FitResult:
     """Train ``entry.model`` with its declared optimizer, evaluating after every epoch, until the
     metric meets ``entry.target`` or ``max_seconds`` of training have passed (evaluation time is
     not counted)."""
-    bs = batch_size or entry.default_batch_size
+    bs = batch_size or entry.batch_size
     model = entry.model.train()
     opt = entry.make_optimizer(model.parameters())
     trained = 0.0
@@ -43,7 +43,7 @@ def train_to_target(entry: ZooModel, batch_size: int | None = None, max_seconds:
         started, cpu_started = time.perf_counter(), time.thread_time()
         for x, y in entry.train_batches(bs, epoch):
             opt.zero_grad(set_to_none=True)
-            entry.loss_fn(model(x), y).backward()
+            entry.loss(model(x), y).backward()
             opt.step()
             steps += 1
         trained += time.perf_counter() - started

@@ -10,7 +10,9 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from trainer.zoo.base import ZooModel, build_seeded
+from torch.utils.data import TensorDataset
+
+from trainer.task import Task
 
 DATA_SEED = 1234
 VAL_SHARE = 0.2
@@ -40,18 +42,16 @@ def _teacher_data(samples: int, width: int, out: int) -> tuple[torch.Tensor, tor
     return x, y
 
 
-def mlp(seed: int = 0, depth: int = 8, width: int = 1024, out: int = 16, samples: int = 4096) -> ZooModel:
+def mlp(depth: int = 8, width: int = 1024, out: int = 16, samples: int = 4096) -> Task:
     for name, value in (("depth", depth), ("width", width), ("out", out), ("samples", samples)):
         if value < 1:
             raise ValueError(f"model arg {name!r} must be >= 1, got {value}")
     x, y = _teacher_data(samples, width, out)
     n_val = max(1, int(samples * VAL_SHARE))
-    return ZooModel(
-        name="mlp",
-        model=build_seeded(seed, lambda: RegressionMLP(depth, width, out)),
-        loss_fn=nn.functional.mse_loss, metric_name="mse", target=0.7,
-        train_x=x[n_val:], train_y=y[n_val:], val_x=x[:n_val], val_y=y[:n_val],
+    return Task(
+        model=RegressionMLP(depth, width, out),
+        train_data=TensorDataset(x[n_val:], y[n_val:]), val_data=TensorDataset(x[:n_val], y[:n_val]),
+        loss=nn.functional.mse_loss, metric="mse", target=0.7, optimizer="adam", lr=1e-4,
+        batch_size=64, loader_workers=0, name="mlp",
         description="synthetic regression MLP (depth x Linear(width, width)+ReLU); the runtime benchmark",
-        optimizer="adam", lr=1e-4, default_batch_size=64, seed=seed,
-        model_args={"depth": depth, "width": width, "out": out, "samples": samples},
     )

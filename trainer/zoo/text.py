@@ -14,7 +14,10 @@ from pathlib import Path
 import torch
 from torch import nn
 
-from trainer.zoo.base import ZooModel, build_seeded, token_cross_entropy
+from torch.utils.data import TensorDataset
+
+from trainer.task import Task
+from trainer.task.metrics import token_cross_entropy
 
 CORPUS_FILES = (
     "textwrap.py", "string.py", "heapq.py", "bisect.py", "fnmatch.py", "glob.py", "shlex.py",
@@ -88,16 +91,14 @@ def _windows(seq_len: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, to
     return train[:, :-1].contiguous(), train[:, 1:].contiguous(), val[:, :-1].contiguous(), val[:, 1:].contiguous()
 
 
-def transformer_text(seed: int = 0, dim: int = 128, layers: int = 2, heads: int = 4, seq_len: int = 64) -> ZooModel:
+def transformer_text(dim: int = 128, layers: int = 2, heads: int = 4, seq_len: int = 64) -> Task:
     train_x, train_y, val_x, val_y = _windows(seq_len)
-    return ZooModel(
-        name="transformer-text",
-        model=build_seeded(seed, lambda: TinyLM(dim, layers, heads, seq_len)),
-        loss_fn=token_cross_entropy, metric_name="perplexity", target=TARGET_PERPLEXITY,
-        train_x=train_x, train_y=train_y, val_x=val_x, val_y=val_y,
+    return Task(
+        model=TinyLM(dim, layers, heads, seq_len),
+        train_data=TensorDataset(train_x, train_y), val_data=TensorDataset(val_x, val_y),
+        loss=token_cross_entropy, metric="perplexity", target=TARGET_PERPLEXITY, optimizer="adam", lr=3e-3,
+        batch_size=32, loader_workers=0, name="transformer-text",
         description="byte-level Transformer LM on Python standard-library sources",
-        optimizer="adam", lr=3e-3, default_batch_size=32, seed=seed,
-        model_args={"dim": dim, "layers": layers, "heads": heads, "seq_len": seq_len},
     )
 
 

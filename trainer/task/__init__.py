@@ -1,0 +1,27 @@
+"""Tasks: what a user hands pipeboard to train (model, data, loss, metric), and how a model SPEC
+becomes one. ``from trainer import Task``.
+
+Lazy: importing ``trainer.task.names`` (torch-free) must not import torch through this package.
+"""
+
+__all__ = ["OPTIMIZERS", "Task", "TaskError", "load_task", "check_task"]
+
+
+def __getattr__(name: str):
+    if name == "OPTIMIZERS":
+        from trainer.task.names import OPTIMIZERS
+
+        return OPTIMIZERS
+    if name in ("Task", "TaskError"):
+        from trainer.task import task
+
+        return getattr(task, name)
+    if name == "load_task":
+        from trainer.task.spec import load_task
+
+        return load_task
+    if name == "check_task":
+        from trainer.task.check import check_task
+
+        return check_task
+    raise AttributeError(f"module 'trainer.task' has no attribute {name!r}")

@@ -1,0 +1,91 @@
+"""Batches of a task's data through torch's DataLoader, in one order every worker can reproduce.
+
+Epoch ``e``'s order is a permutation seeded by ``(seed, e)``; batch ``i`` of it is the samples
+``order[i * B:(i + 1) * B]``. Every stage that needs data (the first for inputs, the last for
+targets) builds the same loader from the same seed, so they agree on which samples make global
+microbatch ``g`` without sending anything to each other. Each sample is read once per epoch; the
+last partial batch is dropped (a pipeline's boundary buffers have fixed shapes).
+
+Loading overlaps compute: with ``workers > 0`` the DataLoader's worker processes decode the next
+batches while the stage computes (``prefetch_factor`` batches each); on CUDA the batches come in
+pinned memory, so the copy to the device can be asynchronous.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+from torch.utils.data import DataLoader, Sampler, default_collate
+
+PREFETCH_BATCHES = 2  # per loader worker: enough to hide one slow batch behind the current step
+
+
+def epoch_order(seed: int, epoch: int, size: int) -> torch.Tensor:
+    """The permutation of ``range(size)`` that epoch ``epoch`` of a run seeded ``seed`` reads."""
+    gen = torch.Generator().manual_seed(seed * 1_000_003 + epoch)
+    return torch.randperm(size, generator=gen)
+
+
+class EpochBatches(Sampler[list[int]]):
+    """Batches of indices of one epoch's seeded order, from batch ``start`` on; ``set_epoch``
+    moves it (a DataLoader with persistent workers asks it again at each ``iter``)."""
+
+    def __init__(self, size: int, batch_size: int, seed: int, epoch: int = 0, start: int = 0) -> None:
+        self.size, self.batch_size, self.seed = size, batch_size, seed
+        self.epoch, self.start = epoch, start
+
+    def set_epoch(self, epoch: int, start: int = 0) -> None:
+        self.epoch, self.start = epoch, start
+
+    def __len__(self) -> int:
+        return max(0, self.size // self.batch_size - self.start)
+
+    def __iter__(self):
+        order = epoch_order(self.seed, self.epoch, self.size)
+        for i in range(self.start, self.size // self.batch_size):
+            yield order[i * self.batch_size:(i + 1) * self.batch_size].tolist()
+
+
+def make_loader(dataset, batch_sampler, collate_fn, workers: int, pin_memory: bool = False) -> DataLoader:
+    return DataLoader(dataset, batch_sampler=batch_sampler, collate_fn=collate_fn or default_collate,
+                      num_workers=workers, pin_memory=pin_memory,
+                      prefetch_factor=PREFETCH_BATCHES if workers else None, persistent_workers=workers > 0)
+
+
+def epoch_loader(task, batch_size: int, epoch: int = 0, workers: int = 0) -> DataLoader:
+    """One epoch of ``task.train_data`` in full batches of the seeded order."""
+    sampler = EpochBatches(task.train_size, batch_size, task.seed, epoch)
+    return make_loader(task.train_data, sampler, task.collate_fn, workers)
+
+
+class _InOrder(Sampler[list[int]]):
+    def __init__(self, size: int, batch_size: int) -> None:
+        self.size, self.batch_size = size, batch_size
+
+    def __len__(self) -> int:
+        return -(-self.size // self.batch_size)
+
+    def __iter__(self):
+        for i in range(0, self.size, self.batch_size):
+            yield list(range(i, min(self.size, i + self.batch_size)))
+
+
+def val_loader(task, batch_size: int, workers: int = 0) -> DataLoader:
+    """The validation split in its own order, the last batch possibly short."""
+    return make_loader(task.val_data, _InOrder(task.val_size, batch_size), task.collate_fn, workers)
+
+
+def map_tensors(value: Any, fn) -> Any:
+    """Apply ``fn`` to every tensor of an input (a tensor, or a tuple/list of tensors)."""
+    if isinstance(value, torch.Tensor):
+        return fn(value)
+    if isinstance(value, (tuple, list)):
+        return tuple(map_tensors(v, fn) for v in value)
+    return value
+
+
+def rows(value: Any) -> int:
+    """The batch size of an input or a target."""
+    first = value if isinstance(value, torch.Tensor) else value[0]
+    return int(first.shape[0]) if first.dim() else 1
