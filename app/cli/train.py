@@ -87,6 +87,7 @@ def register(cli: typer.Typer) -> None:
         epochs: Optional[float] = typer.Option(None, "--epochs"),
         steps: Optional[int] = typer.Option(None, "--steps"),
         target: Optional[float] = typer.Option(None, "--target", help="Stop when the validation metric reaches this."),
+        max_steps: Optional[int] = typer.Option(None, "--max-steps", help="With --target: stop after this many steps at most."),
         workers: Optional[int] = typer.Option(None, "--workers", help="Processes (dp: replicas; with --stages P: N/P per stage)."),
         checkpoint_dir: Optional[str] = typer.Option(None, "--checkpoint-dir"),
         checkpoint_every: int = typer.Option(0, "--checkpoint-every", help="Steps between checkpoints (0: at the end)."),
@@ -124,7 +125,7 @@ def register(cli: typer.Typer) -> None:
                 loader_workers=loader_workers, schedule=schedule, batch_size=batch_size,
                 microbatches=microbatches, stages=plan_stages, replicas=replicas if schedule != "dp" else None,
                 num_stages=stages, workers=workers if (workers or not replicas or schedule != "dp") else sum(replicas),
-                chunks=chunks, vertical_sync=vertical_sync, weight_grads=weight_grads, epochs=epochs, steps=steps, target=target, seed=seed,
+                chunks=chunks, vertical_sync=vertical_sync, weight_grads=weight_grads, epochs=epochs, steps=steps, target=target, max_steps=max_steps, seed=seed,
                 lr=lr, optimizer=optimizer, eval_every=eval_every, checkpoint_dir=checkpoint_dir,
                 checkpoint_every=checkpoint_every, resume=resume, hang_timeout_s=hang_timeout, device=device,
                 cpu_matmul=cpu_matmul)

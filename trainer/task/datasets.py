@@ -133,13 +133,26 @@ def text_windows(path: str | os.PathLike, seq_len: int, *, tokenizer: Callable[[
     docs = table[text_column]
     if not all(isinstance(doc, str) for doc in docs):
         raise ValueError(f"{path}: column {text_column!r} does not hold text in every row")
-    tokens, vocab = _tokenize("\n".join(docs), tokenizer)
+    return _windows("\n".join(docs), seq_len, tokenizer, val_share, str(path))
+
+
+def text_windows_of(text: str, seq_len: int, *, tokenizer: Callable[[str], list[int]] | Any = None,
+                    val_share: float = 0.1) -> tuple[TextWindows, TextWindows | None]:
+    """:func:`text_windows` of a text already in memory (a corpus a task ships, say)."""
+    _check_share(val_share)
+    if seq_len < 1:
+        raise ValueError(f"seq_len must be >= 1, got {seq_len}")
+    return _windows(text, seq_len, tokenizer, val_share, "text")
+
+
+def _windows(text: str, seq_len: int, tokenizer, val_share: float, where: str):
+    tokens, vocab = _tokenize(text, tokenizer)
     n = (len(tokens) - 1) // seq_len
     if n < 1:
-        raise ValueError(f"{path}: {len(tokens)} tokens, shorter than one window of seq_len + 1 = {seq_len + 1}")
+        raise ValueError(f"{where}: {len(tokens)} tokens, shorter than one window of seq_len + 1 = {seq_len + 1}")
     starts, is_val = np.arange(n) * seq_len, _holdout(n, val_share)
     if val_share and (is_val.all() or not is_val.any()):
-        raise ValueError(f"{path}: {n} window(s) of {seq_len + 1} tokens, too few to hold out {val_share:.0%}")
+        raise ValueError(f"{where}: {n} window(s) of {seq_len + 1} tokens, too few to hold out {val_share:.0%}")
     train = TextWindows(tokens, starts[~is_val], seq_len, vocab)
     return train, (TextWindows(tokens, starts[is_val], seq_len, vocab) if val_share else None)
 

@@ -25,6 +25,7 @@ def _factories() -> dict[str, Callable[..., Task]]:
     from trainer.zoo.digits import cnn_digits, mlp_digits, resnet_digits
     from trainer.zoo.synthetic import mlp
     from trainer.zoo.text import transformer_text
+    from trainer.zoo.hf import gpt2_text, llama_text, resnet18_images
 
     return {
         "mlp-digits": mlp_digits,
@@ -32,6 +33,9 @@ def _factories() -> dict[str, Callable[..., Task]]:
         "resnet-digits": resnet_digits,
         "transformer-text": transformer_text,
         "mlp": mlp,
+        "gpt2-text": gpt2_text,
+        "llama-text": llama_text,
+        "resnet18-images": resnet18_images,
     }
 
 
@@ -42,6 +46,12 @@ _INFO = {
     "resnet-digits": ("residual CNN (a DAG of skip connections) on scikit-learn digits", "accuracy", 0.96),
     "transformer-text": ("byte-level Transformer LM on Python standard-library sources", "perplexity", 6.0),
     "mlp": ("synthetic regression MLP (depth x Linear(width, width)+ReLU); the runtime benchmark", "mse", 0.7),
+    "gpt2-text": ("transformers GPT-2 causal LM (random init) on a local text/parquet/JSON file (--data)",
+                  "perplexity", 6.0),
+    "llama-text": ("transformers Llama causal LM (random init) on a local text/parquet/JSON file (--data)",
+                   "perplexity", 6.0),
+    "resnet18-images": ("transformers ResNet-18 layout (random init) on an imagefolder tree of PNG/JPEG files "
+                        "(--data; default: scikit-learn's digits as PNG files)", "accuracy", 0.9),
 }
 
 
@@ -50,9 +60,10 @@ def names() -> list[str]:
 
 
 def model_args_defaults(name: str) -> dict[str, Any]:
-    """The model arguments a zoo entry takes, with their defaults."""
+    """The model arguments a zoo entry takes, with their defaults (``data``, the data location,
+    is not one)."""
     params = inspect.signature(factory(name)).parameters
-    return {k: p.default for k, p in params.items()}
+    return {k: p.default for k, p in params.items() if k != "data"}
 
 
 def describe() -> list[dict[str, Any]]:

@@ -1,0 +1,83 @@
+"""Zoo tasks of Hugging Face transformers models, built from a config with random weights.
+
+Each is a task factory like a user's: the model comes from ``transformers`` (nothing is
+downloaded), the data from local files through ``datasets`` (``trainer.task.datasets``), and
+``trainer.task.hf`` makes the model splittable at block boundaries. ``--data`` points them at a
+user's own files; without it they train on data the installed packages ship: the Python
+standard-library sources of ``transformer-text`` for the language models, scikit-learn's digits
+written as a folder of PNG files for the image classifier.
+"""
+
+from __future__ import annotations
+
+import tempfile
+from pathlib import Path
+
+from torch import nn
+
+from trainer.task import Task
+from trainer.task.metrics import token_cross_entropy
+
+
+def _text(data: str | None, seq_len: int):
+    from trainer.task.datasets import text_windows, text_windows_of
+
+    if data is not None:
+        return text_windows(data, seq_len)
+    from trainer.zoo.text import corpus_bytes
+
+    return text_windows_of(corpus_bytes().decode("utf-8"), seq_len)
+
+
+def _lm_task(name: str, model: nn.Module, train, val, description: str) -> Task:
+    return Task(model=model, train_data=train, val_data=val, loss=token_cross_entropy, metric="perplexity",
+                target=TARGET_PERPLEXITY, optimizer="adamw", lr=3e-3, batch_size=32, loader_workers=0,
+                name=name, description=description)
+
+
+def gpt2_text(data: str | None = None, layers: int = 4, dim: int = 64, heads: int = 4, seq_len: int = 64) -> Task:
+    """A GPT-2 causal LM (tied embedding and head) on UTF-8 bytes of a text, parquet or JSON file."""
+    from transformers import GPT2Config, GPT2LMHeadModel
+
+    train, val = _text(data, seq_len)
+    config = GPT2Config(vocab_size=train.vocab_size, n_positions=seq_len, n_embd=dim, n_layer=layers, n_head=heads,
+                        resid_pdrop=0.0, embd_pdrop=0.0, attn_pdrop=0.0)
+    return _lm_task("gpt2-text", GPT2LMHeadModel(config), train, val,
+                    "transformers GPT-2 causal LM (random init) on a local text/parquet/JSON file (--data)")
+
+
+def llama_text(data: str | None = None, layers: int = 4, dim: int = 64, heads: int = 4, seq_len: int = 64) -> Task:
+    """A Llama causal LM (RMSNorm, rotary positions, SwiGLU, grouped-query attention)."""
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    train, val = _text(data, seq_len)
+    config = LlamaConfig(vocab_size=train.vocab_size, hidden_size=dim, intermediate_size=int(dim * 8 / 3) // 8 * 8,
+                         num_hidden_layers=layers, num_attention_heads=heads, num_key_value_heads=max(1, heads // 2),
+                         max_position_embeddings=seq_len, attention_dropout=0.0)
+    return _lm_task("llama-text", LlamaForCausalLM(config), train, val,
+                    "transformers Llama causal LM (random init) on a local text/parquet/JSON file (--data)")
+
+
+def resnet18_images(data: str | None = None, width: int = 16, size: int = 32) -> Task:
+    """A ResNet-18 layout (basic blocks, depths 2-2-2-2) on an ``imagefolder`` tree of images."""
+    from transformers import ResNetConfig, ResNetForImageClassification
+
+    from trainer.task.datasets import image_folder
+
+    if data is None:
+        from trainer.zoo.pngdigits import write_digits_pngs
+
+        data = str(write_digits_pngs(Path(tempfile.gettempdir()) / f"pipeboard-digits-png-{size}", size=size))
+    train, val = image_folder(data, size=size)
+    channels = int(train[0][0].shape[0])
+    config = ResNetConfig(num_channels=channels, embedding_size=width, hidden_sizes=[width * 2**i for i in range(4)],
+                          depths=[2, 2, 2, 2], layer_type="basic", num_labels=len(train.classes),
+                          downsample_in_first_stage=False)
+    return Task(model=ResNetForImageClassification(config), train_data=train, val_data=val,
+                loss=nn.functional.cross_entropy, metric="accuracy", target=0.9, optimizer="adam", lr=1e-3,
+                batch_size=64, loader_workers=1, name="resnet18-images",
+                description="transformers ResNet-18 layout (random init) on an imagefolder tree of PNG/JPEG files "
+                            "(--data; default: scikit-learn's digits as PNG files)")
+
+
+TARGET_PERPLEXITY = 6.0
