@@ -14,14 +14,18 @@ SMALL = {
     "resnet-digits": {"channels": 8, "blocks": 2},
     "transformer-text": {"dim": 32, "layers": 1, "heads": 2, "seq_len": 16},
     "mlp": {"depth": 2, "width": 32, "samples": 512},
+    "gpt2-text": {"layers": 1, "dim": 32, "heads": 2, "seq_len": 16},
+    "llama-text": {"layers": 1, "dim": 32, "heads": 2, "seq_len": 16},
+    "resnet18-images": {"width": 4, "size": 16},
 }
+IN_MEMORY = ["mlp-digits", "cnn-digits", "resnet-digits", "transformer-text", "mlp"]  # TensorDataset data
 
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 
 
 def test_names_and_describe_agree_with_the_entries():
-    assert zoo.names() == ["mlp-digits", "cnn-digits", "resnet-digits", "transformer-text", "mlp"]
+    assert zoo.names() == IN_MEMORY + ["gpt2-text", "llama-text", "resnet18-images"]
     for d in zoo.describe():
         entry = zoo.get(d["name"], **SMALL[d["name"]])
         assert entry.name == d["name"]
@@ -40,6 +44,18 @@ def test_benchmark_mlp_defaults():
 
 
 @pytest.mark.parametrize("name", list(SMALL))
+def test_same_seed_same_weights_and_batches(name):
+    a, b = zoo.get(name, seed=3, **SMALL[name]), zoo.get(name, seed=3, **SMALL[name])
+    c = zoo.get(name, seed=4, **SMALL[name])
+    pa, pb, pc = (torch.cat([p.flatten() for p in e.model.parameters()]) for e in (a, b, c))
+    assert torch.equal(pa, pb) and not torch.equal(pa, pc)
+    (x1, y1), (x2, y2) = next(a.train_batches(8, epoch=1)), next(b.train_batches(8, epoch=1))
+    assert torch.equal(x1, x2) and torch.equal(y1, y2)
+    (xv1, _), (xv2, _) = next(a.val_batches(8)), next(c.val_batches(8))
+    assert torch.equal(xv1, xv2)  # the validation split does not depend on the seed
+
+
+@pytest.mark.parametrize("name", IN_MEMORY)
 def test_same_seed_same_weights_and_data(name):
     a, b = zoo.get(name, seed=3, **SMALL[name]), zoo.get(name, seed=3, **SMALL[name])
     c = zoo.get(name, seed=4, **SMALL[name])
@@ -53,7 +69,7 @@ def test_same_seed_same_weights_and_data(name):
     assert not torch.equal(x1, x3)  # a new order each epoch
 
 
-@pytest.mark.parametrize("name", list(SMALL))
+@pytest.mark.parametrize("name", IN_MEMORY)
 def test_batches_cover_the_split_without_overlap(name):
     entry = zoo.get(name, **SMALL[name])
     batches = list(entry.train_batches(16, epoch=0))
