@@ -199,9 +199,9 @@ def test_the_concurrent_load_trains_on_its_own_input(monkeypatch):
     real = profiler.ConcurrentLoad
 
     class Spy(real):
-        def __init__(self, model, inputs, n):
+        def __init__(self, model, inputs, n, precision="fp32"):
             seen.append([tuple(t.shape) for t in inputs])
-            super().__init__(model, inputs, n)
+            super().__init__(model, inputs, n, precision)
 
     monkeypatch.setattr(profiler, "ConcurrentLoad", Spy)
     model = torch.nn.Sequential(torch.nn.Linear(8, 8), torch.nn.Tanh(), torch.nn.Linear(8, 2))

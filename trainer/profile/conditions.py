@@ -23,6 +23,7 @@ from typing import Any, Callable, Sequence
 import torch
 from torch import nn
 
+from trainer.precision import autocast
 from trainer.profile.fxgraph import as_tuple
 
 
@@ -64,23 +65,24 @@ def optimizer_ms(groups: dict[str, Sequence[torch.Tensor]], optimizer: str, repe
     return {name: float(statistics.median(times[name])) if name in times else 0.0 for name in groups}
 
 
-def _load_worker(model: nn.Module, inputs: tuple, ready, stop) -> None:
+def _load_worker(model: nn.Module, inputs: tuple, ready, stop, precision: str = "fp32") -> None:
     torch.set_num_threads(1)
     ready.set()
     while not stop.is_set():
-        outs = [o for o in as_tuple(model(*inputs)) if isinstance(o, torch.Tensor) and o.requires_grad]
+        with autocast("cpu", precision):
+            outs = [o for o in as_tuple(model(*inputs)) if isinstance(o, torch.Tensor) and o.requires_grad]
         if outs:
             torch.autograd.backward(outs, [torch.ones_like(o) for o in outs])
 
 
 class ConcurrentLoad:
     """``with ConcurrentLoad(model, inputs, n):`` runs ``n`` training loops of ``model`` in other
-    processes while the block runs (nothing for ``n == 0``)."""
+    processes while the block runs (nothing for ``n == 0``), forwards in ``precision``."""
 
-    def __init__(self, model: nn.Module, inputs: tuple, n: int) -> None:
+    def __init__(self, model: nn.Module, inputs: tuple, n: int, precision: str = "fp32") -> None:
         if n < 0:
             raise ValueError(f"concurrent load must be >= 0 processes, got {n}")
-        self.model, self.inputs, self.n = model, inputs, n
+        self.model, self.inputs, self.n, self.precision = model, inputs, n, precision
         self.procs: list[Any] = []
 
     def __enter__(self) -> ConcurrentLoad:
@@ -93,7 +95,8 @@ class ConcurrentLoad:
         readies = []
         for _ in range(self.n):
             ready = ctx.Event()
-            p = ctx.Process(target=_load_worker, args=(self.model, self.inputs, ready, self.stop), daemon=True)
+            p = ctx.Process(target=_load_worker, args=(self.model, self.inputs, ready, self.stop, self.precision),
+                            daemon=True)
             p.start()
             self.procs.append(p)
             readies.append(ready)

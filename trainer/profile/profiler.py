@@ -319,7 +319,7 @@ def profile_model(
     params = list(model.parameters())
     steps = warmup + repeats
     load = inputs if load_input is None else tuple(t.to(dev) for t in as_tuple(load_input))
-    with ConcurrentLoad(model, load, concurrent):
+    with ConcurrentLoad(model, load, concurrent, precision):
         fwd_samples, bwd_samples, bi_samples, step_f, step_b, instrumented = _measure(
             lg, model, owner, clock, inputs, params, warmup, repeats, accumulate, split_backward, progress, precision)
         seen_params: set[int] = set()
