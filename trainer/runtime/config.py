@@ -113,6 +113,8 @@ class RunConfig:
         given = [n for n, v in (("epochs", self.epochs), ("steps", self.steps), ("target", self.target)) if v is not None]
         if len(given) > 1:
             raise ConfigError(f"{given[1]}: give only one of --epochs, --steps, --target")
+        if self.max_steps is not None and self.max_steps < 1:
+            raise ConfigError(f"max_steps: must be >= 1, got {self.max_steps}")
         if self.steps is not None and self.steps < 1:
             raise ConfigError(f"steps: must be >= 1, got {self.steps}")
         if self.epochs is not None and self.epochs <= 0:

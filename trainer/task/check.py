@@ -103,6 +103,7 @@ def check_task(task: Task, batch_size: int | None = None) -> None:
                         f"got ({_describe(x)}, {_describe(y)})")
     model = task.model
     was_training = model.training
+    model.eval()  # no BatchNorm statistics updated, no dropout drawn: the check leaves no trace
     try:
         with torch.no_grad():
             out = model(*x) if isinstance(x, (tuple, list)) else model(x)
