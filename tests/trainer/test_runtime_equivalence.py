@@ -6,17 +6,13 @@ from __future__ import annotations
 import pytest
 import torch
 
+from tests.trainer.params import max_diff
 from trainer.runtime import RunConfig, run_training
 from trainer.runtime.checkpoint import assemble_model
 from trainer.runtime.reference import emulate_async, train_sync
 
 SMALL = {"depth": 4, "width": 48, "samples": 512}
 
-
-def max_diff(a: torch.nn.Module, b: torch.nn.Module) -> float:
-    pa, pb = dict(a.named_parameters()), dict(b.named_parameters())
-    assert pa.keys() == pb.keys()
-    return max(float((pa[k] - pb[k]).detach().abs().max()) for k in pa)
 
 
 def run(tmp_path, microbatches=4, **kw):

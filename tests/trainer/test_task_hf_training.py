@@ -7,6 +7,7 @@ from __future__ import annotations
 import pytest
 import torch
 
+from tests.trainer.params import max_diff
 from trainer.runtime import RunConfig, run_training
 from trainer.runtime.checkpoint import assemble_model
 from trainer.runtime.reference import train_sync
@@ -60,11 +61,6 @@ def test_causal_lms_split_and_their_loss_falls(corpus, model, file, stages):
     assert len(losses) >= 20 and sum(losses[-5:]) / 5 < 0.8 * sum(losses[:3]) / 3, losses
 
 
-def _max_diff(a, b) -> float:
-    pa, pb = dict(a.named_parameters()), dict(b.named_parameters())
-    assert pa.keys() == pb.keys()
-    return max(float((pa[k] - pb[k]).detach().abs().max()) for k in pa)
-
 
 @pytest.mark.parametrize("model", ["gpt2-text", "llama-text"])
 @pytest.mark.parametrize("stages", [2, 4])
@@ -75,9 +71,9 @@ def test_one_pipelined_step_equals_single_process_training(corpus, tmp_path, mod
     run_training(cfg)
     trained, _ = assemble_model(cfg, tmp_path)
     before, after = train_sync(cfg, 0), train_sync(cfg, 1)
-    assert _max_diff(trained, before) > 1e-4  # the step moved the weights
+    assert max_diff(trained, before) > 1e-4  # the step moved the weights
     # SGD: the change is lr x the gradient, so equal parameters mean equal gradients
-    assert _max_diff(trained, after) < 1e-6
+    assert max_diff(trained, after) < 1e-6
 
 
 def test_bf16_trains_the_lm_close_to_fp32(corpus):

@@ -11,6 +11,7 @@ from pathlib import Path
 
 import pytest
 
+from tests.trainer.params import max_diff
 from trainer.runtime import RunConfig, run_training
 from trainer.runtime.checkpoint import assemble_model
 from trainer.runtime.reference import train_sync
@@ -63,11 +64,6 @@ def test_trains_to_its_target(project, schedule, stages):
     assert summary["final_metric"] >= 0.9 and summary["time_to_target_s"] is not None, summary
 
 
-def _max_diff(a, b) -> float:
-    pa, pb = dict(a.named_parameters()), dict(b.named_parameters())
-    assert pa.keys() == pb.keys()
-    return max(float((pa[k] - pb[k]).detach().abs().max()) for k in pa)
-
 
 @pytest.mark.parametrize("schedule", ["gpipe", "1f1b"])
 @pytest.mark.parametrize("stages", [2, 3])
@@ -76,5 +72,5 @@ def test_sync_schedules_equal_gradient_accumulation(project, tmp_path, schedule,
                eval_at_end=False)
     run_training(cfg)
     trained, _ = assemble_model(cfg, tmp_path)
-    assert _max_diff(trained, train_sync(cfg, 0)) > 1e-4  # it really trained
-    assert _max_diff(trained, train_sync(cfg, 5)) < 1e-5
+    assert max_diff(trained, train_sync(cfg, 0)) > 1e-4  # it really trained
+    assert max_diff(trained, train_sync(cfg, 5)) < 1e-5
