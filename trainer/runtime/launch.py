@@ -20,7 +20,7 @@ import time
 from typing import Any
 
 from trainer import cpu_matmul
-from trainer.runtime import model as model_mod, shm
+from trainer.runtime import model as model_mod, shm, tied
 from trainer.runtime.config import ConfigError, RunConfig
 from trainer.runtime.layout import resolve
 from trainer.runtime.report import Reporter
@@ -60,7 +60,8 @@ def run_training(cfg: RunConfig, sink: Sink | None = None) -> dict[str, Any]:
     task = model_mod.load_task(cfg)
     check_task(task, cfg.batch_size)
     layers = model_mod.stage_layers(cfg, task, layout.virtual_stages)
-    model_mod.build_stages(task.model, task.example_input(cfg.microbatch_size), layers)
+    modules = model_mod.build_stages(task.model, task.example_input(cfg.microbatch_size), layers)
+    tied.check(cfg, layout, tied.find(modules, task.model))  # pipedream: no tie across workers
     if cfg.target is not None and task.val_data is None:
         raise ConfigError(f"target: task {cfg.model!r} has no val_data to measure a metric on")
     # the launcher's matmul setting, for every worker whatever their environment

@@ -65,6 +65,8 @@ class Stage:
         self.pending_weights: dict[int, tuple[list[torch.Tensor], PendingWeights]] = {}
         self.losses: list[float] = []  # unscaled training losses of finished forwards (last stage)
         self.eval_outputs: list[torch.Tensor] = []
+        # called with this stage right before each update (tied parameters: trainer/runtime/tied.py)
+        self.before_step: Callable[[Stage], None] | None = None
 
     @property
     def optimizer(self) -> torch.optim.Optimizer:
@@ -215,4 +217,6 @@ class Stage:
         if self.pending_weights:
             raise RuntimeError(f"stage {self.index}: update with the weight gradients of microbatch(es) "
                                f"{sorted(self.pending_weights)} still pending (a W must come before it)")
+        if self.before_step is not None:
+            self.before_step(self)
         self.versions.step(version, keep_current)

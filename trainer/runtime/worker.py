@@ -21,7 +21,7 @@ import torch.distributed as dist
 from trainer import cpu_matmul
 from trainer.allocator import keep_freed_memory
 from trainer.precision import autocast
-from trainer.runtime import checkpoint, model as model_mod
+from trainer.runtime import checkpoint, model as model_mod, tied
 from trainer.runtime.comm import P2P, open_channels, p2p_mode
 from trainer.runtime.config import RunConfig
 from trainer.runtime.data import TrainStream, ValStream
@@ -108,10 +108,12 @@ def train(cfg: RunConfig, env: WorkerEnv) -> None:
         ranks = tuple(template.workers[w].rank for w in range(world) if s in template.workers[w].stages)
         if len(ranks) > 1:
             groups[ranks] = dist.new_group(list(ranks))
+    # parameters shared by stages (tied weights): one gradient sum before each update
+    tied_grads = tied.TiedGrads(cfg, layout, template, rank, tied.find(modules, task.model))
     split = any(a.kind is Kind.BACKWARD_INPUT for a in template.actions[rank])  # BI/W need the layers' calls
     stages: dict[int, Stage] = {}
     for s in me.stages:
-        module = modules[s].to(device)
+        module = tied_grads.localize(s, modules[s].to(device))
         ddp = None
         if cfg.schedule == "dp" and world > 1:
             ddp = torch.nn.parallel.DistributedDataParallel(module, process_group=None)
@@ -142,6 +144,7 @@ def train(cfg: RunConfig, env: WorkerEnv) -> None:
             start = found
 
     heartbeat = Heartbeat(env.heartbeat, rank)
+    tied_grads.attach(stages, heartbeat)
     dist.barrier(group=control)
     origin = env.origin if env.origin is not None else time.perf_counter()
     recorder = Recorder(origin, cfg.instrument)
