@@ -41,7 +41,8 @@ def gpt2_text(data: str | None = None, layers: int = 4, dim: int = 64, heads: in
 
     train, val = _text(data, seq_len)
     config = GPT2Config(vocab_size=train.vocab_size, n_positions=seq_len, n_embd=dim, n_layer=layers, n_head=heads,
-                        resid_pdrop=0.0, embd_pdrop=0.0, attn_pdrop=0.0)
+                        resid_pdrop=0.0, embd_pdrop=0.0, attn_pdrop=0.0,
+                        bos_token_id=None, eos_token_id=None)  # GPT-2's 50256 is no byte
     return _lm_task("gpt2-text", GPT2LMHeadModel(config), train, val,
                     "transformers GPT-2 causal LM (random init) on a local text/parquet/JSON file (--data)")
 
