@@ -8,18 +8,14 @@ exactly the reference's states (msr-fiddle/pipedream, ``graph/graph.py``) in the
 order, because the planner's results at upper levels depend on that order.
 
 When the states would explode (inception, NASNet: hundreds of thousands), the planner treats a
-topological order of the layers as a chain instead (``trainer.plan.states``). No torch here:
-the planner must start fast.
+topological order of the layers as a chain instead (``trainer.plan.states``). No torch and no
+NumPy here: the planner must start fast, and small plans never load NumPy at all.
 
 Node sets are Python ints used as bitsets (bit i = layer i in file order): unions and
 intersections of a few hundred layers are single machine operations.
 """
 
 from __future__ import annotations
-
-from dataclasses import dataclass, field
-
-import numpy as np
 
 from trainer.profile.schema import Profile
 
@@ -28,7 +24,7 @@ class StateLimitExceeded(RuntimeError):
     """The antichain enumeration passed ``max_states``; the caller falls back to a linear order."""
 
 
-def _bits(mask: int) -> list[int]:
+def bit_indices(mask: int) -> list[int]:
     """Indices of the set bits of ``mask``, ascending."""
     if mask.bit_count() < 8:
         out = []
@@ -37,36 +33,33 @@ def _bits(mask: int) -> list[int]:
             out.append(low.bit_length() - 1)
             mask ^= low
         return out
-    # Many bits: read them off the binary string (reversed, so index = bit): for long masks in
-    # one NumPy comparison (a C loop), else one comprehension over the digits.
+    # Many bits: read them off the binary string (reversed, so index = bit), one comprehension
+    # over the digits (a C-level scan per digit; no NumPy, which the planner loads only for
+    # large problems).
     digits = bin(mask)[:1:-1]
-    if len(digits) > 128:
-        return np.flatnonzero(np.frombuffer(digits.encode(), dtype=np.uint8) == 49).tolist()  # "1"
     return [i for i, c in enumerate(digits) if c == "1"]
 
 
-@dataclass
 class LayerGraph:
     """The DAG the planner partitions, after the reference's clean-up.
 
     ``removed`` lists layers the reference takes out before planning (``Input*`` sources, which
     always go with the first stage, and unused ``__getitem__`` sinks, which go with their
-    producer); ``alive`` is a bitset of the others.
+    producer); ``alive`` is a bitset of the others. (A plain class: a dataclass would cost the
+    planner's start a few milliseconds to build.)
     """
 
-    names: list[str]
-    descs: list[str]
-    forward_ms: np.ndarray
-    backward_ms: np.ndarray
-    activation: np.ndarray
-    parameters: np.ndarray
-    succ: list[list[int]]
-    pred: list[list[int]]
-    alive: int
-    removed_inputs: list[int] = field(default_factory=list)
-    removed_sinks: list[int] = field(default_factory=list)
-    _anc: list[int] | None = None
-    _topo: list[int] | None = None
+    def __init__(self, names: list[str], descs: list[str], forward_ms: list[float], backward_ms: list[float],
+                 activation: list[float], parameters: list[float], succ: list[list[int]], pred: list[list[int]],
+                 alive: int):
+        self.names, self.descs = names, descs
+        self.forward_ms, self.backward_ms = forward_ms, backward_ms
+        self.activation, self.parameters = activation, parameters
+        self.succ, self.pred, self.alive = succ, pred, alive
+        self.removed_inputs: list[int] = []
+        self.removed_sinks: list[int] = []
+        self._anc: list[int] | None = None
+        self._topo: list[int] | None = None
 
     @classmethod
     def from_profile(cls, profile: Profile) -> LayerGraph:
@@ -81,10 +74,10 @@ class LayerGraph:
         g = cls(
             names=names,
             descs=[layer.desc for layer in profile.layers],
-            forward_ms=np.array([layer.forward_ms for layer in profile.layers], dtype=float),
-            backward_ms=np.array([layer.backward_ms for layer in profile.layers], dtype=float),
-            activation=np.array([layer.activation_total for layer in profile.layers], dtype=float),
-            parameters=np.array([layer.parameter_bytes for layer in profile.layers], dtype=float),
+            forward_ms=[float(layer.forward_ms) for layer in profile.layers],
+            backward_ms=[float(layer.backward_ms) for layer in profile.layers],
+            activation=[float(layer.activation_total) for layer in profile.layers],
+            parameters=[float(layer.parameter_bytes) for layer in profile.layers],
             succ=succ,
             pred=pred,
             alive=(1 << n) - 1,
@@ -134,10 +127,10 @@ class LayerGraph:
             self._remove(u)
 
     def sources(self) -> list[int]:
-        return [u for u in _bits(self.alive) if not self.pred[u]]
+        return [u for u in bit_indices(self.alive) if not self.pred[u]]
 
     def sinks(self) -> list[int]:
-        return [u for u in _bits(self.alive) if not self.succ[u]]
+        return [u for u in bit_indices(self.alive) if not self.succ[u]]
 
     def topological_order(self) -> list[int]:
         """Alive layers in a topological order that keeps file order wherever it can."""
@@ -145,7 +138,7 @@ class LayerGraph:
             return list(self._topo)
         import heapq
 
-        indeg = {u: len(self.pred[u]) for u in _bits(self.alive)}
+        indeg = {u: len(self.pred[u]) for u in bit_indices(self.alive)}
         ready = [u for u, d in indeg.items() if d == 0]
         heapq.heapify(ready)
         order = []
@@ -225,11 +218,12 @@ class AntichainWalk:
         for a in antichain:
             extra |= needed[a]
             key |= 1 << a
-        return _bits(extra) + list(antichain), extra | key
+        return bit_indices(extra) + list(antichain), extra | key
 
     def run(self) -> tuple[list[list[int]], list[list[int]]]:
         """Return (augmented antichain per state id, out-edges per state id), ids by discovery;
-        ``self.downsets`` then holds each state's down-set (bitset), by the same ids.
+        ``self.downsets`` then holds each state's down-set (bitset), and ``self.parents`` the
+        state each was first found from (-1 for the first), by the same ids.
 
         The reference moves one node x of a state's augmented set to each successor of x (not
         already in the antichain, and not an ancestor of a node still in the set), then
@@ -256,9 +250,10 @@ class AntichainWalk:
         augmented, members_of, keys = [first], [first_members], [start_key]
         downsets = [anc[source] | start_key]
         edges: list[list[int]] = [[]]
+        parents = [-1]
         # (a method, not a closure: a closure would turn these locals into cells, which slows
         # every access to them in the loop below; measured +25% on inception_v3's walk)
-        add_state = _NewStates(ids, augmented, members_of, keys, downsets, edges, self.max_states).add
+        add_state = _NewStates(ids, augmented, members_of, keys, downsets, edges, parents, self.max_states).add
         sid = 0
         while sid < len(augmented):
             aug, out, down = augmented[sid], edges[sid], downsets[sid]
@@ -269,11 +264,11 @@ class AntichainWalk:
                 for nxt, bit, _, nxt_down in steps[x]:
                     nid = ids.get(bit)
                     if nid is None:
-                        nid = add_state(bit, needed[nxt], [nxt], down | nxt_down)
+                        nid = add_state(bit, needed[nxt], [nxt], down | nxt_down, sid)
                     out.append(nid)
                 sid += 1
                 continue
-            key, members = keys[sid], members_of[sid]
+            key, members, parent = keys[sid], members_of[sid], sid
             sid += 1
             # Each node x of the set with the ancestors of the set's other nodes.
             if len(aug) == 2:  # (the commonest set: one node and one still needed, or two branches)
@@ -310,25 +305,26 @@ class AntichainWalk:
                             if new_key & bits[u]:
                                 front.append(u)
                                 extra |= needed[u]
-                        nid = add_state(new_key, extra, front, down | nxt_down)
+                        nid = add_state(new_key, extra, front, down | nxt_down, parent)
                     out.append(nid)
         self.downsets = downsets
+        self.parents = parents
         return augmented, edges
 
 
 class _NewStates:
     """Registers a newly found state in the walk's lists (once per state, not per edge)."""
 
-    __slots__ = ("ids", "augmented", "members_of", "keys", "downsets", "edges", "extras_of", "max_states")
+    __slots__ = ("ids", "augmented", "members_of", "keys", "downsets", "edges", "parents", "extras_of", "max_states")
 
-    def __init__(self, ids, augmented, members_of, keys, downsets, edges, max_states) -> None:
+    def __init__(self, ids, augmented, members_of, keys, downsets, edges, parents, max_states) -> None:
         self.ids, self.augmented, self.members_of, self.keys = ids, augmented, members_of, keys
-        self.downsets, self.edges, self.max_states = downsets, edges, max_states
+        self.downsets, self.edges, self.parents, self.max_states = downsets, edges, parents, max_states
         self.extras_of: dict[int, list[int]] = {0: []}  # the needed extras' bits, ascending, by bitset
 
-    def add(self, key: int, extra: int, front: list[int], down_set: int) -> int:
+    def add(self, key: int, extra: int, front: list[int], down_set: int, parent: int) -> int:
         """The new state's id; its augmented list is the needed extras ascending, then ``front``
-        (the kept nodes in the reference's order)."""
+        (the kept nodes in the reference's order). ``parent``: the state it was found from."""
         augmented = self.augmented
         nid = len(augmented)
         if nid >= self.max_states:
@@ -336,16 +332,17 @@ class _NewStates:
         self.ids[key] = nid
         head = self.extras_of.get(extra)
         if head is None:
-            head = self.extras_of[extra] = _bits(extra)
+            head = self.extras_of[extra] = bit_indices(extra)
         augmented.append(head + front)
         self.members_of.append(extra | key)
         self.keys.append(key)
         self.downsets.append(down_set)
         self.edges.append([])
+        self.parents.append(parent)
         return nid
 
 
-def _reverse_postorder(edges: list[list[int]], root: int = 0) -> list[int]:
+def reverse_postorder(edges: list[list[int]], root: int = 0) -> list[int]:
     """Depth-first from ``root``, children in edge order; the reference's topological sort."""
     done = [False] * len(edges)
     order: list[int] = []

@@ -1,5 +1,5 @@
-"""Long chains on three or more levels: the capped solve (trainer/plan/chaincap.py) against the
-straightforward DP (every row, every block, no pruning) on chains where that is cheap."""
+"""The capped chain strategy (trainer/plan/chaincaps.py, chainkernel.py) on chains long enough
+for the caps to cut rows short, against the plain recurrence and the uncapped strategies."""
 
 from __future__ import annotations
 
@@ -9,78 +9,81 @@ import random
 import numpy as np
 import pytest
 
-from trainer.plan import banded, chaincap
-from trainer.plan.chainkernel import available as chainkernel_available
-from trainer.plan.pipedream import solve_chain_within, solve_levels, tables_of
-from trainer.plan.states import state_chain
 from tests.trainer.test_plan_exact import chain_profile
-
-BASE = dict(memory_bytes=None, straight=False, fewer_workers=False, activation_compression=1.0)
-
-
-def _chain_tables(seed: int, layers: int):
-    return tables_of(state_chain(chain_profile(random.Random(seed), layers)))
+from trainer.plan import chaincaps, chainkernel, solve
+from trainer.plan.arrays import ChainArrays
+from trainer.plan.costs import level_specs
+from trainer.plan.states import state_chain
 
 
-def _objective(solutions, t) -> float:
-    return solutions[-1].best(0, t.size - 1)
+def _chain(seed: int, layers: int):
+    return state_chain(chain_profile(random.Random(seed), layers))
+
+
+def _objective(tables, chain) -> float:
+    return tables[-1].entry(0, chain.size - 1, tables[-1].spec.machines - 1)
+
+
+def _uncapped(chain, specs):
+    names = ["all_rows"] * (len(specs) - 1) + ["top_row"]
+    return _objective(solve.solve_levels(chain, specs, names), chain)
 
 
 @pytest.mark.parametrize("seed,levels,opts", [
     (1, [(4, 100e9), (2, 25e9), (2, 3e9)], {}),
     (2, [(4, 100e9), (2, 25e9), (3, 3e9)], {}),
-    (3, [(2, 50e9), (3, 10e9), (2, 2e9)], {"fewer_workers": True}),
-    (4, [(4, 100e9), (2, 25e9), (2, 3e9)], {"activation_compression": None}),
+    (3, [(2, 50e9), (3, 10e9), (2, 2e9)], {"fewer": True}),
+    (4, [(4, 100e9), (2, 25e9), (2, 3e9)], {"compression": None}),
     (5, [(2, 100e9), (2, 25e9), (2, 3e9)], {"straight": True}),
-    (6, [(3, 100e9), (2, 25e9), (2, 3e9)], {"memory_bytes": 4e8}),
+    (6, [(3, 100e9), (2, 25e9), (2, 3e9)], {"memory": 4e8}),
     (7, [(2, 100e9), (2, 40e9), (2, 10e9), (2, 1e9)], {}),
     (8, [(4, 100e9), (4, 25e9), (4, 3.125e9)], {"layers": 120}),
+    (9, [(4, 10e9), (3, 1e9)], {}),
 ])
 @pytest.mark.parametrize("compiled", [True, False])
-def test_capped_chain_equals_the_straightforward_dp(seed, levels, opts, compiled, monkeypatch):
-    # compiled: bands and the windowed loop (chainkernel); else the NumPy DP under the same caps.
-    if compiled and not chainkernel_available():
+def test_capped_chain_equals_the_uncapped_strategies(seed, levels, opts, compiled):
+    if compiled and not chainkernel.available():
         pytest.skip("numba not installed")
-    banded_levels = []
-    if compiled:
-        monkeypatch.setattr("trainer.plan.banded.FROM_STATES", 0)
-        real_banded = banded.solve_banded
-        monkeypatch.setattr(banded, "solve_banded", lambda *a: banded_levels.append(a[2].machines) or real_banded(*a))
-    else:
-        monkeypatch.setattr("trainer.plan.chainkernel.available", lambda: False)
-    calls = []
-    real = chaincap.solve_within
-    monkeypatch.setattr(chaincap, "solve_within", lambda *a, **k: calls.append(a[1]) or real(*a, **k))
-    monkeypatch.setattr("trainer.plan.pipedream.DIRECT_BELOW", 0)
-    monkeypatch.setattr("trainer.plan.dp.BY_MACHINES_UP_TO", 0)
     opts = dict(opts)
-    t = _chain_tables(seed, opts.pop("layers", 60))
-    options = {**BASE, **opts}
-    full = _objective(solve_levels(t, levels, prune=False, shortcuts=False, **options), t)
-    capped = _objective(solve_levels(t, levels, **options), t)
-    assert calls, "the capped path should have been taken"
-    # Every level below the top is banded, except one a two-machine top level solves by suffix.
-    assert bool(banded_levels) == compiled
+    chain = _chain(seed, opts.pop("layers", 60))
+    specs = level_specs(levels, **opts)
+    names = ["two_machine_top" if (i == len(levels) - 2 and levels[-1][0] == 2 and not (opts.get("memory") and
+                                                                                       opts.get("fewer")))
+             else "capped_chain" for i in range(len(levels) - 1)] + ["top_row"]
+    full = _uncapped(chain, specs)
     assert math.isfinite(full)
-    assert capped == full
+    tables = solve.solve_levels(chain, specs, names, compiled=compiled)
+    assert [t.strategy for t in tables] == names  # (the caps held: no fall-back to uncapped levels)
+    assert _objective(tables, chain) == full
+
+
+def test_the_plain_recurrence_agrees_on_a_capped_chain():
+    chain = _chain(21, 24)
+    specs = level_specs([(2, 100e9), (3, 25e9), (2, 3e9)])
+    names = ["capped_chain", "two_machine_top", "top_row"]
+    plain = _objective(solve.solve_levels(chain, specs, ["plain"] * 3), chain)
+    tables = solve.solve_levels(chain, specs, names, compiled=False)
+    assert [t.strategy for t in tables] == names and _objective(tables, chain) == plain
 
 
 @pytest.mark.parametrize("factor", [0.3, 0.9, 1.0, 1.5, 8.0])
 def test_any_first_guess_ends_at_the_optimum(factor):
     # Too low: a pass finds no plan (doubling) or a plan above the guess (a bound for one more
-    # pass); high enough: one pass. Every way ends at the straightforward DP's optimum.
+    # pass); high enough: one pass. Every way ends at the uncapped optimum.
     levels = [(4, 100e9), (2, 25e9), (3, 3e9)]
-    t = _chain_tables(11, 50)
-    full = _objective(solve_levels(t, levels, prune=False, shortcuts=False, **BASE), t)
+    chain = _chain(11, 50)
+    specs = level_specs(levels)
+    full = _uncapped(chain, specs)
+    names = ["capped_chain", "capped_chain", "top_row"]
     passes = []
 
     def within(upper):
-        passes.append(upper)  # (NumPy DP under the caps: this chain is below banded.FROM_STATES)
-        return solve_chain_within(t, levels, BASE, upper, False)
+        passes.append(upper)
+        return solve.run_levels(chain, ChainArrays(chain), specs, names, upper, False)
 
-    solutions = chaincap.solve_within(within, full * factor, t.size)
-    assert solutions is not None
-    assert _objective(solutions, t) == full
+    tables = chaincaps.solve_within(within, full * factor, chain.size)
+    assert tables is not None
+    assert _objective(tables, chain) == full
     assert (len(passes) == 1) == (factor >= 1.0)
 
 
@@ -88,19 +91,19 @@ def test_envelope_keeps_the_max_of_all_lines():
     rng = np.random.default_rng(0)
     for _ in range(50):
         lines = np.column_stack([rng.uniform(0, 10, 30), rng.uniform(0, 5, 30)])
-        hull = chaincap._envelope(lines)
+        hull = chaincaps.envelope(lines)
         p = rng.uniform(0, 20, 500)
         assert len(hull) < len(lines)
-        np.testing.assert_allclose(chaincap._evaluate(hull, p), chaincap._evaluate(lines, p), rtol=1e-12)
+        np.testing.assert_allclose(chaincaps.evaluate(hull, p), chaincaps.evaluate(lines, p), rtol=1e-12)
 
 
 def test_caps_cut_rows_short_and_bounds_fall_along_a_row():
     levels = [(4, 100e9), (4, 25e9), (4, 3e9)]
-    t = _chain_tables(12, 120)
-    full = _objective(solve_levels(t, levels, prune=False, shortcuts=False, **BASE), t)
-    limits = chaincap.limits(t, levels, full)
+    chain = _chain(12, 120)
+    full = _uncapped(chain, level_specs(levels))
+    limits = chaincaps.limits(ChainArrays(chain), levels, full)
     assert limits[-1] is None and len(limits) == 3
-    n = t.size
+    n = chain.size
     for caps, bounds in limits[:-1]:
         assert caps.shape == (n + 1,) and bounds.shape == (n + 1, n)
         assert (caps[1:n] < n - 1).any(), "some rows should stop before the last state"
@@ -111,12 +114,13 @@ def test_caps_cut_rows_short_and_bounds_fall_along_a_row():
             assert row.min() > 0
 
 
-def test_no_plan_at_all_gives_up_after_the_attempts():
+def test_no_plan_at_all_falls_back_to_the_uncapped_levels():
     # A straight pipeline needs a stage per worker: 8 workers, 4 states, never a plan.
     levels = [(2, 100e9), (2, 25e9), (2, 3e9)]
-    t = _chain_tables(13, 5)
-    options = {**BASE, "straight": True}
-    assert t.size < 8
-    assert chaincap.solve_within(lambda u: solve_chain_within(t, levels, options, u, False), 1e-3, t.size,
-                                 attempts=3) is None
-    assert math.isinf(_objective(solve_levels(t, levels, **options), t))
+    chain = _chain(13, 5)
+    specs = level_specs(levels, straight=True)
+    assert chain.size < 8
+    names = ["capped_chain", "capped_chain", "top_row"]
+    within = lambda u: solve.run_levels(chain, ChainArrays(chain), specs, names, u, False)  # noqa: E731
+    assert chaincaps.solve_within(within, 1e-3, chain.size, attempts=3) is None
+    assert math.isinf(_objective(solve.solve_levels(chain, specs, names, compiled=False), chain))

@@ -10,7 +10,7 @@ import pytest
 
 from tests.trainer.test_plan_exact import random_profile
 from trainer.plan import plan
-from trainer.plan.cluster import _full_topological_order
+from trainer.plan.layout import full_topological_order
 from trainer.profile.schema import Profile
 
 
@@ -25,7 +25,7 @@ def test_forward_edges_make_file_order_the_topological_order(seed):
     for a, b in profile.edges:
         succ[index[a]].append(index[b])
         pred[index[b]].append(index[a])
-    assert _full_topological_order(len(names), succ, pred) == list(range(len(names)))
+    assert full_topological_order(len(names), succ, pred) == list(range(len(names)))
 
 
 @pytest.mark.parametrize("seed", range(12))

@@ -2,7 +2,8 @@
 
 `../shared/pipedream-profiles/reference-plans.jsonl` holds what msr-fiddle/pipedream's
 `optimizer_graph_hierarchical.py` printed for the shared profiles under six configurations.
-Every line it finished (64) is checked here; `bench/planner.py` also times them.
+Every line it finished (64) is checked here with the strategies the planner picks, and the
+smaller ones also with the plain recurrence; `bench/planner.py` also times them.
 """
 
 from __future__ import annotations
@@ -13,7 +14,11 @@ import pytest
 
 from tests.shared_data import SHARED_PROFILES, graph_txt, shared_profiles_dir
 from trainer.plan import plan
+from trainer.plan.costs import level_specs
+from trainer.plan.pipedream import solve
+from trainer.plan.recurrence import work
 from trainer.plan.reference_flags import parse_reference_flags
+from trainer.plan.states import state_chain
 from trainer.profile.schema import Profile
 
 
@@ -53,3 +58,30 @@ def test_objective_equals_the_reference(rec):
         assert all(a.end == b.start for a, b in zip(stages, stages[1:]))
         assert all(1 <= s.replicas <= kw["levels"][lv["level"] - 1][0] for s in stages)
     assert result.workers_used == result.total_workers  # no --fewer-workers: every worker used
+
+
+def small_reference_lines():
+    """The lines small enough for the pure-Python recurrence in a unit test (26 of 64)."""
+    out, chains = [], {}
+    for param in reference_lines():
+        rec = param.values[0]
+        if rec is None or not (SHARED_PROFILES / rec["profile"] / "graph.txt").is_file():
+            return [param]
+        if rec["profile"] not in chains:
+            chains[rec["profile"]] = state_chain(Profile.load(SHARED_PROFILES / rec["profile"] / "graph.txt"))
+        if work(chains[rec["profile"]], level_specs(parse_reference_flags(rec["args"])["levels"])) <= 2e5:
+            out.append(param)
+    return out
+
+
+@pytest.mark.parametrize("rec", small_reference_lines())
+def test_the_plain_recurrence_finds_the_reference_optimum(rec):
+    shared_profiles_dir()
+    if rec is None:
+        pytest.fail("reference-plans.jsonl missing from the shared profiles")
+    kw = parse_reference_flags(rec["args"])
+    chain = state_chain(Profile.load(graph_txt(rec["profile"])))
+    mem = (kw["memory_bytes"] or 16e9) if kw["memory_constraint"] else None
+    _, got = solve(chain, kw["levels"], memory_bytes=mem, straight=kw["straight"],
+                   activation_compression=kw["activation_compression"], strategies=["plain"] * len(kw["levels"]))
+    assert got == pytest.approx(float(rec["ref"]["pipeline_time_per_sample_s"]), rel=1e-12)

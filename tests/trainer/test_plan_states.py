@@ -1,12 +1,14 @@
 """The planner's state chain against the straightforward forms it replaces for speed.
 
 The antichain walk forms each state's down-set incrementally (the parent's plus the new
-node's), and the state DAG's (k, j) pairs come from bitsets through a byte mask rather than
-``np.nonzero`` on a dense matrix; both are checked here against the plain computations.
+node's), each state's sums as its parent's plus the layers its step adds, and the state DAG's
+(k, j) pairs come from bitsets through a byte mask rather than ``np.nonzero`` on a dense
+matrix; each is checked here against the plain computation.
 """
 
 from __future__ import annotations
 
+import math
 import random
 
 import numpy as np
@@ -14,9 +16,8 @@ import pytest
 
 from tests.shared_data import graph_txt, shared_profiles_dir
 from tests.trainer.test_plan_exact import random_profile
-from trainer.plan.pipedream import tables_of
-from trainer.graph import AntichainWalk, LayerGraph
-from trainer.plan.bitpairs import chain_pairs as _chain_pairs, pairs_of as _pairs_of
+from trainer.graph import AntichainWalk, LayerGraph, bit_indices
+from trainer.plan.arrays import ChainArrays
 from trainer.plan.states import antichain_states, state_chain
 from trainer.profile.schema import Profile
 
@@ -76,22 +77,32 @@ def _plain_downsets(chain) -> list[int]:
     return out
 
 
+def _plain_sums(chain) -> list[list[float]]:
+    g = chain.graph
+    per_layer = [[(f + b) / 1000.0 for f, b in zip(g.forward_ms, g.backward_ms)], g.activation, g.parameters]
+    return [[math.fsum(values[u] for u in bit_indices(down)) for down in chain.downsets] for values in per_layer]
+
+
 def _check(chain) -> None:
     assert chain.downsets == _plain_downsets(chain)
     n = chain.size
-    pk, pj = chain.pairs
-    assert pk.dtype == pj.dtype == np.intp
-    assert np.all(pk < pj)  # ancestors come earlier in the order
+    for ours, plain in zip([chain.compute_s, chain.activation, chain.parameters], _plain_sums(chain)):
+        assert ours == pytest.approx(plain, rel=1e-12, abs=1e-9)  # (summed in another order)
+    pairs = [(k, j) for j in range(n) for k in chain.predecessors(j)]
+    assert all(k < j for k, j in pairs)  # ancestors come earlier in the order
     # Each step of the walk adds a node outside the down-set, so an ancestor state's down-set
     # is a strict subset (a check of the bitsets from outside them; the rest of _check reads them).
     down = chain.downsets
-    assert all(down[k] & ~down[j] == 0 and down[k] != down[j] for k, j in zip(pk.tolist(), pj.tolist()))
-    rows, cols = np.nonzero(chain.ancestors)
-    assert np.array_equal(rows, pj) and np.array_equal(cols, pk)
-    t = tables_of(chain)
-    assert [t.predecessors_of(j).tolist() for j in range(n)] == [cols[rows == j].tolist() for j in range(n)]
-    assert [p.tolist() for p in t.predecessors] == [cols[rows == j].tolist() for j in range(n)]
-    assert t.is_chain() == all(len(p) == j for j, p in enumerate(t.predecessors))
+    assert all(down[k] & ~down[j] == 0 and down[k] != down[j] for k, j in pairs)
+    matrix = np.zeros((n, n), dtype=bool)
+    for k, j in pairs:
+        matrix[j, k] = True
+    rows, cols = np.nonzero(matrix)
+    pk, pj = ChainArrays(chain).pairs()
+    assert pk.dtype == pj.dtype == np.intp
+    assert np.array_equal(pj, rows) and np.array_equal(pk, cols)
+    assert chain.pair_count() == len(pairs)
+    assert chain.is_chain() == all(chain.predecessors(j) == list(range(j)) for j in range(n))
 
 
 @pytest.mark.parametrize("seed", range(30))
@@ -122,43 +133,23 @@ def test_shared_profiles_down_sets_and_pairs(name):
     _check(chain)
 
 
-def test_pairs_of_bitsets_equal_nonzero():
-    rng = random.Random(3)
-    for n in (0, 1, 2, 7, 8, 9, 63, 64, 65, 200):
-        masks = [rng.getrandbits(j) if j else 0 for j in range(n)]  # state j: bits below j only
-        dense = np.array([[(m >> k) & 1 for k in range(n)] for m in masks], dtype=bool).reshape(n, n)
-        rows, cols = np.nonzero(dense)
-        pk, pj = _pairs_of(masks)
-        assert np.array_equal(pk, cols) and np.array_equal(pj, rows)
-
-
-@pytest.mark.parametrize("n", [0, 1, 2, 5, 40])
-def test_chain_pairs_are_every_earlier_state(n):
-    rows, cols = np.nonzero(np.tri(n, n, -1, dtype=bool))
-    pk, pj = _chain_pairs(n)
-    assert np.array_equal(pk, cols) and np.array_equal(pj, rows)
-
-
-def test_linearised_chain_pairs():
+def test_linearised_chain_pairs_and_sums():
     rng = random.Random(5)
     chain = state_chain(random_profile(rng, 12, 0.4), linearise=True)
-    assert chain.kind == "linearised" and chain.is_chain()
-    assert tables_of(chain).is_chain()
-    _check_pairs_only(chain)
-
-
-def _check_pairs_only(chain) -> None:
+    assert chain.kind == "linearised" and chain.is_chain() and chain.ancestor_bits is None
     rows, cols = np.nonzero(np.tri(chain.size, chain.size, -1, dtype=bool))
-    assert np.array_equal(chain.pairs[0], cols) and np.array_equal(chain.pairs[1], rows)
+    pk, pj = ChainArrays(chain).pairs()
+    assert np.array_equal(pk, cols) and np.array_equal(pj, rows)
+    for ours, plain in zip([chain.compute_s, chain.activation, chain.parameters], _plain_sums(chain)):
+        assert ours == pytest.approx(plain, rel=1e-12, abs=1e-9)
+    assert chain.sent_after[:-1] == chain.output_activation[:-1] and chain.sent_after[-1] == 0.0
 
 
 def test_bits_lists_every_set_bit_ascending():
-    from trainer.graph import _bits
-
     rng = random.Random(9)
     for _ in range(400):
         width = rng.randrange(0, 600)
         mask = rng.getrandbits(width) if width else 0
         if rng.random() < 0.4:
             mask &= rng.getrandbits(width) if width else 0  # sparser masks too
-        assert _bits(mask) == [i for i in range(width) if (mask >> i) & 1]
+        assert bit_indices(mask) == [i for i in range(width) if (mask >> i) & 1]

@@ -13,13 +13,14 @@ Each is scored with the planner's cost model, so predicted throughputs compare l
 
 from __future__ import annotations
 
+import bisect
 import math
 
-import numpy as np
-
-from trainer.plan.states import StateChain, state_chain
-from trainer.plan.cluster import Leaf, build_stages, data_parallel_time, total_workers
+from trainer.plan.cluster import total_workers
+from trainer.plan.costs import data_parallel_s
+from trainer.plan.layout import Leaf, build_stages
 from trainer.plan.model import Level, LevelStage, Plan, timing_fields
+from trainer.plan.states import StateChain, state_chain
 from trainer.profile.schema import Profile
 
 
@@ -33,17 +34,19 @@ def uniform_bounds(n: int, parts: int) -> list[int]:
     return ends
 
 
-def balanced_bounds(weights: np.ndarray, parts: int) -> list[int]:
+def balanced_bounds(weights, parts: int) -> list[int]:
     """Stage ends of a contiguous split into ``parts`` non-empty runs minimising the largest sum."""
     n = len(weights)
-    weights = np.maximum(np.asarray(weights, dtype=float), 0.0)
-    cum = np.concatenate([[0.0], np.cumsum(weights)])
+    weights = [max(float(w), 0.0) for w in weights]
+    cum = [0.0]
+    for w in weights:
+        cum.append(cum[-1] + w)
 
     def greedy(limit: float) -> list[int] | None:
         # Longest runs whose sum stays within limit; None if more than ``parts`` are needed.
         ends, start = [], 0
         while start < n:
-            end = int(np.searchsorted(cum, cum[start] + limit, side="right")) - 1
+            end = bisect.bisect_right(cum, cum[start] + limit) - 1
             end = max(end, start + 1)
             if cum[end] - cum[start] > limit:
                 return None
@@ -53,7 +56,7 @@ def balanced_bounds(weights: np.ndarray, parts: int) -> list[int]:
                 return None
         return ends
 
-    lo, hi = float(weights.max(initial=0.0)), float(cum[-1])
+    lo, hi = max(weights, default=0.0), cum[-1]
     best = greedy(hi) or [n]
     for _ in range(100):
         if hi - lo <= 1e-12 * max(hi, 1e-300):
@@ -69,7 +72,7 @@ def balanced_bounds(weights: np.ndarray, parts: int) -> list[int]:
     while len(ends) < parts:
         starts = [0] + ends[:-1]
         sizes = [e - s for s, e in zip(starts, ends)]
-        k = int(np.argmax(sizes))
+        k = sizes.index(max(sizes))
         if sizes[k] < 2:
             break
         ends.insert(k, starts[k] + sizes[k] // 2)
@@ -99,13 +102,14 @@ def baseline_plan(profile: Profile, levels, method: str, *, activation_compressi
     chain = chain or state_chain(profile, linearise=True)
     n = chain.size
     W = total_workers(levels)
-    single = float(chain.compute_s[-1])
-    dp_time = data_parallel_time(single, float(chain.parameters[-1]), levels)
+    single = chain.compute_s[-1]
+    dp_time = data_parallel_s(single, chain.parameters[-1], levels)
     if method == "dp":
         leaves = [Leaf(0, n, [w for w, _ in levels], [0] * len(levels), -1)]
     else:
         parts = min(W, n)
-        per_state = np.diff(np.concatenate([[0.0], chain.compute_s if method == "time" else chain.parameters]))
+        cum = chain.compute_s if method == "time" else chain.parameters
+        per_state = [b - a for a, b in zip([0.0] + cum[:-1], cum)]
         ends = uniform_bounds(n, parts) if method == "uniform" else balanced_bounds(per_state, parts)
         starts = [0] + ends[:-1]
         leaves = [

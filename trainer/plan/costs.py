@@ -40,7 +40,7 @@ class LevelSpec:
     def replica_counts(self, machines_left: int) -> range:
         """Replica counts m' a last stage may take when the block has ``machines_left`` (m + 1)
         machines: at least one is left to the stages before it; one only when ``straight``."""
-        return range(1, 2 if self.straight else machines_left)
+        return range(1, min(2, machines_left) if self.straight else machines_left)
 
     def __repr__(self) -> str:
         return "LevelSpec(" + ", ".join(f"{k}={getattr(self, k)!r}" for k in self.__slots__) + ")"

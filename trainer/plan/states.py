@@ -1,99 +1,93 @@
-"""State chains: what the planner's DP reads about a profile, per state.
+"""State chains: what the planner's recurrence reads about a profile, per state.
 
 Exact antichain states (the reference's, in its order) when they number at most a limit,
 otherwise a linearised topological order in which every tensor crossing a cut is counted.
+Plain Python lists throughout: a small plan is solved without ever loading NumPy, and the
+vectorised strategies take arrays of these (``trainer.plan.arrays``) when they need them.
 """
 
 from __future__ import annotations
 
-import functools
-from dataclasses import dataclass
-
-import numpy as np
-
-from trainer.graph import AntichainWalk, LayerGraph, StateLimitExceeded, _bits, _reverse_postorder
-from trainer.plan.bitpairs import bit_rows, chain_pairs, pairs_of
+from trainer.graph import AntichainWalk, LayerGraph, StateLimitExceeded, bit_indices, reverse_postorder
 from trainer.profile.schema import Profile
 
 
-@dataclass
 class StateChain:
-    """What the planner's DP needs, per state in the reference's topological order.
+    """Per state, in the reference's topological order, what the cost model needs.
 
     Cumulative quantities are sums over the state's down-set: ``compute_s`` (forward+backward,
-    seconds), ``forward_s``, ``backward_s``, ``activation`` and ``parameters`` (bytes);
-    ``output_activation`` is what crosses a cut right after the state. ``ancestor_bits[j]``
-    has bit k set when state k precedes state j in the state DAG (a stage may run from k+1
-    to j; None: a chain, every earlier state); ``pairs`` lists them as (k, j), grouped by j,
-    k ascending, and ``ancestors`` as an (n, n) matrix.
+    seconds), ``forward_s``, ``backward_s``, ``activation`` and ``parameters`` (bytes).
+    ``output_activation[j]`` is what crosses a cut right after state j, ``sent_after[j]`` what a
+    stage ending there sends on (nothing after the last state). ``ancestor_bits[j]`` has bit k
+    set when state k precedes state j in the state DAG, so that a stage may run from k+1 to j
+    (None: a chain, every earlier state precedes).
     """
 
-    kind: str  # "antichain" (exact) or "linearised" (topological order treated as a chain)
-    downsets: list[int]
-    frontiers: list[list[int]]
-    compute_s: np.ndarray
-    forward_s: np.ndarray
-    backward_s: np.ndarray
-    activation: np.ndarray
-    parameters: np.ndarray
-    output_activation: np.ndarray
-    graph: LayerGraph
-    ancestor_bits: list[int] | None = None  # per state, its ancestors as a bitset (None: a chain)
+    def __init__(self, kind: str, graph: LayerGraph, downsets: list[int], frontiers: list[list[int]],
+                 sums: list[list[float]], output_activation: list[float], ancestor_bits: list[int] | None):
+        self.kind = kind  # "antichain" (exact) or "linearised" (topological order treated as a chain)
+        self.graph = graph
+        self.downsets = downsets
+        self.frontiers = frontiers
+        self.compute_s, self.forward_s, self.backward_s, self.activation, self.parameters = sums
+        self.output_activation = output_activation
+        self.sent_after = output_activation[:-1] + [0.0]
+        self.ancestor_bits = ancestor_bits
 
     @property
     def size(self) -> int:
         return len(self.downsets)
 
-    @functools.cached_property
-    def pairs(self) -> tuple[np.ndarray, np.ndarray]:
-        return chain_pairs(self.size) if self.ancestor_bits is None else pairs_of(self.ancestor_bits)
+    def predecessors(self, j: int) -> list[int]:
+        """The states k that precede state j, ascending: a last stage k+1..j may follow them."""
+        return list(range(j)) if self.ancestor_bits is None else bit_indices(self.ancestor_bits[j])
 
-    @property
-    def ancestors(self) -> np.ndarray:
-        """(n, n) bool: ``ancestors[j, k]`` says state k precedes state j."""
-        out = np.zeros((self.size, self.size), dtype=bool)
-        out[self.pairs[1], self.pairs[0]] = True
-        return out
+    def pair_count(self) -> int:
+        """How many (k, j) pairs of preceding states there are (the edges the recurrence reads)."""
+        n = self.size
+        return n * (n - 1) // 2 if self.ancestor_bits is None else sum(map(int.bit_count, self.ancestor_bits))
 
     def is_chain(self) -> bool:
+        """Every state precedes every later one (a chain of layers, or a linearised order)."""
         n = self.size
-        return self.ancestor_bits is None or sum(map(int.bit_count, self.ancestor_bits)) == n * (n - 1) // 2
+        return self.ancestor_bits is None or self.pair_count() == n * (n - 1) // 2
 
     def layers_between(self, start: int, end: int) -> list[int]:
         """Layers of states start..end-1 (half-open, as the reference prints stages), file order."""
         upper = self.downsets[end - 1]
         lower = self.downsets[start - 1] if start > 0 else 0
-        return _bits(upper & ~lower)
+        return bit_indices(upper & ~lower)
 
 
-def _chain_from(graph: LayerGraph, kind: str, downsets: list[int], frontiers: list[list[int]],
-                out_act: np.ndarray, ancestor_bits: list[int] | None = None) -> StateChain:
-    width = len(graph.names)
-    member = bit_rows(downsets, width).astype(float)
-    fwd = graph.forward_ms / 1000.0
-    bwd = graph.backward_ms / 1000.0
-    return StateChain(
-        kind=kind,
-        downsets=downsets,
-        frontiers=frontiers,
-        compute_s=member @ ((graph.forward_ms + graph.backward_ms) / 1000.0),
-        forward_s=member @ fwd,
-        backward_s=member @ bwd,
-        activation=member @ graph.activation,
-        parameters=member @ graph.parameters,
-        output_activation=out_act,
-        graph=graph,
-        ancestor_bits=ancestor_bits,
-    )
+def block(cumulative: list[float], i: int, j: int) -> float:
+    """``cumulative`` summed over states i..j as the reference forms it: a difference of sums."""
+    return cumulative[j] - cumulative[i - 1] if i > 0 else cumulative[j]
+
+
+def _per_layer(graph: LayerGraph) -> list[list[float]]:
+    fwd = [f / 1000.0 for f in graph.forward_ms]
+    bwd = [b / 1000.0 for b in graph.backward_ms]
+    compute = [(f + b) / 1000.0 for f, b in zip(graph.forward_ms, graph.backward_ms)]
+    return [compute, fwd, bwd, graph.activation, graph.parameters]
 
 
 def antichain_states(graph: LayerGraph, max_states: int = 2000) -> StateChain:
     """The reference's antichain states; raises ``StateLimitExceeded`` past ``max_states``."""
     walk = AntichainWalk(graph, max_states)
     augmented, edges = walk.run()
-    order = _reverse_postorder(edges)
-    downsets = list(map(walk.downsets.__getitem__, order))
-    frontiers = list(map(augmented.__getitem__, order))
+    order = reverse_postorder(edges)
+    downsets_by_id = walk.downsets
+    # Each state's sums are its parent's plus the layers its step adds (a few, not the down-set).
+    per_layer = _per_layer(graph)
+    by_id = [[sum(values[u] for u in bit_indices(downsets_by_id[0]))] for values in per_layer]
+    for sid in range(1, len(downsets_by_id)):
+        parent = walk.parents[sid]
+        added = bit_indices(downsets_by_id[sid] & ~downsets_by_id[parent])
+        for values, sums in zip(per_layer, by_id):
+            total = sums[parent]
+            for u in added:
+                total += values[u]
+            sums.append(total)
     n = len(order)
     position = [0] * n
     for i, sid in enumerate(order):
@@ -104,9 +98,11 @@ def antichain_states(graph: LayerGraph, max_states: int = 2000) -> StateChain:
         mine = state_anc[i] | (1 << i)
         for t in edges[sid]:
             state_anc[position[t]] |= mine
-    act = graph.activation.tolist()
-    out_act = np.array([sum(map(act.__getitem__, f)) for f in frontiers], dtype=float)
-    return _chain_from(graph, "antichain", downsets, frontiers, out_act, state_anc)
+    frontiers = [augmented[sid] for sid in order]
+    act = graph.activation
+    out_act = [float(sum(act[u] for u in f)) for f in frontiers]
+    sums = [[sums_by_id[sid] for sid in order] for sums_by_id in by_id]
+    return StateChain("antichain", graph, [downsets_by_id[sid] for sid in order], frontiers, sums, out_act, state_anc)
 
 
 def linearised_states(graph: LayerGraph) -> StateChain:
@@ -115,21 +111,28 @@ def linearised_states(graph: LayerGraph) -> StateChain:
     n = len(order)
     pos = {u: i for i, u in enumerate(order)}
     # Layer u's output crosses every cut between u and its last consumer.
-    delta = np.zeros(n + 1)
-    for u in order:
-        if graph.succ[u]:
-            last = max(pos[v] for v in graph.succ[u])
-            delta[pos[u]] += graph.activation[u]
-            delta[last] -= graph.activation[u]
-    out_act = np.cumsum(delta)[:n]
-    downsets, frontiers = [], []
-    down = 0
+    last_use = {u: max(pos[v] for v in graph.succ[u]) for u in order if graph.succ[u]}
+    delta = [0.0] * (n + 1)
+    for u, last in last_use.items():
+        delta[pos[u]] += graph.activation[u]
+        delta[last] -= graph.activation[u]
+    out_act, running = [], 0.0
+    for i in range(n):
+        running += delta[i]
+        out_act.append(running)
+    downsets, frontiers, down = [], [], 0
     for i, u in enumerate(order):
         down |= 1 << u
         downsets.append(down)
-        frontiers.append([w for w in order[: i + 1] if graph.succ[w] and max(pos[v] for v in graph.succ[w]) > i]
-                         if n <= 400 else [u])
-    return _chain_from(graph, "linearised", downsets, frontiers, out_act)
+        frontiers.append([w for w in order[: i + 1] if last_use.get(w, -1) > i] if n <= 400 else [u])
+    sums = []
+    for values in _per_layer(graph):
+        cum, total = [], 0.0
+        for u in order:
+            total += values[u]
+            cum.append(total)
+        sums.append(cum)
+    return StateChain("linearised", graph, downsets, frontiers, sums, out_act, None)
 
 
 def state_chain(profile: Profile, max_states: int = 2000, linearise: bool | None = None) -> StateChain:

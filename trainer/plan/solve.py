@@ -1,0 +1,147 @@
+"""Which strategy solves each level, and running them innermost first.
+
+Every strategy gives the plain recurrence's numbers wherever a plan can go (``tests/trainer/
+test_plan_strategies.py`` checks each against it); they differ in what they exploit:
+
+- ``plain`` (``recurrence``): the reference's loops in pure Python. Taken while NumPy is not
+  loaded yet, for problems of at most ``PLAIN_UP_TO`` candidates: it solves them before NumPy
+  would have finished importing (``pipeboard plan`` on a small model never loads it). Once
+  NumPy is loaded (a server, a notebook, the tests) there is nothing to save, and the
+  vectorised strategies are quicker.
+- ``top_row`` (``sweep``): the outermost level needs only the block starting at state 0: one
+  row, machine count outermost over every state pair at once.
+- ``all_rows`` (``rows``): a level below the top, every block start at once, end by end.
+- ``two_machine_top`` (``twomachine``): the level just below a two-machine top level needs
+  only row 0 and the blocks ending at the last state (one backward pass for all of them).
+- ``capped_chain`` (``chaincaps``, ``chainkernel``): on a chain of three or more levels, a
+  bound on the optimum caps how far each block can reach; the levels below the top are solved
+  within the caps by a compiled loop. Taken when numba is installed and the chain has at least
+  ``CAPPED_CHAIN_FROM`` states (below, numba's import costs more than the caps save).
+
+The choice reads only what the problem is (its levels, whether the states form a chain, its
+size against those two documented limits); ``solve_levels`` also takes the names, so each
+strategy can be run, and tested, on any problem it applies to.
+"""
+
+from __future__ import annotations
+
+import math
+import sys
+
+from trainer.plan import recurrence
+from trainer.plan.costs import LevelSpec
+from trainer.plan.states import StateChain
+
+PLAIN_UP_TO = 30_000  # candidates (``recurrence.work``): ~25 ms of pure Python, about NumPy's import
+CAPPED_CHAIN_FROM = 300  # states: shorter chains are solved faster than numba imports
+GUESS = 1.25  # the capped chain's first bound: this multiple of compute over workers (any guess is exact)
+STRATEGIES = ("plain", "top_row", "all_rows", "two_machine_top", "capped_chain")
+
+
+def choose(chain: StateChain, specs: list[LevelSpec]) -> list[str]:
+    """A strategy name per level (innermost first) for this problem."""
+    L = len(specs)
+    if "numpy" not in sys.modules and recurrence.work(chain, specs) <= PLAIN_UP_TO:
+        return ["plain"] * L
+    from trainer.plan import chainkernel, twomachine
+
+    capped = L >= 3 and chain.is_chain() and chain.size >= CAPPED_CHAIN_FROM and chainkernel.available()
+    names = []
+    for idx, spec in enumerate(specs):
+        if spec.final:
+            names.append("top_row")
+        elif idx == L - 2 and twomachine.applies(spec, specs[-1]):
+            names.append("two_machine_top")
+        else:
+            names.append("capped_chain" if capped else "all_rows")
+    return names
+
+
+def solve_levels(chain: StateChain, specs: list[LevelSpec], strategies: list[str] | None = None,
+                 compiled: bool | None = None) -> list:
+    """Solved tables, innermost first (the last one's A[0][n-1][M-1] is the optimum).
+
+    ``strategies``: a name per level (default ``choose``); ``compiled``: run the capped chain's
+    loop compiled (default: when numba is installed) or as plain Python."""
+    names = choose(chain, specs) if strategies is None else list(strategies)
+    _check(names, specs, chain)
+    if all(name == "plain" for name in names):
+        return recurrence.solve_levels(chain, specs)  # (each table's ``strategy`` says "plain")
+    from trainer.plan.arrays import ChainArrays
+
+    a = ChainArrays(chain)
+    if "capped_chain" in names:
+        from trainer.plan import chaincaps, chainkernel
+
+        compiled = chainkernel.available() if compiled is None else compiled
+        workers = math.prod(s.machines for s in specs)
+        guess = chain.compute_s[-1] / workers * GUESS
+        if guess > 0:
+            found = chaincaps.solve_within(lambda upper: run_levels(chain, a, specs, names, upper, compiled), guess,
+                                           chain.size)
+            if found is not None:
+                return found
+        names = ["all_rows" if name == "capped_chain" else name for name in names]  # (no plan at all)
+    return run_levels(chain, a, specs, names, None, False)
+
+
+def _check(names: list[str], specs: list[LevelSpec], chain: StateChain) -> None:
+    if len(names) != len(specs) or any(name not in STRATEGIES for name in names):
+        raise ValueError(f"strategies: one of {STRATEGIES} per level, got {names}")
+    for idx, (name, spec) in enumerate(zip(names, specs)):
+        if (name == "top_row") != spec.final and name != "plain":
+            raise ValueError(f"strategies: {name!r} cannot solve level {idx + 1} (top_row is for the final level only)")
+        if name == "two_machine_top":
+            from trainer.plan import twomachine
+
+            if not (idx == len(specs) - 2 and twomachine.applies(spec, specs[-1])):
+                raise ValueError(f"strategies: two_machine_top does not apply to level {idx + 1}")
+        if name == "capped_chain" and not (chain.is_chain() and len(specs) >= 2):
+            raise ValueError("strategies: capped_chain needs a chain on two or more levels")
+
+
+def run_levels(chain: StateChain, a, specs: list[LevelSpec], names: list[str], upper: float | None,
+               compiled: bool) -> list:
+    """The levels innermost first under the named strategies; ``upper``: the capped chain's
+    bound on the optimum (its caps and row bounds are derived from it)."""
+    from trainer.plan import chainkernel, rows, sweep, twomachine
+    from trainer.plan.arrays import Dense
+
+    if upper is not None:
+        from trainer.plan import chaincaps
+
+        levels = [(s.machines, s.bandwidth) for s in specs]
+        bounds, limits = chaincaps.row_bounds(a, levels, upper), chaincaps.limits(a, levels, upper)
+    values, tables, caps_below = a.compute, [], None
+    for idx, (spec, name) in enumerate(zip(specs, names)):
+        if name == "plain":
+            table = recurrence.solve_level(chain, spec, _plain_value(values))
+            next_values = None if spec.final else Dense(_dense(table.next_value(), chain.size))
+        else:
+            if name == "top_row":  # (over a capped level, only pairs within its caps have a finite value)
+                table = sweep.solve_level(a, spec, values, None if caps_below is None else
+                                          sweep.pairs_within(a, caps_below))
+            elif name == "all_rows":
+                table = rows.solve_level(a, spec, values)
+            elif name == "two_machine_top":
+                table = twomachine.solve_level(a, spec, values)
+            else:
+                caps, end_bounds = limits[idx]
+                workers = math.prod(s.machines for s in specs[:idx])
+                table = chainkernel.solve_level(a, spec, values, bounds[idx], caps, end_bounds, workers, compiled)
+            next_values = None if spec.final else table.next_values()
+        caps_below = limits[idx][0] if name == "capped_chain" else None
+        table.strategy = name
+        tables.append(table)
+        values = next_values
+    return tables
+
+
+def _plain_value(values):
+    return lambda i, j: values.at(i, j)
+
+
+def _dense(value, n: int):
+    import numpy as np
+
+    return np.array([[value(i, j) for j in range(n)] for i in range(n + 1)], dtype=float)
