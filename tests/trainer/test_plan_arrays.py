@@ -13,7 +13,7 @@ import numpy as np
 import pytest
 
 from tests.trainer.test_plan_exact import random_profile
-from trainer.plan import recurrence, sweep
+from trainer.plan import recurrence, top_row
 from trainer.plan.arrays import ArrayTable, Blocks, ChainArrays, Dense, chain_pairs, groups, pairs_of
 from trainer.plan.costs import LevelSpec
 from trainer.plan.readout import split
@@ -85,7 +85,7 @@ def test_array_tables_read_out_the_plain_recurrences_choices(seed):
                      memory=[None, 1e9][seed % 2], compression=[1.0, None][seed % 4 == 3])
     plain = recurrence.solve_level(chain, spec, recurrence.level1_value(chain))
     a = ChainArrays(chain)
-    table = ArrayTable(a, spec, a.compute, {}, lambda i: sweep.solve_row(a, spec, a.compute, i))
+    table = ArrayTable(a, spec, a.compute, {}, lambda i: top_row.solve_row(a, spec, a.compute, i))
     n, last = chain.size, spec.machines - 1
     if np.isfinite(plain.entry(0, n - 1, last)):
         assert split(table, 0, n - 1, last) == split(plain, 0, n - 1, last)

@@ -20,7 +20,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from tests.trainer.test_plan_exact import chain_profile, random_profile
-from trainer.plan import recurrence, rows, solve, sweep, twomachine
+from trainer.plan import all_rows, recurrence, solve, top_row, two_machine_top
 from trainer.plan.arrays import ChainArrays, Dense
 from trainer.plan.costs import LevelSpec, level_specs
 from trainer.plan.errors import PlanError
@@ -57,7 +57,7 @@ def dense_of(value, n):
 
 
 @CASES
-@given(problems(), st.integers(1, 7), st.integers(0, 11), st.sampled_from([1, 3, 64, sweep.SLAB_ENTRIES]),
+@given(problems(), st.integers(1, 7), st.integers(0, 11), st.sampled_from([1, 3, 64, top_row.SLAB_ENTRIES]),
        st.randoms(use_true_random=False))
 def test_top_row_equals_the_plain_row(problem, machines, row, slab, rnd):
     chain, _ = problem
@@ -65,7 +65,7 @@ def test_top_row_equals_the_plain_row(problem, machines, row, slab, rnd):
     row = min(row, chain.size)
     plain = recurrence.solve_row(chain, spec, recurrence.level1_value(chain), row)
     a = ChainArrays(chain)
-    got = sweep.solve_row(a, spec, a.compute, row, slab_entries=slab)
+    got = top_row.solve_row(a, spec, a.compute, row, slab_entries=slab)
     assert np.array_equal(got, np.array(plain).reshape(chain.size, machines))
 
 
@@ -77,12 +77,12 @@ def test_all_rows_equal_the_plain_level(problem, machines, below, rnd):
     a = ChainArrays(chain)
     inner = specs_of(rnd.choice, below, 1, False)
     plain_inner = plain_level(chain, inner, recurrence.level1_value(chain))
-    got_inner = rows.solve_level(a, inner, a.compute)
+    got_inner = all_rows.solve_level(a, inner, a.compute)
     for i in range(chain.size + 1):
         assert np.array_equal(got_inner.row(i), np.array(plain_inner.rows[i]).reshape(chain.size, below))
     outer = specs_of(rnd.choice, machines, below, False)
     plain_outer = plain_level(chain, outer, plain_inner.next_value())
-    got_outer = rows.solve_level(a, outer, got_inner.next_values())
+    got_outer = all_rows.solve_level(a, outer, got_inner.next_values())
     for i in range(chain.size + 1):
         assert np.array_equal(got_outer.row(i), np.array(plain_outer.rows[i]).reshape(chain.size, machines))
 
@@ -93,10 +93,10 @@ def test_two_machine_top_gives_every_block_the_top_reads(problem, machines, rnd)
     chain, _ = problem
     a = ChainArrays(chain)
     spec, top = specs_of(rnd.choice, machines, 1, False), LevelSpec(2, 1e9, machines)
-    if not twomachine.applies(spec, top):
+    if not two_machine_top.applies(spec, top):
         spec.memory = None
     plain = plain_level(chain, spec, recurrence.level1_value(chain))
-    got = twomachine.solve_level(a, spec, a.compute)
+    got = two_machine_top.solve_level(a, spec, a.compute)
     n, last = chain.size, machines - 1
     assert np.array_equal(got.row(0), np.array(plain.rows[0]).reshape(n, machines))
     values = got.next_values().table
@@ -110,7 +110,7 @@ def _combinations(chain, specs):
     per = []
     for idx, spec in enumerate(specs):
         names = ["plain", "top_row"] if spec.final else ["plain", "all_rows"]
-        if idx == len(specs) - 2 and twomachine.applies(spec, specs[-1]):
+        if idx == len(specs) - 2 and two_machine_top.applies(spec, specs[-1]):
             names.append("two_machine_top")
         per.append(names)
     out = [list(c) for c in itertools.product(*per)]
@@ -171,9 +171,9 @@ def test_the_choice_reads_what_the_problem_is():
     assert solve.choose(flat, memory_fewer) == ["all_rows", "top_row"]
     long = state_chain(chain_profile(random.Random(4), solve.CAPPED_CHAIN_FROM + 1))
     three = level_specs([(2, 1e10), (2, 1e9), (3, 1e8)])
-    from trainer.plan import chainkernel
+    from trainer.plan import capped_chain
 
-    expected = "capped_chain" if chainkernel.available() else "all_rows"
+    expected = "capped_chain" if capped_chain.available() else "all_rows"
     assert solve.choose(long, three) == [expected, expected, "top_row"]
     assert solve.choose(flat, three) == ["all_rows", "all_rows", "top_row"]  # (not a chain)
 

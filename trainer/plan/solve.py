@@ -3,24 +3,26 @@
 Every strategy gives the plain recurrence's numbers wherever a plan can go (``tests/trainer/
 test_plan_strategies.py`` checks each against it); they differ in what they exploit:
 
-- ``plain`` (``recurrence``): the reference's loops in pure Python. Taken while NumPy is not
-  loaded yet, for problems of at most ``PLAIN_UP_TO`` candidates: it solves them before NumPy
-  would have finished importing (``pipeboard plan`` on a small model never loads it). Once
-  NumPy is loaded (a server, a notebook, the tests) there is nothing to save, and the
+- ``plain`` (``recurrence.py``): the reference's loops in pure Python. Taken while NumPy is not
+  loaded yet, for problems of at most ``PLAIN_UP_TO`` candidates, which it solves before NumPy
+  would have finished importing (so ``pipeboard plan`` on a small model never loads it). Once
+  NumPy is loaded (a server, a notebook, the tests) there is nothing left to save, and the
   vectorised strategies are quicker.
-- ``top_row`` (``sweep``): the outermost level needs only the block starting at state 0: one
-  row, machine count outermost over every state pair at once.
-- ``all_rows`` (``rows``): a level below the top, every block start at once, end by end.
-- ``two_machine_top`` (``twomachine``): the level just below a two-machine top level needs
-  only row 0 and the blocks ending at the last state (one backward pass for all of them).
-- ``capped_chain`` (``chaincaps``, ``chainkernel``): on a chain of three or more levels, a
-  bound on the optimum caps how far each block can reach; the levels below the top are solved
-  within the caps by a compiled loop. Taken when numba is installed and the chain has at least
-  ``CAPPED_CHAIN_FROM`` states (below, numba's import costs more than the caps save).
+- ``top_row`` (``top_row.py``): the outermost level needs only the block starting at state 0:
+  one row, machine count outermost over every state pair at once.
+- ``all_rows`` (``all_rows.py``): a level below the top, every block start at once, end by end.
+- ``two_machine_top`` (``two_machine_top.py``): the level just below a two-machine top level
+  needs only row 0 and the blocks ending at the last state (one backward pass for all).
+- ``capped_chain`` (``capped_chain.py``, bounds in ``chain_caps.py``): on a chain of three or
+  more levels a bound on the optimum caps how far each block can reach, and the levels below
+  the top are solved within the caps by a loop numba compiles. Taken when numba is installed
+  and the chain has at least ``CAPPED_CHAIN_FROM`` states (on shorter ones importing numba
+  costs more than the caps save).
 
-The choice reads only what the problem is (its levels, whether the states form a chain, its
-size against those two documented limits); ``solve_levels`` also takes the names, so each
-strategy can be run, and tested, on any problem it applies to.
+The choice reads what the problem is: its levels, whether its states form a chain, and its
+size against those two limits, each set where importing a library starts to pay (measured in
+docs/planner.md). ``solve_levels`` also takes the names, so every strategy can be run, and is
+tested, on any problem it applies to.
 """
 
 from __future__ import annotations
@@ -32,9 +34,9 @@ from trainer.plan import recurrence
 from trainer.plan.costs import LevelSpec
 from trainer.plan.states import StateChain
 
-PLAIN_UP_TO = 30_000  # candidates (``recurrence.work``): ~25 ms of pure Python, about NumPy's import
-CAPPED_CHAIN_FROM = 300  # states: shorter chains are solved faster than numba imports
-GUESS = 1.25  # the capped chain's first bound: this multiple of compute over workers (any guess is exact)
+PLAIN_UP_TO = 30_000  # candidates (``recurrence.work``) the plain recurrence forms in about NumPy's import time
+CAPPED_CHAIN_FROM = 300  # states: on shorter chains the uncapped levels finish before numba would import
+GUESS = 1.25  # the capped chain's first bound: this multiple of compute over workers (any guess ends exact)
 STRATEGIES = ("plain", "top_row", "all_rows", "two_machine_top", "capped_chain")
 
 
@@ -43,14 +45,14 @@ def choose(chain: StateChain, specs: list[LevelSpec]) -> list[str]:
     L = len(specs)
     if "numpy" not in sys.modules and recurrence.work(chain, specs) <= PLAIN_UP_TO:
         return ["plain"] * L
-    from trainer.plan import chainkernel, twomachine
+    from trainer.plan import capped_chain, two_machine_top
 
-    capped = L >= 3 and chain.is_chain() and chain.size >= CAPPED_CHAIN_FROM and chainkernel.available()
+    capped = L >= 3 and chain.is_chain() and chain.size >= CAPPED_CHAIN_FROM and capped_chain.available()
     names = []
     for idx, spec in enumerate(specs):
         if spec.final:
             names.append("top_row")
-        elif idx == L - 2 and twomachine.applies(spec, specs[-1]):
+        elif idx == L - 2 and two_machine_top.applies(spec, specs[-1]):
             names.append("two_machine_top")
         else:
             names.append("capped_chain" if capped else "all_rows")
@@ -71,13 +73,13 @@ def solve_levels(chain: StateChain, specs: list[LevelSpec], strategies: list[str
 
     a = ChainArrays(chain)
     if "capped_chain" in names:
-        from trainer.plan import chaincaps, chainkernel
+        from trainer.plan import capped_chain, chain_caps
 
-        compiled = chainkernel.available() if compiled is None else compiled
+        compiled = capped_chain.available() if compiled is None else compiled
         workers = math.prod(s.machines for s in specs)
         guess = chain.compute_s[-1] / workers * GUESS
         if guess > 0:
-            found = chaincaps.solve_within(lambda upper: run_levels(chain, a, specs, names, upper, compiled), guess,
+            found = chain_caps.solve_within(lambda upper: run_levels(chain, a, specs, names, upper, compiled), guess,
                                            chain.size)
             if found is not None:
                 return found
@@ -92,9 +94,9 @@ def _check(names: list[str], specs: list[LevelSpec], chain: StateChain) -> None:
         if (name == "top_row") != spec.final and name != "plain":
             raise ValueError(f"strategies: {name!r} cannot solve level {idx + 1} (top_row is for the final level only)")
         if name == "two_machine_top":
-            from trainer.plan import twomachine
+            from trainer.plan import two_machine_top
 
-            if not (idx == len(specs) - 2 and twomachine.applies(spec, specs[-1])):
+            if not (idx == len(specs) - 2 and two_machine_top.applies(spec, specs[-1])):
                 raise ValueError(f"strategies: two_machine_top does not apply to level {idx + 1}")
         if name == "capped_chain" and not (chain.is_chain() and len(specs) >= 2):
             raise ValueError("strategies: capped_chain needs a chain on two or more levels")
@@ -104,14 +106,14 @@ def run_levels(chain: StateChain, a, specs: list[LevelSpec], names: list[str], u
                compiled: bool) -> list:
     """The levels innermost first under the named strategies; ``upper``: the capped chain's
     bound on the optimum (its caps and row bounds are derived from it)."""
-    from trainer.plan import chainkernel, rows, sweep, twomachine
+    from trainer.plan import all_rows, capped_chain, top_row, two_machine_top
     from trainer.plan.arrays import Dense
 
     if upper is not None:
-        from trainer.plan import chaincaps
+        from trainer.plan import chain_caps
 
         levels = [(s.machines, s.bandwidth) for s in specs]
-        bounds, limits = chaincaps.row_bounds(a, levels, upper), chaincaps.limits(a, levels, upper)
+        bounds, limits = chain_caps.row_bounds(a, levels, upper), chain_caps.limits(a, levels, upper)
     values, tables, caps_below = a.compute, [], None
     for idx, (spec, name) in enumerate(zip(specs, names)):
         if name == "plain":
@@ -119,16 +121,16 @@ def run_levels(chain: StateChain, a, specs: list[LevelSpec], names: list[str], u
             next_values = None if spec.final else Dense(_dense(table.next_value(), chain.size))
         else:
             if name == "top_row":  # (over a capped level, only pairs within its caps have a finite value)
-                table = sweep.solve_level(a, spec, values, None if caps_below is None else
-                                          sweep.pairs_within(a, caps_below))
+                table = top_row.solve_level(a, spec, values, None if caps_below is None else
+                                          top_row.pairs_within(a, caps_below))
             elif name == "all_rows":
-                table = rows.solve_level(a, spec, values)
+                table = all_rows.solve_level(a, spec, values)
             elif name == "two_machine_top":
-                table = twomachine.solve_level(a, spec, values)
+                table = two_machine_top.solve_level(a, spec, values)
             else:
                 caps, end_bounds = limits[idx]
                 workers = math.prod(s.machines for s in specs[:idx])
-                table = chainkernel.solve_level(a, spec, values, bounds[idx], caps, end_bounds, workers, compiled)
+                table = capped_chain.solve_level(a, spec, values, bounds[idx], caps, end_bounds, workers, compiled)
             next_values = None if spec.final else table.next_values()
         caps_below = limits[idx][0] if name == "capped_chain" else None
         table.strategy = name

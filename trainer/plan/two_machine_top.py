@@ -20,7 +20,7 @@ import numpy as np
 
 from trainer.plan.arrays import ArrayTable, ChainArrays
 from trainer.plan.costs import INF, LevelSpec, over_memory, stash_factor
-from trainer.plan.sweep import solve_row
+from trainer.plan.top_row import solve_row
 
 
 def applies(spec: LevelSpec, top: LevelSpec) -> bool:

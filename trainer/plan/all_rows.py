@@ -21,7 +21,7 @@ import numpy as np
 
 from trainer.plan.arrays import ArrayTable, ChainArrays
 from trainer.plan.costs import INF, LevelSpec, over_memory, stash_factor
-from trainer.plan.sweep import solve_row
+from trainer.plan.top_row import solve_row
 
 CHUNK = 32  # predecessors per slab: keeps the temporaries in cache
 

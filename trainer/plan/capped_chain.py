@@ -1,6 +1,6 @@
 """Strategy "capped chain", its solver: capped levels stored as bands, with a compiled inner loop.
 
-Row i of a capped chain level keeps only its entries i..cap(i) (``chaincaps``), stored at
+Row i of a capped chain level keeps only its entries i..cap(i) (``chain_caps``), stored at
 ``band[i, m, j - i]`` instead of a dense (n, M, n+1) table: tens of megabytes rather than
 gigabytes, and each row contiguous for the loop below. That loop (``pull_rows_windowed``) adds
 each end state's candidates, but only those that can win. On a chain, for A[i][j][m] with the
@@ -26,7 +26,7 @@ import importlib.util
 import numpy as np
 
 from trainer.plan.arrays import ArrayTable, ChainArrays
-from trainer.plan.chaincaps import SLACK
+from trainer.plan.chain_caps import SLACK
 from trainer.plan.costs import INF, LevelSpec, over_memory, stash_factor
 
 _compiled = None

@@ -1,4 +1,4 @@
-"""The capped chain strategy (trainer/plan/chaincaps.py, chainkernel.py) on chains long enough
+"""The capped chain strategy (trainer/plan/chain_caps.py, capped_chain.py) on chains long enough
 for the caps to cut rows short, against the plain recurrence and the uncapped strategies."""
 
 from __future__ import annotations
@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 
 from tests.trainer.test_plan_exact import chain_profile
-from trainer.plan import chaincaps, chainkernel, solve
+from trainer.plan import capped_chain, chain_caps, solve
 from trainer.plan.arrays import ChainArrays
 from trainer.plan.costs import level_specs
 from trainer.plan.states import state_chain
@@ -42,7 +42,7 @@ def _uncapped(chain, specs):
 ])
 @pytest.mark.parametrize("compiled", [True, False])
 def test_capped_chain_equals_the_uncapped_strategies(seed, levels, opts, compiled):
-    if compiled and not chainkernel.available():
+    if compiled and not capped_chain.available():
         pytest.skip("numba not installed")
     opts = dict(opts)
     chain = _chain(seed, opts.pop("layers", 60))
@@ -81,7 +81,7 @@ def test_any_first_guess_ends_at_the_optimum(factor):
         passes.append(upper)
         return solve.run_levels(chain, ChainArrays(chain), specs, names, upper, False)
 
-    tables = chaincaps.solve_within(within, full * factor, chain.size)
+    tables = chain_caps.solve_within(within, full * factor, chain.size)
     assert tables is not None
     assert _objective(tables, chain) == full
     assert (len(passes) == 1) == (factor >= 1.0)
@@ -91,17 +91,17 @@ def test_envelope_keeps_the_max_of_all_lines():
     rng = np.random.default_rng(0)
     for _ in range(50):
         lines = np.column_stack([rng.uniform(0, 10, 30), rng.uniform(0, 5, 30)])
-        hull = chaincaps.envelope(lines)
+        hull = chain_caps.envelope(lines)
         p = rng.uniform(0, 20, 500)
         assert len(hull) < len(lines)
-        np.testing.assert_allclose(chaincaps.evaluate(hull, p), chaincaps.evaluate(lines, p), rtol=1e-12)
+        np.testing.assert_allclose(chain_caps.evaluate(hull, p), chain_caps.evaluate(lines, p), rtol=1e-12)
 
 
 def test_caps_cut_rows_short_and_bounds_fall_along_a_row():
     levels = [(4, 100e9), (4, 25e9), (4, 3e9)]
     chain = _chain(12, 120)
     full = _uncapped(chain, level_specs(levels))
-    limits = chaincaps.limits(ChainArrays(chain), levels, full)
+    limits = chain_caps.limits(ChainArrays(chain), levels, full)
     assert limits[-1] is None and len(limits) == 3
     n = chain.size
     for caps, bounds in limits[:-1]:
@@ -122,5 +122,5 @@ def test_no_plan_at_all_falls_back_to_the_uncapped_levels():
     assert chain.size < 8
     names = ["capped_chain", "capped_chain", "top_row"]
     within = lambda u: solve.run_levels(chain, ChainArrays(chain), specs, names, u, False)  # noqa: E731
-    assert chaincaps.solve_within(within, 1e-3, chain.size, attempts=3) is None
+    assert chain_caps.solve_within(within, 1e-3, chain.size, attempts=3) is None
     assert math.isinf(_objective(solve.solve_levels(chain, specs, names, compiled=False), chain))
