@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import torch
 
-from trainer.task.loading import EpochBatches, make_loader, map_tensors, val_loader
+from trainer.task.loading import EpochBatches, for_stage, make_loader, map_tensors, val_loader
 
 
 def _to(value, device: torch.device):
@@ -26,10 +26,12 @@ def _part(value, sl: slice):
 
 
 class TrainStream:
-    """``load=False`` (a middle stage): no loader, only the step arithmetic."""
+    """``load=False`` (a middle stage): no loader, only the step arithmetic. ``inputs=False`` (a
+    last stage that is not also the first): targets only, where the data set can give them alone
+    (``target(index)``, see ``trainer.task.loading.TargetsOnly``)."""
 
     def __init__(self, task, batch_size: int, microbatches: int, device: torch.device, workers: int = 0,
-                 load: bool = True) -> None:
+                 load: bool = True, inputs: bool = True) -> None:
         self.batch_size = batch_size
         self.microbatches = microbatches
         self.mb_size = batch_size // microbatches
@@ -38,7 +40,8 @@ class TrainStream:
             raise ValueError(f"batch_size: {batch_size} exceeds the training set ({task.train_size} samples)")
         self.device = device
         self.sampler = EpochBatches(task.train_size, batch_size, task.seed)
-        self.loader = make_loader(task.train_data, self.sampler, task.collate_fn, workers,
+        self.loader = make_loader(for_stage(task.train_data, task.collate_fn, inputs), self.sampler, task.collate_fn,
+                                  workers,
                                   pin_memory=device.type == "cuda") if load else None
         self._epoch = -1
         self._iter = None
@@ -69,13 +72,13 @@ class ValStream:
     are fixed), the last one padded; ``count`` says how many rows are real. Only the stages that
     need data (``load=True``) read it."""
 
-    def __init__(self, task, mb_size: int, device: torch.device, load: bool = True) -> None:
+    def __init__(self, task, mb_size: int, device: torch.device, load: bool = True, inputs: bool = True) -> None:
         self.parts: list = []
         self.count = task.val_size
         self.length = -(-self.count // mb_size)
         if not load:
             return
-        for x, y in val_loader(task, mb_size):
+        for x, y in val_loader(task, mb_size, inputs=inputs):
             rows = y.shape[0]
             if rows < mb_size:
                 pad = mb_size - rows

@@ -128,7 +128,7 @@ def train(cfg: RunConfig, env: WorkerEnv) -> None:
     # ---- where to start ------------------------------------------------------------------
     feeds = 0 in stages or (S - 1) in stages  # the first stage reads inputs, the last targets
     loader_workers = cfg.loader_workers if cfg.loader_workers is not None else task.loader_workers
-    stream = TrainStream(task, cfg.batch_size, M, device, loader_workers, load=feeds)
+    stream = TrainStream(task, cfg.batch_size, M, device, loader_workers, load=feeds, inputs=0 in stages)
     total = total_steps(cfg, stream.steps_per_epoch)
     ckpt_layout = {**layout.describe(), "model": cfg.model, "batch_size": cfg.batch_size, "microbatches": M}
     start = 0
@@ -178,7 +178,8 @@ def train(cfg: RunConfig, env: WorkerEnv) -> None:
     replica0 = template_rank_of(template)
     evaluates = task.val_data is not None and (cfg.target is not None or cfg.eval_at_end)
     val = ValStream(task, cfg.microbatch_size, device,
-                    load=any(s in stages and replica0(s, 0) == rank for s in (0, S - 1))) if evaluates else None
+                    load=any(s in stages and replica0(s, 0) == rank for s in (0, S - 1)),
+                    inputs=0 in stages) if evaluates else None
     for seg_end in segment_ends(cfg, start, total, stream.steps_per_epoch):
         if cfg.is_async:  # one pipedream schedule per segment, drained at its end
             n = (seg_end - step) * M

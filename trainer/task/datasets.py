@@ -79,6 +79,10 @@ class TextWindows(Dataset):
         ids = torch.from_numpy(self.tokens[start : start + self.seq_len + 1].astype(np.int64))
         return ids[:-1], ids[1:]
 
+    def target(self, index: int) -> torch.Tensor:
+        start = int(self.starts[index])
+        return torch.from_numpy(self.tokens[start + 1 : start + self.seq_len + 1].astype(np.int64))
+
 
 def _text_files(path: Path) -> tuple[str, list[str]]:
     if not path.exists():
@@ -187,6 +191,10 @@ class ImageFiles(Dataset):
         # One pass: [0, 255] -> [0, 1] -> (x - mean) / std folded into x * scale + shift (float32).
         x = torch.from_numpy(np.ascontiguousarray(pixels * self.scale + self.shift))
         return x, self.labels[index]
+
+    def target(self, index: int) -> torch.Tensor:
+        """Item ``index``'s label without decoding its image (the last stage reads only this)."""
+        return self.labels[index]
 
 
 def _per_channel(value, channels: int, name: str, default: float) -> np.ndarray:

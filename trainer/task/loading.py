@@ -16,7 +16,7 @@ from __future__ import annotations
 from typing import Any
 
 import torch
-from torch.utils.data import DataLoader, Sampler, default_collate
+from torch.utils.data import DataLoader, Dataset, Sampler, default_collate
 
 PREFETCH_BATCHES = 2  # per loader worker: enough to hide one slow batch behind the current step
 
@@ -47,6 +47,33 @@ class EpochBatches(Sampler[list[int]]):
             yield order[i * self.batch_size:(i + 1) * self.batch_size].tolist()
 
 
+class TargetsOnly(Dataset):
+    """A data set's items as ``(empty tensor, target)``, read through its ``target(index)``: what a
+    last stage that does not also feed the inputs reads, so that it never decodes an input it
+    would throw away (an image's pixels, to get its label)."""
+
+    def __init__(self, dataset) -> None:
+        self.dataset = dataset
+
+    def __len__(self) -> int:
+        return len(self.dataset)
+
+    def __getitem__(self, index: int):
+        return _NO_INPUT, self.dataset.target(index)
+
+
+_NO_INPUT = torch.empty(0)
+
+
+def for_stage(dataset, collate_fn, inputs: bool):
+    """The data set a stage reads: :class:`TargetsOnly` for one that needs no inputs when the data
+    set can give targets alone (and is batched by the default collation, which an empty input
+    suits); else the data set itself."""
+    if not inputs and collate_fn is None and callable(getattr(dataset, "target", None)):
+        return TargetsOnly(dataset)
+    return dataset
+
+
 def make_loader(dataset, batch_sampler, collate_fn, workers: int, pin_memory: bool = False) -> DataLoader:
     return DataLoader(dataset, batch_sampler=batch_sampler, collate_fn=collate_fn or default_collate,
                       num_workers=workers, pin_memory=pin_memory,
@@ -71,9 +98,10 @@ class _InOrder(Sampler[list[int]]):
             yield list(range(i, min(self.size, i + self.batch_size)))
 
 
-def val_loader(task, batch_size: int, workers: int = 0) -> DataLoader:
+def val_loader(task, batch_size: int, workers: int = 0, inputs: bool = True) -> DataLoader:
     """The validation split in its own order, the last batch possibly short."""
-    return make_loader(task.val_data, _InOrder(task.val_size, batch_size), task.collate_fn, workers)
+    return make_loader(for_stage(task.val_data, task.collate_fn, inputs), _InOrder(task.val_size, batch_size),
+                       task.collate_fn, workers)
 
 
 def map_tensors(value: Any, fn) -> Any:
