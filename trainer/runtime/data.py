@@ -4,8 +4,9 @@ Global microbatch ``g`` is part ``g % M`` of training step ``g // M``; step ``k`
 ``k % steps_per_epoch`` of epoch ``k // steps_per_epoch`` in the task's seeded order
 (``trainer.task.loading``). The first stage takes the inputs, the last stage the targets: both
 read the same batches through their own DataLoader, and nobody ships data between workers. That
-costs the last stage a second read of each sample, but keeps targets off every boundary and out of
-the schedule; loader workers make the read overlap compute. Requests come in increasing order per
+keeps targets off every boundary and out of the schedule; the last stage reads targets alone where
+the data set can give them (``target(index)``), else whole items; loader workers overlap the
+reads with compute. Requests come in increasing order per
 worker, so one cached batch and the loader's iterator suffice.
 """
 

@@ -7,7 +7,9 @@ whether it got a zoo model or a user's.
 
 Data: ``train_data`` (and ``val_data``) are torch ``Dataset``s of ``(input, target)`` items; the
 input is a tensor or a tuple of tensors, the target a tensor. They are read through torch's
-``DataLoader`` (``trainer.task.loading``) in one order fixed by the run's seed.
+``DataLoader`` (``trainer.task.loading``) in one order fixed by the run's seed. A data set may
+also define ``target(index)``, item ``index``'s target without reading its input: the last stage,
+which needs only targets, then never decodes an input.
 """
 
 from __future__ import annotations
