@@ -130,10 +130,10 @@ def main() -> None:
     print(f"\nsteady state, median of {args.rounds} alternating rounds:")
     print(f"  {'variant':30s} {'samples/s':>10s} {'ms/step':>8s}  {'final loss':>10s}   samples/s per round")
     for label, _, _ in variants:
-        med = statistics.median(rates[label])
-        print(f"  {label:30s} {med:10.1f} {args.batch_size / med * 1e3:8.1f}  {statistics.median(losses[label]):10.5f}   "
+        med, loss = statistics.median(rates[label]), statistics.median(losses[label])
+        print(f"  {label:30s} {med:10.1f} {args.batch_size / med * 1e3:8.1f}  {loss:10.5f}   "
               + ", ".join(f"{x:.0f}" for x in rates[label]))
-    print(f"ratio to pre-loaded (goal: real loading within 5%, >= 0.95):")
+    print("ratio to pre-loaded (goal: real loading within 5%, >= 0.95):")
     for label, _, _ in variants[:-1]:
         paired = statistics.median(a / b for a, b in zip(rates[label], rates[base]))
         of_medians = statistics.median(rates[label]) / statistics.median(rates[base])
