@@ -65,6 +65,16 @@ def _sibling(name: str):
     return mod
 
 
+def bf16_flags() -> str:
+    """The processor's bf16-related features (/proc/cpuinfo): what CPU bf16 autocast's speed hangs on."""
+    try:
+        line = next(x for x in Path("/proc/cpuinfo").read_text().splitlines() if x.startswith("flags"))
+    except (OSError, StopIteration):
+        return "unknown"
+    flags = set(line.partition(":")[2].split())
+    return ", ".join(f for f in ("avx512f", "avx512_bf16", "amx_bf16", "amx_tile") if f in flags) or "none"
+
+
 def one_run(args, model: str, precision: str) -> dict:
     """One training run; its summary, per-step losses and per-worker peak resident bytes."""
     model_args, batch = MODELS[model]
@@ -108,7 +118,7 @@ def main() -> None:
 
     cpu_name = _sibling("matmul").cpu_name
     print(f"precision benchmark: {cpu_name()}, {os.cpu_count()} CPUs ({len(os.sched_getaffinity(0))} usable), "
-          f"torch {torch.__version__}, CPU bf16 autocast")
+          f"torch {torch.__version__}, CPU bf16 autocast (bf16-related flags: {bf16_flags()})")
     print(f"  schedule {args.schedule}, {args.stages} {'replicas' if args.schedule == 'dp' else 'stages'}, "
           f"{args.microbatches} microbatches, {args.steps} steps per run, seed {args.seed}")
     jobs = [(m, p) for m in models for p in PRECISIONS]
