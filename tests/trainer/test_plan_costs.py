@@ -50,12 +50,20 @@ def test_last_stage_is_never_below_its_transfers():
     assert costs.last_stage_s(halved, 0.1, 0.0, 2, 1e9, 0.0) == 0.25  # 2e9 / 2e9 / 4
 
 
+def test_a_stage_after_a_cut_shares_no_allreduce():
+    # Only a block kept whole shares its all-reduce with the machines below (sharing=2 here).
+    spec = LevelSpec(4, 1e9, sharing=2, compression=None)
+    assert costs.last_stage_s(spec, 1.0, 1e9, 2, 0.0, 0.0) == 1.5  # (1 + 2) / 2, not (1 + 2 / 2) / 2
+    assert costs.first_stage_s(spec, 1.0, 1e9, 0.0, 2) == 1.0
+
+
 def test_stash_is_one_copy_per_later_machine_per_replica():
     assert costs.stash_factor(8, 3, 2) == 3  # ceil(5 / 2)
     assert costs.stash_factor(8, 5, 4) == 1  # ceil(3 / 4)
     assert costs.stash_factor(8, 8, 3) == 0  # the last machines stash nothing
     assert costs.stash_factor(4, 1, 1) == 3
     assert costs.over_memory(1e9, 3, 2.9e9) and not costs.over_memory(1e9, 3, 3e9)
+    assert costs.stage_bytes(2e8, 5e8) == 7e8
 
 
 def test_first_stage_shares_its_allreduce_and_checks_its_stash():

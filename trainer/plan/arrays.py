@@ -14,7 +14,8 @@ from typing import Callable
 
 import numpy as np
 
-from trainer.plan.costs import INF, LevelSpec, first_stage_s, larger, last_stage_s, over_memory, stash_factor
+from trainer.plan.costs import (INF, LevelSpec, first_stage_s, larger, last_stage_s, over_memory, stage_bytes,
+                                stash_factor)
 from trainer.plan.states import StateChain
 
 
@@ -132,7 +133,7 @@ class ChainArrays:
 
     def stashes(self, pk, pj) -> np.ndarray:
         """Activations plus parameters of the blocks k+1..j (what a stage stashes per minibatch)."""
-        return self.activation.after(pk, pj) + self.parameters.after(pk, pj)
+        return stage_bytes(self.activation.after(pk, pj), self.parameters.after(pk, pj))
 
     def first_stages(self, spec: LevelSpec, values, i, j, reps) -> np.ndarray:
         """Blocks i..j as single stages on ``reps`` machines (broadcast)."""

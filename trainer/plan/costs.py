@@ -96,8 +96,8 @@ def first_stage_s(spec: LevelSpec, compute, params, activations, replicas):
     time = stage_s(compute, params, replicas, spec.bandwidth, spec.sharing)
     if spec.memory is None:
         return time
-    return unless(over_memory(activations + params, stash_factor(spec.machines, replicas, replicas), spec.memory),
-                  time)
+    factor = stash_factor(spec.machines, replicas, replicas)
+    return unless(over_memory(stage_bytes(activations, params), factor, spec.memory), time)
 
 
 def last_stage_s(spec: LevelSpec, compute, params, replicas, bytes_in, bytes_out):
@@ -123,10 +123,15 @@ def stash_factor(machines, used, replicas):
     return -((used - machines) // replicas)
 
 
-def over_memory(stage_bytes, factor, memory):
-    """Whether a stage of ``stage_bytes`` (activations + parameters) stashed ``factor`` times
-    exceeds ``memory`` bytes per worker (the reference's test; elementwise for arrays)."""
-    return stage_bytes * factor > memory
+def stage_bytes(activations, params):
+    """What a stage stashes per minibatch in flight: its activations and its weights."""
+    return activations + params
+
+
+def over_memory(stash, factor, memory):
+    """Whether a stage stashing ``stash`` bytes (``stage_bytes``) ``factor`` times exceeds
+    ``memory`` bytes per worker (the reference's test; elementwise for arrays)."""
+    return stash * factor > memory
 
 
 def data_parallel_s(compute, params, levels) -> float:

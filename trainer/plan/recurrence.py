@@ -22,7 +22,7 @@ from __future__ import annotations
 
 from typing import Callable
 
-from trainer.plan.costs import INF, LevelSpec, first_stage_s, last_stage_s, over_memory, stash_factor
+from trainer.plan.costs import INF, LevelSpec, first_stage_s, last_stage_s, over_memory, stage_bytes, stash_factor
 from trainer.plan.states import StateChain, block
 
 Value = Callable[[int, int], float]  # value(i, j): the level's compute time of block i..j (+inf: none)
@@ -35,12 +35,14 @@ def level1_value(chain: StateChain) -> Value:
 
 
 class PlainTable:
-    """A solved level: ``rows[i][j][m]`` = A[i][j][m] for the block starts it solved."""
+    """A solved level: ``rows[i][j][m]`` = A[i][j][m] for the block starts it solved, and the
+    level's last stages (``last_stages``) to re-derive its choices from."""
 
     strategy = "plain"
 
-    def __init__(self, chain: StateChain, spec: LevelSpec, value: Value, rows: dict[int, list[list[float]]]):
-        self.chain, self.spec, self.value, self.rows = chain, spec, value, rows
+    def __init__(self, chain: StateChain, spec: LevelSpec, value: Value, rows: dict[int, list[list[float]]],
+                 stages: list[list[tuple[int, list[float], float]]]):
+        self.chain, self.spec, self.value, self.rows, self.stages = chain, spec, value, rows, stages
 
     def entry(self, i: int, j: int, m: int) -> float:
         return self.rows[i][j][m] if i in self.rows else INF
@@ -56,10 +58,10 @@ class PlainTable:
     def first_equal(self, i: int, j: int, m: int, target: float):
         """The first (k, m') in the reference's order whose candidate for A[i][j][m] is ``target``."""
         row = self.rows[i]
-        for k in self.chain.predecessors(j):
+        for k, times, stash in self.stages[j]:
             if k >= i:
                 for r in self.spec.replica_counts(m + 1):
-                    if max(row[k][m - r], last_stage(self.chain, self.spec, self.value, k, j, r, m + 1)) == target:
+                    if max(row[k][m - r], fitting(self.spec, times[r - 1], stash, r, m + 1)) == target:
                         return k, r
         return None
 
@@ -67,18 +69,6 @@ class PlainTable:
 def first_stage(chain: StateChain, spec: LevelSpec, value: Value, i: int, j: int, replicas: int) -> float:
     """The block i..j as a single stage on ``replicas`` machines."""
     return first_stage_s(spec, value(i, j), block(chain.parameters, i, j), block(chain.activation, i, j), replicas)
-
-
-def last_stage(chain: StateChain, spec: LevelSpec, value: Value, k: int, j: int, replicas: int, used: int) -> float:
-    """The stage k+1..j on ``replicas`` copies, ending a block that uses ``used`` machines so
-    far (its stash check depends on them); +inf when it does not fit."""
-    params = chain.parameters[j] - chain.parameters[k]
-    time = last_stage_s(spec, value(k + 1, j), params, replicas, chain.sent_after[k], chain.sent_after[j])
-    if spec.memory is not None:
-        stash = (chain.activation[j] - chain.activation[k]) + params
-        if over_memory(stash, stash_factor(spec.machines, used, replicas), spec.memory):
-            return INF
-    return time
 
 
 def last_stages(chain: StateChain, spec: LevelSpec, value: Value) -> list[list[tuple[int, list[float], float]]]:
@@ -92,14 +82,22 @@ def last_stages(chain: StateChain, spec: LevelSpec, value: Value) -> list[list[t
         for k in chain.predecessors(j):
             p = params[j] - params[k]
             times = [last_stage_s(spec, value(k + 1, j), p, r, sent[k], sent[j]) for r in range(1, R + 1)]
-            per_k.append((k, times, (acts[j] - acts[k]) + p))
+            per_k.append((k, times, stage_bytes(acts[j] - acts[k], p)))
         out.append(per_k)
     return out
 
 
+def fitting(spec: LevelSpec, time: float, stash: float, replicas: int, used: int) -> float:
+    """A last stage's ``time``, or +inf when its stash does not fit in memory with ``used``
+    machines of the block taken up to and including it."""
+    if spec.memory is not None and over_memory(stash, stash_factor(spec.machines, used, replicas), spec.memory):
+        return INF
+    return time
+
+
 def solve_row(chain: StateChain, spec: LevelSpec, value: Value, i: int, stages=None) -> list[list[float]]:
     """A[i][j][m] for one block start i, every end state j and machine count m."""
-    n, M, memory = chain.size, spec.machines, spec.memory
+    n, M = chain.size, spec.machines
     stages = last_stages(chain, spec, value) if stages is None else stages
     A = [[INF] * M for _ in range(n)]
     for j in range(i, n):
@@ -114,10 +112,7 @@ def solve_row(chain: StateChain, spec: LevelSpec, value: Value, i: int, stages=N
                 if k < i:  # A[i][k] is empty (the reference's test against i-1's predecessors)
                     continue
                 for r in spec.replica_counts(m + 1):
-                    time = times[r - 1]
-                    if memory is not None and over_memory(stash, stash_factor(M, m + 1, r), memory):
-                        time = INF
-                    candidate = max(A[k][m - r], time)
+                    candidate = max(A[k][m - r], fitting(spec, times[r - 1], stash, r, m + 1))
                     if candidate < best:
                         best = candidate
             A[j][m] = best
@@ -128,7 +123,7 @@ def solve_level(chain: StateChain, spec: LevelSpec, value: Value, rows=None) -> 
     """One level: every block start 0..n, or only 0 on the final level (default ``rows``)."""
     rows = ([0] if spec.final else range(chain.size + 1)) if rows is None else rows
     stages = last_stages(chain, spec, value)
-    return PlainTable(chain, spec, value, {i: solve_row(chain, spec, value, i, stages) for i in rows})
+    return PlainTable(chain, spec, value, {i: solve_row(chain, spec, value, i, stages) for i in rows}, stages)
 
 
 def solve_levels(chain: StateChain, specs: list[LevelSpec]) -> list[PlainTable]:
