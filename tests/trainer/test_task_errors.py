@@ -110,3 +110,15 @@ def test_the_good_task_trains(tasks):
     result, log = _train(tasks, "good", "--model-arg", "width=4")
     assert result.exit_code == 0, result.output
     assert '"starting"' in log.read_text()
+
+
+def test_a_task_folder_does_not_shadow_the_standard_library(tmp_path):
+    """A user's profile.py beside the task file must not replace the stdlib module that
+    libraries import lazily later (transformers goes through cProfile -> profile)."""
+    (tmp_path / "profile.py").write_text("raise ImportError('the user profile.py shadowed the stdlib')\n")
+    (tmp_path / "helpers.py").write_text("WIDTH = 4\n")
+    (tmp_path / "t.py").write_text(TASKS + "\nfrom helpers import WIDTH\n\ndef uses_sibling():\n    return good(WIDTH)\n")
+    from trainer.task import load_task
+
+    load_task(f"{tmp_path}/t.py:uses_sibling")  # the sibling module imports
+    import cProfile  # noqa: F401  (imports `profile`: the stdlib's, not the user's)

@@ -30,14 +30,18 @@ def is_factory_path(spec: str) -> bool:
 
 
 def _import_file(path: Path, spec: str):
-    """Import a user's task file as a module of its own, its folder first on ``sys.path`` so it
-    can import its siblings. Registered in ``sys.modules`` so its classes pickle by name."""
+    """Import a user's task file as a module of its own, its folder on ``sys.path`` so it can
+    import its siblings. Registered in ``sys.modules`` so its classes pickle by name.
+
+    The folder goes last, not first as ``python file.py`` would put it: this process goes on
+    importing the standard library and installed packages lazily (transformers does), and a
+    user's ``profile.py`` or ``types.py`` must not shadow them."""
     name = "pipeboard_task_" + hashlib.sha1(str(path).encode()).hexdigest()[:12]
     if name in sys.modules:
         return sys.modules[name]
     folder = str(path.parent)
     if folder not in sys.path:
-        sys.path.insert(0, folder)
+        sys.path.append(folder)
     module_spec = importlib.util.spec_from_file_location(name, path)
     module = importlib.util.module_from_spec(module_spec)
     sys.modules[name] = module
