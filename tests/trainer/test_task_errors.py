@@ -120,5 +120,7 @@ def test_a_task_folder_does_not_shadow_the_standard_library(tmp_path):
     (tmp_path / "t.py").write_text(TASKS + "\nfrom helpers import WIDTH\n\ndef uses_sibling():\n    return good(WIDTH)\n")
     from trainer.task import load_task
 
+    import importlib.util
+
     load_task(f"{tmp_path}/t.py:uses_sibling")  # the sibling module imports
-    import cProfile  # noqa: F401  (imports `profile`: the stdlib's, not the user's)
+    assert importlib.util.find_spec("profile").origin != str(tmp_path / "profile.py")
