@@ -175,6 +175,8 @@ def test_the_choice_reads_what_the_problem_is():
 
     expected = "capped_chain" if capped_chain.available() else "all_rows"
     assert solve.choose(long, three) == [expected, expected, "top_row"]
+    assert solve.choose(long, level_specs([(4, 1e9), (4, 1e8)])) == [expected, "top_row"]
+    assert solve.choose(long, level_specs([(4, 1e9), (2, 1e8)])) == ["two_machine_top", "top_row"]
     assert solve.choose(flat, three) == ["all_rows", "all_rows", "top_row"]  # (not a chain)
 
 

@@ -1,7 +1,8 @@
-"""Planning: split a profiled model across a cluster (PipeDream's DP, or a baseline).
+"""Planning: split a profiled model across a cluster (PipeDream's planner, or a baseline).
 
 ``plan(profile, levels=[(workers, bandwidth), ...])`` returns a ``Plan`` (plain data, JSON via
-``to_dict``/``save``). No torch import anywhere below here: ``pipeboard plan`` starts fast.
+``to_dict``/``save``). No torch import anywhere below here, and NumPy only once a plan is large
+enough to need it: ``pipeboard plan`` starts fast. How the planner works: docs/planner.md.
 """
 
 from __future__ import annotations

@@ -136,9 +136,11 @@ def solve_levels(chain: StateChain, specs: list[LevelSpec]) -> list[PlainTable]:
 
 
 def work(chain: StateChain, specs: list[LevelSpec]) -> int:
-    """About how many candidates the plain recurrence forms (pairs x rows x (m, m') pairs)."""
+    """About how long the plain recurrence takes, in candidates: each (pair, m') last stage it
+    forms counts as three (a few cost-model calls), each candidate max/min as one."""
     pairs, total = chain.pair_count(), 0
     for spec in specs:
-        rows = 1 if spec.final else chain.size + 1
-        total += pairs * rows * (spec.machines * (spec.machines - 1) // 2) // (1 if spec.final else 2)
+        rows = 1 if spec.final else (chain.size + 1) // 2  # (a row i reads only the pairs after i)
+        per_pair = sum(len(spec.replica_counts(m + 1)) for m in range(1, spec.machines))
+        total += 3 * pairs * len(spec.replica_counts(spec.machines)) + pairs * rows * per_pair
     return total

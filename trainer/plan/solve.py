@@ -13,7 +13,7 @@ test_plan_strategies.py`` checks each against it); they differ in what they expl
 - ``all_rows`` (``all_rows.py``): a level below the top, every block start at once, end by end.
 - ``two_machine_top`` (``two_machine_top.py``): the level just below a two-machine top level
   needs only row 0 and the blocks ending at the last state (one backward pass for all).
-- ``capped_chain`` (``capped_chain.py``, bounds in ``chain_caps.py``): on a chain of three or
+- ``capped_chain`` (``capped_chain.py``, bounds in ``chain_caps.py``): on a chain of two or
   more levels a bound on the optimum caps how far each block can reach, and the levels below
   the top are solved within the caps by a loop numba compiles. Taken when numba is installed
   and the chain has at least ``CAPPED_CHAIN_FROM`` states (on shorter ones importing numba
@@ -34,7 +34,7 @@ from trainer.plan import recurrence
 from trainer.plan.costs import LevelSpec
 from trainer.plan.states import StateChain
 
-PLAIN_UP_TO = 30_000  # candidates (``recurrence.work``) the plain recurrence forms in about NumPy's import time
+PLAIN_UP_TO = 100_000  # ``recurrence.work``: what the plain recurrence does in about half NumPy's import time
 CAPPED_CHAIN_FROM = 300  # states: on shorter chains the uncapped levels finish before numba would import
 GUESS = 1.25  # the capped chain's first bound: this multiple of compute over workers (any guess ends exact)
 STRATEGIES = ("plain", "top_row", "all_rows", "two_machine_top", "capped_chain")
@@ -47,7 +47,7 @@ def choose(chain: StateChain, specs: list[LevelSpec]) -> list[str]:
         return ["plain"] * L
     from trainer.plan import capped_chain, two_machine_top
 
-    capped = L >= 3 and chain.is_chain() and chain.size >= CAPPED_CHAIN_FROM and capped_chain.available()
+    capped = L >= 2 and chain.is_chain() and chain.size >= CAPPED_CHAIN_FROM and capped_chain.available()
     names = []
     for idx, spec in enumerate(specs):
         if spec.final:
