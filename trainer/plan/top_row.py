@@ -20,7 +20,7 @@ import numpy as np
 from trainer.plan.arrays import ArrayTable, ChainArrays, groups
 from trainer.plan.costs import INF, LevelSpec, over_memory, stash_factor
 
-SLAB_ENTRIES = 1 << 18  # (pair, m') entries per slab: 2 MiB temporaries
+SLAB_ENTRIES = 1 << 16  # (pair, m') entries per slab: its cost table (512 KiB) stays in a core's L2 cache
 
 
 def solve_level(a: ChainArrays, spec: LevelSpec, values, pairs=None) -> ArrayTable:
