@@ -3,6 +3,7 @@
 Each worker's actions become three flat lists (kind code, data key, duration); a worker walks
 its list as far as it can and parks on the first input that has not been produced yet, and
 producing that input wakes it, so every action is handled once. Timing model: see simulate.py.
+numpy is imported inside the functions that use it (see stash.py).
 """
 
 from __future__ import annotations
@@ -11,11 +12,13 @@ import gc
 from bisect import bisect_right
 from contextlib import contextmanager
 from dataclasses import dataclass
-
-import numpy as np
+from typing import TYPE_CHECKING
 
 from trainer.schedule.actions import Kind, Schedule, ScheduleError
 from trainer.schedule.stash import CODES, batched_weight_counts
+
+if TYPE_CHECKING:
+    import numpy as np
 
 F, B, BI, W, SA, RA, SG, RG, AR, ST = (
     CODES[k]
@@ -67,6 +70,7 @@ class Trace:
 
 def durations(costs) -> np.ndarray:
     """dur[stage, code] from a list of StageCosts (and dur[stage, WB]: a batched W per microbatch)."""
+    import numpy as np
     table = np.zeros((len(costs), len(CODES) + 1))
     for i, c in enumerate(costs):
         for code, value in ((F, c.fwd_s), (B, c.bwd_s), (BI, c.bi_s), (W, c.w_s), (SA, c.send_act_s),
@@ -77,6 +81,7 @@ def durations(costs) -> np.ndarray:
 
 
 def compile_programs(schedule: Schedule, cols: list[tuple], dur: np.ndarray) -> list[Program]:
+    import numpy as np
     S = schedule.num_stages
     # a compute waits for a transfer iff its input is received somewhere (on its own worker,
     # in a valid schedule); a datum is numbered (mb * S + receiving stage) * 2 + is_gradient
@@ -240,6 +245,7 @@ def worker_stats(progs: list[Program], trace: Trace) -> WorkerStats:
     forward (stats.py defines the same for any timeline). Its rate counts the backwards of the
     input stage that end inside it, from the first to the last of them.
     """
+    import numpy as np
     busy, compute, first_b, last_f, lo, hi = [], [], {}, {}, [], []
     spans, input_ends = [], []
     for w, (p, idx, st) in enumerate(zip(progs, trace.index, trace.start)):

@@ -8,16 +8,20 @@ Weight versions: version v of a stage is created by the STEP that produces it (v
 start) and is held until it is both replaced by the next STEP and no longer used by a later
 forward or backward (weight stashing). The count is the most versions held at once.
 
-Vectorised with numpy: the simulator calls this on schedules of 10^5 - 10^6 actions.
+Vectorised with numpy: the simulator calls this on schedules of 10^5 - 10^6 actions. numpy is
+imported inside the functions that use it, so that importing ``trainer.schedule`` (the schedule
+registry, read by every `pipeboard` command's help) does not load it.
 """
 
 from __future__ import annotations
 
 from operator import attrgetter
-
-import numpy as np
+from typing import TYPE_CHECKING
 
 from trainer.schedule.actions import Action, Kind, Schedule
+
+if TYPE_CHECKING:
+    import numpy as np
 
 CODES = {kind: i for i, kind in enumerate(Kind)}
 F, B, BI, W = (CODES[k] for k in (Kind.FORWARD, Kind.BACKWARD, Kind.BACKWARD_INPUT, Kind.BACKWARD_WEIGHT))
@@ -26,6 +30,7 @@ STEP = CODES[Kind.STEP]
 
 def columns(acts: list[Action]) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
     """(kind code, stage, microbatch, version) of each action, as int arrays (map: C speed)."""
+    import numpy as np
     n = len(acts)
     code = np.fromiter(map(CODES.__getitem__, map(attrgetter("kind"), acts)), np.int64, n)
     rest = (np.fromiter(map(attrgetter(name), acts), np.int64, n) for name in ("stage", "microbatch", "version"))
@@ -33,6 +38,7 @@ def columns(acts: list[Action]) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.
 
 
 def peak_in_flight(code: np.ndarray, stage: np.ndarray | None = None, mb: np.ndarray | None = None) -> int:
+    import numpy as np
     delta = (code == F).astype(np.int64) - ((code == B) | (code == W))
     if mb is not None:
         for i, n in batched_weight_counts(code, stage, mb).items():
@@ -43,6 +49,7 @@ def peak_in_flight(code: np.ndarray, stage: np.ndarray | None = None, mb: np.nda
 def batched_weight_counts(code: np.ndarray, stage: np.ndarray, mb: np.ndarray) -> dict[int, int]:
     """Position of each ``W(-1)`` -> how many microbatches it covers: the BIs of its stage since
     that stage's previous ``W(-1)``, less those that had their own ``W``."""
+    import numpy as np
     batched = np.flatnonzero((code == W) & (mb < 0))
     if not len(batched):
         return {}
@@ -58,6 +65,7 @@ def batched_weight_counts(code: np.ndarray, stage: np.ndarray, mb: np.ndarray) -
 
 
 def peak_versions(code: np.ndarray, stage: np.ndarray, version: np.ndarray, s: int) -> int:
+    import numpy as np
     mine = stage == s
     uses = mine & (code <= W)
     steps = np.flatnonzero(mine & (code == STEP))
