@@ -1,8 +1,8 @@
 """The pipeline runtime: real multi-process training that executes a schedule's action lists.
 
 ``run_training(RunConfig(...), sink)`` starts one process per stage replica, runs the schedule
-(``gpipe``, ``1f1b``, ``interleaved-1f1b``, ``zb-h1``, ``pipedream``, ``dp``) and reports through
-the sink. See docs/runtime.md. Importing the package is cheap; torch loads with the launcher.
+(any in trainer/schedule/registry.py: ``gpipe``, ``1f1b``, ``interleaved-1f1b``, ``zb-h1``,
+``pipedream``, ``dp``, and those registered besides) and reports through the sink. See docs/runtime.md. Importing the package is cheap; torch loads with the launcher.
 """
 
 from trainer.runtime.config import ConfigError, RunConfig

@@ -1,7 +1,8 @@
 """What a training run is: one plain, validated configuration shared by the launcher and workers.
 
 A ``RunConfig`` travels (pickled) to every worker process, so it holds only plain data. Validation
-happens once, in the launcher, and names the offending field.
+happens once, in the launcher, and names the offending field. What a schedule can do comes from
+the schedule registry (trainer/schedule/registry.py), never from comparing its name.
 """
 
 from __future__ import annotations
@@ -10,13 +11,17 @@ from dataclasses import dataclass, field, replace
 from typing import Any
 
 from trainer.precision import PRECISIONS
+from trainer.schedule import registry
+from trainer.schedule.registry import WEIGHT_GRADS, ScheduleSpec
 from trainer.task.names import OPTIMIZERS
 
-SYNC_SCHEDULES = ("gpipe", "1f1b", "interleaved-1f1b", "zb-h1")
-ASYNC_SCHEDULES = ("pipedream",)
-SCHEDULES = SYNC_SCHEDULES + ASYNC_SCHEDULES + ("dp",)
-WEIGHT_GRADS = ("batched", "immediate")
 P2P_MODES = ("auto", "shm", "gloo")
+
+
+def __getattr__(name: str) -> Any:
+    if name == "SCHEDULES":  # the old constant: every registered schedule's name, now
+        return registry.names()
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 
 class ConfigError(ValueError):
@@ -26,7 +31,7 @@ class ConfigError(ValueError):
 @dataclass
 class RunConfig:
     model: str  # a zoo name, or a task factory 'package.module:function' / 'path/to/file.py:function'
-    schedule: str
+    schedule: str  # a registered schedule's name (trainer.schedule.registry)
     batch_size: int
     microbatches: int
     model_args: dict[str, Any] = field(default_factory=dict)
@@ -38,11 +43,12 @@ class RunConfig:
     num_stages: int | None = None
     replicas: list[int] | None = None  # per stage; default 1 each (dp: the worker count)
     workers: int | None = None  # total processes; with --stages P, N/P replicas per stage
-    chunks: int = 1  # model chunks per worker (interleaved-1f1b)
-    vertical_sync: bool = False
+    chunks: int = 1  # model chunks per worker (schedules that take chunks: interleaved-1f1b)
+    vertical_sync: bool = False  # schedules that take it: pipedream
     # "batched": each backward computes input gradients only and one pass per update computes the
-    # weight gradients of all its microbatches (gpipe, 1f1b, interleaved-1f1b, pipedream);
-    # "immediate": each backward computes both. dp and zb-h1 ignore it (zb-h1 places its W itself).
+    # weight gradients of all its microbatches; "immediate": each backward computes both. Where a
+    # schedule does not honour them (its spec's weight_grads), it ignores this: dp and zb-h1
+    # (zb-h1 places its W itself).
     weight_grads: str = "batched"
     # Length: exactly one of these is normally set; none means one epoch.
     epochs: float | None = None
@@ -83,12 +89,19 @@ class RunConfig:
         return self.batch_size // self.microbatches
 
     @property
+    def spec(self) -> ScheduleSpec:
+        """The schedule's registry entry: what it can do."""
+        try:
+            return registry.get(self.schedule)
+        except registry.UnknownSchedule as exc:
+            raise ConfigError(f"schedule: {exc}") from None
+
+    @property
     def is_async(self) -> bool:
-        return self.schedule in ASYNC_SCHEDULES
+        return not self.spec.synchronous
 
     def validate(self) -> None:
-        if self.schedule not in SCHEDULES:
-            raise ConfigError(f"schedule: unknown schedule {self.schedule!r} (known: {', '.join(SCHEDULES)})")
+        self.spec  # noqa: B018  (ConfigError naming the field for an unknown schedule)
         if self.batch_size < 1:
             raise ConfigError(f"batch_size: must be >= 1, got {self.batch_size}")
         if self.microbatches < 1:

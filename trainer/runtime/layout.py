@@ -8,19 +8,18 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from trainer.runtime.config import ConfigError, RunConfig
-from trainer.schedule import Schedule, build
-from trainer.schedule.pipedream import build_pipedream
+from trainer.schedule import Schedule, build, registry
 
 
 @dataclass(frozen=True)
 class Layout:
     schedule: str
-    physical_stages: int  # stages of the pipeline (dp: 1)
-    chunks: int  # model chunks per worker (interleaved-1f1b)
+    physical_stages: int  # stages of the pipeline (data parallel: 1)
+    chunks: int  # model chunks per worker (schedules that take chunks)
     replicas: tuple[int, ...]  # per physical stage
     vertical_sync: bool
-    per_update: int = 1  # pipedream: microbatches per weight update (one batch)
-    batch_weight_grads: bool = False  # one batched weight-gradient pass per update (not dp, zb-h1)
+    per_update: int = 1  # asynchronous schedules (pipedream): microbatches per weight update (one batch)
+    batch_weight_grads: bool = False  # one batched weight-gradient pass per update (where honoured)
 
     @property
     def virtual_stages(self) -> int:
@@ -31,18 +30,11 @@ class Layout:
         return sum(self.replicas)
 
     def build(self, microbatches: int) -> Schedule:
-        """The schedule for ``microbatches`` (per iteration, or in total for pipedream, which
-        updates once per ``per_update`` of them)."""
-        if self.schedule == "pipedream":
-            return build_pipedream(self.physical_stages, microbatches, self.per_update, replicas=list(self.replicas),
-                                   vertical_sync=self.vertical_sync, batch_weight_grads=self.batch_weight_grads)
-        if self.schedule == "dp":
-            return build("dp", self.replicas[0], microbatches, replicas=[self.replicas[0]])
-        if self.schedule == "interleaved-1f1b":
-            return build(self.schedule, self.physical_stages, microbatches, chunks=self.chunks,
-                         batch_weight_grads=self.batch_weight_grads)
+        """The schedule for ``microbatches`` (per iteration, or in total for an asynchronous
+        schedule, which updates once per ``per_update`` of them)."""
         return build(self.schedule, self.physical_stages, microbatches, replicas=list(self.replicas),
-                     vertical_sync=self.vertical_sync, batch_weight_grads=self.batch_weight_grads)
+                     chunks=self.chunks, vertical_sync=self.vertical_sync,
+                     batch_weight_grads=self.batch_weight_grads, per_update=self.per_update)
 
     def stages_of(self, rank: int) -> tuple[int, ...]:
         """The virtual stages worker ``rank`` holds (ranks are stage-major; interleaved: round robin)."""
@@ -61,29 +53,34 @@ class Layout:
 
 
 def resolve(cfg: RunConfig) -> Layout:
-    """The layout ``cfg`` asks for; contradictions are a ``ConfigError`` naming the field."""
-    if cfg.schedule == "dp":
+    """The layout ``cfg`` asks for; contradictions are a ``ConfigError`` naming the field. What
+    the schedule allows comes from its registry entry (``cfg.spec``)."""
+    spec, name = cfg.spec, cfg.schedule
+    if spec.data_parallel:
         if (cfg.num_stages or 1) != 1 or (cfg.stages is not None and len(cfg.stages) != 1):
-            raise ConfigError("stages: dp trains the whole model on every worker; give --workers, not --stages")
+            raise ConfigError(f"stages: {name} trains the whole model on every worker; give --workers, not --stages")
         n = cfg.workers or (cfg.replicas[0] if cfg.replicas else 2)
-        return Layout("dp", 1, 1, (n,), False)
+        return Layout(name, 1, 1, (n,), False)
     p = len(cfg.stages) if cfg.stages is not None else (cfg.num_stages or 2)
     chunks = cfg.chunks
-    if cfg.schedule == "interleaved-1f1b":
-        if chunks < 2:
-            chunks = 2
+    if spec.chunks:
+        if chunks == 1:
+            chunks = spec.default_chunks
         if cfg.stages is not None:
             if len(cfg.stages) % chunks:
                 raise ConfigError(f"stages: {len(cfg.stages)} plan stages do not divide into {chunks} chunks")
             p = len(cfg.stages) // chunks
+    elif chunks != 1:
+        takers = registry.having(chunks=True)
+        raise ConfigError(f"chunks: only {registry.either(takers, quote='')} hold{'s' * (len(takers) == 1)} "
+                          f"several chunks per worker, not {name}")
+    if not spec.replication:
         if cfg.workers is not None and cfg.workers != p:
-            raise ConfigError(f"workers: interleaved-1f1b runs one worker per stage ({p}), got {cfg.workers}")
+            raise ConfigError(f"workers: {name} runs one worker per stage ({p}), got {cfg.workers}")
         if cfg.replicas is not None and any(r != 1 for r in cfg.replicas):
-            raise ConfigError("replicas: interleaved-1f1b does not replicate stages (the plan has replicas > 1)")
-        return Layout(cfg.schedule, p, chunks, (1,) * p, False, batch_weight_grads=_batched(cfg))
-    if chunks != 1:
-        raise ConfigError(f"chunks: only interleaved-1f1b holds several chunks per worker, not {cfg.schedule}")
-    if cfg.replicas is not None:
+            raise ConfigError(f"replicas: {name} does not replicate stages (the plan has replicas > 1)")
+        replicas = (1,) * p
+    elif cfg.replicas is not None:
         if len(cfg.replicas) != p:
             raise ConfigError(f"replicas: {len(cfg.replicas)} counts for {p} stages")
         replicas = tuple(cfg.replicas)
@@ -95,17 +92,18 @@ def resolve(cfg: RunConfig) -> Layout:
         replicas = (cfg.workers // p,) * p
     else:
         replicas = (1,) * p
-    if cfg.schedule == "pipedream" and any(cfg.microbatches % r for r in replicas):
-        raise ConfigError(f"microbatches: pipedream's replicas all-reduce and step once per batch, so its "
+    if not spec.synchronous and any(cfg.microbatches % r for r in replicas):
+        raise ConfigError(f"microbatches: {name}'s replicas all-reduce and step once per batch, so its "
                           f"{cfg.microbatches} microbatches must be a multiple of every stage's replica count "
                           f"{list(replicas)}")
-    if cfg.vertical_sync and cfg.schedule != "pipedream":
-        raise ConfigError("vertical_sync: applies to the pipedream schedule only")
-    return Layout(cfg.schedule, p, 1, replicas, cfg.vertical_sync,
-                  cfg.microbatches if cfg.schedule == "pipedream" else 1, _batched(cfg))
+    if cfg.vertical_sync and not spec.vertical_sync:
+        raise ConfigError(f"vertical_sync: applies to the "
+                          f"{registry.either(registry.having(vertical_sync=True), quote='')} schedule only")
+    return Layout(name, p, chunks, replicas, cfg.vertical_sync,
+                  1 if spec.synchronous else cfg.microbatches, _batched(cfg))
 
 
 def _batched(cfg: RunConfig) -> bool:
-    """Batched weight gradients, where they apply: not dp (DDP reduces inside the backward) and
-    not zb-h1 (its W are placed one by one to fill the drain)."""
-    return cfg.weight_grads == "batched" and cfg.schedule not in ("dp", "zb-h1")
+    """Batched weight gradients, where the schedule honours them: not dp (DDP reduces inside the
+    backward) and not zb-h1 (its W are placed one by one to fill the drain)."""
+    return cfg.weight_grads == "batched" and "batched" in cfg.spec.weight_grads

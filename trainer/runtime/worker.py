@@ -100,9 +100,10 @@ def train(cfg: RunConfig, env: WorkerEnv) -> None:
     specs = model_mod.boundary_specs(modules, example, cfg.precision)
     S = len(modules)
     stash = cfg.is_async
+    data_parallel = cfg.spec.data_parallel  # DDP: the all-reduce runs inside the backward
     # A batch's gradient is the mean over its samples: each microbatch's loss is scaled by 1/M and
     # replicas sum (pipedream too: it updates once per batch); DDP averages, hence N/M.
-    scale = layout.world / M if cfg.schedule == "dp" else 1.0 / M
+    scale = layout.world / M if data_parallel else 1.0 / M
     groups = {}
     for s in range(S):  # every rank creates every group, in the same order
         ranks = tuple(template.workers[w].rank for w in range(world) if s in template.workers[w].stages)
@@ -115,7 +116,7 @@ def train(cfg: RunConfig, env: WorkerEnv) -> None:
     for s in me.stages:
         module = tied_grads.localize(s, modules[s].to(device))
         ddp = None
-        if cfg.schedule == "dp" and world > 1:
+        if data_parallel and world > 1:
             ddp = torch.nn.parallel.DistributedDataParallel(module, process_group=None)
         stages[s] = Stage(s, module, task.make_optimizer(module.parameters(), cfg.lr), is_first=s == 0,
                           is_last=s == S - 1, loss_fn=task.loss, stash=stash, loss_scale=scale, ddp=ddp,
@@ -192,7 +193,7 @@ def train(cfg: RunConfig, env: WorkerEnv) -> None:
                 st.versions.reset(0)
         else:
             actions = template.actions[rank]
-            sync = _ddp_sync(actions) if cfg.schedule == "dp" else None
+            sync = _ddp_sync(actions) if data_parallel else None
             for k in range(step, seg_end):
                 executor.run(actions, lambda mb, k=k: _data(stream, stages, S, k * M + mb),
                              step_of=lambda mb, k=k: k, on_step_done=on_step_done, ddp_sync=sync,

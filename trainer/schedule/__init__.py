@@ -2,14 +2,16 @@
 
 ``build(name, stages, microbatches, ...)`` returns a ``Schedule`` (ordered actions per worker);
 the runtime executes those lists unchanged, ``validate`` checks them and ``simulate`` predicts
-their timeline. See docs/schedules.md.
+their timeline. The schedules and what each can do are in the registry (``registry.py``:
+``names()``, ``registry.get(name)``, ``register(...)``). See docs/schedules.md.
 
 Note: the functions ``build``, ``validate`` and ``simulate`` share their names with their modules; import
 other names from the modules with ``from trainer.schedule.simulate import SimResult``.
 """
 
 from trainer.schedule.actions import Action, Kind, Schedule, ScheduleError, TimelineEvent, WorkerSpec
-from trainer.schedule.build import SCHEDULES, build, names
+from trainer.schedule.build import build
+from trainer.schedule.registry import ScheduleSpec, UnknownSchedule, names, register
 from trainer.schedule.costs import StageCosts, costs_from_plan, costs_uniform
 from trainer.schedule.simulate import SimResult, simulate
 from trainer.schedule.trace import to_chrome_trace
@@ -21,16 +23,25 @@ __all__ = [
     "SCHEDULES",
     "Schedule",
     "ScheduleError",
+    "ScheduleSpec",
     "SimResult",
     "StageCosts",
     "TimelineEvent",
+    "UnknownSchedule",
     "ValidationReport",
     "WorkerSpec",
     "build",
     "costs_from_plan",
     "costs_uniform",
     "names",
+    "register",
     "simulate",
     "to_chrome_trace",
     "validate",
 ]
+
+
+def __getattr__(name: str):
+    if name == "SCHEDULES":  # the old constant: every registered schedule's name, now
+        return names()
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

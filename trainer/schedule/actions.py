@@ -2,8 +2,10 @@
 
 This is the one representation that three consumers share: the simulator gives each action a
 predicted start and end, the runtime executes the same actions in the same order, and the
-dashboard draws the resulting timelines. A new schedule is one function that returns a
-``Schedule``; nothing else changes.
+dashboard draws the resulting timelines. A new schedule is one file: a builder (a function that
+writes each worker's list of actions) and one ``register`` call declaring what it can do
+(registry.py); ``build``, the runtime, the simulator, the API, the CLI and the dashboard read the
+registry, so nothing else changes (docs/schedules.md, "Adding a schedule").
 
 Conventions
 - A *worker* is one process (one stage replica). ``Schedule.workers[w]`` says which stage(s) it

@@ -7,12 +7,20 @@ backwards use weight version 0; the step produces version 1.
 ``batch_weight_grads`` rewrites any program (these, interleaved, pipedream) so that each backward
 computes input gradients only (BI) and one ``W(-1)`` computes the weight gradients of all of them
 at once, right before the stage's update.
+
+``gpipe_builder`` and ``one_f_one_b_builder`` are the registry's builders (registry.py) of
+``gpipe``, ``1f1b`` and ``dp`` (1F1B on one replicated stage).
 """
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 from trainer.schedule.actions import Action, Kind
 from trainer.schedule.topology import Topology
+
+if TYPE_CHECKING:
+    from trainer.schedule.registry import BuildContext
 
 
 def backward_ops(stage: int, mb: int, version: int, split: bool) -> list[Action]:
@@ -59,6 +67,16 @@ def one_f_one_b_ops(topo: Topology, rank: int, stage: int, m: int, split: bool) 
         else:
             ops += backward_ops(stage, i, 0, split)
     return ops + update_ops(topo, stage, 1)
+
+
+def gpipe_builder(ctx: BuildContext) -> list[list[Action]]:
+    t = ctx.topology
+    return [gpipe_ops(t, w.rank, w.stages[0], ctx.microbatches, ctx.split_backward) for w in t.workers]
+
+
+def one_f_one_b_builder(ctx: BuildContext) -> list[list[Action]]:
+    t = ctx.topology
+    return [one_f_one_b_ops(t, w.rank, w.stages[0], ctx.microbatches, ctx.split_backward) for w in t.workers]
 
 
 def batch_weight_grads(program: list[Action]) -> list[Action]:

@@ -6,13 +6,26 @@ chunks in groups of p: forward number k of a worker is chunk ``(k // p) % v`` of
 ``2 (p - w - 1) + (v - 1) p`` forwards, then alternates forward and backward, then drains. The
 bubble shrinks from (p-1)/(m+p-1) to (p-1)/(v m+p-1) at the price of v times more transfers.
 Needs ``microbatches`` to be a multiple of p (Megatron's condition for this order).
+With one chunk it is plain 1F1B.
 """
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 from trainer.schedule.actions import Action, Kind, ScheduleError
-from trainer.schedule.flush import backward_ops
+from trainer.schedule.flush import backward_ops, one_f_one_b_builder
 from trainer.schedule.topology import Topology
+
+if TYPE_CHECKING:
+    from trainer.schedule.registry import BuildContext
+
+
+def interleaved_builder(ctx: BuildContext) -> list[list[Action]]:
+    """The registry's builder of ``interleaved-1f1b``."""
+    if ctx.chunks == 1:
+        return one_f_one_b_builder(ctx)
+    return interleaved_programs(ctx.topology, ctx.stages, ctx.chunks, ctx.microbatches, ctx.split_backward)
 
 
 def interleaved_programs(topo: Topology, p: int, v: int, m: int, split: bool) -> list[list[Action]]:

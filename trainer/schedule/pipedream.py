@@ -27,9 +27,15 @@ backward still names it.
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 from trainer.schedule.actions import Action, Kind, Schedule, ScheduleError
+from trainer.schedule.build import build
 from trainer.schedule.flush import backward_ops, one_f_one_b_order
 from trainer.schedule.topology import Topology
+
+if TYPE_CHECKING:
+    from trainer.schedule.registry import BuildContext
 
 
 def check_pipedream(topo: Topology, m: int, per_update: int, vertical_sync: bool) -> None:
@@ -92,12 +98,15 @@ def pipedream_programs(topo: Topology, m: int, vertical_sync: bool, split: bool,
     return programs
 
 
+def pipedream_builder(ctx: BuildContext) -> list[list[Action]]:
+    """The registry's builder of ``pipedream``."""
+    return pipedream_programs(ctx.topology, ctx.microbatches, ctx.vertical_sync, ctx.split_backward, ctx.per_update)
+
+
 def build_pipedream(num_stages: int, microbatches: int, per_update: int, *, replicas: list[int] | None = None,
                     vertical_sync: bool = False, split_backward: bool = False,
                     batch_weight_grads: bool = False) -> Schedule:
     """``build("pipedream", ..., per_update=per_update)``: ``microbatches`` in total, ``per_update``
     of them per weight update."""
-    from trainer.schedule.build import build  # build imports this module's programs
-
     return build("pipedream", num_stages, microbatches, replicas=replicas, vertical_sync=vertical_sync,
                  split_backward=split_backward, batch_weight_grads=batch_weight_grads, per_update=per_update)

@@ -30,8 +30,8 @@ takes the simulator's default (half the backward).
 
 Steady state: a synchronous schedule's step is the difference between simulating K and 1
 iterations back to back (the runtime walks the same list every step, so iteration k + 1's first
-forwards overlap iteration k's drain), divided by K - 1; pipedream's is the difference between
-runs of K and 1 batches of ``microbatches``, divided by K - 1.
+forwards overlap iteration k's drain), divided by K - 1; an asynchronous one's (pipedream) is the
+difference between runs of K and 1 batches of ``microbatches``, divided by K - 1.
 """
 
 from __future__ import annotations
@@ -39,10 +39,10 @@ from __future__ import annotations
 from dataclasses import dataclass, replace
 
 from trainer.profile.schema import Link, Profile
+from trainer.schedule import registry
 from trainer.schedule.actions import Schedule, ScheduleError
 from trainer.schedule.build import build
 from trainer.schedule.costs import StageCosts
-from trainer.schedule.pipedream import build_pipedream
 from trainer.schedule.simulate import simulate
 
 STEADY_ITERATIONS = 4
@@ -189,12 +189,12 @@ def repeat_iterations(schedule: Schedule, k: int) -> Schedule:
 
 def _schedule(name: str, p: int, microbatches: int, batches: int, replicas, batch_weight_grads: bool,
               chunks: int) -> Schedule:
-    if name == "pipedream":
-        return build_pipedream(p, microbatches * batches, microbatches, replicas=replicas,
-                               batch_weight_grads=batch_weight_grads)
-    if name == "dp":  # one stage, replicated: build takes the worker count as its stage count
-        workers = replicas[0] if replicas else 1
-        return repeat_iterations(build("dp", workers, microbatches, replicas=[workers]), batches)
+    spec = registry.get(name)
+    if not spec.synchronous:  # microbatches in total, one update per batch of them
+        return build(name, p, microbatches * batches, replicas=replicas, batch_weight_grads=batch_weight_grads,
+                     per_update=microbatches)
+    if spec.data_parallel:  # one stage on the first count's workers
+        p, replicas = 1, [replicas[0] if replicas else 1]
     one = build(name, p, microbatches, replicas=replicas, chunks=chunks, batch_weight_grads=batch_weight_grads)
     return repeat_iterations(one, batches)
 

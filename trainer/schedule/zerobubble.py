@@ -14,9 +14,20 @@ lag is NOAM_s - 1 and the W lag the largest NOAM over the stages, minus one.
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 from trainer.schedule.actions import Action, Kind
 from trainer.schedule.flush import update_ops
 from trainer.schedule.topology import Topology
+
+if TYPE_CHECKING:
+    from trainer.schedule.registry import BuildContext
+
+
+def zero_bubble_builder(ctx: BuildContext) -> list[list[Action]]:
+    """The registry's builder of ``zb-h1`` (its backwards are always split: ``ctx.split_backward``)."""
+    t = ctx.topology
+    return [zero_bubble_ops(t, w.rank, w.stages[0], ctx.microbatches) for w in t.workers]
 
 
 def zero_bubble_ops(topo: Topology, rank: int, stage: int, m: int) -> list[Action]:
