@@ -8,21 +8,78 @@ a plan) happen in `app/services/` and raise `ServiceError`, which the routes tur
 from __future__ import annotations
 
 from datetime import datetime
-from typing import Any, Generic, Literal, TypeVar
+from typing import Annotated, Any, Callable, Generic, Literal, TypeVar
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
+from pydantic_core import PydanticCustomError, core_schema
+
+from trainer.schedule import registry as schedules
 
 T = TypeVar("T")
 
 Method = Literal["pipedream", "uniform", "time", "params", "dp"]
-ScheduleName = Literal["gpipe", "1f1b", "interleaved-1f1b", "zb-h1", "pipedream", "dp"]
 WeightGrads = Literal["batched", "immediate"]
-WEIGHT_GRADS_DESCRIPTION = (
-    "How backwards compute weight gradients (`pipeboard train --weight-grads`). `batched` (default): each "
-    "backward computes input gradients only, and one pass right before each weight update computes the weight "
-    "gradients of all its microbatches at once (one matmul per Linear layer; faster on small microbatches); "
-    "`immediate`: each backward computes both. Same gradients up to float rounding. dp and zb-h1 ignore it."
-)
+
+
+# --- schedules: from the registry (trainer/schedule/registry.py), read when a request is
+# validated and when the OpenAPI document is made, so a schedule registered after this module
+# was imported counts too -------------------------------------------------------------------------
+
+
+def _known_schedule(value: str) -> str:
+    if not schedules.known(value):
+        raise PydanticCustomError("enum", "Input should be {expected}", {"expected": schedules.either(schedules.names())})
+    return value
+
+
+class _RegisteredSchedule:
+    """Validates a schedule name against the registry; its JSON schema is the registry's enum."""
+
+    @classmethod
+    def __get_pydantic_core_schema__(cls, _source: Any, _handler: Any) -> core_schema.CoreSchema:
+        return core_schema.no_info_after_validator_function(_known_schedule, core_schema.str_schema())
+
+    @classmethod
+    def __get_pydantic_json_schema__(cls, _schema: Any, _handler: Any) -> dict[str, Any]:
+        return {"type": "string", "enum": list(schedules.names())}
+
+
+ScheduleName = Annotated[str, _RegisteredSchedule]
+
+
+def _described(text: Callable[[], str]) -> Callable[[dict[str, Any]], None]:
+    """A field's ``json_schema_extra`` that writes its description when the schema is made."""
+
+    def extra(schema: dict[str, Any]) -> None:
+        schema["description"] = text()
+
+    return extra
+
+
+def _ignoring() -> str:
+    return schedules.either(schedules.having(weight_grads=()), quote="", conj="and")
+
+
+def schedule_description(what: str) -> str:
+    return (f"{what} One of the registered schedules (`GET /schedules` says what each can do): "
+            + "; ".join(f"`{s.name}`: {s.description.rstrip('.')}" for s in schedules.specs()) + ".")
+
+
+def weight_grads_description() -> str:
+    return (
+        "How backwards compute weight gradients (`pipeboard train --weight-grads`). `batched` (default): each "
+        "backward computes input gradients only, and one pass right before each weight update computes the weight "
+        "gradients of all its microbatches at once (one matmul per Linear layer; faster on small microbatches); "
+        f"`immediate`: each backward computes both. Same gradients up to float rounding. {_ignoring()} ignore it."
+    )
+
+
+def schedule_field(what: str) -> Any:
+    return Field(default=schedules.DEFAULT, json_schema_extra=_described(lambda: schedule_description(what)))
+
+
+def weight_grads_field() -> Any:
+    return Field(default="batched", json_schema_extra=_described(weight_grads_description))
 JobStatus = Literal["queued", "running", "succeeded", "failed", "cancelled"]
 Scope = Literal["read", "write"]
 
@@ -123,6 +180,32 @@ class ProfilePublic(BaseModel):
     data: dict[str, Any] | None = Field(default=None, description="The profile JSON (pipeboard.profile v1).")
 
 
+# --- schedules --------------------------------------------------------------------------------
+
+
+class SchedulePublic(BaseModel):
+    """A registered schedule and what it can do (trainer/schedule/registry.py's ScheduleSpec)."""
+
+    model_config = ConfigDict(json_schema_extra={"examples": [{
+        "name": "pipedream", "description": "Asynchronous 1F1B without a flush: weight stashing, one update per batch (PipeDream).",
+        "default": False, "synchronous": False, "replication": True, "chunks": False, "default_chunks": 1,
+        "weight_grads": ["batched", "immediate"], "vertical_sync": True, "needs_split_backward": False,
+        "data_parallel": False}]})
+
+    name: ScheduleName
+    description: str = Field(description="One line, for help texts and the dashboard's form.")
+    default: bool = Field(description="The schedule a job or plan gets when it names none.")
+    synchronous: bool = Field(description="One weight update per iteration of its microbatches (a flush); false: "
+                                          "asynchronous, an update per batch with weight stashing (pipedream).")
+    replication: bool = Field(description="Stages may have several replicas.")
+    chunks: bool = Field(description="Takes `chunks` > 1 model chunks per worker (one worker per stage).")
+    default_chunks: int = Field(description="The chunks a job runs with when it asks for 1.")
+    weight_grads: list[WeightGrads] = Field(description="The `weight_grads` modes it honours; empty: it ignores the setting.")
+    vertical_sync: bool = Field(description="Takes `hyperparameters.vertical_sync`.")
+    needs_split_backward: bool = Field(description="Its backwards are always split into input and weight gradients.")
+    data_parallel: bool = Field(description="The whole model on every worker: one stage, `workers` replicas of it.")
+
+
 # --- plans ------------------------------------------------------------------------------------
 
 
@@ -160,10 +243,11 @@ class PlanCreate(BaseModel):
     levels: list[Level] = Field(min_length=1, max_length=4, description="Cluster levels, innermost first.")
     memory_bytes: float | None = Field(default=None, gt=0, description="Memory per worker; enables the memory constraint.")
     method: Method = "pipedream"
-    schedule: ScheduleName = Field(default="1f1b", description="Schedule simulated for the predicted timeline.")
+    schedule: ScheduleName = schedule_field("Schedule simulated for the predicted timeline.")
     microbatches: int = Field(default=8, ge=1, le=1024, description="Microbatches per simulated iteration.")
-    chunks: int = Field(default=1, ge=1, le=16, description="Model chunks per worker (interleaved-1f1b).")
-    weight_grads: WeightGrads = Field(default="batched", description=WEIGHT_GRADS_DESCRIPTION)
+    chunks: int = Field(default=1, ge=1, le=16, json_schema_extra=_described(lambda: (
+        f"Model chunks per worker ({schedules.either(schedules.having(chunks=True), quote='')}).")))
+    weight_grads: WeightGrads = weight_grads_field()
     timeline_limit: int = Field(default=5000, ge=0, le=200000, description="At most this many predicted events returned.")
 
     @model_validator(mode="after")
@@ -212,8 +296,10 @@ class Hyperparameters(BaseModel):
     optimizer: Literal["adam", "sgd"] | None = Field(default=None, description="Default: the model's.")
     seed: int = Field(default=0, ge=0, le=2**31 - 1)
     eval_every: int | None = Field(default=None, ge=1, le=1_000_000, description="Steps between validations (target rule).")
-    vertical_sync: bool = Field(default=False, description="pipedream: vertical sync of weight versions.")
-    chunks: int = Field(default=1, ge=1, le=16, description="interleaved-1f1b: model chunks per worker.")
+    vertical_sync: bool = Field(default=False, json_schema_extra=_described(lambda: (
+        f"{schedules.either(schedules.having(vertical_sync=True), quote='')}: vertical sync of weight versions.")))
+    chunks: int = Field(default=1, ge=1, le=16, json_schema_extra=_described(lambda: (
+        f"{schedules.either(schedules.having(chunks=True), quote='')}: model chunks per worker.")))
 
 
 class JobCreate(BaseModel):
@@ -242,10 +328,10 @@ class JobCreate(BaseModel):
     levels: list[Level] | None = Field(default=None, min_length=1, max_length=4, description="Cluster levels for the planner, innermost first.")
     memory_bytes: float | None = Field(default=None, gt=0)
     method: Method = "pipedream"
-    schedule: ScheduleName = "1f1b"
+    schedule: ScheduleName = schedule_field("The pipeline schedule the job trains with.")
     microbatches: int = Field(default=4, ge=1, le=1024)
     batch_size: int = Field(default=32, ge=1, le=65536)
-    weight_grads: WeightGrads = Field(default="batched", description=WEIGHT_GRADS_DESCRIPTION)
+    weight_grads: WeightGrads = weight_grads_field()
     hyperparameters: Hyperparameters = Field(default_factory=lambda: Hyperparameters())
     stop: StopRule = Field(default_factory=lambda: StopRule(steps=50))
     priority: int = Field(default=0, ge=-100, le=100, description="Higher runs first.")

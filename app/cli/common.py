@@ -1,4 +1,5 @@
-"""Helpers the `pipeboard` commands share: one-line errors and `--model-arg k=v` parsing."""
+"""Helpers the `pipeboard` commands share: one-line errors, `--model-arg k=v` parsing and the
+schedules' help (from the schedule registry)."""
 
 from __future__ import annotations
 
@@ -32,3 +33,32 @@ def parse_model_args(pairs: list[str]) -> dict[str, Any]:
                     pass
         out[key.strip()] = value
     return out
+
+
+
+def schedule_names(conj: str = "or", **capabilities: Any) -> str:
+    """For help texts: the registered schedules (with these capabilities, e.g. ``synchronous=False``),
+    as "pipedream" or "gpipe, 1f1b or dp". A registry that cannot be read (a broken
+    PIPEBOARD_SCHEDULES) gives a placeholder here; the commands that need it say why in one line."""
+    from trainer.schedule import ScheduleError, registry
+
+    try:
+        return registry.either(registry.having(**capabilities) if capabilities else registry.names(), quote="",
+                               conj=conj)
+    except ScheduleError:
+        return "(schedules unavailable: see PIPEBOARD_SCHEDULES)"
+
+
+def schedule_help() -> str:
+    """`--schedule`'s help (train's and simulate's): the registered schedules' names."""
+    return schedule_names() + " (listed below)."
+
+
+def schedules_epilog() -> str:
+    """The end of `--help` (train's and simulate's): each registered schedule and its one line."""
+    from trainer.schedule import ScheduleError, registry
+
+    try:
+        return "Schedules:\n\n" + "\n\n".join(f"{s.name}: {s.description}" for s in registry.specs())
+    except ScheduleError as exc:
+        return f"Schedules: none can be listed: {exc}"

@@ -5,7 +5,8 @@
                        [--trace out.json] [--gantt out.html] [--json]
 
 Times on the command line are milliseconds per microbatch per stage. Numbers are parsed here,
-not by click, so that every bad value gets one line naming the option and exit code 2.
+not by click, so that every bad value gets one line naming the option and exit code 2. The
+schedules, and which options each takes, come from the registry (trainer/schedule/registry.py).
 """
 
 from __future__ import annotations
@@ -16,9 +17,9 @@ from typing import Any, Optional
 
 import typer
 
-
-SCHEDULE_NAMES = ("gpipe", "1f1b", "interleaved-1f1b", "zb-h1", "pipedream", "dp")  # help text; build checks
-WEIGHT_GRADS = ("batched", "immediate")  # `pipeboard train --weight-grads`
+from app.cli.common import schedule_help, schedule_names, schedules_epilog
+from trainer.schedule import registry
+from trainer.schedule.registry import WEIGHT_GRADS  # `pipeboard train --weight-grads`
 
 
 class UsageError(ValueError):
@@ -50,8 +51,8 @@ def _replicas(raw: str | None) -> list[int] | None:
 
 
 def _batch_weight_grads(weight_grads: str | None, split_backward: bool | None) -> bool:
-    """--weight-grads as build's batch_weight_grads; build() alone decides where it applies (not dp,
-    not zb-h1), as it does for `pipeboard train`. The default is batched, as train's, except with
+    """--weight-grads as build's batch_weight_grads; build() alone decides where it applies (where
+    the schedule honours it: not dp, not zb-h1), as it does for `pipeboard train`. The default is batched, as train's, except with
     --split-backward, which asks for each W on its own (build refuses it with batched)."""
     if weight_grads is None:
         return not split_backward
@@ -71,7 +72,7 @@ def _plan_costs(path: Path, schedule: str):
     except json.JSONDecodeError as exc:
         raise UsageError(f"PLAN: {path} is not JSON (line {exc.lineno}: {exc.msg})") from None
     try:
-        if schedule == "dp":  # the whole model on every worker of the plan
+        if registry.is_data_parallel(schedule):  # the whole model on every worker of the plan
             costs, workers = data_parallel_costs_from_plan(data)
             return costs, [workers]
         return costs_from_plan(data), plan_replicas(data)
@@ -97,20 +98,22 @@ def simulate_command(
     per_update: str | None = None,
 ) -> tuple[Any, Any]:
     """Build and simulate; returns (schedule, SimResult). Raises UsageError or ScheduleError."""
-    from trainer.schedule import SCHEDULES, build
+    from trainer.schedule import build
     from trainer.schedule.costs import costs_uniform
     from trainer.schedule.simulate import simulate
 
     if schedule is None:
-        raise UsageError(f"--schedule: required, one of {', '.join(SCHEDULES)}")
-    if schedule not in SCHEDULES:
-        raise UsageError(f"--schedule: unknown schedule {schedule!r} (known: {', '.join(SCHEDULES)})")
+        raise UsageError(f"--schedule: required, one of {', '.join(registry.names())}")
+    if not registry.known(schedule):
+        raise UsageError(f"--schedule: unknown schedule {schedule!r} (known: {', '.join(registry.names())})")
+    spec = registry.get(schedule)
+    asynchronous = registry.either(registry.having(synchronous=False), quote="")
     m = _number("--microbatches", microbatches, int, minimum=1)
     if m is None:
-        raise UsageError("--microbatches: required (microbatches per iteration, or in total for pipedream)")
+        raise UsageError(f"--microbatches: required (microbatches per iteration, or in total for {asynchronous})")
     k = _number("--per-update", per_update, int, minimum=1, default=1)
-    if per_update is not None and schedule != "pipedream":
-        raise UsageError(f"--per-update: pipedream only ({schedule} updates once per iteration of its microbatches)")
+    if per_update is not None and spec.synchronous:
+        raise UsageError(f"--per-update: {asynchronous} only ({schedule} updates once per iteration of its microbatches)")
     v = _number("--chunks", chunks, int, minimum=1, default=1)
     batch_w = _batch_weight_grads(weight_grads, split_backward)
     comm_s = _number("--comm", comm, float, minimum=0, default=0.0) / 1e3
@@ -129,7 +132,7 @@ def simulate_command(
         missing = [n for n, x in (("--stages", p), ("--fwd", f), ("--bwd", b)) if x is None]
         if missing:
             raise UsageError(f"{missing[0]}: required without a PLAN.json (ms per microbatch per stage)")
-        costs = costs_uniform(1 if schedule == "dp" else p, f / 1e3, b / 1e3, comm_s=comm_s, allreduce_s=allreduce_s)
+        costs = costs_uniform(1 if spec.data_parallel else p, f / 1e3, b / 1e3, comm_s=comm_s, allreduce_s=allreduce_s)
     if plan is not None and (comm is not None or allreduce is not None):
         from dataclasses import replace
 
@@ -152,7 +155,7 @@ def _print_human(schedule: Any, result: Any) -> None:
         f"{schedule.name}: {p} stage{'s' if p != 1 else ''}"
         + (f" x {schedule.meta['chunks']} chunks" if schedule.meta["chunks"] > 1 else "")
         + f", {len(schedule.workers)} workers, {schedule.microbatches} microbatches"
-        + (f", {schedule.meta['per_update']} per update" if schedule.name == "pipedream" else "")
+        + (f", {schedule.meta['per_update']} per update" if "per_update" in schedule.meta else "")
         + (", weight gradients batched before each update" if schedule.meta.get("batch_weight_grads") else "")
     )
     typer.echo(
@@ -172,8 +175,11 @@ def register(cli: typer.Typer) -> None:
     """Add `pipeboard simulate` to the app."""
 
     opt = typer.Option
+    asynchronous = schedule_names(synchronous=False)
+    chunked = schedule_names(chunks=True)
+    ignoring = schedule_names("and", weight_grads=())
 
-    @cli.command("simulate")
+    @cli.command("simulate", epilog=schedules_epilog())
     def simulate_cmd(
         plan: Optional[Path] = typer.Argument(
             None, metavar="PLAN.json", help="A plan JSON from `pipeboard plan` (or use --stages)."
@@ -184,22 +190,23 @@ def register(cli: typer.Typer) -> None:
         comm: Optional[str] = opt(None, "--comm", metavar="MS", help="Ms per activation or gradient transfer (0)."),
         allreduce: Optional[str] = opt(None, "--allreduce", metavar="MS", help="Ms per all-reduce among replicas."),
         replicas: Optional[str] = opt(None, "--replicas", metavar="R,R,...", help="Replicas per stage, e.g. 1,2,1."),
-        schedule: Optional[str] = opt(None, "--schedule", metavar="NAME", help=", ".join(SCHEDULE_NAMES) + "."),
+        schedule: Optional[str] = opt(None, "--schedule", metavar="NAME", help=schedule_help()),
         microbatches: Optional[str] = opt(
             None, "--microbatches", metavar="M",
-            help="Microbatches per iteration; pipedream: minibatches/microbatches in total, --per-update of them "
-                 "per weight update."),
-        chunks: Optional[str] = opt(None, "--chunks", metavar="V", help="Model chunks per worker (interleaved)."),
-        vertical_sync: bool = opt(False, "--vertical-sync", help="pipedream: one weight version per minibatch."),
+            help=f"Microbatches per iteration; {asynchronous}: minibatches/microbatches in total, --per-update of "
+                 "them per weight update."),
+        chunks: Optional[str] = opt(None, "--chunks", metavar="V", help=f"Model chunks per worker ({chunked})."),
+        vertical_sync: bool = opt(False, "--vertical-sync",
+                                  help=f"{schedule_names(vertical_sync=True)}: one weight version per minibatch."),
         split_backward: Optional[bool] = opt(None, "--split-backward/--no-split-backward", help="B as BI and W."),
         weight_grads: Optional[str] = opt(
             None, "--weight-grads", metavar="batched|immediate",
             help="As `pipeboard train`: batched (default) runs each B as input gradients and one pass per update "
-                 "the weight gradients of all its microbatches; immediate: each B does both. dp and zb-h1 ignore "
+                 f"the weight gradients of all its microbatches; immediate: each B does both. {ignoring} ignore "
                  "it; with --split-backward the default is immediate."),
         per_update: Optional[str] = opt(
             None, "--per-update", metavar="K",
-            help="pipedream only: microbatches per weight update (one batch; default 1, PipeDream's original, "
+            help=f"{asynchronous} only: microbatches per weight update (one batch; default 1, PipeDream's original, "
                  "one update per minibatch). To predict `pipeboard train --schedule pipedream --microbatches K` "
                  "(K microbatches per batch, one update per batch) over N batches, pass --per-update K "
                  "--microbatches K*N."),
@@ -234,7 +241,7 @@ def register(cli: typer.Typer) -> None:
             raise typer.Exit(2) from None
         if as_json:
             extra = {"batch_weight_grads": bool(built.meta.get("batch_weight_grads"))}
-            if built.name == "pipedream":
+            if "per_update" in built.meta:  # an asynchronous schedule
                 extra["per_update"] = built.meta["per_update"]
             typer.echo(json.dumps({**result.summary(), **extra}))
         else:

@@ -21,7 +21,8 @@ from typing import Any, Optional
 
 import typer
 
-from app.cli.common import fail, parse_model_args
+from app.cli.common import fail, parse_model_args, schedule_help, schedule_names, schedules_epilog
+from trainer.schedule import registry
 
 
 def _plan_layout(path: str) -> tuple[list[list[str]], list[int]]:
@@ -69,7 +70,10 @@ class ProgressSink:
 
 
 def register(cli: typer.Typer) -> None:
-    @cli.command("train")
+    data_parallel = schedule_names(data_parallel=True)
+    ignoring = schedule_names("and", weight_grads=())
+
+    @cli.command("train", epilog=schedules_epilog())
     def train(
         model: str = typer.Option(..., "--model", help="Zoo name (`pipeboard models`) or task factory "
                                   "package.module:function or path/to/file.py:function returning a trainer.Task."),
@@ -81,23 +85,27 @@ def register(cli: typer.Typer) -> None:
             None, "--loader-workers", help="DataLoader worker processes per loading stage (default: the task's)."),
         plan: Optional[str] = typer.Option(None, "--plan", help="Plan JSON (`pipeboard plan`): stages and replicas."),
         stages: Optional[int] = typer.Option(None, "--stages", help="Split uniformly into P stages (no plan)."),
-        schedule: str = typer.Option(..., "--schedule", help="gpipe, 1f1b, interleaved-1f1b, zb-h1, pipedream or dp."),
+        schedule: str = typer.Option(..., "--schedule", help=schedule_help()),
         batch_size: int = typer.Option(..., "--batch-size", help="Samples per training step."),
         microbatches: int = typer.Option(..., "--microbatches", help="Microbatches per step."),
         epochs: Optional[float] = typer.Option(None, "--epochs"),
         steps: Optional[int] = typer.Option(None, "--steps"),
         target: Optional[float] = typer.Option(None, "--target", help="Stop when the validation metric reaches this."),
         max_steps: Optional[int] = typer.Option(None, "--max-steps", help="With --target: stop after this many steps at most."),
-        workers: Optional[int] = typer.Option(None, "--workers", help="Processes (dp: replicas; with --stages P: N/P per stage)."),
+        workers: Optional[int] = typer.Option(
+            None, "--workers", help=f"Processes ({data_parallel}: replicas; with --stages P: N/P per stage)."),
         checkpoint_dir: Optional[str] = typer.Option(None, "--checkpoint-dir"),
         checkpoint_every: int = typer.Option(0, "--checkpoint-every", help="Steps between checkpoints (0: at the end)."),
         resume: bool = typer.Option(False, "--resume", help="Continue from the last complete checkpoint."),
-        vertical_sync: bool = typer.Option(False, "--vertical-sync", help="pipedream: vertical sync of weight versions."),
-        chunks: int = typer.Option(1, "--chunks", help="interleaved-1f1b: model chunks per worker."),
+        vertical_sync: bool = typer.Option(
+            False, "--vertical-sync",
+            help=f"{schedule_names(vertical_sync=True)}: vertical sync of weight versions."),
+        chunks: int = typer.Option(
+            1, "--chunks", help=f"{schedule_names(chunks=True)}: model chunks per worker."),
         weight_grads: str = typer.Option(
             "batched", "--weight-grads",
             help="batched: backwards compute input gradients, one pass per update the weight gradients of all "
-                 "its microbatches; immediate: each backward computes both. dp and zb-h1 ignore it."),
+                 f"its microbatches; immediate: each backward computes both. {ignoring} ignore it."),
         lr: Optional[float] = typer.Option(None, "--lr"),
         optimizer: Optional[str] = typer.Option(None, "--optimizer", help="adam, adamw or sgd (default: the task's)."),
         seed: int = typer.Option(0, "--seed"),
@@ -120,16 +128,18 @@ def register(cli: typer.Typer) -> None:
             fail("--plan and --stages: give one of them")
         try:
             plan_stages, replicas = _plan_layout(plan) if plan else (None, None)
+            # data parallel: the plan's layers all on one stage, its workers all replicas of it
+            dp = registry.known(schedule) and registry.is_data_parallel(schedule)
             cfg = RunConfig(
                 model=model, model_args=parse_model_args(model_arg), data=data, precision=precision,
                 loader_workers=loader_workers, schedule=schedule, batch_size=batch_size,
-                microbatches=microbatches, stages=plan_stages, replicas=replicas if schedule != "dp" else None,
-                num_stages=stages, workers=workers if (workers or not replicas or schedule != "dp") else sum(replicas),
+                microbatches=microbatches, stages=plan_stages, replicas=replicas if not dp else None,
+                num_stages=stages, workers=workers if (workers or not replicas or not dp) else sum(replicas),
                 chunks=chunks, vertical_sync=vertical_sync, weight_grads=weight_grads, epochs=epochs, steps=steps, target=target, max_steps=max_steps, seed=seed,
                 lr=lr, optimizer=optimizer, eval_every=eval_every, checkpoint_dir=checkpoint_dir,
                 checkpoint_every=checkpoint_every, resume=resume, hang_timeout_s=hang_timeout, device=device,
                 cpu_matmul=cpu_matmul)
-            if schedule == "dp" and plan_stages is not None:
+            if dp and plan_stages is not None:
                 cfg.stages = [[n for s in plan_stages for n in s]]
             cfg.validate()
             from trainer.runtime.launch import run_training

@@ -7,6 +7,7 @@ from __future__ import annotations
 from typing import Any, Sequence
 
 from app.services.errors import ServiceError
+from trainer.schedule import registry
 
 # Bandwidth assumed between local worker processes when a job gives `workers` rather than
 # cluster levels (shared memory through gloo: a few GB/s).
@@ -56,7 +57,7 @@ def runtime_schedule(plan_obj: Any, schedule: str, microbatches: int, *, chunks:
     stages = [list(st.get("layers") or [f"stage{i}"]) for i, st in enumerate(d.get("stages") or [])]
     cfg = RunConfig(model="", schedule=schedule, batch_size=microbatches, microbatches=microbatches, chunks=chunks,
                     vertical_sync=vertical_sync, weight_grads=weight_grads)
-    if schedule == "dp":  # the whole model on every worker the planner costs data parallel with
+    if registry.is_data_parallel(schedule):  # the whole model on every worker the planner costs data parallel with
         from trainer.schedule.costs import data_parallel_costs_from_plan
 
         cfg.workers = data_parallel_costs_from_plan(d)[1]
@@ -77,7 +78,7 @@ def profile_costs(plan_obj: Any, schedule: str, microbatches: int, profile_data:
 
     # interleaved-1f1b: the runtime splits the plan's stages into chunks x stages virtual ones,
     # which the plan does not name; their costs are the planner's
-    if profile_data is None or schedule == "dp" or chunks > 1:
+    if profile_data is None or registry.is_data_parallel(schedule) or chunks > 1:
         return None
     try:
         prof = Profile.from_dict(profile_data)
@@ -117,7 +118,8 @@ def simulate(plan_obj: Any, schedule: str, microbatches: int, *, samples_per_mic
         cost_model = "profile" if costs is not None else "plan"
         if costs is None:
             # dp: the whole model on every worker, all-reduce as the planner costs it.
-            costs = data_parallel_costs_from_plan(plan_obj)[0] if schedule == "dp" else costs_from_plan(plan_obj)
+            costs = (data_parallel_costs_from_plan(plan_obj)[0] if registry.is_data_parallel(schedule)
+                     else costs_from_plan(plan_obj))
         sched = runtime_schedule(plan_obj, schedule, microbatches, chunks=chunks, vertical_sync=vertical_sync,
                                  weight_grads=weight_grads)
         sim = run_sim(sched, costs, samples_per_microbatch=samples_per_microbatch)

@@ -156,6 +156,11 @@ export async function listModels(signal) {
   return list(await request('GET', '/models', { query: { limit: 200 }, signal })).data;
 }
 
+/** The registered schedules and what each can do (chunks, vertical sync, weight-gradient modes). */
+export async function listSchedules(signal) {
+  return list(await request('GET', '/schedules', { query: { limit: 1000 }, signal })).data;
+}
+
 export const getProfile = (id, signal) => request('GET', `/profiles/${id}`, { signal });
 export const getPlan = (id, signal) => request('GET', `/plans/${id}`, { signal });
 

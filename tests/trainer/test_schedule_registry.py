@@ -1,16 +1,19 @@
 """The schedule registry (trainer/schedule/registry.py): every schedule declared once and read by
-the builder, the runtime's layout and the predictor.
+the builder, the runtime's layout, the predictor, the API, the CLI and the dashboard.
 
 - every registered schedule builds, validates and simulates, and lays out as the runtime runs it;
 - the registry refuses what cannot work and answers the capability questions callers ask;
-- a schedule added in one file (tests/schedule_plugin.py) builds, simulates and runs in the
-  runtime's layout and the predictor;
-- no caller in the runtime or the simulator compares a schedule's name.
+- a schedule added in one file (tests/schedule_plugin.py) is seen everywhere: in-process (build,
+  runtime layout, predictor, API schemas and GET /schedules), and through PIPEBOARD_SCHEDULES by
+  `pipeboard train --help`, `pipeboard simulate --help` and `--schedule`, `pipeboard train`, the
+  OpenAPI document and GET /api/v1/schedules (the new-job form: tests/e2e/test_schedules.py);
+- no caller of the runtime, the simulator, the API or the CLI compares a schedule's name.
 """
 
 from __future__ import annotations
 
 import json
+import os
 import re
 import subprocess
 import sys
@@ -28,6 +31,7 @@ from trainer.schedule.simulate import simulate
 ROOT = Path(__file__).resolve().parents[2]
 PLUGIN = ROOT / "tests" / "schedule_plugin.py"
 PLUGIN_NAME = "gpipe-twin"
+PIPEBOARD = [sys.executable, "-c", "from app.cli import main; main()"]
 
 
 def variants(spec: ScheduleSpec) -> list[tuple[int, int, dict]]:
@@ -206,11 +210,113 @@ def test_a_schedule_from_one_file_runs_in_the_runtime_layout_and_the_predictor(p
     assert steady_step_s(costs, PLUGIN_NAME, 4) == steady_step_s(costs, "gpipe", 4)
 
 
+def test_a_schedule_from_one_file_is_in_the_api(plugin, client):
+    from app.main import create_app
+    from app.schemas import JobCreate, PlanCreate
+
+    listed = client.get("/api/v1/schedules").json()
+    assert listed["count"] == len(registry.names()) and [s["name"] for s in listed["data"]] == list(registry.names())
+    twin = next(s for s in listed["data"] if s["name"] == PLUGIN_NAME)
+    assert twin["description"] == plugin.description and twin["synchronous"] and not twin["default"]
+    assert [s["name"] for s in listed["data"] if s["default"]] == [registry.DEFAULT]
+    schemas = create_app().openapi()["components"]["schemas"]
+    for model in ("JobCreate", "PlanCreate"):
+        field = schemas[model]["properties"]["schedule"]
+        assert field["enum"] == list(registry.names()) and field["default"] == registry.DEFAULT
+        assert PLUGIN_NAME in field["description"] and plugin.description.rstrip(".") in field["description"]
+    assert JobCreate(model="mlp-digits", schedule=PLUGIN_NAME).schedule == PLUGIN_NAME
+    assert PlanCreate(model="mlp-digits", levels=[{"workers": 2, "bandwidth": 1e9}], schedule=PLUGIN_NAME)
+    registry.unregister(PLUGIN_NAME)
+    refused = client.post("/api/v1/jobs", json={"model": "mlp-digits", "schedule": PLUGIN_NAME})
+    assert refused.status_code == 422 and refused.json()["detail"].startswith("schedule: Input should be 'gpipe'")
+    assert PLUGIN_NAME not in create_app().openapi()["components"]["schemas"]["JobCreate"]["properties"]["schedule"]["enum"]
+
+
+# --- ... and through PIPEBOARD_SCHEDULES, in fresh processes -------------------------------------
+
+
+def with_plugin(entry: str = str(PLUGIN)) -> dict[str, str]:
+    return {**os.environ, registry.ENV: entry, "COLUMNS": "400"}
+
+
+def pipeboard(*args: str, env: dict[str, str] | None = None, timeout: float = 180) -> subprocess.CompletedProcess:
+    return subprocess.run([*PIPEBOARD, *args], capture_output=True, text=True, timeout=timeout, cwd=ROOT,
+                          env=env or with_plugin())
+
+
+@pytest.mark.parametrize("command", ["train", "simulate"])
+def test_the_cli_help_lists_a_schedule_from_one_file(command):
+    # (read, not imported: importing it here would register it in this process for good)
+    DESCRIPTION = re.search(r'^DESCRIPTION = "(.*)"$', PLUGIN.read_text(), re.M).group(1)
+    r = pipeboard(command, "--help")
+    assert r.returncode == 0, r.stderr
+    text = " ".join(r.stdout.split())
+    assert f"gpipe, 1f1b, interleaved-1f1b, zb-h1, pipedream, dp or {PLUGIN_NAME} (listed below)" in text
+    assert f"{PLUGIN_NAME}: {DESCRIPTION}" in text
+
+
+def test_pipeboard_simulate_runs_a_schedule_from_one_file():
+    args = ["simulate", "--stages", "3", "--fwd", "1", "--bwd", "2", "--comm", "0.1", "--microbatches", "6", "--json"]
+    twin = pipeboard(*args, "--schedule", PLUGIN_NAME)
+    assert twin.returncode == 0, twin.stderr
+    gpipe = pipeboard(*args, "--schedule", "gpipe")
+    a, b = json.loads(twin.stdout), json.loads(gpipe.stdout)
+    assert (a.pop("schedule"), b.pop("schedule")) == (PLUGIN_NAME, "gpipe") and a == b
+    human = pipeboard(*args[:-1], "--schedule", PLUGIN_NAME)
+    assert human.stdout.startswith(f"{PLUGIN_NAME}: 3 stages, 3 workers, 6 microbatches")
+    wrong = pipeboard(*args, "--schedule", PLUGIN_NAME, "--per-update", "2")
+    assert wrong.returncode == 2 and wrong.stderr.strip() == (
+        f"error: --per-update: pipedream only ({PLUGIN_NAME} updates once per iteration of its microbatches)")
+
+
+def test_pipeboard_train_runs_a_schedule_from_one_file():
+    r = pipeboard("train", "--model", "mlp", "--model-arg", "depth=2", "--model-arg", "width=16",
+                  "--model-arg", "samples=128", "--batch-size", "16", "--microbatches", "2", "--stages", "2",
+                  "--schedule", PLUGIN_NAME, "--steps", "2", "--json")
+    assert r.returncode == 0, r.stderr
+    assert json.loads(r.stdout.strip().splitlines()[-1])["steps"] == 2
+
+
+API_DUMP = """
+import json
+from fastapi.testclient import TestClient
+from app.core.db import get_session
+from app.main import create_app
+app = create_app()
+app.dependency_overrides[get_session] = lambda: None  # anonymous reads touch no database
+client = TestClient(app)
+print(json.dumps({"openapi": client.get("/openapi.json").json(), "schedules": client.get("/api/v1/schedules").json()}))
+"""
+
+
+def test_the_openapi_and_the_schedules_endpoint_list_a_schedule_from_one_file(tmp_path):
+    env = {**with_plugin(), "PIPEBOARD_DATA_DIR": str(tmp_path)}
+    r = subprocess.run([sys.executable, "-c", API_DUMP], capture_output=True, text=True, timeout=120, cwd=ROOT, env=env)
+    assert r.returncode == 0, r.stderr
+    out = json.loads(r.stdout)
+    schemas = out["openapi"]["components"]["schemas"]
+    for model in ("JobCreate", "PlanCreate"):
+        assert schemas[model]["properties"]["schedule"]["enum"][-1] == PLUGIN_NAME
+    assert "/api/v1/schedules" in out["openapi"]["paths"]
+    assert [s["name"] for s in out["schedules"]["data"]][-1] == PLUGIN_NAME
+
+
+def test_a_schedule_module_that_cannot_be_imported_is_one_line_naming_the_variable():
+    env = with_plugin("/no/such/schedules.py")
+    r = pipeboard("simulate", "--stages", "2", "--fwd", "1", "--bwd", "1", "--schedule", "1f1b", "--microbatches", "2",
+                  env=env)
+    assert r.returncode == 2 and r.stderr.strip().splitlines() == [
+        "error: PIPEBOARD_SCHEDULES: cannot import '/no/such/schedules.py': FileNotFoundError: "
+        "no such file: /no/such/schedules.py"]
+    assert pipeboard("simulate", "--help", env=env).returncode == 0  # help still shows, saying why
+
+
 # --- no caller compares a schedule's name for what it can do --------------------------------------
 
 NAMES = "|".join(re.escape(n) for n in ("gpipe", "1f1b", "interleaved-1f1b", "zb-h1", "pipedream", "dp"))
 COMPARISON = re.compile(rf"""(==|!=|\bin|\bnot in)\s*\(?\s*["']({NAMES})["']|["']({NAMES})["']\s*(==|!=|===|!==)|(===|!==)\s*["']({NAMES})["']""")
-CALLERS = ["trainer/runtime", "trainer/schedule"]
+CALLERS = ["trainer/runtime", "trainer/schedule", "app/cli", "app/api", "app/schemas.py", "app/services/planning.py",
+           "frontend/js"]
 
 
 def test_no_caller_compares_a_schedule_name():
@@ -252,7 +358,7 @@ def test_the_schedule_modules_import_one_another_without_a_cycle():
 
 
 def test_the_registry_loads_neither_torch_nor_numpy():
-    code = ("import sys, trainer.runtime.config; from trainer.schedule import registry; registry.names(); "
+    code = ("import sys, trainer.runtime.config, app.cli; from trainer.schedule import registry; registry.names(); "
             "print('torch' in sys.modules, 'numpy' in sys.modules)")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True, cwd=ROOT)
     assert out.stdout.split() == ["False", "False"]

@@ -1,15 +1,19 @@
 // New job: the form, and beside it the plan it would run (POST /plans, the what-if), redrawn
-// as the inputs change (debounced, the previous request aborted).
+// as the inputs change (debounced, the previous request aborted). The schedules come from the
+// service's registry (GET /schedules): the select lists them, and the chunks and vertical-sync
+// fields show for the schedules that take them.
 
-import { ApiError, createJob, createPlan, listModels, request } from '../api.js';
+import { ApiError, createJob, createPlan, listModels, listSchedules, request } from '../api.js';
 import { drawGantt } from '../gantt.js';
 import { planStats, stageStrip, throughputChart } from '../planview.js';
 import { clear, debounce, h, navigate, notice, parseArgs } from '../util.js';
 
 const METHODS = ['pipedream', 'uniform', 'time', 'params', 'dp'];
-const SCHEDULES = ['1f1b', 'gpipe', 'interleaved-1f1b', 'zb-h1', 'pipedream', 'dp'];
 const WEIGHT_GRADS = ['batched', 'immediate']; // `pipeboard train --weight-grads`, the first is its default
 const WEIGHT_GRADS_HINTS = { batched: 'one weight pass per update', immediate: 'in every backward' };
+const WEIGHT_GRADS_TITLE = 'batched: each backward computes input gradients only, and one pass right before the weight '
+  + 'update computes the weight gradients of all its microbatches (faster on small microbatches); immediate: each '
+  + 'backward computes both. Same gradients.';
 const STOPS = [['steps', 'steps'], ['epochs', 'epochs'], ['target', 'target metric'], ['time_s', 'time (s)']];
 const LOCAL_BANDWIDTH = 5e9; // what the service assumes between local worker processes
 // API field (as error messages name it) -> the form control to mark and focus.
@@ -35,7 +39,7 @@ function field(id, label, input, hint) {
   return h('div', {}, h('label', { for: id }, label, hint ? h('span', { class: 'hint' }, ` ${hint}`) : null), input);
 }
 
-/** The select with a hint under it saying what the chosen value does (dp and zb-h1: see the title). */
+/** The select with a hint under it saying what the chosen value does (the schedules that ignore it: see the title). */
 function weightGradsField(select) {
   const hint = h('div', { class: 'hint', id: 'f-weight-grads-hint' });
   const say = () => { hint.textContent = WEIGHT_GRADS_HINTS[select.value] || ''; };
@@ -59,12 +63,11 @@ export async function render(container) {
     levels: h('textarea', { rows: 3, placeholder: 'workers bandwidth-GB/s per line, innermost first\n4 10\n2 1.25' }),
     memory: num({ min: 0, step: 'any', placeholder: 'no limit' }),
     method: h('select', {}, METHODS.map((m) => h('option', { value: m }, m))),
-    schedule: h('select', {}, SCHEDULES.map((s) => h('option', { value: s }, s))),
-    weightGrads: h('select', { id: 'f-weight-grads', 'aria-describedby': 'f-weight-grads-hint', title: 'batched: each '
-      + 'backward computes input gradients only, and one pass right before the weight update computes the weight '
-      + 'gradients of all its microbatches (faster on small microbatches); immediate: each backward computes both. '
-      + 'Same gradients. dp and zb-h1 ignore it.' },
-    WEIGHT_GRADS.map((v) => h('option', { value: v }, v))),
+    schedule: h('select', {}, h('option', { value: '' }, 'loading schedules…')),
+    chunks: num({ min: 1, max: 16, value: 2 }),
+    verticalSync: h('input', { type: 'checkbox', style: 'width:auto', title: 'Every stage runs a microbatch with the weight version the first stage used for it' }),
+    weightGrads: h('select', { id: 'f-weight-grads', 'aria-describedby': 'f-weight-grads-hint', title: WEIGHT_GRADS_TITLE },
+      WEIGHT_GRADS.map((v) => h('option', { value: v }, v))),
     microbatches: num({ min: 1, max: 1024, value: 4 }),
     batchSize: num({ min: 1, max: 65536, value: 32 }),
     stopKind: h('select', {}, STOPS.map(([v, t]) => h('option', { value: v }, t))),
@@ -81,6 +84,11 @@ export async function render(container) {
   const workersBox = field('f-workers', 'Workers', els.workers);
   const levelsBox = field('f-levels', 'Levels', els.levels);
   levelsBox.hidden = true;
+  // shown for the schedules that take them (their capabilities, from GET /schedules)
+  const chunksBox = field('f-chunks', 'Chunks / worker', els.chunks);
+  chunksBox.hidden = true;
+  const verticalSyncBox = field('f-vertical-sync', 'Vertical sync', els.verticalSync);
+  verticalSyncBox.hidden = true;
   const formError = h('div', { class: 'field-error', role: 'alert', id: 'form-error' });
   const submit = h('button', { type: 'submit', class: 'primary', id: 'submit-job' }, 'Submit job');
 
@@ -99,6 +107,7 @@ export async function render(container) {
         field('f-memory', 'Memory / worker (GB)', els.memory),
         field('f-method', 'Planner', els.method),
         field('f-schedule', 'Schedule', els.schedule),
+        chunksBox, verticalSyncBox,
         weightGradsField(els.weightGrads),
         field('f-microbatches', 'Microbatches', els.microbatches),
         field('f-batch', 'Batch size', els.batchSize))),
@@ -126,10 +135,32 @@ export async function render(container) {
     });
   }
 
+  let schedules = [];
+  const chosenSchedule = () => schedules.find((s) => s.name === els.schedule.value);
+
+  /** Show the fields the chosen schedule takes; a chunks field that appears starts at its default. */
+  function showScheduleFields() {
+    const s = chosenSchedule();
+    if (chunksBox.hidden && s?.chunks) els.chunks.value = s.default_chunks;
+    chunksBox.hidden = !s?.chunks;
+    verticalSyncBox.hidden = !s?.vertical_sync;
+    els.schedule.title = s?.description || '';
+  }
+
+  /** The hyper-parameters field, plus the chunks and vertical sync the chosen schedule takes. */
+  function hyperparameters() {
+    let out;
+    try { out = parseArgs(els.hyper.value); } catch (e) { throw new Error(e.message.replace('model args', 'hyper-parameters')); }
+    if (!chunksBox.hidden) out.chunks = Number(els.chunks.value);
+    if (!verticalSyncBox.hidden && els.verticalSync.checked) out.vertical_sync = true;
+    return out;
+  }
+
   /** The job spec from the form; throws Error naming the field on bad input. */
   function spec() {
     const model = els.model.value;
     if (!model || model === '__import__') throw new Error('model: pick a model (register an import path first)');
+    if (!chosenSchedule()) throw new Error('schedule: no schedule chosen (the list could not be loaded)');
     const out = {
       model,
       model_args: parseArgs(els.modelArgs.value),
@@ -138,7 +169,7 @@ export async function render(container) {
       weight_grads: els.weightGrads.value,
       microbatches: Number(els.microbatches.value),
       batch_size: Number(els.batchSize.value),
-      hyperparameters: (() => { try { return parseArgs(els.hyper.value); } catch (e) { throw new Error(e.message.replace('model args', 'hyper-parameters')); } })(),
+      hyperparameters: hyperparameters(),
       priority: Number(els.priority.value || 0),
       stop: { [els.stopKind.value]: Number(els.stopValue.value) },
     };
@@ -167,6 +198,7 @@ export async function render(container) {
       weight_grads: s.weight_grads, microbatches: s.microbatches, levels: s.levels || [{ workers: s.workers, bandwidth: LOCAL_BANDWIDTH }], timeline_limit: 20000,
     };
     if (s.memory_bytes) body.memory_bytes = s.memory_bytes;
+    if (chosenSchedule()?.chunks && s.hyperparameters.chunks) body.chunks = s.hyperparameters.chunks;
     box.setAttribute('aria-busy', 'true');
     box.prepend(notice('loading', 'Planning… (a model’s first plan profiles it: a few seconds)'));
     try {
@@ -211,6 +243,7 @@ export async function render(container) {
   form.addEventListener('input', (event) => {
     if (importBox.contains(event.target)) return;
     if (event.target === els.model) showModelDefaults();
+    if (event.target === els.schedule) showScheduleFields();
     importBox.hidden = els.model.value !== '__import__';
     workersBox.hidden = els.clusterMode.value !== 'local';
     levelsBox.hidden = els.clusterMode.value === 'local';
@@ -230,11 +263,27 @@ export async function render(container) {
     }
   });
 
+  async function loadSchedules() {
+    try {
+      schedules = await listSchedules();
+      clear(els.schedule).append(...schedules.map((s) => h('option', { value: s.name, title: s.description }, s.name)));
+      els.schedule.value = (schedules.find((s) => s.default) || schedules[0])?.name || '';
+      const ignoring = schedules.filter((s) => !s.weight_grads.length).map((s) => s.name);
+      if (ignoring.length) els.weightGrads.title = `${WEIGHT_GRADS_TITLE} ${ignoring.join(' and ')} ignore${ignoring.length === 1 ? 's' : ''} it.`;
+      showScheduleFields();
+    } catch (err) {
+      clear(els.schedule).append(h('option', { value: '' }, 'no schedules'));
+      formError.textContent = `Could not list schedules: ${err.message}`;
+    }
+  }
+  const schedulesLoaded = loadSchedules();
+
   try {
     models = await listModels();
     clear(els.model).append(...models.map((m) => h('option', { value: m.name, title: m.description || m.source }, m.kind === 'zoo' ? m.name : `${m.name} (import)`)),
       h('option', { value: '__import__' }, 'import path…'));
     showModelDefaults();
+    await schedulesLoaded;
     if (models.length) whatIfSoon();
   } catch (err) {
     clear(els.model).append(h('option', { value: '__import__' }, 'import path…'));

@@ -1,0 +1,82 @@
+"""The schedule registry in real Chromium against `pipeboard up` with a schedule added in one file
+(tests/schedule_plugin.py, named in PIPEBOARD_SCHEDULES): the OpenAPI and GET /schedules list it,
+the new-job form's select is filled from GET /schedules (the added schedule too) and shows the
+chunks and vertical-sync fields for the schedules that take them, the what-if plans the added
+schedule, and a job submitted with it runs to success on the service's worker."""
+
+from __future__ import annotations
+
+import httpx
+import pytest
+
+from tests.e2e.conftest import ROOT
+
+pytestmark = [pytest.mark.e2e, pytest.mark.slow]
+
+PLUGIN = ROOT / "tests" / "schedule_plugin.py"
+TWIN = "gpipe-twin"
+OPTIONS = "() => [...document.querySelectorAll('#f-schedule option')].map((o) => o.value)"
+
+
+@pytest.fixture(scope="module")
+def server(start_server):
+    return start_server(workers=1, extra_env={"PIPEBOARD_SCHEDULES": str(PLUGIN)})
+
+
+def test_the_api_lists_the_added_schedule(server) -> None:
+    listed = server.api("GET", "/schedules")
+    names = [s["name"] for s in listed["data"]]
+    assert names[:6] == ["gpipe", "1f1b", "interleaved-1f1b", "zb-h1", "pipedream", "dp"] and names[-1] == TWIN
+    assert listed["count"] == len(names)
+    schemas = httpx.get(f"{server.url}/openapi.json", timeout=30).json()["components"]["schemas"]
+    assert schemas["JobCreate"]["properties"]["schedule"]["enum"] == names
+    assert schemas["PlanCreate"]["properties"]["schedule"]["enum"] == names
+
+
+def test_the_form_lists_the_registry_and_shows_what_each_schedule_takes(server, page, shoot) -> None:
+    names = [s["name"] for s in server.api("GET", "/schedules")["data"]]
+    page.goto(f"{server.url}/#/new")
+    page.wait_for_selector(f'#f-schedule option[value="{TWIN}"]', state="attached")
+    assert page.evaluate(OPTIONS) == names
+    assert page.input_value("#f-schedule") == "1f1b"  # the registry's default
+    assert not page.is_visible("#f-chunks") and not page.is_visible("#f-vertical-sync")
+
+    page.wait_for_selector('#f-model option[value="mlp-digits"]', state="attached")
+    page.locator("#stat-weight-grads").wait_for(timeout=90000)  # the first what-if (profiles the model)
+    with page.expect_request(lambda r: r.method == "POST" and r.url.endswith("/api/v1/plans")) as what_if:
+        page.select_option("#f-schedule", "interleaved-1f1b")
+    assert page.is_visible("#f-chunks") and page.input_value("#f-chunks") == "2"  # its default_chunks
+    assert not page.is_visible("#f-vertical-sync")
+    assert what_if.value.post_data_json["schedule"] == "interleaved-1f1b" and what_if.value.post_data_json["chunks"] == 2
+    shoot(page, "new-job-interleaved-chunks")
+
+    page.select_option("#f-schedule", "pipedream")
+    assert page.is_visible("#f-vertical-sync") and not page.is_visible("#f-chunks")
+    shoot(page, "new-job-pipedream-vertical-sync")
+    assert "zb-h1 and dp ignore it" in page.get_attribute("#f-weight-grads", "title")
+    assert "weight stashing" in page.get_attribute("#f-schedule", "title")  # its description
+    # (interleaved-1f1b cannot run the one-stage plan two local workers get: a 422 the what-if shows)
+    assert [e for e in page.errors if "422" not in e] == []
+
+
+def test_a_job_with_the_added_schedule_plans_and_runs(server, page, shoot) -> None:
+    page.set_default_timeout(60000)
+    page.goto(f"{server.url}/#/new")
+    page.wait_for_selector('#f-model option[value="mlp-digits"]', state="attached")
+    page.wait_for_selector(f'#f-schedule option[value="{TWIN}"]', state="attached")
+    page.fill("#f-name", "twin-job")
+    page.fill("#f-stop-value", "3")
+    with page.expect_request(lambda r: r.method == "POST" and r.url.endswith("/api/v1/plans")) as what_if:
+        page.select_option("#f-schedule", TWIN)
+    assert what_if.value.post_data_json["schedule"] == TWIN
+    page.wait_for_selector("#what-if-gantt .point", state="attached", timeout=90000)
+    assert page.locator("#what-if-body .notice-error").count() == 0
+    shoot(page, "new-job-added-schedule")
+    page.click("#submit-job")
+    page.wait_for_url(lambda url: "#/jobs/" in url)
+    job_id = int(page.url.rsplit("/", 1)[1])
+    job = server.api("GET", f"/jobs/{job_id}")
+    assert job["spec"]["schedule"] == TWIN and job["spec"]["hyperparameters"]["chunks"] == 1
+    page.wait_for_selector("h1 + .badge.status-succeeded", timeout=150000)
+    assert server.api("GET", f"/jobs/{job_id}")["summary"]["steps"] == 3
+    assert [e for e in page.errors if "404" not in e] == []
