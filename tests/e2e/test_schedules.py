@@ -6,14 +6,14 @@ schedule, and a job submitted with it runs to success on the service's worker.""
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import httpx
 import pytest
 
-from tests.e2e.conftest import ROOT
-
 pytestmark = [pytest.mark.e2e, pytest.mark.slow]
 
-PLUGIN = ROOT / "tests" / "schedule_plugin.py"
+PLUGIN = Path(__file__).resolve().parents[1] / "schedule_plugin.py"
 TWIN = "gpipe-twin"
 OPTIONS = "() => [...document.querySelectorAll('#f-schedule option')].map((o) => o.value)"
 
