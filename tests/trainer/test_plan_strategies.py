@@ -169,13 +169,15 @@ def test_the_choice_reads_what_the_problem_is():
     assert solve.choose(flat, level_specs([(4, 1e9), (2, 1e8)])) == ["two_machine_top", "top_row"]
     memory_fewer = level_specs([(4, 1e9), (2, 1e8)], fewer=True, memory=1e9)
     assert solve.choose(flat, memory_fewer) == ["all_rows", "top_row"]
-    long = state_chain(chain_profile(random.Random(4), solve.CAPPED_CHAIN_FROM + 1))
-    three = level_specs([(2, 1e10), (2, 1e9), (3, 1e8)])
+    long = state_chain(chain_profile(random.Random(4), 600))
+    three = level_specs([(4, 1e10), (4, 1e9), (3, 1e8)])
+    assert recurrence.work(long, three) >= solve.CAPPED_CHAIN_FROM > recurrence.work(long, level_specs([(2, 1e9)] * 2))
     from trainer.plan import capped_chain
 
     expected = "capped_chain" if capped_chain.available() else "all_rows"
     assert solve.choose(long, three) == [expected, expected, "top_row"]
-    assert solve.choose(long, level_specs([(4, 1e9), (4, 1e8)])) == [expected, "top_row"]
+    assert solve.choose(long, level_specs([(8, 1e9), (4, 1e8)])) == [expected, "top_row"]
+    assert solve.choose(long, level_specs([(2, 1e9), (2, 1e8), (3, 1e7)])) == ["all_rows", "all_rows", "top_row"]
     assert solve.choose(long, level_specs([(4, 1e9), (2, 1e8)])) == ["two_machine_top", "top_row"]
     assert solve.choose(flat, three) == ["all_rows", "all_rows", "top_row"]  # (not a chain)
 

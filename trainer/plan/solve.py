@@ -16,8 +16,8 @@ test_plan_strategies.py`` checks each against it); they differ in what they expl
 - ``capped_chain`` (``capped_chain.py``, bounds in ``chain_caps.py``): on a chain of two or
   more levels a bound on the optimum caps how far each block can reach, and the levels below
   the top are solved within the caps by a loop numba compiles. Taken when numba is installed
-  and the chain has at least ``CAPPED_CHAIN_FROM`` states (on shorter ones importing numba
-  costs more than the caps save).
+  and the problem's ``recurrence.work`` is at least ``CAPPED_CHAIN_FROM`` (on smaller ones the
+  uncapped levels finish before numba would have imported).
 
 The choice reads what the problem is: its levels, whether its states form a chain, and its
 size against those two limits, each set where importing a library starts to pay (measured in
@@ -35,19 +35,19 @@ from trainer.plan.costs import LevelSpec
 from trainer.plan.states import StateChain
 
 PLAIN_UP_TO = 100_000  # ``recurrence.work``: what the plain recurrence does in about half NumPy's import time
-CAPPED_CHAIN_FROM = 300  # states: on shorter chains the uncapped levels finish before numba would import
+CAPPED_CHAIN_FROM = 2e8  # ``recurrence.work``: about what the uncapped levels do in numba's import time
 GUESS = 1.25  # the capped chain's first bound: this multiple of compute over workers (any guess ends exact)
 STRATEGIES = ("plain", "top_row", "all_rows", "two_machine_top", "capped_chain")
 
 
 def choose(chain: StateChain, specs: list[LevelSpec]) -> list[str]:
     """A strategy name per level (innermost first) for this problem."""
-    L = len(specs)
-    if "numpy" not in sys.modules and recurrence.work(chain, specs) <= PLAIN_UP_TO:
+    L, work = len(specs), recurrence.work(chain, specs)
+    if "numpy" not in sys.modules and work <= PLAIN_UP_TO:
         return ["plain"] * L
     from trainer.plan import capped_chain, two_machine_top
 
-    capped = L >= 2 and chain.is_chain() and chain.size >= CAPPED_CHAIN_FROM and capped_chain.available()
+    capped = L >= 2 and chain.is_chain() and work >= CAPPED_CHAIN_FROM and capped_chain.available()
     names = []
     for idx, spec in enumerate(specs):
         if spec.final:
