@@ -111,9 +111,3 @@ def map_tensors(value: Any, fn) -> Any:
     if isinstance(value, (tuple, list)):
         return tuple(map_tensors(v, fn) for v in value)
     return value
-
-
-def rows(value: Any) -> int:
-    """The batch size of an input or a target."""
-    first = value if isinstance(value, torch.Tensor) else value[0]
-    return int(first.shape[0]) if first.dim() else 1
