@@ -43,21 +43,12 @@ prefer_huge_pages()  # as `pipeboard train` runs (before torch allocates)
 
 import torch  # noqa: E402
 
+from trainer.hostinfo import cpu_name  # noqa: E402
 from trainer.runtime import RunConfig, run_training  # noqa: E402
 from trainer.runtime.config import SCHEDULES  # noqa: E402
 from trainer.task.spec import load_task  # noqa: E402
 
 TASKS = str(Path(__file__).resolve().with_name("loading_tasks.py"))
-
-
-def _sibling(name: str):
-    """A module of bench/ loaded from its file (bench/ stays off the import path, see above)."""
-    import importlib.util
-
-    spec = importlib.util.spec_from_file_location(f"bench_{name}", Path(__file__).with_name(f"{name}.py"))
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-    return mod
 
 
 def run_cfg(args, factory: str, loader_workers: int | None) -> RunConfig:
@@ -97,7 +88,6 @@ def main() -> None:
     if min(args.rounds, args.steps, args.stages, args.batch_size, args.microbatches) < 1:
         ap.error("--rounds, --steps, --stages, --batch-size and --microbatches must be positive")
 
-    cpu_name = _sibling("matmul").cpu_name
     print(f"data loading benchmark: {cpu_name()}, {os.cpu_count()} CPUs "
           f"({len(os.sched_getaffinity(0))} usable), torch {torch.__version__}")
     task = load_task(f"{TASKS}:real", {"width": args.width, "size": args.size}, args.data, args.seed)

@@ -20,7 +20,6 @@ default (it matches other PyTorch programs bit for bit and costs no per-call ove
 from __future__ import annotations
 
 import argparse
-import platform
 import statistics
 import sys
 import time
@@ -38,22 +37,10 @@ import torch  # noqa: E402
 
 import trainer.zoo  # noqa: E402
 from trainer import cpu_matmul  # noqa: E402
+from trainer.hostinfo import cpu_name  # noqa: E402
 from trainer.runtime.data import TrainStream  # noqa: E402
 
 KERNELS = ("default", "onednn")
-
-
-def cpu_name() -> str:
-    """The processor as /proc/cpuinfo names it (vendor, family, model), else platform's guess."""
-    fields: dict[str, str] = {}
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            key, _, value = line.partition(":")
-            fields.setdefault(key.strip(), value.strip())
-    except OSError:
-        return platform.processor() or "unknown processor"
-    return (f"{fields.get('model name', '?')} ({fields.get('vendor_id', '?')}, "
-            f"family {fields.get('cpu family', '?')}, model {fields.get('model', '?')})")
 
 
 def median_s(fn, repeats: int) -> float:

@@ -43,6 +43,7 @@ prefer_huge_pages()  # as `pipeboard train` runs (before torch allocates)
 
 import torch  # noqa: E402
 
+from trainer.hostinfo import cpu_name  # noqa: E402
 from trainer.runtime import RunConfig, run_training  # noqa: E402
 from trainer.runtime.config import SCHEDULES  # noqa: E402
 from trainer.sink import ListSink  # noqa: E402
@@ -53,16 +54,6 @@ MODELS = {  # zoo name -> (model args, batch size: the task's own)
 }
 PRECISIONS = ("fp32", "bf16")
 MIB = 2**20
-
-
-def _sibling(name: str):
-    """A module of bench/ loaded from its file (bench/ stays off the import path, see above)."""
-    import importlib.util
-
-    spec = importlib.util.spec_from_file_location(f"bench_{name}", Path(__file__).with_name(f"{name}.py"))
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-    return mod
 
 
 def bf16_flags() -> str:
@@ -116,7 +107,6 @@ def main() -> None:
         ap.error("--rounds, --steps, --stages, --microbatches and --last must be positive")
     last = min(args.last, args.steps)
 
-    cpu_name = _sibling("matmul").cpu_name
     print(f"precision benchmark: {cpu_name()}, {os.cpu_count()} CPUs ({len(os.sched_getaffinity(0))} usable), "
           f"torch {torch.__version__}, CPU bf16 autocast (bf16-related flags: {bf16_flags()})")
     print(f"  schedule {args.schedule}, {args.stages} {'replicas' if args.schedule == 'dp' else 'stages'}, "

@@ -40,22 +40,13 @@ prefer_huge_pages()  # as `pipeboard train` runs (before torch allocates)
 
 import torch  # noqa: E402
 
+from trainer.hostinfo import cpu_name  # noqa: E402
 from trainer.runtime import RunConfig, run_training  # noqa: E402
 from trainer.runtime.config import SCHEDULES  # noqa: E402
 from trainer.sink import ListSink  # noqa: E402
 
 MODEL = "resnet18-images"
 WORKERS = 2
-
-
-def _sibling(name: str):
-    """A module of bench/ loaded from its file (bench/ stays off the import path, see above)."""
-    import importlib.util
-
-    spec = importlib.util.spec_from_file_location(f"bench_{name}", Path(__file__).with_name(f"{name}.py"))
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-    return mod
 
 
 def one_run(args, schedule: str, target: float) -> dict:
@@ -113,7 +104,6 @@ def main() -> None:
     info = next(d for d in describe() if d["name"] == MODEL)
     target = info["target"] if args.target is None else args.target
 
-    cpu_name = _sibling("matmul").cpu_name
     print(f"time to accuracy: {cpu_name()}, {os.cpu_count()} CPUs ({len(os.sched_getaffinity(0))} usable), "
           f"torch {torch.__version__}")
     print(f"  {MODEL} to validation {info['metric']} {target}, batch {args.batch_size} in {args.microbatches} "

@@ -1,0 +1,20 @@
+"""What machine this is, for reports that must say where they were measured (the processor
+changes between machines, and every benchmark prints it)."""
+
+from __future__ import annotations
+
+import platform
+from pathlib import Path
+
+
+def cpu_name() -> str:
+    """The processor as /proc/cpuinfo names it (vendor, family, model), else platform's guess."""
+    fields: dict[str, str] = {}
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            key, _, value = line.partition(":")
+            fields.setdefault(key.strip(), value.strip())
+    except OSError:
+        return platform.processor() or "unknown processor"
+    return (f"{fields.get('model name', '?')} ({fields.get('vendor_id', '?')}, "
+            f"family {fields.get('cpu family', '?')}, model {fields.get('model', '?')})")
