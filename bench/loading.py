@@ -1,10 +1,11 @@
 """What real data loading costs a training step: PNG decoding in DataLoader workers vs tensors in memory.
 
-    .venv/bin/python bench/loading.py [--rounds 5] [--steps 40] [--schedule 1f1b] [--stages 2]
-        [--batch-size 64] [--microbatches 4] [--data DIR]
+    .venv/bin/python bench/loading.py [--rounds 5] [--steps 20] [--schedule 1f1b] [--stages 2]
+        [--batch-size 64] [--microbatches 4] [--width 64] [--data DIR]
 
-The image task (zoo ``resnet18-images``: a transformers ResNet-18 layout, default data
-scikit-learn's digits as 32x32 PNG files) is trained by ``run_training`` in three variants, with
+The image task (zoo ``resnet18-images``: a transformers ResNet-18 layout, by default at that
+layout's own widths, 64 to 512 (the zoo's default of 16 is a narrow copy for quick CPU runs),
+default data scikit-learn's digits as 32x32 PNG files) is trained by ``run_training`` in three variants, with
 the same model, seed, schedule, batch and steps (factories in bench/loading_tasks.py):
 
 - ``real, loader_workers=<task's>``: every item is a PNG opened, decoded, converted, resized and
@@ -75,13 +76,13 @@ def batch_decode_s(dataset, batch_size: int, repeats: int = 5) -> float:
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--rounds", type=int, default=5, help="alternating rounds of the three variants")
-    ap.add_argument("--steps", type=int, default=40, help="training steps per run (22 make an epoch of the digits)")
+    ap.add_argument("--steps", type=int, default=20, help="training steps per run (22 make an epoch of the digits)")
     ap.add_argument("--schedule", choices=SCHEDULES, default="1f1b")
     ap.add_argument("--stages", type=int, default=2, help="pipeline stages (dp: replicas)")
     ap.add_argument("--batch-size", type=int, default=64)
     ap.add_argument("--microbatches", type=int, default=4)
     ap.add_argument("--seed", type=int, default=0)
-    ap.add_argument("--width", type=int, default=16, help="the ResNet's first width (model arg)")
+    ap.add_argument("--width", type=int, default=64, help="the ResNet's first width (model arg; 64 is ResNet-18's)")
     ap.add_argument("--size", type=int, default=32, help="images are resized to size x size (model arg)")
     ap.add_argument("--data", default=None, help="an imagefolder tree (default: the digits as PNG files)")
     args = ap.parse_args()
