@@ -47,7 +47,7 @@ import torch  # noqa: E402
 from trainer.hostinfo import cpu_name  # noqa: E402
 from trainer.runtime import RunConfig, run_training  # noqa: E402
 from trainer.runtime.config import SCHEDULES  # noqa: E402
-from trainer.task.spec import load_task  # noqa: E402
+from trainer.spec import load_task  # noqa: E402
 
 TASKS = str(Path(__file__).resolve().with_name("loading_tasks.py"))
 

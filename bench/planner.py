@@ -51,6 +51,7 @@ from trainer.plan.costs import level_specs  # noqa: E402
 from trainer.plan.reference_flags import parse_reference_flags  # noqa: E402
 from trainer.plan.solve import choose  # noqa: E402
 from trainer.plan.states import state_chain  # noqa: E402
+from trainer.profile.files import load_profile  # noqa: E402
 from trainer.profile.schema import Layer, Profile  # noqa: E402
 
 SHARED = ROOT.parent / "shared" / "pipedream-profiles"
@@ -98,9 +99,9 @@ def cli_flags(kw: dict) -> list[str]:
     return flags
 
 
-PLANNER = ("import json, sys; from trainer.plan import plan; from trainer.profile.schema import Profile; "
+PLANNER = ("import json, sys; from trainer.plan import plan; from trainer.profile.files import load_profile; "
            "kw = json.loads(sys.argv[2]); kw['levels'] = [tuple(level) for level in kw['levels']]; "
-           "print(plan(Profile.load(sys.argv[1]), **kw).to_json())")
+           "print(plan(load_profile(sys.argv[1]), **kw).to_json())")
 
 
 def timed_process(command: list[str], runs: int) -> tuple[float, float]:
@@ -150,7 +151,7 @@ def main() -> None:
     print(header)
     print("-" * len(header))
     for name in args.profiles.split(","):
-        profile = Profile.load(SHARED / name / "graph.txt")
+        profile = load_profile(SHARED / name / "graph.txt")
         chain = None
         for config in args.configs.split(","):
             rec = reference.get((name, config), {"rc": None, "ref_wall_s": None, "ref": None})

@@ -8,7 +8,7 @@ The configurations of bench/runtime.py: mlp depth=8 width=1024, 2 stages on 2 pr
 torch thread each, SGD; (a) batch 64 in 8 microbatches, (b) batch 512 in 8. ``pipedream:1`` is
 pipedream on whole batches (one microbatch per update).
 
-It measures, in this order: the link between two processes (trainer.profile.link), the model's
+It measures, in this order: the link between two processes (trainer.runtime.links), the model's
 profile at every microbatch size and batch size the runs need (with one concurrent training
 process standing in for the other stage, ``concurrent=1``, training on microbatches as that stage
 does), then each run. For every schedule,
@@ -46,7 +46,7 @@ prefer_huge_pages()  # as `pipeboard train` runs, for every process measured her
 import torch  # noqa: E402
 
 from trainer import cpu_matmul  # noqa: E402
-from trainer.profile.link import measure_link  # noqa: E402
+from trainer.runtime.links import measure_link  # noqa: E402
 from trainer.profile.profiler import profile_model  # noqa: E402
 from trainer.runtime import RunConfig, run_training  # noqa: E402
 from trainer.runtime import model as model_mod  # noqa: E402

@@ -9,6 +9,10 @@ __all__ = ["Task", "TaskError", "load_task"]
 
 def __getattr__(name: str):
     # Lazy: `import trainer` (the planner's CLI) must not import torch.
+    if name == "load_task":
+        from trainer.spec import load_task
+
+        return load_task
     if name in __all__:
         from trainer import task
 

@@ -176,7 +176,7 @@ def register(cli: typer.Typer) -> None:
         from sqlalchemy.exc import SQLAlchemyError
 
         from app.core.db import get_sessionmaker
-        from app.core.security import create_token
+        from app.api.security import create_token
 
         try:
             with get_sessionmaker()() as session:

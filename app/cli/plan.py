@@ -149,7 +149,8 @@ def plan_command(
     from trainer.plan import PlanError, levels_from_lists
     from trainer.plan import compare as compare_methods
     from trainer.plan import plan as make_plan
-    from trainer.profile.schema import Profile, ProfileError
+    from trainer.profile.files import load_profile
+    from trainer.profile.schema import ProfileError
 
     prof = None
     if not profile.is_file():
@@ -166,7 +167,7 @@ def plan_command(
         prof = measure(spec, batch_size=batch_size, device="cpu", model_args=args, data=data, precision=precision,
                        warmup=2, repeats=5, seed=0, threads=1, cpu_matmul=None)
     try:
-        prof = prof or Profile.load(profile)
+        prof = prof or load_profile(profile)
         levels = levels_from_lists(_parse_numbers(workers, "workers", int), _parse_numbers(bandwidth, "bandwidth", float))
         options = dict(memory_bytes=memory, memory_constraint=memory_constraint, straight=straight,
                        fewer_workers=fewer_workers, activation_compression=activation_compression,

@@ -7,7 +7,7 @@
     pipeboard models
 
 MODEL is a zoo name (`pipeboard models`) or a task factory `package.module:function` or
-`path/to/file.py:function` (trainer.task.spec). click
+`path/to/file.py:function` (trainer.spec). click
 cannot give a group both a positional MODEL and the subcommands `import`/`export`, so the group
 routes any first word that is not a subcommand to a hidden `model` command. torch is imported
 inside the commands that need it. Bad input ends with one line on stderr and exit code 2.
@@ -68,7 +68,8 @@ def measure(spec: str, *, batch_size: int | None, device: str, model_args: dict,
 
     from trainer import cpu_matmul as matmul
     from trainer.profile.profiler import profile_model
-    from trainer.task import TaskError, check_task, load_task
+    from trainer.spec import load_task
+    from trainer.task import TaskError, check_task
 
     import torch
 
@@ -176,10 +177,11 @@ def export_cmd(
 ) -> None:
     """Write a profile as a PipeDream graph.txt."""
     from trainer.profile.graphtxt import to_graph_txt
-    from trainer.profile.schema import Profile, ProfileError
+    from trainer.profile.files import load_profile
+    from trainer.profile.schema import ProfileError
 
     try:
-        prof = Profile.load(profile)
+        prof = load_profile(profile)
         output.parent.mkdir(parents=True, exist_ok=True)
         output.write_text(to_graph_txt(prof))
     except (ProfileError, OSError, UnicodeDecodeError) as exc:

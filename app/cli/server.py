@@ -54,7 +54,7 @@ def checked_settings():
 
 def check_reachable(settings, broker: bool = True) -> None:
     """Exit with one line when the database (or the broker) cannot be reached."""
-    from app.core.probes import check_broker, check_database_url, describe_failure, redacted
+    from app.services.probes import check_broker, check_database_url, describe_failure, redacted
 
     timeout_s = max(settings.health_timeout_seconds, 3.0)
     try:
@@ -152,7 +152,7 @@ def up(
         try:
             run_migrations()
         except Exception as exc:
-            from app.core.probes import describe_failure
+            from app.services.probes import describe_failure
 
             fail(f"PIPEBOARD_DATABASE_URL: migration failed, {describe_failure(exc).removeprefix('unreachable: ')}")
     except KeyboardInterrupt:  # Ctrl-C before anything was started

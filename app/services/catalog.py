@@ -64,7 +64,8 @@ def trace_check(source: str, config: dict[str, Any]) -> int:
     """Build the task factory's task, check it, and split its model with torch.fx: the number of
     layers, or 422 naming `source`."""
     from trainer.profile.fxgraph import UntraceableModelError, trace_layers
-    from trainer.task import TaskError, check_task, load_task
+    from trainer.spec import load_task
+    from trainer.task import TaskError, check_task
 
     if ":" not in source:
         raise ServiceError(f"source: {source!r} is not a task factory 'package.module:function'", status=422, field="source")

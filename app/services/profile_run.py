@@ -13,7 +13,7 @@ same profile JSON:
   M per-microbatch ones: the model is profiled again at N samples and the layer's weight-gradient
   part at N kept; other layers' it computes one microbatch at a time: M times their part at the
   microbatch size;
-- ``--calibrate``: the link between two worker processes (``trainer.profile.link.measure_link``)
+- ``--calibrate``: the link between two worker processes (``trainer.runtime.links.measure_link``)
   and the runtime's per-action overhead (``trainer.runtime.overhead.calibrate``), a few seconds.
 """
 
@@ -27,7 +27,8 @@ from typing import Any
 
 def load_task(source: str, model_args: dict[str, Any], batch_size: int):
     """The checked task of a zoo name or a task factory (`pkg.mod:function`)."""
-    from trainer.task import check_task, load_task as load
+    from trainer.spec import load_task as load
+    from trainer.task import check_task
 
     task = load(source, model_args)
     check_task(task, batch_size)
@@ -74,7 +75,7 @@ def profile(source: str, model_args: dict[str, Any], batch_size: int, device: st
             layer.weight_batched_ms = layer.backward_weight_ms
         prof.weight_batch_size = batch_size
     if calibrate:
-        from trainer.profile.link import measure_link
+        from trainer.runtime.links import measure_link
         from trainer.runtime.overhead import calibrate as calibrate_overhead
 
         prof.link = measure_link()

@@ -50,7 +50,7 @@ def test_token_create_prints_the_secret_once(tmp_path: Path):
     from sqlalchemy.orm import Session
 
     from app.core.db import make_engine
-    from app.core.security import hash_token
+    from app.api.security import hash_token
     from app.models import ApiToken, Base
 
     url = f"sqlite:///{tmp_path}/t.sqlite"
@@ -73,7 +73,7 @@ def test_jobs_commands_against_a_server(tmp_path: Path):
     from sqlalchemy.orm import Session
 
     from app.core.db import make_engine
-    from app.core.security import create_token
+    from app.api.security import create_token
     from tests.app.test_e2e_support import Deployment, embedded_env
     from tests.conftest import settings_from_env
 

@@ -7,7 +7,7 @@ import hashlib
 import pytest
 from sqlalchemy import select
 
-from app.core import security
+from app.api import security
 from app.core.config import get_settings
 from app.models import ApiToken
 

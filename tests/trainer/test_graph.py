@@ -9,10 +9,11 @@ import sys
 import pytest
 
 from tests.shared_data import graph_txt, shared_profiles_dir
-from trainer.graph import LayerGraph, StateLimitExceeded
+from trainer.plan.graph import LayerGraph, StateLimitExceeded
 from trainer.plan.states import antichain_states, linearised_states, state_chain
 from trainer.plan import PlanError
 from trainer.profile.schema import Layer, Profile
+from trainer.profile.files import load_profile
 
 
 def profile_of(edges, times=None, acts=None, params=None, descs=None) -> Profile:
@@ -86,7 +87,7 @@ def _reference_states():
 @pytest.mark.parametrize("name", ["alexnet", "vgg16", "resnet18", "squeezenet1_0", "resnet50", "resnext50",
                                   "resnet101", "resnext101", "densenet121", "gnmt", "gnmt_large"])
 def test_state_counts_equal_the_reference(name):
-    chain = state_chain(Profile.load(graph_txt(name)))
+    chain = state_chain(load_profile(graph_txt(name)))
     assert chain.kind == "antichain"
     assert chain.size == _reference_states()[name]
     # Down-sets grow along every state-DAG edge and the last state holds every planned layer.
@@ -97,19 +98,19 @@ def test_state_counts_equal_the_reference(name):
 
 @pytest.mark.parametrize("name", ["inception_v3", "nasnetamobile"])
 def test_exploding_profiles_are_linearised(name):
-    chain = state_chain(Profile.load(graph_txt(name)), max_states=500)
+    chain = state_chain(load_profile(graph_txt(name)), max_states=500)
     assert chain.kind == "linearised"
     assert chain.size == len(chain.graph.names) - len(chain.graph.removed_inputs) - len(chain.graph.removed_sinks)
 
 
 def test_importing_the_planner_does_not_import_torch_or_numpy():
     # NumPy loads only with a vectorised strategy (trainer/plan/solve.py); torch never.
-    code = ("import sys, trainer.graph, trainer.plan, trainer.plan.pipedream, trainer.plan.baselines, app.cli.plan; "
+    code = ("import sys, trainer.plan.graph, trainer.plan, trainer.plan.pipedream, trainer.plan.baselines, app.cli.plan; "
             "print('torch' in sys.modules, 'numpy' in sys.modules)")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert out.stdout.strip() == "False False"
-    code = ("import sys; from trainer.plan import plan; from trainer.profile.schema import Profile; "
-            f"plan(Profile.load({str(graph_txt('inception_v3'))!r}), [(4, 1e9), (4, 1e8)]); "
+    code = ("import sys; from trainer.plan import plan; from trainer.profile.files import load_profile; "
+            f"plan(load_profile({str(graph_txt('inception_v3'))!r}), [(4, 1e9), (4, 1e8)]); "
             "print('torch' in sys.modules, 'numpy' in sys.modules)")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert out.stdout.strip() == "False True"

@@ -6,6 +6,7 @@ import pytest
 
 from tests.shared_data import PROFILE_NAMES, graph_txt
 from trainer.profile import Layer, Profile, ProfileError, parse_graph_txt, to_graph_txt
+from trainer.profile.files import load_profile
 
 GOOD = (
     "node1 -- Input -- forward_compute_time=0.000, backward_compute_time=0.000, activation_size=100.0, parameter_size=0.000\n"
@@ -20,7 +21,7 @@ GOOD = (
 def test_shared_profile_imports_and_round_trips(name, tmp_path):
     path = graph_txt(name)
     text = path.read_text()
-    prof = Profile.load(path)
+    prof = load_profile(path)
     node_lines = [line for line in text.splitlines() if line.strip() and not line[0].isspace()]
     edge_lines = [line for line in text.splitlines() if line.strip() and line[0].isspace()]
     assert len(prof.layers) == len(node_lines) > 0
@@ -32,7 +33,7 @@ def test_shared_profile_imports_and_round_trips(name, tmp_path):
     assert again.layers == prof.layers and again.edges == prof.edges
     out = tmp_path / "p.json"
     prof.save(out)
-    loaded = Profile.load(out)
+    loaded = load_profile(out)
     assert loaded.to_dict() == prof.to_dict()
 
 
@@ -96,11 +97,11 @@ def test_load_picks_the_format_by_content(tmp_path):
     graph = tmp_path / "model-x" / "anything.json"
     graph.parent.mkdir()
     graph.write_text(GOOD)
-    prof = Profile.load(graph)
+    prof = load_profile(graph)
     assert prof.model == "model-x" and len(prof.layers) == 3
     js = tmp_path / "graph.txt"
     js.write_text(prof.to_json())
-    assert Profile.load(js).to_dict() == prof.to_dict()
+    assert load_profile(js).to_dict() == prof.to_dict()
 
 
 @pytest.mark.parametrize("patch,words", [

@@ -20,6 +20,7 @@ from trainer.plan.recurrence import work
 from trainer.plan.reference_flags import parse_reference_flags
 from trainer.plan.states import state_chain
 from trainer.profile.schema import Profile
+from trainer.profile.files import load_profile
 
 
 def reference_lines():
@@ -40,7 +41,7 @@ def test_objective_equals_the_reference(rec):
         pytest.fail("reference-plans.jsonl missing from the shared profiles")
     name = rec["profile"]
     if name not in _profiles:
-        _profiles[name] = Profile.load(graph_txt(name))
+        _profiles[name] = load_profile(graph_txt(name))
     kw = parse_reference_flags(rec["args"])
     result = plan(_profiles[name], **kw)
     ref = rec["ref"]
@@ -68,7 +69,7 @@ def small_reference_lines():
         if rec is None or not (SHARED_PROFILES / rec["profile"] / "graph.txt").is_file():
             return [param]
         if rec["profile"] not in chains:
-            chains[rec["profile"]] = state_chain(Profile.load(SHARED_PROFILES / rec["profile"] / "graph.txt"))
+            chains[rec["profile"]] = state_chain(load_profile(SHARED_PROFILES / rec["profile"] / "graph.txt"))
         if work(chains[rec["profile"]], level_specs(parse_reference_flags(rec["args"])["levels"])) <= 3e5:
             out.append(param)
     return out
@@ -80,7 +81,7 @@ def test_the_plain_recurrence_finds_the_reference_optimum(rec):
     if rec is None:
         pytest.fail("reference-plans.jsonl missing from the shared profiles")
     kw = parse_reference_flags(rec["args"])
-    chain = state_chain(Profile.load(graph_txt(rec["profile"])))
+    chain = state_chain(load_profile(graph_txt(rec["profile"])))
     mem = (kw["memory_bytes"] or 16e9) if kw["memory_constraint"] else None
     _, got = solve(chain, kw["levels"], memory_bytes=mem, straight=kw["straight"],
                    activation_compression=kw["activation_compression"], strategies=["plain"] * len(kw["levels"]))

@@ -16,10 +16,10 @@ import pytest
 
 from tests.shared_data import graph_txt, shared_profiles_dir
 from tests.trainer.test_plan_exact import random_profile
-from trainer.graph import AntichainWalk, LayerGraph, bit_indices
+from trainer.plan.graph import AntichainWalk, LayerGraph, bit_indices
 from trainer.plan.arrays import ChainArrays
 from trainer.plan.states import antichain_states, state_chain
-from trainer.profile.schema import Profile
+from trainer.profile.files import load_profile
 
 
 def _plain_walk(graph: LayerGraph) -> tuple[list[list[int]], list[list[int]]]:
@@ -121,14 +121,14 @@ def test_walk_equals_the_plain_walk(seed):
 @pytest.mark.parametrize("name", ["alexnet", "resnet18", "squeezenet1_0", "gnmt", "resnet50"])
 def test_shared_profiles_walk_down_sets_and_pairs(name):
     shared_profiles_dir()
-    graph = LayerGraph.from_profile(Profile.load(graph_txt(name)))
+    graph = LayerGraph.from_profile(load_profile(graph_txt(name)))
     assert AntichainWalk(graph, 10**9).run() == _plain_walk(graph)
 
 
 @pytest.mark.parametrize("name", ["alexnet", "resnet18", "squeezenet1_0", "gnmt"])
 def test_shared_profiles_down_sets_and_pairs(name):
     shared_profiles_dir()
-    chain = state_chain(Profile.load(graph_txt(name)))
+    chain = state_chain(load_profile(graph_txt(name)))
     assert chain.kind == "antichain"
     _check(chain)
 

@@ -6,11 +6,12 @@ import json
 
 import pytest
 
-from trainer.profile.link import fit_link
+from trainer.runtime.links import fit_link
 from trainer.profile.schema import Layer, Link, Profile, ProfileError
 from trainer.schedule.actions import ScheduleError
 from trainer.schedule.predict import predict_step_s, repeat_iterations, stage_costs
 from trainer.schedule import build
+from trainer.profile.files import load_profile
 
 
 def chain(times: list[tuple[float, float, float | None, float | None]], batch_size: int = 4,
@@ -117,7 +118,7 @@ def test_profile_v2_round_trips_its_new_fields(tmp_path):
     prof = chain([(0.5, 1.0, 0.25, 0.1), (0.5, 1.0, None, None)], link=link)
     path = tmp_path / "p.json"
     prof.save(path)
-    again = Profile.load(path)
+    again = load_profile(path)
     assert again.to_dict() == prof.to_dict() and again.link == link
     assert again.layers[0].backward_input_ms == 0.25 and again.layers[0].backward_weight_ms == 0.75
     assert again.layers[1].backward_weight_ms is None and again.to_dict()["version"] == 2
@@ -152,7 +153,7 @@ def test_bad_v2_fields_are_refused(change, match):
 
 @pytest.mark.parametrize("transport", ["gloo", "shm", None])
 def test_measure_link_times_real_transfers_between_two_processes(transport, monkeypatch):
-    from trainer.profile.link import measure_link
+    from trainer.runtime.links import measure_link
 
     monkeypatch.delenv("PIPEBOARD_P2P", raising=False)
     link = measure_link(sizes=(4096, 1 << 20), repeats=3, busy_ms=1.0, transport=transport)

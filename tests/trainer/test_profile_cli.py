@@ -7,7 +7,7 @@ from typer.testing import CliRunner
 
 from app.cli import cli
 from tests.shared_data import graph_txt
-from trainer.profile import Profile
+from trainer.profile.files import load_profile
 
 
 @pytest.fixture()
@@ -26,7 +26,7 @@ def test_profile_a_zoo_model(run, tmp_path, monkeypatch):
     result = run("profile", "mlp", "--model-arg", "depth=2", "-a", "width=16", "--batch-size", "4",
                  "--repeats", "2", "--warmup", "0", "-o", str(out))
     assert result.exit_code == 0, result.output
-    prof = Profile.load(out)
+    prof = load_profile(out)
     assert prof.model == "mlp" and prof.batch_size == 4 and prof.meta["model_args"] == {"depth": 2, "width": 16}
     assert len(prof.layers) == 6
     assert "self-check" in result.output and "ratio" in result.output
@@ -44,7 +44,7 @@ def test_profile_with_the_kernels_runs_will_use(run, tmp_path):
     finally:
         cpu_matmul.use("default")  # the command sets its (the test) process up
     assert result.exit_code == 0, result.output
-    assert Profile.load(out).meta["cpu_matmul"] == "onednn"
+    assert load_profile(out).meta["cpu_matmul"] == "onednn"
 
 
 def test_import_then_export_round_trips(run, tmp_path):
@@ -55,7 +55,7 @@ def test_import_then_export_round_trips(run, tmp_path):
     assert "layers" in result.output
     result = run("profile", "export", str(js), "-o", str(txt))
     assert result.exit_code == 0, result.output
-    a, b = Profile.load(source), Profile.load(txt)
+    a, b = load_profile(source), load_profile(txt)
     assert a.layers == b.layers and a.edges == b.edges
 
 
@@ -123,7 +123,7 @@ def test_profile_a_user_factory_and_an_untraceable_one(run, tmp_path, monkeypatc
     out = tmp_path / "u.json"
     result = run("profile", "cli_user_models_a:small", "-a", "width=4", "--repeats", "1", "--warmup", "0", "-o", str(out))
     assert result.exit_code == 0, result.output
-    prof = Profile.load(out)
+    prof = load_profile(out)
     assert prof.model == "cli_user_models_a:small" and prof.batch_size == 5 and len(prof.layers) == 3
     result = run("profile", "cli_user_models_a:branchy", "-o", str(tmp_path / "b.json"))
     lines = [line for line in result.output.splitlines() if line.strip()]

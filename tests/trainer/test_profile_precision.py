@@ -6,9 +6,9 @@ import pytest
 from typer.testing import CliRunner
 
 from app.cli import cli
-from trainer.profile import Profile
 from trainer.profile.profiler import profile_model
-from trainer.task import load_task
+from trainer.spec import load_task
+from trainer.profile.files import load_profile
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 
@@ -31,6 +31,6 @@ def test_profile_cli_takes_the_precision(tmp_path):
     result = CliRunner().invoke(cli, ["profile", "mlp", "-a", "depth=2", "-a", "width=32", "-a", "samples=128",
                                       "--precision", "bf16", "--repeats", "1", "--warmup", "0", "-o", str(out)])
     assert result.exit_code == 0, result.output
-    assert Profile.load(out).meta["precision"] == "bf16"
+    assert load_profile(out).meta["precision"] == "bf16"
     bad = CliRunner().invoke(cli, ["profile", "mlp", "--precision", "fp8", "-o", str(out)])
     assert bad.exit_code == 2 and "--precision" in bad.output

@@ -11,7 +11,7 @@ from torch import nn
 
 from trainer.profile.fxgraph import UntraceableModelError, trace_layers
 from trainer.profile.profiler import profile_model
-from trainer.task import load_task
+from trainer.spec import load_task
 
 
 pytestmark = pytest.mark.usefixtures("one_thread")

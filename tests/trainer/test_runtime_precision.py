@@ -46,7 +46,7 @@ def test_bf16_loss_within_two_percent_of_fp32(tmp_path, schedule, extra):
 
 def test_bf16_activations_cross_the_boundary_as_bf16():
     from trainer.runtime import model as model_mod
-    from trainer.task import load_task
+    from trainer.spec import load_task
 
     task = load_task("mlp", SMALL)
     example = task.example_input(4)

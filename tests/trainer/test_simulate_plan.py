@@ -9,14 +9,14 @@ from trainer.schedule import build
 from trainer.schedule.costs import costs_from_plan, data_parallel_costs_from_plan, plan_replicas
 from trainer.schedule.simulate import simulate
 from trainer.schedule.validate import validate
+from trainer.profile.files import load_profile
 
 
 @pytest.fixture(scope="module")
 def vgg_plan():
     plan_mod = pytest.importorskip("trainer.plan")
-    from trainer.profile.schema import Profile
 
-    return plan_mod.plan(Profile.load(graph_txt("vgg16")), levels=[(4, 1e9)])
+    return plan_mod.plan(load_profile(graph_txt("vgg16")), levels=[(4, 1e9)])
 
 
 def test_plan_runs_as_pipedream_and_1f1b(vgg_plan):

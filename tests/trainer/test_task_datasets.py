@@ -157,12 +157,12 @@ def test_the_png_tree_is_complete_and_written_once(digits_root):
 
 
 def test_split_sizes_and_labels_follow_the_folders(digits_root, digits):
-    from trainer.zoo.digits import _digits
+    from trainer.zoo.digits import digits_images
 
     train, val = digits
     assert (len(train), len(val)) == (1797 - 359, 359)
     assert train.classes == val.classes == [str(d) for d in range(10)]
-    source_labels = _digits()[1]
+    source_labels = digits_images()[1]
     for data, split in ((train, "train"), (val, "test")):
         assert set(data.labels.tolist()) == set(range(10))
         for file, label in zip(data.files, data.labels.tolist()):
@@ -172,9 +172,9 @@ def test_split_sizes_and_labels_follow_the_folders(digits_root, digits):
 
 
 def test_items_are_the_source_digits_upsampled(digits):
-    from trainer.zoo.digits import _digits
+    from trainer.zoo.digits import digits_images
 
-    images, labels = _digits()
+    images, labels = digits_images()
     train, val = digits
     for data in (train, val):
         for i in range(0, len(data), 37):

@@ -118,7 +118,7 @@ def test_a_task_folder_does_not_shadow_the_standard_library(tmp_path):
     (tmp_path / "profile.py").write_text("raise ImportError('the user profile.py shadowed the stdlib')\n")
     (tmp_path / "helpers.py").write_text("WIDTH = 4\n")
     (tmp_path / "t.py").write_text(TASKS + "\nfrom helpers import WIDTH\n\ndef uses_sibling():\n    return good(WIDTH)\n")
-    from trainer.task import load_task
+    from trainer.spec import load_task
 
     import importlib.util
 

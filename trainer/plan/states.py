@@ -8,7 +8,7 @@ vectorised strategies take arrays of these (``trainer.plan.arrays``) when they n
 
 from __future__ import annotations
 
-from trainer.graph import AntichainWalk, LayerGraph, StateLimitExceeded, bit_indices, reverse_postorder
+from trainer.plan.graph import AntichainWalk, LayerGraph, StateLimitExceeded, bit_indices, reverse_postorder
 from trainer.profile.schema import Profile
 
 

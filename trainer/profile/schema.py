@@ -315,12 +315,3 @@ class Profile:
     def save(self, path: str | Path) -> None:
         Path(path).write_text(self.to_json())
 
-    @classmethod
-    def load(cls, path: str | Path) -> Profile:
-        """Read a profile JSON or a PipeDream graph.txt (chosen by content, not by name)."""
-        text = Path(path).read_text()
-        if text.lstrip().startswith("{"):
-            return cls.from_json(text)
-        from trainer.profile.graphtxt import parse_graph_txt
-
-        return parse_graph_txt(text, model=Path(path).parent.name)

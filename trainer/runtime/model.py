@@ -21,7 +21,7 @@ from trainer.runtime.comm import BoundarySpec, TensorSpec
 def load_task(cfg):
     """The task ``cfg`` names (zoo name or factory, model arguments, data), built from its seed,
     with the run's optimizer override applied (``--lr`` is applied where optimizers are made)."""
-    from trainer.task.spec import load_task as load
+    from trainer.spec import load_task as load
 
     task = load(cfg.model, cfg.model_args, cfg.data, cfg.seed)
     if cfg.optimizer:

@@ -1,10 +1,11 @@
-"""Tasks: what a user hands pipeboard to train (model, data, loss, metric), and how a model SPEC
-becomes one. ``from trainer import Task``.
+"""Tasks: what a user hands pipeboard to train (model, data, loss, metric), and how a task
+factory builds one. ``from trainer import Task``; a model SPEC (zoo name or factory path) becomes
+a Task through ``trainer.load_task`` (``trainer.spec``).
 
 Lazy: importing ``trainer.task.names`` (torch-free) must not import torch through this package.
 """
 
-__all__ = ["OPTIMIZERS", "Task", "TaskError", "load_task", "check_task"]
+__all__ = ["OPTIMIZERS", "Task", "TaskError", "check_task"]
 
 
 def __getattr__(name: str):
@@ -16,10 +17,6 @@ def __getattr__(name: str):
         from trainer.task import task
 
         return getattr(task, name)
-    if name == "load_task":
-        from trainer.task.spec import load_task
-
-        return load_task
     if name == "check_task":
         from trainer.task.check import check_task
 

@@ -1,5 +1,6 @@
-"""From a model SPEC to a :class:`Task`: a zoo name, ``package.module:function`` or
-``path/to/file.py:function``.
+"""Task factories: ``package.module:function`` or ``path/to/file.py:function``, found, checked
+against their arguments, and called to build a :class:`Task`. (A zoo name is looked up by
+``trainer.spec``, which then builds the zoo's factory here, the same way.)
 
 The function (a *task factory*) is called with the model arguments as keyword arguments and, when
 given, the data location as ``data=``; it returns a Task. It runs with torch's random state seeded
@@ -65,11 +66,7 @@ def _one_line(exc: BaseException) -> str:
 
 
 def resolve_factory(spec: str) -> Callable[..., Task]:
-    """The callable SPEC names; a zoo name resolves to the zoo's factory."""
-    if not is_factory_path(spec):
-        from trainer import zoo
-
-        return zoo.factory(spec)
+    """The callable a factory path SPEC names."""
     where, _, attr = spec.rpartition(":")
     if not where or not attr:
         raise TaskError(f"model {spec!r}: a task factory looks like 'package.module:function' or "
@@ -130,14 +127,14 @@ def _check_arguments(spec: str, factory: Callable, model_args: dict[str, Any], d
         raise TaskError(f"data: {spec} needs a data location (--data PATH)")
 
 
-def load_task(spec: str, model_args: dict[str, Any] | None = None, data: str | None = None,
-              seed: int = 0) -> Task:
-    """Build the Task SPEC names, its weights fixed by ``seed``; a transformers model comes back
-    as its chain of blocks (``trainer.task.hf``) so that it can be split."""
+def build_task(spec: str, factory: Callable[..., Task], model_args: dict[str, Any] | None = None,
+               data: str | None = None, seed: int = 0) -> Task:
+    """Call ``factory`` (SPEC's) with the model arguments and ``data``, its weights fixed by
+    ``seed``; a transformers model comes back as its chain of blocks (``trainer.task.hf``) so
+    that it can be split."""
     model_args = dict(model_args or {})
     if isinstance(seed, bool) or not isinstance(seed, int):
         raise TaskError(f"seed: must be an integer, got {seed!r}")
-    factory = resolve_factory(spec)
     _check_arguments(spec, factory, model_args, data)
     kwargs = dict(model_args)
     if data is not None:

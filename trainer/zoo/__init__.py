@@ -96,10 +96,9 @@ def factory(name: str) -> Callable[..., Task]:
 def get(name: str, seed: int = 0, **model_args: Any) -> Task:
     """Build zoo task ``name`` with weights fixed by ``seed``; unknown or mistyped arguments are
     an error naming the argument."""
-    from trainer.task.spec import load_task
+    from trainer.task.spec import build_task
 
-    factory(name)
     for key, value in model_args.items():  # every integer argument of the zoo is a size or a count
         if isinstance(value, int) and not isinstance(value, bool) and value < 1:
             raise TaskError(f"model {name!r}: argument {key!r} must be >= 1, got {value!r}")
-    return load_task(name, model_args, seed=seed)
+    return build_task(name, factory(name), model_args, seed=seed)

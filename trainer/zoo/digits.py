@@ -20,7 +20,7 @@ VAL_SHARE = 0.2
 
 
 @lru_cache(maxsize=1)
-def _digits() -> tuple[torch.Tensor, torch.Tensor]:
+def digits_images() -> tuple[torch.Tensor, torch.Tensor]:
     """The 1,797 images and labels. Read straight from the CSV that scikit-learn ships: importing
     ``sklearn.datasets`` costs seconds, reading the file a fraction of one."""
     import importlib.util
@@ -45,7 +45,7 @@ def _digits() -> tuple[torch.Tensor, torch.Tensor]:
 def _split(flat: bool) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
     """A fixed split: the permutation depends on nothing but its own seed (0), so the validation
     images never change with the run's seed."""
-    x, y = _digits()
+    x, y = digits_images()
     x = x.reshape(len(x), 64) if flat else x.unsqueeze(1)
     order = torch.randperm(len(x), generator=torch.Generator().manual_seed(0))
     n_val = int(len(x) * VAL_SHARE)

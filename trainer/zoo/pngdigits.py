@@ -27,7 +27,7 @@ def write_digits_pngs(root: str | os.PathLike, size: int = 32, val_share: float 
     import torch
     from PIL import Image
 
-    from trainer.zoo.digits import _digits
+    from trainer.zoo.digits import digits_images
 
     if not 0 < val_share < 1:
         raise ValueError(f"val_share must be in (0, 1), got {val_share}")
@@ -42,7 +42,7 @@ def write_digits_pngs(root: str | os.PathLike, size: int = 32, val_share: float 
             return root
         raise ValueError(f"{root}: holds digits written with {found}, not {settings}; use another folder")
 
-    images, labels = _digits()
+    images, labels = digits_images()
     order = torch.randperm(len(images), generator=torch.Generator().manual_seed(SPLIT_SEED))
     test = set(order[: int(len(images) * val_share)].tolist())
     pixels = (images * 255).round().to(torch.uint8).numpy()

@@ -7,8 +7,8 @@ from typing import Annotated
 from fastapi import APIRouter, Header, Query
 from fastapi.responses import StreamingResponse
 
-from app.api.routes.common import AUTH_RESPONSES, NOT_FOUND, JobId, ServiceRoute
-from app.core.security import ReadAccess
+from app.api.common import AUTH_RESPONSES, NOT_FOUND, JobId, ServiceRoute
+from app.api.security import ReadAccess
 from app.services import stream
 from app.services.errors import NotFound, ServiceError
 

@@ -9,7 +9,7 @@ from sqlalchemy import text
 
 from app.api.deps import SessionDep, SettingsDep
 from app.core.config import VERSION
-from app.core.probes import check_broker, count_workers, describe_failure
+from app.services.probes import check_broker, count_workers, describe_failure
 
 router = APIRouter(tags=["health"])
 

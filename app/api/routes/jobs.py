@@ -10,8 +10,8 @@ from fastapi.responses import Response
 
 from app.api.deps import SessionDep
 from app.schemas import Message, ValidationFailed
-from app.api.routes.common import AUTH_RESPONSES, NOT_FOUND, JobId, Limit, Offset, ServiceRoute
-from app.core.security import ReadAccess, WriteAccess
+from app.api.common import AUTH_RESPONSES, NOT_FOUND, JobId, Limit, Offset, ServiceRoute
+from app.api.security import ReadAccess, WriteAccess
 from app.schemas import JobCreate, JobPublic, JobStatus, MetricsPublic, Page, TimelinePublic
 from app.services import jobs, rundata
 

@@ -6,8 +6,8 @@ from fastapi import APIRouter
 
 from app.api.deps import SessionDep
 from app.schemas import Message, ValidationFailed
-from app.api.routes.common import AUTH_RESPONSES, NOT_FOUND, Limit, Offset, ServiceRoute
-from app.core.security import ReadAccess, WriteAccess
+from app.api.common import AUTH_RESPONSES, NOT_FOUND, Limit, Offset, ServiceRoute
+from app.api.security import ReadAccess, WriteAccess
 from app.schemas import ModelCreate, ModelPublic, Page
 from app.services import catalog
 

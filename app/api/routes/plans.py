@@ -6,8 +6,8 @@ from fastapi import APIRouter
 
 from app.api.deps import SessionDep
 from app.schemas import Message, ValidationFailed
-from app.api.routes.common import AUTH_RESPONSES, NOT_FOUND, PlanId, ServiceRoute
-from app.core.security import ReadAccess, WriteAccess
+from app.api.common import AUTH_RESPONSES, NOT_FOUND, PlanId, ServiceRoute
+from app.api.security import ReadAccess, WriteAccess
 from app.schemas import PlanCreate, PlanPublic
 from app.services import plans
 

@@ -8,9 +8,9 @@ from fastapi import APIRouter, File, Query, UploadFile
 
 from app.api.deps import SessionDep
 from app.schemas import Message, ValidationFailed
-from app.api.routes.common import AUTH_RESPONSES, NOT_FOUND, Limit, Offset, ProfileId, ServiceRoute
+from app.api.common import AUTH_RESPONSES, NOT_FOUND, Limit, Offset, ProfileId, ServiceRoute
 from app.core.config import get_settings
-from app.core.security import ReadAccess, WriteAccess
+from app.api.security import ReadAccess, WriteAccess
 from app.schemas import JobCreate, JobPublic, Page, ProfileCreate, ProfilePublic
 from app.services import jobs, profiles
 

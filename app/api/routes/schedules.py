@@ -4,8 +4,8 @@ from __future__ import annotations
 
 from fastapi import APIRouter
 
-from app.api.routes.common import AUTH_RESPONSES, Limit, Offset, ServiceRoute
-from app.core.security import ReadAccess
+from app.api.common import AUTH_RESPONSES, Limit, Offset, ServiceRoute
+from app.api.security import ReadAccess
 from app.schemas import Page, SchedulePublic
 from trainer.schedule import registry
 

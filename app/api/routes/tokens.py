@@ -6,9 +6,9 @@ from fastapi import APIRouter
 from sqlalchemy import func, select, update
 
 from app.api.deps import SessionDep
-from app.api.routes.common import AUTH_RESPONSES, NOT_FOUND, Limit, Offset, ServiceRoute, TokenId
-from app.core import security
-from app.core.security import AnyPrincipal, WriteAccess
+from app.api.common import AUTH_RESPONSES, NOT_FOUND, Limit, Offset, ServiceRoute, TokenId
+from app.api import security
+from app.api.security import AnyPrincipal, WriteAccess
 from app.models import ApiToken
 from app.schemas import Me, Page, TokenCreate, TokenCreated, TokenPublic
 from app.services.errors import NotFound
