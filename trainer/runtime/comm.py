@@ -3,18 +3,23 @@
 A stage boundary ``b`` (between virtual stages ``b`` and ``b + 1``) carries a fixed tuple of
 tensors per microbatch; their shapes and dtypes are known up front (``BoundarySpec``), so a
 receive can be posted long before its data is sent. Sends are ``isend`` and complete in the
-background. On this machine a blocking gloo round trip costs as much as a small microbatch's
-compute, so nothing on the critical path waits for a transfer that could have been overlapped.
+background. A blocking transfer can cost as much as a small microbatch's compute, so nothing on
+the critical path waits for a transfer that could have been overlapped.
 
 Tags keep concurrent transfers apart: (microbatch mod 4096, boundary, direction, tensor index).
 
-Peers on the same host exchange through shared memory instead (``trainer.runtime.shm``: one
-channel per directed pair, set up by ``open_channels``); ``PIPEBOARD_P2P`` / ``RunConfig.p2p``
-chooses: ``gloo`` (default: always the process group), ``auto`` (shared memory for same-host
-CPU peers, gloo otherwise) or ``shm`` (the same, but an error where shared memory is
-unsupported). CUDA tensors always go through the process group (NCCL). Shared memory is opt-in:
-it cuts a 32 KB transfer's CPU from 90-190 us to about 10 us, but the benchmark's throughput
-gain is within its noise (docs/runtime.md, "Transfers").
+Transport: ``RunConfig.p2p``, else ``PIPEBOARD_P2P``, else ``auto`` (``p2p_mode``). ``auto``, the
+default, sends between CPU workers on one host (same hostname and boot id, ``host_id``) through
+shared memory (``trainer.runtime.shm``: one channel per directed pair, set up by
+``open_channels``), and through the world process group (gloo) between hosts, where shared
+memory is unsupported (``shm.supported``: Linux on x86_64 with /dev/shm) and where a host's
+channels would take more than half of its free /dev/shm. ``shm`` does the same but is an error
+where shared memory is unsupported or too small; ``gloo`` always uses the process group. CUDA
+workers always use the process group (NCCL) whatever the setting: the worker passes ``gloo``
+for them. Shared memory is the default because a same-host transfer then costs one slot copy
+and a futex wake instead of a gloo send through the loopback socket, far less CPU, which counts
+most where the runtime's fixed cost per step is most of the step (docs/runtime.md, "Transfers",
+has the measurements).
 """
 
 from __future__ import annotations
@@ -108,8 +113,8 @@ class P2P:
             raise ValueError(f"a stage boundary carries more than {MAX_TENSORS} tensors")
         self.specs = specs
         self.device = device
-        # The world's ProcessGroup, called directly: dist.isend/irecv add 25-40 us of Python
-        # checks per call (measured here: 42 vs 18 us per isend, 72 vs 34 per irecv), and a
+        # The world's ProcessGroup, called directly: dist.isend/irecv add Python argument checks
+        # that cost more than the ProcessGroup call itself (docs/runtime.md, "Transfers"), and a
         # stage posts two transfers per microbatch on its critical path.
         self.pg = dist.group.WORLD
         self.sends: deque = deque()  # (work, tensors) kept alive until complete
@@ -171,9 +176,8 @@ SLOT_BUDGET_BYTES = 256 << 20  # per channel
 
 
 def p2p_mode(configured: str | None) -> str:
-    # auto by default: between workers on one host a shared-memory slot copy costs ~10 us of CPU
-    # where a gloo send costs 90-190 us, which halves the runtime's fixed cost per step (a
-    # width-4 mlp: 5,400-5,900 against 8,900-10,200 samples/s on 1f1b, 2 stages, this machine).
+    """The transport ``configured`` (else ``$PIPEBOARD_P2P``) names; ``auto`` by default, for the
+    reason in the module docstring. ValueError names a bad one."""
     mode = configured or os.environ.get("PIPEBOARD_P2P") or "auto"
     if mode not in P2P_MODES:
         raise ValueError(f"p2p: must be one of {', '.join(P2P_MODES)}, got {mode!r}")

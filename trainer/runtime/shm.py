@@ -9,17 +9,19 @@ tensors it owns (a private stash keyed by (boundary, microbatch, direction), so 
 consumed in any order), marks the slots free and bumps ``freed``. Each counter has one writer.
 
 Waiting costs no CPU: a side with nothing to do sleeps in FUTEX_WAIT on the counter the other
-side bumps (shared futexes: the kernel keys them by file and offset, so both mappings match).
+side bumps (shared futexes: the kernel keys them by file and offset, so both mappings match),
+waking only every ``WAIT_SLICE_S`` to check its deadline.
 A sender finding every slot full sleeps on ``freed`` (back-pressure) after draining its own
 incoming channels, so two workers sending to each other cannot both block on full slots.
 
-Why not gloo here: a gloo send costs 90-190 us of CPU per 32 KB transfer on this machine, plus
-background threads competing with compute; a slot copy and a futex wake cost a few us.
+Why not gloo here: a gloo send writes through the loopback socket in the sending thread, and
+gloo's background threads compete with compute; a slot copy and a futex wake cost a small
+fraction of that CPU (docs/runtime.md, "Transfers", has the figures).
 The counters are plain stores ordered by x86's total store order (``supported()`` requires it).
 
-Cleanup: the files are unlinked as soon as both sides have mapped them (``unlink``), so a killed
-worker leaves nothing behind after set-up; the launcher removes its run's prefix on every exit
-(``remove_prefix``) for a worker killed during set-up.
+Cleanup: ``comm.open_channels`` unlinks the files as soon as both sides have mapped them, so a
+killed worker leaves nothing behind after set-up; the launcher removes its run's prefix on every
+exit (``remove_prefix``) for a worker killed during set-up.
 """
 
 from __future__ import annotations
@@ -149,8 +151,9 @@ class Channel:
         return HEADER_INTS * (1 + slot) + word
 
     def _message_views(self, slot: int, boundary: int, is_grad: bool, shapes_dtypes) -> list[torch.Tensor]:
-        """The slot's tensors for a message of this boundary and direction (made once: a view
-        costs microseconds of Python, as much as copying 32 KB)."""
+        """The slot's tensors for a message of this boundary and direction, made once: building
+        the views costs Python time on every message, as much as the copy of a small message
+        itself (docs/runtime.md, "Transfers")."""
         key = (slot, boundary, is_grad)
         views = self._view_cache.get(key)
         if views is None:
