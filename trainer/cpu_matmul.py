@@ -2,12 +2,9 @@
 
 Why: PyTorch's CPU ``mm``/``addmm`` call MKL, and MKL takes a slower code path on some AMD
 processors than on Intel's; oneDNN (which PyTorch ships) picks its kernels by instruction set, not
-by vendor. How much that buys depends on the processor, one thread each (``bench/matmul.py``
-measures it): on an AMD EPYC Zen 5 (2026-11-30) a ``Linear(1024, 1024)`` forward on 64 rows ran
-at 102 GFLOP/s through MKL and 214 through oneDNN, and a training step of the benchmark mlp
-(depth 8, width 1024, batch 512) went from 2,020 to 3,982 samples/s; on an AMD EPYC Zen 4
-(family 25 model 17, 2026-12-01) they were 88 against 97 GFLOP/s (1.11x) and 1,929 against 1,952
-samples/s (1.01x, the per-call cost below included).
+by vendor. How much that buys depends on the processor (much on some AMD processors, almost
+nothing on others): ``bench/matmul.py`` measures it on the machine at hand, and docs/runtime.md,
+"CPU matrix products", records what it measured, with date and processor.
 
 How: ``use("onednn")`` registers CPU kernels for ``aten::mm``, ``aten::addmm`` and
 ``aten::addmm_`` (through ``torch.library``) that hand 2-D float32 operands, each laid out by rows
@@ -22,9 +19,9 @@ reach neither op (``mm``'s and ``addmm``'s ``out=`` forms, ``bmm``, ``einsum`` o
 PyTorch's kernels. The setting is process-wide and forked children inherit it; ``use("default")``
 removes the kernels.
 
-Cost: the kernels are Python functions, so every CPU ``mm``/``addmm`` call of any dtype pays about
-15-20 us more (an 8x16 by 16x16 ``addmm``: 1.8 us by default, 17-22 us with them); that is nothing
-beside a 1024-wide layer's 0.3-1.4 ms but noticeable for models of tiny layers, which should keep
+Cost: the kernels are Python functions, so every CPU ``mm``/``addmm`` call of any dtype pays a
+Python call on top of the product (figures in docs/runtime.md, "CPU matrix products"); that is
+nothing beside a wide layer's product but noticeable for models of tiny layers, which should keep
 the default. Results differ from MKL's in the last bits (another summation order), as MKL's own
 differ between matrix shapes.
 

@@ -74,8 +74,8 @@ class RunConfig:
     # gloo) or "shm" (the same, an error where unsupported); None: $PIPEBOARD_P2P, else auto.
     p2p: str | None = None
     # float32 matrix products on CPU workers: "default" (PyTorch's BLAS) or "onednn" (see
-    # trainer/cpu_matmul.py: up to twice as fast on some AMD processors); None:
-    # $PIPEBOARD_CPU_MATMUL, else default.
+    # trainer/cpu_matmul.py: faster on some AMD processors; docs/runtime.md has the figures);
+    # None: $PIPEBOARD_CPU_MATMUL, else default.
     cpu_matmul: str | None = None
     start_method: str | None = None  # default: fork on CPU (no re-import of torch), spawn on CUDA
     master_port: int | None = None  # default: a free port
