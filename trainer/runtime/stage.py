@@ -57,8 +57,8 @@ class Stage:
         # Weight-gradient split: calls noted per forward, and W work left by BI per microbatch
         # (with the tensors of the version it ran against). DDP reduces inside its own backward:
         # never split.
-        # ``layer_calls=False`` saves the hooks' cost where no backward will be split: ~15-20 us per
-        # layer call, 3.5% of the forward of 8 Linear(1024, 1024) layers on 8 samples (measured).
+        # ``layer_calls=False`` saves the hooks' cost where no backward will be split: a few percent
+        # of a small microbatch's forward (docs/runtime.md, "Executing actions").
         self._recorder = CallRecorder(module) if ddp is None and layer_calls else None
         read = set(get_attr_slots(module))
         self._get_attr_params = {i for owner, name, i in self._slots if (owner, name) in read}
@@ -83,9 +83,9 @@ class Stage:
     def _call_with(self, tensors: list[torch.Tensor], inputs: list[torch.Tensor]):
         """Run the module with its parameter slots holding ``tensors`` for this call only.
 
-        What ``torch.func.functional_call`` does, without its per-call bookkeeping (about a
-        millisecond per forward here, a tenth of a small stage's compute): the slots are found
-        once and swapped by dictionary assignment."""
+        What ``torch.func.functional_call`` does, without its per-call bookkeeping (a sizeable share
+        of a small stage's compute; docs/runtime.md, "Weight stashing without in-place swaps"): the
+        slots are found once and swapped by dictionary assignment."""
         slots = self._slots
         saved = [owner._parameters[name] for owner, name, _ in slots]
         try:

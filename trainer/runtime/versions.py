@@ -108,7 +108,7 @@ class WeightVersions:
                 self.optimizer.step()
         else:
             self.optimizer.step()
-        for p in self.params:  # Optimizer.zero_grad costs milliseconds of Python per call
+        for p in self.params:  # not Optimizer.zero_grad: slow Python per call (docs/runtime.md)
             p.grad = None
         old = self.current
         self.current = version

@@ -97,8 +97,9 @@ class CallRecorder:
 
     A hook runs on every layer call of every forward, so what it can know in advance (a module's
     parameter names, whether it is a plain Linear) is worked out once here, and per call it only
-    reads the tensors in the slots and the output's autograd edge (the first version spent
-    ~11 us per call on attribute lookups through ``nn.Module.__getattr__`` and generic checks)."""
+    reads the tensors in the slots and the output's autograd edge (attribute lookups through
+    ``nn.Module.__getattr__`` and generic checks were a large part of the first version's cost per
+    call; docs/runtime.md, "Executing actions", has the figures)."""
 
     def __init__(self, module: nn.Module) -> None:
         self._calls: list[LayerCall] | None = None
@@ -154,7 +155,7 @@ def _edge(t: torch.Tensor) -> GradientEdge:
     fn = t.grad_fn
     if isinstance(fn, torch._C._FunctionBase):
         return get_gradient_edge(t)
-    return _new_tuple(GradientEdge, (fn, t.output_nr, None))  # the NamedTuple's Python __new__ costs ~1 us
+    return _new_tuple(GradientEdge, (fn, t.output_nr, None))  # not the NamedTuple's slower Python __new__
 
 
 def backward_inputs(roots: list[torch.Tensor], root_grads: list[torch.Tensor] | None,
