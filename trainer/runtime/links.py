@@ -1,17 +1,20 @@
 """Measure the point-to-point link between two worker processes on this machine.
 
-Two processes (forked, one torch thread each, as the runtime's workers) exchange tensors with
-``isend``/``irecv`` over gloo, the calls the runtime's ``comm.P2P`` makes, in the situation the
-runtime's transfers meet: the receiver has posted its receive and waits for the data while the
-sender computes, posts the send and computes on. Per message: a handshake (not timed), the
-sender spins ``busy_ms``, posts the ``isend`` (timed: what posting costs the sender), spins
-again, then waits for the send; the receiver notes when its ``wait`` returns. ``perf_counter``
-is the system-wide monotonic clock, so arrival minus post is one transfer, from the send being
-posted to the data being usable at the receiver. (A ping-pong, where both processes sit blocked
-between messages, measures the idle cores' wake-up instead: about 2 ms a hop on this VM, which a
-busy pipeline does not pay.) A least-squares line through the median one-way times gives
-``latency_ms`` and ``bytes_per_ms``; ``post_ms`` is the least per-size median (posting does not
-depend on the size; interference from other processes only adds to it).
+Two processes (forked, one torch thread each, as the runtime's workers) exchange tensors over
+the transport to measure (``transport`` below): gloo through ``dist.isend``/``dist.irecv`` (the
+operations ``comm.P2P`` posts, though it calls the world process group's ``send``/``recv``
+directly, without ``dist``'s per-call Python checks), or a shared-memory channel. They do so in
+the situation the runtime's transfers meet: the receiver has posted its receive and waits for the
+data while the sender computes, posts the send and computes on. Per message: a handshake (not
+timed), the sender spins ``busy_ms``, posts the send (timed: what posting costs the sender),
+spins again, then waits for the send; the receiver notes when its ``wait`` returns.
+``perf_counter`` is the system-wide monotonic clock, so arrival minus post is one transfer, from
+the send being posted to the data being usable at the receiver. (A ping-pong, where both
+processes sit blocked between messages, measures the idle cores' wake-up instead, which a busy
+pipeline does not pay; docs/profile-format.md, ``link``, has the figure.) A least-squares line
+through the median one-way times gives ``latency_ms`` and ``bytes_per_ms``; ``post_ms`` is the
+least per-size median (posting does not depend on the size; interference from other processes
+only adds to it).
 
 ``transport``: the runtime's stage-to-stage transport to measure, as ``RunConfig.p2p`` names it;
 by default the one a local run uses (``auto``: a shared-memory channel, ``trainer.runtime.shm``,
