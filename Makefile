@@ -15,6 +15,9 @@ WORKERS ?= 1
 $(INSTALLED): pyproject.toml constraints.txt
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install --quiet -c constraints.txt -e '.[test]'
+	# Bytecode for our own sources, as pip writes it for installed packages: where
+	# PYTHONDONTWRITEBYTECODE is set (these machines) every command would compile them again.
+	$(BIN)/python -m compileall -q app trainer
 	touch $(INSTALLED)
 
 install: $(INSTALLED)

@@ -3,9 +3,12 @@ schedules' help (from the schedule registry)."""
 
 from __future__ import annotations
 
+import ast
+import re
 from typing import Any, NoReturn
 
 import typer
+from typer.core import TyperCommand
 
 
 def fail(message: str, code: int = 2) -> NoReturn:
@@ -49,11 +52,6 @@ def schedule_names(conj: str = "or", **capabilities: Any) -> str:
         return "(schedules unavailable: see PIPEBOARD_SCHEDULES)"
 
 
-def schedule_help() -> str:
-    """`--schedule`'s help (train's and simulate's): the registered schedules' names."""
-    return schedule_names() + " (listed below)."
-
-
 def schedules_epilog() -> str:
     """The end of `--help` (train's and simulate's): each registered schedule and its one line."""
     from trainer.schedule import ScheduleError, registry
@@ -62,3 +60,39 @@ def schedules_epilog() -> str:
         return "Schedules:\n\n" + "\n\n".join(f"{s.name}: {s.description}" for s in registry.specs())
     except ScheduleError as exc:
         return f"Schedules: none can be listed: {exc}"
+
+
+# Help texts name the registered schedules, but reading the registry imports every builder: done
+# for every command, that is most of `pipeboard plan`'s start-up. So a help text holds
+# placeholders, filled in only when a help page is printed:
+#   {schedules}                      every name, "gpipe, 1f1b or dp"
+#   {schedules synchronous=False}    those with these capabilities (literal values)
+#   {schedules and weight_grads=()}  joined with "and"
+#   {schedules listed}               the epilog: each schedule and its one line
+PLACEHOLDER = re.compile(r"\{schedules((?: [^{}\s]+)*)\}")
+
+
+def _expand(text: str | None) -> str | None:
+    def one(match: re.Match) -> str:
+        words = match.group(1).split()
+        if words == ["listed"]:
+            return schedules_epilog()
+        conj = words.pop(0) if words and words[0] in ("and", "or") else "or"
+        capabilities = {}
+        for word in words:
+            key, _, value = word.partition("=")
+            capabilities[key] = ast.literal_eval(value)
+        return schedule_names(conj, **capabilities)
+
+    return PLACEHOLDER.sub(one, text) if text else text
+
+
+class RegistryHelpCommand(TyperCommand):
+    """A command whose help texts may hold ``{schedules ...}`` placeholders (see above)."""
+
+    def format_help(self, ctx, formatter) -> None:
+        self.help, self.epilog = _expand(self.help), _expand(self.epilog)
+        for param in self.params:
+            if getattr(param, "help", None):
+                param.help = _expand(param.help)
+        super().format_help(ctx, formatter)

@@ -13,7 +13,6 @@ import socket
 import subprocess
 import sys
 import time
-import urllib.request
 from pathlib import Path
 
 import typer
@@ -97,6 +96,9 @@ def port_free(host: str, port: int) -> bool:
 
 def wait_for_http(url: str, child: subprocess.Popen, should_stop=lambda: False, timeout_s: float = 60.0) -> bool:
     """Whether `url` answered before `child` exited, `should_stop()` or the timeout."""
+    import urllib.error
+    import urllib.request  # here, not at the top: 25 ms of every other command's start-up
+
     deadline = time.monotonic() + timeout_s
     while time.monotonic() < deadline and child.poll() is None and not should_stop():
         try:

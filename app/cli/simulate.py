@@ -17,9 +17,7 @@ from typing import Any, Optional
 
 import typer
 
-from app.cli.common import schedule_help, schedule_names, schedules_epilog
-from trainer.schedule import registry
-from trainer.schedule.registry import WEIGHT_GRADS  # `pipeboard train --weight-grads`
+from app.cli.common import RegistryHelpCommand
 
 
 class UsageError(ValueError):
@@ -51,6 +49,8 @@ def _replicas(raw: str | None) -> list[int] | None:
 
 
 def _batch_weight_grads(weight_grads: str | None, split_backward: bool | None) -> bool:
+    from trainer.schedule.registry import WEIGHT_GRADS  # `pipeboard train --weight-grads`
+
     """--weight-grads as build's batch_weight_grads; build() alone decides where it applies (where
     the schedule honours it: not dp, not zb-h1), as it does for `pipeboard train`. The default is batched, as train's, except with
     --split-backward, which asks for each W on its own (build refuses it with batched)."""
@@ -62,6 +62,8 @@ def _batch_weight_grads(weight_grads: str | None, split_backward: bool | None) -
 
 
 def _plan_costs(path: Path, schedule: str):
+    from trainer.schedule import registry
+
     from trainer.schedule.actions import ScheduleError
     from trainer.schedule.costs import costs_from_plan, data_parallel_costs_from_plan, plan_replicas
 
@@ -98,7 +100,7 @@ def simulate_command(
     per_update: str | None = None,
 ) -> tuple[Any, Any]:
     """Build and simulate; returns (schedule, SimResult). Raises UsageError or ScheduleError."""
-    from trainer.schedule import build
+    from trainer.schedule import build, registry
     from trainer.schedule.costs import costs_uniform
     from trainer.schedule.simulate import simulate
 
@@ -175,11 +177,11 @@ def register(cli: typer.Typer) -> None:
     """Add `pipeboard simulate` to the app."""
 
     opt = typer.Option
-    asynchronous = schedule_names(synchronous=False)
-    chunked = schedule_names(chunks=True)
-    ignoring = schedule_names("and", weight_grads=())
+    asynchronous = "{schedules synchronous=False}"
+    chunked = "{schedules chunks=True}"
+    ignoring = "{schedules and weight_grads=()}"
 
-    @cli.command("simulate", epilog=schedules_epilog())
+    @cli.command("simulate", cls=RegistryHelpCommand, epilog="{schedules listed}")
     def simulate_cmd(
         plan: Optional[Path] = typer.Argument(
             None, metavar="PLAN.json", help="A plan JSON from `pipeboard plan` (or use --stages)."
@@ -190,14 +192,14 @@ def register(cli: typer.Typer) -> None:
         comm: Optional[str] = opt(None, "--comm", metavar="MS", help="Ms per activation or gradient transfer (0)."),
         allreduce: Optional[str] = opt(None, "--allreduce", metavar="MS", help="Ms per all-reduce among replicas."),
         replicas: Optional[str] = opt(None, "--replicas", metavar="R,R,...", help="Replicas per stage, e.g. 1,2,1."),
-        schedule: Optional[str] = opt(None, "--schedule", metavar="NAME", help=schedule_help()),
+        schedule: Optional[str] = opt(None, "--schedule", metavar="NAME", help="{schedules} (listed below)."),
         microbatches: Optional[str] = opt(
             None, "--microbatches", metavar="M",
             help=f"Microbatches per iteration; {asynchronous}: minibatches/microbatches in total, --per-update of "
                  "them per weight update."),
         chunks: Optional[str] = opt(None, "--chunks", metavar="V", help=f"Model chunks per worker ({chunked})."),
         vertical_sync: bool = opt(False, "--vertical-sync",
-                                  help=f"{schedule_names(vertical_sync=True)}: one weight version per minibatch."),
+                                  help="{schedules vertical_sync=True}: one weight version per minibatch."),
         split_backward: Optional[bool] = opt(None, "--split-backward/--no-split-backward", help="B as BI and W."),
         weight_grads: Optional[str] = opt(
             None, "--weight-grads", metavar="batched|immediate",
@@ -216,6 +218,11 @@ def register(cli: typer.Typer) -> None:
         as_json: bool = opt(False, "--json", help="Print the results as JSON."),
     ) -> None:
         """Predict iteration time, bubble, utilisation and memory of a pipeline schedule."""
+        import gc
+
+        # A one-shot command that builds up to millions of acyclic objects (actions, columns):
+        # the cyclic collector would only rescan them (docs/schedules.md, "Building fast").
+        gc.disable()
         from trainer.schedule.actions import ScheduleError
 
         try:

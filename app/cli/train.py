@@ -21,8 +21,7 @@ from typing import Any, Optional
 
 import typer
 
-from app.cli.common import fail, parse_model_args, schedule_help, schedule_names, schedules_epilog
-from trainer.schedule import registry
+from app.cli.common import RegistryHelpCommand, fail, parse_model_args
 
 
 def _plan_layout(path: str) -> tuple[list[list[str]], list[int]]:
@@ -70,10 +69,10 @@ class ProgressSink:
 
 
 def register(cli: typer.Typer) -> None:
-    data_parallel = schedule_names(data_parallel=True)
-    ignoring = schedule_names("and", weight_grads=())
+    data_parallel = "{schedules data_parallel=True}"
+    ignoring = "{schedules and weight_grads=()}"
 
-    @cli.command("train", epilog=schedules_epilog())
+    @cli.command("train", cls=RegistryHelpCommand, epilog="{schedules listed}")
     def train(
         model: str = typer.Option(..., "--model", help="Zoo name (`pipeboard models`) or task factory "
                                   "package.module:function or path/to/file.py:function returning a trainer.Task."),
@@ -85,7 +84,7 @@ def register(cli: typer.Typer) -> None:
             None, "--loader-workers", help="DataLoader worker processes per loading stage (default: the task's)."),
         plan: Optional[str] = typer.Option(None, "--plan", help="Plan JSON (`pipeboard plan`): stages and replicas."),
         stages: Optional[int] = typer.Option(None, "--stages", help="Split uniformly into P stages (no plan)."),
-        schedule: str = typer.Option(..., "--schedule", help=schedule_help()),
+        schedule: str = typer.Option(..., "--schedule", help="{schedules} (listed below)."),
         batch_size: int = typer.Option(..., "--batch-size", help="Samples per training step."),
         microbatches: int = typer.Option(..., "--microbatches", help="Microbatches per step."),
         epochs: Optional[float] = typer.Option(None, "--epochs"),
@@ -99,9 +98,9 @@ def register(cli: typer.Typer) -> None:
         resume: bool = typer.Option(False, "--resume", help="Continue from the last complete checkpoint."),
         vertical_sync: bool = typer.Option(
             False, "--vertical-sync",
-            help=f"{schedule_names(vertical_sync=True)}: vertical sync of weight versions."),
+            help="{schedules vertical_sync=True}: vertical sync of weight versions."),
         chunks: int = typer.Option(
-            1, "--chunks", help=f"{schedule_names(chunks=True)}: model chunks per worker."),
+            1, "--chunks", help="{schedules chunks=True}: model chunks per worker."),
         weight_grads: str = typer.Option(
             "batched", "--weight-grads",
             help="batched: backwards compute input gradients, one pass per update the weight gradients of all "
@@ -123,6 +122,7 @@ def register(cli: typer.Typer) -> None:
     ) -> None:
         """Train a model (a zoo task or your own) with a pipeline schedule, one process per stage replica."""
         from trainer.runtime.config import ConfigError, RunConfig
+        from trainer.schedule import registry
 
         if plan is not None and stages is not None:
             fail("--plan and --stages: give one of them")

@@ -14,7 +14,7 @@ from trainer.schedule.actions import Schedule, ScheduleError
 from trainer.schedule.engine import gc_paused
 from trainer.schedule.flush import batch_weight_grads as batch_weights
 from trainer.schedule.hoist import hoist_receives
-from trainer.schedule.placement import StaticPolicy, place
+from trainer.schedule.placement import place
 from trainer.schedule.registry import BuildContext, ScheduleSpec
 
 MAX_UNITS = 1 << 20  # (virtual stage, microbatch) pairs: ~3 M actions, seconds to build, 1-2 GB
@@ -89,7 +89,7 @@ def build(
             raise ScheduleError(f"{name}: the builder wrote {len(programs)} programs for {topo.num_workers} workers")
         if batch:
             programs = [batch_weights(p) for p in programs]
-        actions = hoist_receives(*place(topo, [StaticPolicy(p) for p in programs]))
+        actions = hoist_receives(*place(topo, programs))
     meta = {
         "sync": spec.synchronous,
         "physical_stages": physical,
