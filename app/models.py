@@ -106,8 +106,9 @@ class EventSource(str, enum.Enum):
 
 
 class TokenScope(str, enum.Enum):
-    READ = "read"
-    WRITE = "write"
+    READ = "read"  # GET routes
+    WRITE = "write"  # every route but token management
+    ADMIN = "admin"  # everything, token management too
 
 
 class Model(Base):
@@ -228,7 +229,8 @@ class JobEvent(Base):
 
 
 class ApiToken(Base):
-    """A bearer token; only its hash is stored, `prefix` identifies it in listings."""
+    """A bearer token; only its hash is stored, `prefix` identifies it in listings. It stops working
+    when revoked or once `expires_at` (if set) has passed."""
 
     __tablename__ = "api_tokens"
 
@@ -240,6 +242,7 @@ class ApiToken(Base):
     created_at: Mapped[datetime] = mapped_column(default=utcnow)
     last_used_at: Mapped[datetime | None]
     revoked: Mapped[bool] = mapped_column(Boolean, default=False)
+    expires_at: Mapped[datetime | None]
 
 
 class WorkerHeartbeat(Base):

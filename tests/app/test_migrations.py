@@ -60,3 +60,34 @@ def test_check_notices_a_model_change(connection: Connection) -> None:
             command.check(config)
     finally:
         Base.metadata.remove(extra)
+
+
+def test_0002_adds_the_admin_scope_and_expiry(connection: Connection) -> None:
+    from sqlalchemy import text
+    from sqlalchemy.exc import IntegrityError
+
+    config = config_on(connection)
+    command.upgrade(config, "0001")
+    insert = text("INSERT INTO api_tokens (name, scope, token_hash, prefix, created_at, revoked) "
+                  "VALUES (:name, :scope, :hash, 'pb_x', CURRENT_TIMESTAMP, false)")
+    connection.execute(insert, {"name": "old", "scope": "write", "hash": "h1"})
+    connection.commit()
+    with pytest.raises(IntegrityError):  # before: the CHECK constraint knows read and write only
+        connection.execute(insert, {"name": "boss", "scope": "admin", "hash": "h2"})
+    connection.rollback()
+
+    command.upgrade(config, "0002")
+    connection.commit()
+    assert "expires_at" in {c["name"] for c in inspect(connection).get_columns("api_tokens")}
+    connection.execute(insert, {"name": "boss", "scope": "admin", "hash": "h2"})
+    connection.commit()
+    with pytest.raises(IntegrityError):
+        connection.execute(insert, {"name": "x", "scope": "root", "hash": "h3"})
+    connection.rollback()
+    rows = connection.execute(text("SELECT name, scope, expires_at FROM api_tokens ORDER BY name")).all()
+    assert [tuple(r) for r in rows] == [("boss", "admin", None), ("old", "write", None)]
+
+    command.downgrade(config, "0001")  # admin tokens become write tokens, which managed tokens then
+    connection.commit()
+    assert "expires_at" not in {c["name"] for c in inspect(connection).get_columns("api_tokens")}
+    assert connection.execute(text("SELECT scope FROM api_tokens WHERE name = 'boss'")).scalar() == "write"
