@@ -7,10 +7,10 @@ a plan) happen in `app/services/` and raise `ServiceError`, which the routes tur
 
 from __future__ import annotations
 
-from datetime import datetime
+from datetime import datetime, timedelta, timezone
 from typing import Annotated, Any, Callable, Generic, Literal, TypeVar
 
-from pydantic import BaseModel, ConfigDict, Field, model_validator
+from pydantic import AwareDatetime, BaseModel, ConfigDict, Field, model_validator
 from pydantic_core import PydanticCustomError, core_schema
 
 from trainer.schedule import registry as schedules
@@ -81,7 +81,8 @@ def schedule_field(what: str) -> Any:
 def weight_grads_field() -> Any:
     return Field(default="batched", json_schema_extra=_described(weight_grads_description))
 JobStatus = Literal["queued", "running", "succeeded", "failed", "cancelled"]
-Scope = Literal["read", "write"]
+Scope = Literal["read", "write", "admin"]
+MAX_TOKEN_LIFETIME_S = 10 * 365 * 86400  # an expiry further out is no expiry
 
 # Names are free text in the database but short, printable identifiers in the API.
 NAME_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9_.:\- ]{0,119}$"
@@ -117,7 +118,8 @@ class ValidationFailed(BaseModel):
 class ModelCreate(BaseModel):
     """Register a user model by import path; it is validated by tracing it before it is stored."""
 
-    model_config = ConfigDict(json_schema_extra={"examples": [{"name": "my-mlp", "source": "mypkg.models:make_mlp", "config": {"width": 64}}]})
+    # An example the API accepts as it stands: a task factory installed with pipeboard itself.
+    model_config = ConfigDict(json_schema_extra={"examples": [{"name": "my-mlp", "source": "trainer.zoo.digits:mlp_digits", "config": {"hidden": 64}}]})
 
     name: str = Field(pattern=NAME_PATTERN, description="Unique name to refer to the model by.")
     source: str = Field(
@@ -221,6 +223,8 @@ def total_workers(levels: list[Level] | None) -> int:
 
 
 class Level(BaseModel):
+    model_config = ConfigDict(strict=True)  # JSON numbers only: `true` is not 1, "4" is not 4
+
     workers: int = Field(ge=1, le=65536, description="Workers at this level (level 1 innermost).")
     bandwidth: float = Field(gt=0, le=1e15, description="Bandwidth between workers of this level, bytes/s.")
 
@@ -229,6 +233,7 @@ class PlanCreate(BaseModel):
     """Plan a profile for a cluster and simulate the result: the dashboard's what-if."""
 
     model_config = ConfigDict(
+        strict=True,  # JSON numbers only: `"timeline_limit": false` is refused, not read as 0
         json_schema_extra={
             "examples": [
                 {"model": "mlp-digits", "levels": [{"workers": 4, "bandwidth": 1e9}], "method": "pipedream", "schedule": "1f1b", "microbatches": 8}
@@ -405,10 +410,38 @@ class MetricsPublic(BaseModel):
 
 
 class TokenCreate(BaseModel):
-    model_config = ConfigDict(json_schema_extra={"examples": [{"name": "ci", "scope": "write"}]})
+    """A new token; `expires_in_s` or `expires_at` (not both) make it stop working at that time."""
 
-    name: str = Field(pattern=NAME_PATTERN)
-    scope: Scope = "read"
+    model_config = ConfigDict(strict=True, json_schema_extra={"examples": [
+        {"name": "ci", "scope": "write", "expires_in_s": 30 * 86400},
+        {"name": "viewer", "scope": "read"},
+    ]})
+
+    name: str = Field(pattern=NAME_PATTERN, description="What the token is for, e.g. ci.")
+    scope: Scope = Field(default="read", description="`read`: GET routes; `write`: every route but token management; "
+                                                     "`admin`: everything.")
+    expires_in_s: int | None = Field(default=None, ge=1, le=MAX_TOKEN_LIFETIME_S,
+                                     description="Seconds from now after which the token stops working.")
+    expires_at: AwareDatetime | None = Field(default=None, strict=False,
+                                             description="When the token stops working (ISO 8601 with a time zone).")
+
+    @model_validator(mode="after")
+    def _one_expiry(self) -> TokenCreate:
+        if self.expires_in_s is not None and self.expires_at is not None:
+            raise ValueError("give at most one of 'expires_in_s' or 'expires_at'")
+        if self.expires_at is not None:
+            ahead = self.expires_at - datetime.now(timezone.utc)
+            if ahead <= timedelta(0):
+                raise ValueError("expires_at: must be in the future")
+            if ahead > timedelta(seconds=MAX_TOKEN_LIFETIME_S):
+                raise ValueError(f"expires_at: at most {MAX_TOKEN_LIFETIME_S // 86400} days ahead")
+        return self
+
+    def expiry(self) -> datetime | None:
+        """When the token expires, in UTC; None for never."""
+        if self.expires_in_s is not None:
+            return datetime.now(timezone.utc) + timedelta(seconds=self.expires_in_s)
+        return self.expires_at.astimezone(timezone.utc) if self.expires_at is not None else None
 
 
 class TokenPublic(BaseModel):
@@ -418,6 +451,7 @@ class TokenPublic(BaseModel):
     prefix: str
     created_at: datetime | None = None
     last_used_at: datetime | None = None
+    expires_at: datetime | None = Field(default=None, description="When it stops working; null: never.")
     revoked: bool = False
 
 
@@ -429,5 +463,7 @@ class Me(BaseModel):
     authenticated: bool
     name: str | None = None
     scope: Scope | None = None
+    expires_at: datetime | None = Field(default=None, description="When the token stops working; null: never.")
     read_auth: bool = Field(description="Whether reads need a token on this server.")
-    write_auth: bool = Field(description="Whether writes need a write token on this server.")
+    write_auth: bool = Field(description="Whether writes need a write token on this server: always, but with "
+                                         "PIPEBOARD_AUTH=off (a loopback-only server).")

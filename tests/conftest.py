@@ -10,7 +10,9 @@ Databases
 - `empty_db_url`: a database without tables (migration tests), same two parameters.
 - `db_engine`: an engine on `db_url`. `session`: a Session inside a transaction that is rolled back
   after the test (commits inside the test only release a SAVEPOINT).
-- `client`: a TestClient on a fresh `create_app()` whose `get_session` is that `session`.
+- `client`: a TestClient on a fresh `create_app()` whose `get_session` is that `session`, sending
+  a write token (every write needs one). `anonymous`: a client of the same app with no token.
+  `make_token(scope)`: a new token's secret, in the test's `session`; `bearer(secret)`: its header.
 
 Services: PostgreSQL and Redis come from PIPEBOARD_TEST_POSTGRES_URL / PIPEBOARD_TEST_REDIS_URL
 (default the local servers). Unreachable: the test skips, or FAILS under CI=true.
@@ -162,17 +164,54 @@ def session(db_engine: Engine) -> Iterator[Session]:
         connection.close()
 
 
-@pytest.fixture
-def client(session: Session) -> Iterator[Any]:
-    """A TestClient on a fresh app whose requests all use the test's `session`."""
-    from fastapi.testclient import TestClient
+def bearer(secret: str) -> dict[str, str]:
+    return {"Authorization": f"Bearer {secret}"}
 
+
+@pytest.fixture
+def make_token(session: Session) -> Callable[..., str]:
+    """Factory: `make_token("admin", name=None, expires_at=None)` -> the secret of a new token."""
+    from app.services.tokens import create_token
+
+    def make(scope: str = "write", name: str | None = None, expires_at: Any = None) -> str:
+        _, secret = create_token(session, name or f"t-{scope}", scope, expires_at=expires_at)
+        session.commit()
+        return secret
+
+    return make
+
+
+# TestClient's default host, testserver, is not one the API answers (its Host allow-list).
+TEST_BASE_URL = "http://localhost"
+
+
+def app_on(session: Session, settings: Any = None) -> Any:
+    """A fresh `create_app(settings)` whose requests all use `session`."""
     from app.core.db import get_session
     from app.main import create_app
 
-    app = create_app()
+    app = create_app(settings)
     app.dependency_overrides[get_session] = lambda: session
-    with TestClient(app) as test_client:
+    return app
+
+
+@pytest.fixture
+def client(session: Session, make_token: Callable[..., str]) -> Iterator[Any]:
+    """A TestClient on a fresh app whose requests all use the test's `session`, sending a write
+    token named `suite-writer` (a request may send another in its own headers)."""
+    from fastapi.testclient import TestClient
+
+    with TestClient(app_on(session), base_url=TEST_BASE_URL, headers=bearer(make_token("write", "suite-writer"))) as test_client:
+        yield test_client
+
+
+@pytest.fixture
+def anonymous(session: Session) -> Iterator[Any]:
+    """A client that sends no token (anyone who can reach the server), on a fresh app with the
+    test's `session`; used alone, the database holds no token at all: a first start."""
+    from fastapi.testclient import TestClient
+
+    with TestClient(app_on(session), base_url=TEST_BASE_URL) as test_client:
         yield test_client
 
 

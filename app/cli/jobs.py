@@ -1,8 +1,8 @@
 """`pipeboard token create`, `pipeboard submit`, `pipeboard jobs list|show|cancel|retry`.
 
 These talk to a running server over HTTP (PIPEBOARD_URL / PIPEBOARD_TOKEN, or --url/--token),
-except `token create`, which writes to the configured database directly: it is how the first
-token comes to exist. Errors are one line on stderr and a non-zero exit code, never a traceback:
+except `token create`, which writes to the configured database directly: on the server machine it
+needs no token (`pipeboard up` printed the first admin token; this makes more). Errors are one line on stderr and a non-zero exit code, never a traceback:
 2 for bad input, 1 for a job that failed or a server that refused.
 """
 
@@ -167,25 +167,44 @@ def register(cli: typer.Typer) -> None:
 
     @token_app.command("create")
     def token_create(
-        name: str = typer.Option(..., "--name", help="What the token is for, e.g. ci."),
-        scope: str = typer.Option("read", "--scope", help="read or write."),
+        name: Optional[str] = typer.Argument(None, help="What the token is for, e.g. ci."),
+        name_option: Optional[str] = typer.Option(None, "--name", help="The same as NAME."),
+        scope: str = typer.Option("read", "--scope", help="read (GET routes), write (all but token management) or admin (everything)."),
+        expires_in: Optional[str] = typer.Option(None, "--expires-in", help="Stop working after this long: 30d, 12h, 90m, 45s, 2w (default: never)."),
     ) -> None:
-        """Create a token in the configured database and print it (shown once)."""
-        if scope not in ("read", "write"):
-            fail(f"--scope must be read or write, got {scope!r}", 2)
+        """Create a token in the configured database and print it (shown once). Run it on the server
+        machine: it writes the database directly, so it needs no token."""
+        import re
+        from datetime import timedelta
+
+        from app.schemas import NAME_PATTERN
+        from app.services.tokens import SCOPES, parse_duration, utcnow
+
+        if (name is None) == (name_option is None):
+            fail("give the token's NAME (or --name NAME), once", 2)
+        name = name or name_option
+        if not re.match(NAME_PATTERN, name):
+            fail(f"NAME {name!r}: letters, digits and _.:- or spaces, at most 120, starting with a letter or digit", 2)
+        if scope not in SCOPES:
+            fail(f"--scope must be one of {', '.join(SCOPES)}, got {scope!r}", 2)
+        try:
+            expires_at = utcnow() + timedelta(seconds=parse_duration(expires_in)) if expires_in is not None else None
+        except ValueError as exc:
+            fail(f"--expires-in: {exc}", 2)
         from sqlalchemy.exc import SQLAlchemyError
 
         from app.core.db import get_sessionmaker
-        from app.api.security import create_token
+        from app.services.tokens import create_token
 
         try:
             with get_sessionmaker()() as session:
-                row, secret = create_token(session, name, scope)
+                row, secret = create_token(session, name, scope, expires_at=expires_at)
                 session.commit()
         except SQLAlchemyError as exc:
             fail(f"cannot write the token to the database (run `pipeboard migrate`?): {str(exc).splitlines()[0]}")
         typer.echo(secret)
-        typer.echo(f"token {row.id} {name!r} scope={scope}; store it now, it is not shown again", err=True)
+        until = f", expires {expires_at.isoformat(timespec='seconds')}" if expires_at else ""
+        typer.echo(f"token {row.id} {name!r} scope={scope}{until}; store it now, it is not shown again", err=True)
 
     @cli.command("submit")
     def submit(

@@ -2,7 +2,9 @@
 
 `up` checks the configuration first and stops with ONE line naming the bad setting (exit code 2),
 migrates the database, then runs uvicorn and a Celery worker as child processes, each in its own
-process group, and stops both on Ctrl-C or SIGTERM.
+process group, and stops both on Ctrl-C or SIGTERM. Authentication is on from the first start
+(Jupyter's way): when the database has no admin token that works, `up` creates one and prints it
+once, in a dashboard URL that signs in with it (`#token=`: a fragment, so it reaches no server log).
 """
 
 from __future__ import annotations
@@ -147,7 +149,10 @@ def up(
 ) -> None:
     """Migrate the database, then serve the API and dashboard with a Celery worker until Ctrl-C."""
     try:
-        settings = checked_settings()
+        settings = checked_settings().model_copy(update={"bind_host": host})
+        refusal = settings.auth_off_refusal()
+        if refusal:
+            fail(f"{refusal} (--host {host})")
         check_reachable(settings)
         if not port_free(host, port):
             fail(f"--port {port}: address {host}:{port} is already in use")
@@ -184,17 +189,23 @@ def serve(settings, host: str, port: int, workers: int, concurrency: int) -> Non
     signal.signal(signal.SIGINT, request_stop)
     loglevel = settings.log_level
     uvicorn = [sys.executable, "-m", "uvicorn", "app.main:app", "--host", host, "--port", str(port), "--log-level", loglevel]
-    api = subprocess.Popen(uvicorn, start_new_session=True, preexec_fn=die_with_parent)
+    # The API's Host allow-list and its AUTH=off check need the address it listens on.
+    api_env = {**os.environ, "PIPEBOARD_BIND_HOST": host}
+    api = subprocess.Popen(uvicorn, start_new_session=True, preexec_fn=die_with_parent, env=api_env)
     children = [api]
     for index in range(workers):
         command = worker_command(concurrency, "threads", f"pipeboard{index + 1}@%h", loglevel)
         children.append(subprocess.Popen(command, start_new_session=True, preexec_fn=die_with_parent))
-    shown_host = f"[{host}]" if ":" in host else host
+    from app.core.config import is_wildcard
+
+    # A wildcard bind answers on every address; this machine's own name for it is the one to show.
+    shown_host = "localhost" if is_wildcard(host) else f"[{host}]" if ":" in host else host
     base = f"http://{shown_host}:{port}"
     exit_code = 0
     try:
         if wait_for_http(f"{base}/api/v1/health", api, should_stop=lambda: stopping):
             typer.echo(f"pipeboard is up at {base}  (API docs {base}/docs; Ctrl-C stops)")
+            announce_sign_in(settings, base)
         while not stopping:
             ended = [c for c in children if c.poll() is not None]
             if ended:
@@ -210,6 +221,25 @@ def serve(settings, host: str, port: int, workers: int, concurrency: int) -> Non
     if exit_code:
         raise typer.Exit(exit_code)
     typer.echo("pipeboard stopped")
+
+
+def announce_sign_in(settings, base: str) -> None:
+    """Print how to sign in; on a first start (no admin token works) create one and print it, once."""
+    if not settings.auth:
+        typer.echo("authentication is OFF (PIPEBOARD_AUTH=off): anyone who can reach this address can run code here")
+        return
+    from app.core.db import get_sessionmaker
+    from app.services.tokens import FIRST_ADMIN, ensure_first_admin
+
+    with get_sessionmaker()() as session:
+        secret = ensure_first_admin(session)
+    if secret is None:
+        typer.echo("sign in with an API token: `pipeboard token create NAME --scope write` (or `--scope admin`) "
+                   "on this machine prints a new one")
+        return
+    typer.echo(f"first start: created the admin token {FIRST_ADMIN!r}; it is shown only this once. "
+               "Open this URL to sign in with it (keep it secret):")
+    typer.echo(f"\n    {base}/#token={secret}\n")
 
 
 def worker(

@@ -8,13 +8,15 @@ all under `DATA_DIR`. Point `DATABASE_URL` at `postgresql+psycopg://...` and `BR
 
 from __future__ import annotations
 
+import ipaddress
 from functools import lru_cache
 from importlib import metadata
 from pathlib import Path
+from typing import Annotated
 from urllib.parse import urlsplit
 
 from pydantic import Field, field_validator, model_validator
-from pydantic_settings import BaseSettings, SettingsConfigDict
+from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict
 
 try:  # the installed distribution's version, as pyproject.toml declares it
     VERSION = metadata.version("pipeboard")
@@ -26,6 +28,8 @@ except metadata.PackageNotFoundError:  # running from a tree that was never inst
 BROKER_SCHEMES = ("sqlalchemy+sqlite", "sqla+sqlite", "redis", "rediss", "amqp", "pyamqp")
 RESULT_SCHEMES = ("db+sqlite", "db+postgresql", "db+postgresql+psycopg", "redis", "rediss", "rpc")
 DATABASE_SCHEMES = ("sqlite", "postgresql", "postgresql+psycopg")
+# Addresses only this machine can reach: the one place authentication may be switched off.
+LOOPBACK_HOSTS = ("127.0.0.1", "::1", "localhost")
 
 
 class Settings(BaseSettings):
@@ -38,7 +42,25 @@ class Settings(BaseSettings):
     redis_url: str = Field("", description="Redis for live pub/sub of run events; default the broker when it is Redis.")
     key_prefix: str = Field("", description="Prefix of every Redis key and channel, so that deployments (or tests) can share one Redis.")
 
-    read_auth: bool = Field(False, description="When true, reads need a token too (writes need a write token once any token exists).")
+    auth: bool = Field(True, description=(
+        "Authentication, on by default: every write needs a token from the first start. `off` lets anyone who "
+        "reaches the server write (run code); it is refused unless the server binds to loopback only (BIND_HOST "
+        "127.0.0.1, ::1 or localhost)."))
+    read_auth: bool = Field(False, description="When true, reads need a token too (writes always do, unless AUTH=off).")
+    bind_host: str = Field("127.0.0.1", description=(
+        "The address the API listens on; `pipeboard up --host` sets it for the API process it starts. The Host "
+        "allow-list includes it, and AUTH=off needs it to be loopback."))
+    allowed_hosts: Annotated[list[str], NoDecode] = Field(default_factory=list, description=(
+        "More Host header values the API answers, comma-separated (`*.example.com` matches subdomains), besides "
+        "localhost, 127.0.0.1, ::1 and BIND_HOST (with a wildcard BIND_HOST, this machine's names and addresses); "
+        "any other Host gets 400, against DNS rebinding. `*` allows all."))
+    cors_origins: Annotated[list[str], NoDecode] = Field(default_factory=list, description=(
+        "Origins whose pages may call the API from a browser, comma-separated (e.g. https://ci.example.com); "
+        "none by default (no CORS headers at all)."))
+    max_body_bytes: int = Field(1024 * 1024, gt=0, description="Largest request body on JSON routes (413 past it); uploads have MAX_UPLOAD_BYTES.")
+    auth_failure_limit: str = Field("10/minute", description=(
+        "Failed authentications allowed per client address, as a `limits` rate (e.g. 10/minute, 100/hour); past "
+        "it requests with a token get 429 with Retry-After until the window has room again."))
     max_upload_bytes: int = Field(50 * 1024 * 1024, gt=0, description="Largest accepted upload (profiles, graph.txt).")
     heartbeat_seconds: float = Field(5.0, gt=0, description="How often running jobs and workers report they are alive.")
     stale_after_heartbeats: int = Field(3, ge=1, description="Missed heartbeats after which a job or worker is presumed dead.")
@@ -51,6 +73,32 @@ class Settings(BaseSettings):
     def _absolute_data_dir(cls, value: Path) -> Path:
         # Workers and the API resolve the same folder however they were started.
         return value.expanduser().resolve()
+
+    @field_validator("allowed_hosts", "cors_origins", mode="before")
+    @classmethod
+    def _comma_separated(cls, value: object) -> object:
+        if isinstance(value, str):
+            return [part.strip() for part in value.split(",") if part.strip()]
+        return value
+
+    @field_validator("allowed_hosts")
+    @classmethod
+    def _host_patterns(cls, value: list[str]) -> list[str]:
+        for pattern in value:
+            if pattern != "*" and ("*" in pattern[1:] or (pattern.startswith("*") and not pattern.startswith("*."))):
+                raise ValueError(f"{pattern!r}: a wildcard must be the whole entry (*) or lead it (*.example.com)")
+        return [host_header_form(p) for p in value]
+
+    @field_validator("auth_failure_limit")
+    @classmethod
+    def _rate(cls, value: str) -> str:
+        from limits import parse_many
+
+        try:
+            parse_many(value)
+        except ValueError:
+            raise ValueError(f"{value!r} is not a rate such as 10/minute or 100/hour") from None
+        return value
 
     @model_validator(mode="after")
     def _fill_defaults(self) -> Settings:
@@ -72,6 +120,23 @@ class Settings(BaseSettings):
     def stale_after_seconds(self) -> float:
         return self.heartbeat_seconds * self.stale_after_heartbeats
 
+    def trusted_hosts(self) -> list[str]:
+        """The Host header values the API answers (Starlette's TrustedHostMiddleware patterns)."""
+        hosts = ["localhost", "127.0.0.1", "[::1]"]
+        if is_wildcard(self.bind_host):
+            hosts += machine_names()
+        else:
+            hosts.append(host_header_form(self.bind_host))
+        hosts += self.allowed_hosts
+        return list(dict.fromkeys(h.lower() for h in hosts))
+
+    def auth_off_refusal(self) -> str | None:
+        """Why this configuration may not run (AUTH=off on a non-loopback address), or None."""
+        if self.auth or is_loopback(self.bind_host):
+            return None
+        return (f"PIPEBOARD_AUTH: off is allowed only when the server binds to loopback "
+                f"({', '.join(LOOPBACK_HOSTS)}), not {self.bind_host}: anyone who reaches it could run code")
+
     def problems(self) -> list[str]:
         """Configuration errors, one line each naming the setting (empty when all is well)."""
         found = []
@@ -91,6 +156,36 @@ class Settings(BaseSettings):
                 f"(use one of {', '.join(RESULT_SCHEMES)})"
             )
         return found
+
+
+def is_loopback(host: str) -> bool:
+    return host.strip("[]").lower() in LOOPBACK_HOSTS
+
+
+def is_wildcard(host: str) -> bool:
+    return host.strip("[]") in ("", "0.0.0.0", "::")
+
+
+def host_header_form(host: str) -> str:
+    """How a host appears in a Host header: IPv6 addresses in brackets."""
+    bare = host.strip("[]")
+    try:
+        return f"[{bare}]" if ipaddress.ip_address(bare).version == 6 else bare
+    except ValueError:
+        return host
+
+
+def machine_names() -> list[str]:
+    """This machine's host names and addresses: what clients of a wildcard bind may send as Host."""
+    import socket
+
+    names = {socket.gethostname(), socket.getfqdn()}
+    for name in list(names):
+        try:
+            names |= {info[4][0] for info in socket.getaddrinfo(name, None)}
+        except OSError:
+            pass
+    return sorted(host_header_form(n) for n in names if n)
 
 
 def scheme_of(url: str) -> str:

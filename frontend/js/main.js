@@ -18,6 +18,16 @@ const view = document.getElementById('view');
 let cleanup = null;
 let generation = 0;
 
+/** A sign-in link, `http://host:port/#token=pb_...` (a first `pipeboard up` prints one): keep the
+ * token as the current sign-in, as the sign-in page does, and take it out of the address bar and
+ * the history. A fragment never reaches the server, so no log holds it. */
+function adoptTokenFromUrl() {
+  const match = location.hash.match(/^#token=([^&]+)$/);
+  if (!match) return;
+  setToken(decodeURIComponent(match[1]));
+  history.replaceState(null, '', `${location.pathname}${location.search}#/jobs`);
+}
+
 function parseHash() {
   const raw = decodeURIComponent(location.hash.replace(/^#/, '')) || '/';
   const [path, search = ''] = raw.split('?');
@@ -76,5 +86,6 @@ window.addEventListener('pipeboard:unauthorized', () => {
 window.addEventListener('pipeboard:token', renderAuth);
 window.addEventListener('hashchange', () => { route(); view.focus({ preventScroll: true }); });
 
+adoptTokenFromUrl();
 renderAuth();
 route();

@@ -46,23 +46,36 @@ def test_unreachable_server_is_one_line(tmp_path: Path):
 
 
 def test_token_create_prints_the_secret_once(tmp_path: Path):
+    from datetime import datetime, timedelta, timezone
+
     from sqlalchemy import select
     from sqlalchemy.orm import Session
 
     from app.core.db import make_engine
-    from app.api.security import hash_token
     from app.models import ApiToken, Base
+    from app.services.tokens import hash_token
 
     url = f"sqlite:///{tmp_path}/t.sqlite"
     engine = make_engine(url)
     Base.metadata.create_all(engine)
-    made = run("token", "create", "--name", "ci", "--scope", "write", env={"PIPEBOARD_DATABASE_URL": url})
+    env = {"PIPEBOARD_DATABASE_URL": url}
+    made = run("token", "create", "ci", "--scope", "write", "--expires-in", "30d", env=env)
     assert made.returncode == 0, made.stderr
     secret = made.stdout.strip()
+    assert secret.startswith("pb_") and secret not in made.stderr and "expires" in made.stderr
     with Session(engine) as s:
         row = s.scalar(select(ApiToken))
         assert row.name == "ci" and row.scope.value == "write" and row.token_hash == hash_token(secret)
-    assert run("token", "create", "--name", "x", "--scope", "admin", env={"PIPEBOARD_DATABASE_URL": url}).returncode == 2
+        now = datetime.now(timezone.utc)
+        assert now + timedelta(days=29) < row.expires_at <= now + timedelta(days=30)
+    admin = run("token", "create", "--name", "ops", "--scope", "admin", env=env)  # --name, as before
+    assert admin.returncode == 0, admin.stderr
+    with Session(engine) as s:
+        assert s.scalar(select(ApiToken).where(ApiToken.name == "ops")).scope.value == "admin"
+    for bad, naming in ((["x", "--scope", "root"], "--scope"), (["x", "--expires-in", "soon"], "--expires-in"),
+                        (["x", "--expires-in", "0d"], "--expires-in"), ([], "NAME"), (["bad/name"], "NAME")):
+        refused = run("token", "create", *bad, env=env)
+        assert refused.returncode == 2 and naming in refused.stderr and refused.stderr.count("\n") == 1, refused.stderr
     engine.dispose()
 
 
@@ -73,7 +86,7 @@ def test_jobs_commands_against_a_server(tmp_path: Path):
     from sqlalchemy.orm import Session
 
     from app.core.db import make_engine
-    from app.api.security import create_token
+    from app.services.tokens import create_token
     from tests.app.test_e2e_support import Deployment, embedded_env
     from tests.conftest import settings_from_env
 

@@ -145,3 +145,19 @@ def test_a_profile_without_what_predict_needs_falls_back_to_the_plan(client, pro
         sched = planning.runtime_schedule(body["plan"], "1f1b", 4)
         assert body["predicted"]["iteration_time_s"] == pytest.approx(
             simulate(sched, costs_from_plan(body["plan"])).iteration_time_s)
+
+
+@pytest.mark.parametrize(("change", "field"), [
+    ({"timeline_limit": False}, "timeline_limit"),
+    ({"microbatches": True}, "microbatches"),
+    ({"chunks": "2"}, "chunks"),
+    ({"batch_size": 32.0}, "batch_size"),
+    ({"levels": [{"workers": True, "bandwidth": 1e9}]}, "levels.0.workers"),
+    ({"levels": [{"workers": 2, "bandwidth": True}]}, "levels.0.bandwidth"),
+])
+def test_booleans_and_strings_are_not_numbers(client, change, field):
+    body = {"profile_id": 424242, "levels": [{"workers": 2, "bandwidth": 1e9}], "timeline_limit": 10, **change}
+    refused = plan(client, **body)
+    assert refused.status_code == 422 and refused.json()["detail"].startswith(f"{field}: "), refused.text
+    assert plan(client, **{**body, **{"timeline_limit": 0, "microbatches": 4, "chunks": 1, "batch_size": 32,
+                                      "levels": [{"workers": 2, "bandwidth": 1e9}]}}).status_code == 404  # valid: no such profile

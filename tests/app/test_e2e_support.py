@@ -74,10 +74,18 @@ class Deployment:
     url: str = ""
 
     def __post_init__(self) -> None:
+        from sqlalchemy.orm import Session
+
+        from app.services.tokens import create_token
+
         engine = make_engine(settings_from_env(self.env).database_url)
         Base.metadata.create_all(engine)
+        with Session(engine) as session:  # every write needs a token: the deployment's admin
+            _, self.token = create_token(session, "e2e", "admin")
+            session.commit()
         engine.dispose()
-        self.http = httpx.Client(timeout=30)
+        self.env["PIPEBOARD_TOKEN"] = self.token  # for `pipeboard submit`/`jobs` run against it
+        self.http = httpx.Client(timeout=30, headers={"Authorization": f"Bearer {self.token}"})
 
     def _spawn(self, argv: list[str], name: str) -> subprocess.Popen:
         log = open(self.workdir / f"{name}.log", "ab")

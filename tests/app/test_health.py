@@ -12,6 +12,7 @@ from app.core.config import VERSION, Settings, get_settings
 from app.core.db import get_session, make_engine
 from app.main import create_app
 from app.models import WorkerHeartbeat, utcnow
+from tests.conftest import TEST_BASE_URL
 
 
 def test_health_reports_database_broker_and_no_workers(client: TestClient) -> None:
@@ -54,7 +55,7 @@ def test_unreachable_database_is_named_and_503(tmp_path: Path) -> None:
 
     app.dependency_overrides[get_session] = dead_session
     app.dependency_overrides[get_settings] = lambda: Settings(data_dir=tmp_path)
-    response = TestClient(app).get("/api/v1/health")
+    response = TestClient(app, base_url=TEST_BASE_URL).get("/api/v1/health")
     assert response.status_code == 503
     assert response.json()["database"].startswith("unreachable: ")
     assert response.json()["broker"] == "ok"
@@ -75,7 +76,7 @@ def test_unexpected_errors_become_a_plain_500() -> None:
 
     app = app_with_route("/boom", boom)
 
-    response = TestClient(app, raise_server_exceptions=False).get("/boom")
+    response = TestClient(app, base_url=TEST_BASE_URL, raise_server_exceptions=False).get("/boom")
     assert response.status_code == 500
     assert response.json() == {"detail": "internal error (RuntimeError)"}
     assert "secret" not in response.text and "Traceback" not in response.text
@@ -87,14 +88,14 @@ def test_validation_errors_name_the_field() -> None:
 
     app = app_with_route("/items", items)
 
-    response = TestClient(app).get("/items", params={"limit": "many"})
+    response = TestClient(app, base_url=TEST_BASE_URL).get("/items", params={"limit": "many"})
     assert response.status_code == 422
     assert response.json()["detail"].startswith("limit: ")
     assert response.json()["errors"][0]["loc"] == ["query", "limit"]
 
 
 def test_openapi_describes_the_service() -> None:
-    schema = TestClient(create_app()).get("/openapi.json").json()
+    schema = TestClient(create_app(), base_url=TEST_BASE_URL).get("/openapi.json").json()
     assert schema["info"]["title"] == "pipeboard"
     assert schema["info"]["version"] == VERSION
     assert "/api/v1/health" in schema["paths"]

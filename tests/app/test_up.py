@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import signal
 import socket
 import subprocess
@@ -70,6 +71,14 @@ def test_bad_configuration_stops_start_up_with_one_line(
     assert_one_line_error(subprocess.CompletedProcess([], result.exit_code, result.stdout, result.stderr), variable)
 
 
+@pytest.mark.parametrize("host", ["0.0.0.0", "::", "192.0.2.10"])
+def test_auth_off_is_refused_unless_up_binds_to_loopback(host: str, tmp_path: Path) -> None:
+    env = {"PIPEBOARD_DATA_DIR": str(tmp_path), "PIPEBOARD_AUTH": "off"}
+    result = pipeboard("up", "--host", host, "--port", "1", env=env)
+    assert_one_line_error(result, "PIPEBOARD_AUTH")
+    assert f"not {host}" in result.stderr and not (tmp_path / "pipeboard.sqlite").exists()  # nothing was started
+
+
 def test_worker_refuses_a_daemonic_pool() -> None:
     from typer.testing import CliRunner
 
@@ -98,27 +107,29 @@ def get_json(url: str) -> dict:
         return json.loads(response.read())
 
 
-@pytest.mark.slow
-def test_up_serves_health_with_one_worker_and_stops_on_sigterm(tmp_path: Path) -> None:
+def run_up(tmp_path: Path, name: str, workers: int = 1, until: str = "pipeboard is up at") -> tuple[str, str]:
+    """`pipeboard up` on a free port until its log shows `until` and /health counts `workers`,
+    then SIGTERM; returns its base URL and its whole output."""
     port = free_port()
-    env = {**os.environ, "PIPEBOARD_DATA_DIR": str(tmp_path), "PIPEBOARD_HEARTBEAT_SECONDS": "0.5"}
-    log_path = tmp_path / "up.log"
+    env = {**os.environ, "PIPEBOARD_DATA_DIR": str(tmp_path / "data"), "PIPEBOARD_HEARTBEAT_SECONDS": "0.5"}
+    log_path = tmp_path / f"{name}.log"
     with open(log_path, "w") as log:
         up = subprocess.Popen(
-            [sys.executable, "-c", "from app.cli import main; main()", "up", "--port", str(port)],
+            [sys.executable, "-c", "from app.cli import main; main()", "up", "--port", str(port), "--workers", str(workers)],
             cwd=ROOT, env=env, stdout=log, stderr=subprocess.STDOUT, text=True,
         )
+    url = f"http://127.0.0.1:{port}"
     try:
-        url = f"http://127.0.0.1:{port}"
         deadline = time.monotonic() + 60
         health: dict = {}
         while time.monotonic() < deadline and up.poll() is None:
-            if f"pipeboard is up at {url}" in log_path.read_text():
+            if until in log_path.read_text():
                 health = get_json(f"{url}/api/v1/health")
-                if health["workers"] == 1:
+                if health["workers"] == workers:
                     break
             time.sleep(0.3)
-        assert health == {"database": "ok", "broker": "ok", "workers": 1, "version": health.get("version")}, log_path.read_text()
+        assert health == {"database": "ok", "broker": "ok", "workers": workers, "version": health.get("version")}, log_path.read_text()
+        check_while_up(url, log_path.read_text())
         up.send_signal(signal.SIGTERM)
         assert up.wait(timeout=40) == 0, log_path.read_text()
     finally:
@@ -134,3 +145,32 @@ def test_up_serves_health_with_one_worker_and_stops_on_sigterm(tmp_path: Path) -
     assert "Traceback" not in output
     with pytest.raises(OSError):
         get_json(f"{url}/api/v1/health")
+    return url, output
+
+
+def check_while_up(url: str, output: str) -> None:
+    """While it runs: the token a first start printed signs in as admin and can write."""
+    import httpx
+
+    match = re.search(r"http://\S+/#token=(pb_\S+)", output)
+    if match:
+        me = httpx.get(f"{url}/api/v1/tokens/me", headers={"Authorization": f"Bearer {match.group(1)}"}).json()
+        assert me["authenticated"] and me["scope"] == "admin" and me["name"] == "admin"
+    anonymous = httpx.post(f"{url}/api/v1/tokens", json={"name": "mine", "scope": "admin"})
+    assert anonymous.status_code == 401  # closed from the first start
+
+
+@pytest.mark.slow
+def test_up_serves_health_with_one_worker_and_stops_on_sigterm(tmp_path: Path) -> None:
+    run_up(tmp_path, "up")
+
+
+@pytest.mark.slow
+def test_up_prints_an_admin_token_once_on_the_first_start(tmp_path: Path) -> None:
+    url, first = run_up(tmp_path, "first", workers=0, until="#token=")
+    tokens = re.findall(r"(\S+)/#token=(pb_[A-Za-z0-9_-]+)", first)
+    assert len(tokens) == 1 and tokens[0][0] == url, first
+    assert first.count(tokens[0][1]) == 1  # shown once, in the URL only
+    _, later = run_up(tmp_path, "later", workers=0, until="pipeboard token create")
+    assert "#token=" not in later and "pb_" not in later
+    assert "sign in with an API token: `pipeboard token create NAME --scope write`" in later

@@ -3,7 +3,9 @@
 - `chromium`: the executable; the tests skip when it is absent, except under CI=true where they
   fail (CI installs it). Never a downloaded browser.
 - `start_server(workers=1)`: `pipeboard up` (migrations, uvicorn, real Celery workers on the
-  embedded SQLite broker) on a free port with its own data folder; stopped after the module.
+  embedded SQLite broker) on a free port with its own data folder; stopped after the module. Its
+  `token` is the admin token the first start printed (`api()` sends it); `sign_in(page)` opens
+  the dashboard through the sign-in link it printed with it.
 - `static_server` / `module_page`: the dashboard's files alone, and a blank same-origin page with
   plotly.js loaded, for tests of the JS modules that need no API.
 - `browser` / `page`: a headless Chromium and a fresh 1280x800 page per test whose console errors
@@ -70,16 +72,20 @@ class LiveServer:
         return self.log_path.read_text(errors="replace")
 
     def wait_ready(self, workers: int, timeout: float = 90) -> None:
+        import re
+
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
             if self.process.poll() is not None:
                 raise RuntimeError(f"pipeboard up exited with {self.process.returncode}:\n{self.log()[-3000:]}")
+            signed = re.search(r"/#token=(pb_[A-Za-z0-9_-]+)", self.log())  # printed once the API is up
             try:
                 with urllib.request.urlopen(f"{self.url}/api/v1/health", timeout=5) as response:
                     import json
 
                     health = json.loads(response.read())
-                    if health.get("workers", 0) >= workers:
+                    if health.get("workers", 0) >= workers and signed:
+                        self.token = signed.group(1)
                         return
             except OSError:
                 pass
@@ -98,11 +104,17 @@ class LiveServer:
             except ProcessLookupError:
                 pass
 
+    def sign_in(self, page: Any) -> None:
+        """Open the dashboard through the first start's sign-in link (`#token=`), as a user would."""
+        page.goto(f"{self.url}/#token={self.token}")
+        page.locator("#auth-status", has_text="admin (admin)").wait_for()
+
     def api(self, method: str, path: str, body: Any = None, token: str | None = None) -> Any:
-        """A JSON request to the API (test setup and checks go through the real HTTP API too)."""
+        """A JSON request to the API with the admin token, or `token` (test setup and checks go
+        through the real HTTP API too)."""
         import httpx
 
-        headers = {"Authorization": f"Bearer {token}"} if token else {}
+        headers = {"Authorization": f"Bearer {token or self.token}"}
         response = httpx.request(method, f"{self.url}/api/v1{path}", json=body, headers=headers, timeout=120)
         response.raise_for_status()
         return response.json()

@@ -76,7 +76,7 @@ def test_api_routes_win_whatever_the_order_of_registration() -> None:
 def test_the_real_app_serves_the_dashboard_and_its_api() -> None:
     from app.main import create_app
 
-    client = TestClient(create_app())
+    client = TestClient(create_app(), base_url="http://localhost")  # a Host the app answers
     assert plotly_path() in client.get("/").text
     assert client.head("/").status_code == 200
     assert client.get("/openapi.json").status_code == 200

@@ -21,8 +21,20 @@ def server(start_server):
 
 @pytest.fixture(scope="module")
 def write_token(server) -> str:
-    """The server's first API token: from then on its writes need one (so tests using it run last)."""
+    """A write token, minted over HTTP with the admin token the first start printed."""
     return server.api("POST", "/tokens", {"name": "browser", "scope": "write"})["token"]
+
+
+def test_the_first_start_sign_in_link_signs_in_and_leaves_the_address_bar(server, page, shoot) -> None:
+    page.goto(f"{server.url}/#token={server.token}")
+    page.locator("#auth-status", has_text="admin (admin)").wait_for()
+    assert page.url == f"{server.url}/#/jobs" and "token" not in page.evaluate("() => location.href")
+    assert page.evaluate("() => localStorage.getItem('pipeboard.token')") == server.token
+    page.get_by_text("No jobs yet.").wait_for()
+    shoot(page, "signed-in-from-the-link")
+    assert page.errors == []
+    page.go_back()  # the link's entry was replaced, not pushed: Back leaves the dashboard
+    assert page.url == "about:blank"
 
 
 def test_jobs_page_empty_state(server, page, shoot) -> None:
@@ -47,6 +59,7 @@ def test_jobs_page_error_state_and_recovery(server, page) -> None:
 def test_jobs_table_filters_cancels_and_retries(server, page, shoot) -> None:
     first = server.api("POST", "/jobs", {**SPEC, "name": "table-a"})
     second = server.api("POST", "/jobs", {**SPEC, "name": "table-b", "schedule": "gpipe"})
+    server.sign_in(page)  # cancel and retry are writes
     page.goto(f"{server.url}/#/jobs")
     row_a = page.locator(f'tr[data-job-id="{first["id"]}"]')
     row_b = page.locator(f'tr[data-job-id="{second["id"]}"]')
@@ -71,6 +84,7 @@ def test_jobs_table_filters_cancels_and_retries(server, page, shoot) -> None:
 
 
 def test_new_job_form_names_bad_fields_then_submits(server, page, shoot) -> None:
+    server.sign_in(page)  # the what-if and the submission are writes
     page.goto(f"{server.url}/#/new")
     page.wait_for_selector('#f-model option[value="mlp-digits"]', state="attached")
     page.select_option("#f-cluster-mode", "levels")
@@ -174,6 +188,7 @@ def test_unknown_page_and_unknown_job(server, page) -> None:
 
 
 def test_keyboard_reaches_navigation_and_form(server, page) -> None:
+    server.sign_in(page)
     page.goto(f"{server.url}/#/new")
     page.wait_for_selector('#f-model option[value="mlp-digits"]', state="attached")
     reached = []
@@ -186,6 +201,7 @@ def test_keyboard_reaches_navigation_and_form(server, page) -> None:
 
 def test_narrow_window_has_no_horizontal_scroll(server, page, shoot) -> None:
     page.set_viewport_size({"width": 390, "height": 800})
+    server.sign_in(page)
     for route in ("jobs", "new", "compare"):
         page.goto(f"{server.url}/#/{route}")
         page.locator("main h1").first.wait_for()
@@ -233,7 +249,7 @@ def test_event_stream_batches_messages_and_resumes_after_an_id(server, page, req
 
 
 def test_sign_in_when_the_api_answers_401(server, write_token, page, shoot) -> None:
-    # Last in this module: once a token exists, writes need one (reads stay open by default).
+    # Writes need a token from the first start (reads stay open by default).
     token = write_token
     page.goto(f"{server.url}/#/jobs")
     page.evaluate("() => localStorage.clear()")  # the pages of this module share one browser context

@@ -35,6 +35,7 @@ def test_the_api_lists_the_added_schedule(server) -> None:
 
 def test_the_form_lists_the_registry_and_shows_what_each_schedule_takes(server, page, shoot) -> None:
     names = [s["name"] for s in server.api("GET", "/schedules")["data"]]
+    server.sign_in(page)  # the what-if is a write
     page.goto(f"{server.url}/#/new")
     page.wait_for_selector(f'#f-schedule option[value="{TWIN}"]', state="attached")
     assert page.evaluate(OPTIONS) == names
@@ -61,6 +62,7 @@ def test_the_form_lists_the_registry_and_shows_what_each_schedule_takes(server, 
 
 def test_a_job_with_the_added_schedule_plans_and_runs(server, page, shoot) -> None:
     page.set_default_timeout(60000)
+    server.sign_in(page)
     page.goto(f"{server.url}/#/new")
     page.wait_for_selector('#f-model option[value="mlp-digits"]', state="attached")
     page.wait_for_selector(f'#f-schedule option[value="{TWIN}"]', state="attached")

@@ -27,6 +27,7 @@ POINTS = "(id) => (document.getElementById(id).data || []).map((t) => t.x.length
 def test_submit_through_the_form_and_watch_it_succeed(start_server, page, shoot) -> None:
     server = start_server(workers=1)
     page.set_default_timeout(60000)
+    server.sign_in(page)  # through the link the first start printed
     page.goto(f"{server.url}/#/new")
     page.wait_for_selector('#f-model option[value="mlp-digits"]', state="attached")
     page.select_option("#f-model", "mlp-digits")

@@ -284,7 +284,7 @@ from app.core.db import get_session
 from app.main import create_app
 app = create_app()
 app.dependency_overrides[get_session] = lambda: None  # anonymous reads touch no database
-client = TestClient(app)
+client = TestClient(app, base_url="http://localhost")  # a Host the app answers
 print(json.dumps({"openapi": client.get("/openapi.json").json(), "schedules": client.get("/api/v1/schedules").json()}))
 """
 

@@ -1,16 +1,17 @@
-"""`/tokens`: API tokens (also `pipeboard token create`), and `/tokens/me` for the browser's sign-in."""
+"""`/tokens`: API tokens (admin tokens only; also `pipeboard token create`), and `/tokens/me` for the browser's sign-in."""
 
 from __future__ import annotations
 
-from fastapi import APIRouter
+from fastapi import APIRouter, Request
 from sqlalchemy import func, select, update
 
 from app.api.deps import SessionDep
 from app.api.common import AUTH_RESPONSES, NOT_FOUND, Limit, Offset, ServiceRoute, TokenId
 from app.api import security
-from app.api.security import AnyPrincipal, WriteAccess
+from app.api.security import AdminAccess, AnyPrincipal
 from app.models import ApiToken
 from app.schemas import Me, Page, TokenCreate, TokenCreated, TokenPublic
+from app.services import tokens
 from app.services.errors import NotFound
 from app.services.tx import begin_write
 
@@ -19,7 +20,7 @@ router = APIRouter(prefix="/tokens", tags=["tokens"], route_class=ServiceRoute, 
 
 def public(row: ApiToken) -> TokenPublic:
     return TokenPublic(id=row.id, name=row.name, scope=row.scope.value, prefix=row.prefix, created_at=row.created_at,
-                       last_used_at=row.last_used_at, revoked=row.revoked)
+                       last_used_at=row.last_used_at, expires_at=row.expires_at, revoked=row.revoked)
 
 
 @router.post(
@@ -27,10 +28,15 @@ def public(row: ApiToken) -> TokenPublic:
     response_model=TokenCreated,
     status_code=201,
     summary="Create an API token",
-    description="Returns the secret once; only its SHA-256 hash is stored. Needs a write token (or none while no token exists yet).",
+    description=(
+        "Returns the secret once; only its SHA-256 hash is stored. `scope`: `read` (GET routes), `write` (every "
+        "route but token management) or `admin` (everything). `expires_in_s` or `expires_at` (not both) make it "
+        "stop working then (401 `expired`). Needs an admin token (403 for any other); on the server machine "
+        "`pipeboard token create NAME --scope write` does the same without one."
+    ),
 )
-def create_token(body: TokenCreate, session: SessionDep, _: WriteAccess) -> TokenCreated:
-    row, secret = security.create_token(session, body.name, body.scope)
+def create_token(body: TokenCreate, session: SessionDep, _: AdminAccess) -> TokenCreated:
+    row, secret = tokens.create_token(session, body.name, body.scope, expires_at=body.expiry())
     session.commit()
     return TokenCreated(**public(row).model_dump(), token=secret)
 
@@ -39,9 +45,9 @@ def create_token(body: TokenCreate, session: SessionDep, _: WriteAccess) -> Toke
     "",
     response_model=Page[TokenPublic],
     summary="List API tokens",
-    description="Names, scopes and prefixes; never the secrets. Needs a write token.",
+    description="Names, scopes, prefixes, last use and expiry; never the secrets. Needs an admin token.",
 )
-def list_tokens(session: SessionDep, _: WriteAccess, offset: Offset = 0, limit: Limit = 100) -> Page[TokenPublic]:
+def list_tokens(session: SessionDep, _: AdminAccess, offset: Offset = 0, limit: Limit = 100) -> Page[TokenPublic]:
     count = session.scalar(select(func.count()).select_from(ApiToken)) or 0
     rows = session.scalars(select(ApiToken).order_by(ApiToken.id).offset(offset).limit(limit)).all()
     return Page(data=[public(r) for r in rows], count=count)
@@ -52,23 +58,25 @@ def list_tokens(session: SessionDep, _: WriteAccess, offset: Offset = 0, limit: 
     response_model=Me,
     summary="Who am I",
     description=(
-        "The browser's sign-in check: send `Authorization: Bearer <token>`; 200 with the token's name and "
-        "scope, or 401 for an invalid token. Without a token it says whether this server needs one."
+        "The browser's sign-in check: send `Authorization: Bearer <token>`; 200 with the token's name, scope and "
+        "expiry, or 401 for an unknown, revoked or expired token. Without a token it says whether this server "
+        "needs one for reads (`read_auth`) and writes (`write_auth`: always, unless PIPEBOARD_AUTH=off)."
     ),
 )
-def me(principal: AnyPrincipal, session: SessionDep) -> Me:
+def me(principal: AnyPrincipal, request: Request) -> Me:
     return Me(authenticated=principal.authenticated, name=principal.name, scope=principal.scope,
-              read_auth=security.read_auth_enabled(), write_auth=security.any_token_exists(session))
+              expires_at=principal.expires_at, read_auth=security.read_auth_enabled(request),
+              write_auth=security.app_settings(request).auth)
 
 
 @router.post(
     "/{token_id}/revoke",
     response_model=TokenPublic,
     summary="Revoke an API token",
-    description="The token stops working at once. Needs a write token.",
+    description="The token stops working at once. Needs an admin token.",
     responses=NOT_FOUND,
 )
-def revoke_token(token_id: TokenId, session: SessionDep, _: WriteAccess) -> TokenPublic:
+def revoke_token(token_id: TokenId, session: SessionDep, _: AdminAccess) -> TokenPublic:
     row = session.get(ApiToken, token_id)
     if row is None:
         raise NotFound("token", token_id)

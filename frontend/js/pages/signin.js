@@ -1,5 +1,7 @@
-// Sign in with an API token (`pipeboard token create --name me --scope write`). The token is
-// kept in localStorage and sent as `Authorization: Bearer`; the API asks for it with a 401.
+// Sign in with an API token: every write needs one, from the first start. A first `pipeboard up`
+// prints a sign-in link holding the admin token (main.js takes it from `#token=`); on the server
+// machine `pipeboard token create NAME --scope write` prints more. The token is kept in
+// localStorage and sent as `Authorization: Bearer`; the API asks for it with a 401.
 
 import { getToken, setToken, whoAmI } from '../api.js';
 import { h, navigate } from '../util.js';
@@ -9,7 +11,9 @@ export function render(container, { next }) {
   const message = h('p', { role: 'alert', id: 'signin-message', class: 'field-error' });
   const form = h('form', { class: 'panel signin', id: 'signin-form' },
     h('h1', {}, 'Sign in'),
-    h('p', { class: 'muted' }, 'This server needs an API token. Create one with ', h('code', {}, 'pipeboard token create --name me --scope write'), '.'),
+    h('p', { class: 'muted' }, 'Every change on this server needs an API token. The first ', h('code', {}, 'pipeboard up'),
+      ' printed a sign-in link with the admin token; on the server machine ', h('code', {}, 'pipeboard token create me --scope write'),
+      ' prints another.'),
     h('label', { for: 'token' }, 'API token'), input,
     h('div', { class: 'toolbar', style: 'margin-top:0.8rem' }, h('button', { type: 'submit', class: 'primary' }, 'Sign in')),
     message);
