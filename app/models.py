@@ -26,6 +26,7 @@ from sqlalchemy import (
     ForeignKey,
     Index,
     Integer,
+    LargeBinary,
     MetaData,
     String,
     Text,
@@ -111,18 +112,46 @@ class TokenScope(str, enum.Enum):
     ADMIN = "admin"  # everything, token management too
 
 
+class ModelStatus(str, enum.Enum):
+    VALIDATING = "validating"  # a worker builds, splits and runs one batch of it
+    READY = "ready"
+    FAILED = "failed"  # `message` says why
+
+
+class CodeContext(Base):
+    """A user's project archive (.tar.gz or .zip), checked and stored by the SHA-256 of its bytes;
+    workers unpack it into their own data folder (app/services/contexts.py)."""
+
+    __tablename__ = "contexts"
+
+    sha256: Mapped[str] = mapped_column(String(64), primary_key=True)
+    filename: Mapped[str] = mapped_column(String(200))
+    kind: Mapped[str] = mapped_column(String(8))  # "tar.gz" | "zip"
+    size: Mapped[int]
+    files: Mapped[int]
+    unpacked_bytes: Mapped[int]
+    content: Mapped[bytes] = mapped_column(LargeBinary, deferred=True)
+    created_at: Mapped[datetime] = mapped_column(default=utcnow)
+
+
 class Model(Base):
-    """A trainable model: a zoo name (`source="zoo:resnet18"` style or plain name) or an import path."""
+    """A trainable model: a task factory, as an import path installed on the workers or a path
+    inside an uploaded code context. Validated by a worker before it can run (``status``)."""
 
     __tablename__ = "models"
 
     id: Mapped[int] = mapped_column(primary_key=True)
     name: Mapped[str] = mapped_column(String(200), unique=True)
     source: Mapped[str] = mapped_column(String(500))
-    kind: Mapped[str] = mapped_column(String(16), default="zoo")  # "zoo" | "import"
+    kind: Mapped[str] = mapped_column(String(16), default="zoo")  # "zoo" | "import" | "context"
     config: Mapped[dict[str, Any]] = mapped_column(default=dict)  # constructor / data arguments
     description: Mapped[str] = mapped_column(Text, default="")
     created_at: Mapped[datetime] = mapped_column(default=utcnow)
+    context_sha256: Mapped[str | None] = mapped_column(ForeignKey("contexts.sha256", ondelete="RESTRICT"), index=True)
+    data: Mapped[str | None] = mapped_column(String(500))  # the data location its validation used
+    status: Mapped[ModelStatus] = mapped_column(_str_enum(ModelStatus, "model_status"), default=ModelStatus.READY)
+    message: Mapped[str] = mapped_column(Text, default="")  # why validation failed, or what it found
+    layers: Mapped[int | None]
 
 
 class Profile(Base):
@@ -166,6 +195,7 @@ class Job(Base):
     name: Mapped[str] = mapped_column(String(200), default="")
     kind: Mapped[str] = mapped_column(String(16), default="train")  # "train" | "profile" | ...
     status: Mapped[JobStatus] = mapped_column(_str_enum(JobStatus, "job_status"), default=JobStatus.QUEUED)
+    submitted_by: Mapped[str | None] = mapped_column(String(200))  # the API token's name
     priority: Mapped[int] = mapped_column(default=0)
     spec: Mapped[dict[str, Any]]  # the submitted request, as validated
     model_id: Mapped[int | None] = mapped_column(ForeignKey("models.id", ondelete="SET NULL"), index=True)

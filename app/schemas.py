@@ -115,20 +115,34 @@ class ValidationFailed(BaseModel):
 # --- models -----------------------------------------------------------------------------------
 
 
+FACTORY_PATTERN = r"^(?:[A-Za-z_][A-Za-z0-9_.]*|[A-Za-z0-9_.][A-Za-z0-9_./-]*\.py):[A-Za-z_][A-Za-z0-9_]*$"
+SHA256_PATTERN = r"^[0-9a-f]{64}$"
+
+
 class ModelCreate(BaseModel):
-    """Register a user model by import path; it is validated by tracing it before it is stored."""
+    """Register a task factory: an import path installed on the workers, or a path inside an
+    uploaded code context (POST /contexts). A worker validates it before it can run."""
 
-    # An example the API accepts as it stands: a task factory installed with pipeboard itself.
-    model_config = ConfigDict(json_schema_extra={"examples": [{"name": "my-mlp", "source": "trainer.zoo.digits:mlp_digits", "config": {"hidden": 64}}]})
+    # An example the API accepts as it stands: a task factory installed with pipeboard itself (one in
+    # a code context names the context's sha256, which only an upload makes: docs/api.md).
+    model_config = ConfigDict(json_schema_extra={"examples": [{"name": "my-mlp", "source": "trainer.zoo.digits:mlp_digits",
+                                                                "config": {"hidden": 64}}]})
 
-    name: str = Field(pattern=NAME_PATTERN, description="Unique name to refer to the model by.")
+    name: str = Field(pattern=NAME_PATTERN, description="Unique name to refer to the model by (jobs' `model`).")
     source: str = Field(
         min_length=3,
         max_length=300,
-        pattern=r"^[A-Za-z_][A-Za-z0-9_.]*:[A-Za-z_][A-Za-z0-9_]*$",
-        description="Import path `package.module:factory`; the factory returns (nn.Module, example_input).",
+        pattern=FACTORY_PATTERN,
+        description="The task factory: `package.module:function` (importable on the workers, or from the "
+                    "context's top folder) or `path/inside/context.py:function` (needs `context`). It returns "
+                    "a trainer.Task.",
     )
-    config: dict[str, Any] = Field(default_factory=dict, description="Keyword arguments passed to the factory.")
+    context: str | None = Field(default=None, pattern=SHA256_PATTERN,
+                                description="SHA-256 of an uploaded code context (POST /contexts) the factory lives in.")
+    config: dict[str, Any] = Field(default_factory=dict, description="Model arguments passed to the factory.")
+    data: str | None = Field(default=None, max_length=500,
+                             description="Data location passed to the factory as `data=` when validating (a path "
+                                         "relative to the context's top folder, or absolute on the workers).")
 
 
 class ModelPublic(BaseModel):
@@ -137,10 +151,29 @@ class ModelPublic(BaseModel):
     id: int | None = Field(description="Database id; null for zoo models that were never registered.")
     name: str
     source: str
-    kind: str = Field(description="`zoo` or `import`.")
+    kind: str = Field(description="`zoo`, `import` (an installed import path) or `context` (an uploaded project).")
     description: str = ""
     config: dict[str, Any] = Field(default_factory=dict)
+    context: str | None = Field(default=None, description="SHA-256 of the model's code context.")
+    data: str | None = None
+    status: Literal["validating", "ready", "failed"] = Field(
+        default="ready", description="`validating` while a worker builds, checks and splits it; `ready`; `failed` "
+                                     "(`message` says why). Zoo models are always ready.")
+    message: str = Field(default="", description="What validation found, or why it failed.")
     layers: int | None = None
+    created_at: datetime | None = None
+
+
+# --- code contexts ---------------------------------------------------------------------------
+
+
+class ContextPublic(BaseModel):
+    sha256: str = Field(description="SHA-256 of the archive's bytes: its id.")
+    filename: str
+    kind: Literal["tar.gz", "zip"]
+    size: int = Field(description="Archive bytes.")
+    files: int = Field(description="Regular files in it.")
+    unpacked_bytes: int
     created_at: datetime | None = None
 
 
@@ -326,9 +359,9 @@ class JobCreate(BaseModel):
     )
 
     name: str | None = Field(default=None, pattern=NAME_PATTERN)
-    model: str = Field(min_length=1, max_length=300, description="A zoo model name (see GET /models).")
+    model: str = Field(min_length=1, max_length=300, description="A zoo model or a registered, validated model (see GET /models).")
     model_args: dict[str, str | int | float | bool] = Field(default_factory=dict)
-    data: str | None = Field(default=None, max_length=300, description="Data set; zoo models ship their own, so usually empty.")
+    data: str | None = Field(default=None, max_length=300, description="Data location passed to the task factory as `data=` (`--data`): relative to the model's code context, or absolute on the workers. Checked at submit time. Zoo models ship their own data, so usually empty.")
     workers: int | None = Field(default=None, ge=1, le=64, description="Local worker processes (default 2); or give `levels`.")
     levels: list[Level] | None = Field(default=None, min_length=1, max_length=4, description="Cluster levels for the planner, innermost first.")
     memory_bytes: float | None = Field(default=None, gt=0)
@@ -366,6 +399,7 @@ class JobPublic(BaseModel):
     finished_at: datetime | None = None
     heartbeat_at: datetime | None = None
     worker: str | None = None
+    submitted_by: str | None = Field(default=None, description="Name of the API token that submitted the job.")
     profile_id: int | None = None
     plan_id: int | None = None
     summary: dict[str, Any] | None = None

@@ -1,4 +1,4 @@
-"""Celery tasks: thin wrappers; the logic is in app/services/runner.py.
+"""Celery tasks: thin wrappers; the logic is in app/services/runner.py and model_checks.py.
 
 `pipeboard.run_job` runs the best queued job (see app/services/jobs.py for why a task does not
 insist on its own job id). acks_late: a task is acknowledged only when it returns, so a worker
@@ -11,7 +11,8 @@ from typing import Any
 
 from celery import signals
 
-from app.services import runner
+from app.core.db import get_sessionmaker
+from app.services import model_checks, runner
 from app.worker import celery_app
 
 
@@ -19,6 +20,14 @@ from app.worker import celery_app
 def run_job(self, job_id: int) -> int | None:
     """Claim and run the best queued job (usually ``job_id``); returns the id it ran."""
     return runner.run_next(self.request.id)
+
+
+@celery_app.task(name="pipeboard.validate_model", acks_late=True)
+def validate_model(model_id: int) -> str | None:
+    """Validate a registered model in a subprocess (app/services/model_checks.py); its status."""
+    with get_sessionmaker()() as session:
+        status = model_checks.validate_model(session, model_id)
+    return status.value if status is not None else None
 
 
 @signals.worker_shutting_down.connect

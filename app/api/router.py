@@ -2,9 +2,9 @@
 
 from fastapi import APIRouter
 
-from app.api.routes import events, health, jobs, models, plans, profiles, schedules, tokens
+from app.api.routes import contexts, events, health, jobs, models, plans, profiles, schedules, tokens
 
 api_router = APIRouter(prefix="/api/v1")
 api_router.include_router(health.router)
-for _module in (models, profiles, plans, schedules, jobs, events, tokens):
+for _module in (contexts, models, profiles, plans, schedules, jobs, events, tokens):
     api_router.include_router(_module.router)

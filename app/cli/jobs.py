@@ -50,6 +50,20 @@ class Api:
             fail(f"{method} {path}: HTTP {response.status_code}: {detail}", 2 if response.status_code in (400, 404, 409, 413, 422) else 1)
         return response.json()
 
+    def exists(self, path: str) -> bool:
+        """Whether GET ``path`` finds something (200) rather than nothing (404)."""
+        import httpx
+
+        try:
+            response = self.client.get(self.base + path)
+        except httpx.HTTPError as exc:
+            fail(f"cannot reach {self.base}: {exc}")
+        if response.status_code == 404:
+            return False
+        if response.status_code >= 400:
+            fail(f"GET {path}: HTTP {response.status_code}: {response.text[:300]}", 2 if response.status_code in (401, 403) else 1)
+        return True
+
     def events(self, job_id: int, last_id: int = 0):
         """Yield SSE messages {id, event, data} of a job until its `end`, reconnecting on drops."""
         import httpx
@@ -210,6 +224,9 @@ def register(cli: typer.Typer) -> None:
     def submit(
         spec_file: Path = typer.Argument(..., help="Job spec (YAML), see examples/job.yaml."),
         wait: bool = typer.Option(False, "--wait", help="Follow live progress; exit 0 only if the job succeeds."),
+        context: Optional[Path] = typer.Option(
+            None, "--context", help="Your project folder: packed, uploaded (once per content) and registered, its "
+            "task factory the spec's `model` (e.g. task.py:make_task); waits until a worker has validated it."),
         url: str = URL_OPTION,
         token: Optional[str] = TOKEN_OPTION,
         quiet: bool = typer.Option(False, "--quiet", "-q", help="With --wait: only the final line."),
@@ -217,6 +234,10 @@ def register(cli: typer.Typer) -> None:
         """Submit a job; with --wait follow it to the end (for CI)."""
         spec = load_spec(spec_file)
         api = Api(url, token)
+        if context is not None:
+            from app.cli.contexts import ensure_context, register_model
+
+            spec = {**spec, "model": register_model(api, spec, ensure_context(api, context), quiet)}
         job = api.call("POST", "/jobs", json=spec)
         typer.echo(f"job {job['id']} queued (position {job.get('queue_position')})")
         if wait:

@@ -62,6 +62,9 @@ class Settings(BaseSettings):
         "Failed authentications allowed per client address, as a `limits` rate (e.g. 10/minute, 100/hour); past "
         "it requests with a token get 429 with Retry-After until the window has room again."))
     max_upload_bytes: int = Field(50 * 1024 * 1024, gt=0, description="Largest accepted upload (profiles, graph.txt).")
+    max_context_bytes: int = Field(500 * 1024 * 1024, gt=0, description="Largest code context once unpacked (the sum of its files).")
+    validation_time_limit_s: float = Field(300.0, gt=0, description="Seconds a worker gives a model's validation (build, check, split).")
+    validation_memory_bytes: int = Field(8 * 1024**3, gt=0, description="Address space a model's validation may use (RLIMIT_AS).")
     heartbeat_seconds: float = Field(5.0, gt=0, description="How often running jobs and workers report they are alive.")
     stale_after_heartbeats: int = Field(3, ge=1, description="Missed heartbeats after which a job or worker is presumed dead.")
     worker_concurrency: int = Field(2, ge=1, description="Tasks one `pipeboard worker` runs at once (thread pool).")

@@ -1,7 +1,11 @@
-"""Models: the zoo (always available) plus user task factories registered by import path.
+"""Models: the zoo (always available) plus users' task factories: import paths installed on the
+workers, or paths inside an uploaded code context.
 
-Registering builds and checks the task and traces its model with torch.fx first, so a model the profiler and the partitioner
-cannot handle is refused at the door with the failing op named, not at 2 a.m. in a job.
+No user code runs here. Registering stores the model as ``validating`` and queues
+``pipeboard.validate_model``: a worker builds, checks and splits the task in a subprocess with
+time and memory limits (app/services/model_checks.py) and stores ``ready`` or ``failed`` with the
+message, so a model the profiler and the partitioner cannot handle is refused before any job, with
+the failing op named.
 """
 
 from __future__ import annotations
@@ -12,7 +16,7 @@ from typing import Any
 from sqlalchemy import select
 from sqlalchemy.orm import Session
 
-from app.models import Model
+from app.models import CodeContext, Model, ModelStatus
 from app.schemas import ModelCreate, ModelPublic
 from app.services.errors import NotFound, ServiceError
 from app.services.tx import begin_write
@@ -40,7 +44,9 @@ def _plain(v: Any) -> bool:
 
 def to_public(row: Model) -> ModelPublic:
     return ModelPublic(id=row.id, name=row.name, source=row.source, kind=row.kind, description=row.description or "",
-                       config=row.config or {}, created_at=row.created_at)
+                       config=row.config or {}, context=row.context_sha256, data=row.data,
+                       status=ModelStatus(row.status).value, message=row.message or "", layers=row.layers,
+                       created_at=row.created_at)
 
 
 def list_models(session: Session, offset: int, limit: int) -> tuple[list[ModelPublic], int]:
@@ -60,35 +66,42 @@ def get(session: Session, ref: str) -> ModelPublic:
     raise NotFound("model", ref)
 
 
-def trace_check(source: str, config: dict[str, Any]) -> int:
-    """Build the task factory's task, check it, and split its model with torch.fx: the number of
-    layers, or 422 naming `source`."""
-    from trainer.profile.fxgraph import UntraceableModelError, trace_layers
-    from trainer.spec import load_task
-    from trainer.task import TaskError, check_task
-
-    if ":" not in source:
-        raise ServiceError(f"source: {source!r} is not a task factory 'package.module:function'", status=422, field="source")
-    try:
-        task = load_task(source, config)
-        check_task(task)
-        graph = trace_layers(task.model, task.example_input(2))
-    except UntraceableModelError as exc:
-        raise ServiceError(f"source: {source} cannot be split by torch.fx: {exc}", status=422, field="source") from None
-    except TaskError as exc:
-        raise ServiceError(f"source: {exc}", status=422, field="source") from None
-    return sum(1 for layer in graph.layers if layer.kind == "layer")
-
-
-def register(session: Session, body: ModelCreate) -> ModelPublic:
+def register(session: Session, body: ModelCreate) -> Model:
+    """Store the model as ``validating`` and queue its validation; 409 for a taken name, 422 for a
+    context that is not stored or a file path without one."""
     from trainer import zoo
 
     if body.name in zoo.names() or session.scalar(select(Model.id).where(Model.name == body.name)) is not None:
         raise ServiceError(f"name: a model named {body.name!r} already exists", status=409, field="name")
-    layers = trace_check(body.source, body.config)
+    path = body.source.rpartition(":")[0]
+    if path.endswith(".py") and body.context is None:
+        raise ServiceError(f"context: {body.source!r} names a file; upload the project (POST /contexts) and give its "
+                           "sha256 as `context`", status=422, field="context")
+    if body.context is not None and session.get(CodeContext, body.context) is None:
+        raise ServiceError(f"context: no code context {body.context} (upload it first: POST /contexts)",
+                           status=422, field="context")
     begin_write(session)
-    row = Model(name=body.name, source=body.source, kind="import", config=body.config,
-                description=f"registered from {body.source} ({layers} traced layers)")
+    row = Model(name=body.name, source=body.source, kind="context" if body.context else "import", config=body.config,
+                context_sha256=body.context, data=body.data, status=ModelStatus.VALIDATING,
+                description=f"task factory {body.source}" + (f" in context {body.context[:12]}" if body.context else ""),
+                message="queued for validation on a worker")
     session.add(row)
     session.commit()
-    return to_public(row)
+    try:
+        enqueue_validation(row.id)
+    except Exception as exc:
+        begin_write(session)
+        row.status, row.message = ModelStatus.FAILED, f"broker: cannot queue the validation ({type(exc).__name__}: {exc})"
+        session.commit()
+        raise ServiceError(row.message, status=503, field="broker") from None
+    return row
+
+
+def enqueue_validation(model_id: int) -> None:
+    from app.core.config import get_settings
+    from app.services.jobs import producer
+
+    app = producer(get_settings().broker_url)
+    with app.connection_for_write() as connection:
+        app.send_task("pipeboard.validate_model", args=[model_id], connection=connection, ignore_result=True,
+                      retry_policy={"max_retries": 2, "interval_start": 0.1, "interval_step": 0.2, "interval_max": 0.5})

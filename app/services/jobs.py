@@ -23,7 +23,7 @@ from sqlalchemy import and_, delete, func, or_, select, update
 from sqlalchemy.orm import Session
 
 from app.core.config import get_settings
-from app.models import Job, JobEvent, JobStatus, MetricPoint, Model
+from app.models import Job, JobEvent, JobStatus, MetricPoint, Model, ModelStatus
 from app.models import TimelineEvent as TimelineEventRow
 from app.schemas import JobCreate, JobPublic
 from app.services import events
@@ -39,18 +39,43 @@ def utcnow() -> datetime:
     return datetime.now(timezone.utc)
 
 
-def validate_model(session: Session, name: str, model_args: dict[str, Any]) -> None:
-    """Jobs train zoo models (what `pipeboard train --model` runs) with arguments they take;
-    422 naming `model` or `model_args.<key>` otherwise, before anything is queued."""
+def validate_model(session: Session, name: str, model_args: dict[str, Any], data: str | None = None) -> None:
+    """Jobs train zoo models with arguments they take, or registered models a worker has
+    validated; 422 naming `model`, `model_args.<key>` or `data` otherwise, before anything is queued."""
     from trainer import zoo
 
+    row = session.scalar(select(Model).where(Model.name == name))
+    if row is not None:
+        status = ModelStatus(row.status)
+        if status is ModelStatus.VALIDATING:
+            raise ServiceError(f"model: {name!r} is still being validated by a worker (GET /api/v1/models/{name})",
+                               status=422, field="model")
+        if status is ModelStatus.FAILED:
+            raise ServiceError(f"model: {name!r} failed validation: {row.message}", status=422, field="model")
+        if data is not None and row.context_sha256 and not os.path.isabs(data):
+            check_data_in_context(session, row.context_sha256, data)
+        return
     names = list(zoo.names())
     if name not in names:
-        if session.scalar(select(Model.id).where(Model.name == name)) is not None:
-            raise ServiceError(f"model: {name!r} is a registered import-path model; jobs train zoo models "
-                               "(profile and plan it with POST /profiles and POST /plans)", status=422, field="model")
-        raise ServiceError(f"model: unknown model {name!r}; known: {', '.join(names)}", status=422, field="model")
+        raise ServiceError(f"model: unknown model {name!r}; known: {', '.join(names)}, or a registered model "
+                           "(POST /api/v1/models)", status=422, field="model")
     validate_model_args(name, model_args)
+    if data is not None and not os.path.exists(os.path.expanduser(data)):
+        # zoo tasks read their data on the worker; the embedded default shares this file system
+        raise ServiceError(f"data: {data} does not exist", status=422, field="data")
+
+
+def check_data_in_context(session: Session, digest: str, data: str) -> None:
+    """A relative data location must be a file or folder of the model's code context."""
+    from app.services import contexts
+
+    wanted = os.path.normpath(data).replace(os.sep, "/").strip("/")
+    if wanted.startswith("..") or wanted == ".":
+        raise ServiceError(f"data: {data!r} must name a file or folder inside the code context", status=422, field="data")
+    members = contexts.list_members(bytes(contexts.get(session, digest).content))[1]
+    names = {m.name.rstrip("/").removeprefix("./") for m in members}
+    if wanted not in names and not any(n.startswith(wanted + "/") for n in names):
+        raise ServiceError(f"data: {data!r} is not in the model's code context", status=422, field="data")
 
 
 @lru_cache(maxsize=1)
@@ -69,9 +94,10 @@ def validate_model_args(name: str, model_args: dict[str, Any]) -> None:
             raise ServiceError(f"model_args.{key}: {name} does not take {key!r} (it takes: {takes})", status=422, field=f"model_args.{key}")
 
 
-def submit(session: Session, spec: JobCreate, *, kind: str = "train", enqueue: bool = True) -> Job:
+def submit(session: Session, spec: JobCreate, *, kind: str = "train", enqueue: bool = True,
+           submitted_by: str | None = None) -> Job:
     if kind == "train":
-        validate_model(session, spec.model, spec.model_args)
+        validate_model(session, spec.model, spec.model_args, spec.data)
     begin_write(session)
     job = Job(
         name=spec.name or f"{spec.model} {spec.schedule}",
@@ -79,6 +105,7 @@ def submit(session: Session, spec: JobCreate, *, kind: str = "train", enqueue: b
         status=JobStatus.QUEUED,
         priority=spec.priority,
         spec=spec.model_dump(mode="json"),
+        submitted_by=submitted_by,
     )
     session.add(job)
     session.flush()
@@ -170,6 +197,7 @@ def to_public(session: Session, job: Job, *, position: int | None | bool = False
         finished_at=job.finished_at,
         heartbeat_at=job.heartbeat_at,
         worker=job.worker_hostname,
+        submitted_by=job.submitted_by,
         profile_id=job.profile_id,
         plan_id=job.plan_id,
         summary=job.summary,

@@ -25,12 +25,12 @@ import sys
 from typing import Any
 
 
-def load_task(source: str, model_args: dict[str, Any], batch_size: int):
-    """The checked task of a zoo name or a task factory (`pkg.mod:function`)."""
+def load_task(source: str, model_args: dict[str, Any], batch_size: int, data: str | None = None):
+    """The checked task of a zoo name or a task factory (`pkg.mod:function`, `file.py:function`)."""
     from trainer.spec import load_task as load
     from trainer.task import check_task
 
-    task = load(source, model_args)
+    task = load(source, model_args, data)
     check_task(task, batch_size)
     return task
 
@@ -43,12 +43,12 @@ def _batched_by_runtime(desc: str) -> bool:
 
 def profile(source: str, model_args: dict[str, Any], batch_size: int, device: str = "cpu", repeats: int = 5,
             *, optimizer: str | None = None, weight_batch_size: int | None = None,
-            calibrate: bool = False) -> dict[str, Any]:
+            calibrate: bool = False, data: str | None = None) -> dict[str, Any]:
     """The profile JSON of the model at ``batch_size``; see the module docstring for
     ``weight_batch_size`` and ``calibrate``."""
     from trainer.profile.profiler import profile_model
 
-    task = load_task(source, model_args, batch_size)
+    task = load_task(source, model_args, batch_size, data)
     model, example = task.model, task.example_input(batch_size)
     if optimizer is None and task.optimizer_name != "custom":
         optimizer = task.optimizer_name  # what the runtime will step
@@ -97,6 +97,7 @@ def main(argv: list[str] | None = None) -> int:
                         help="also time each layer's weight gradients at this many samples (batched W(-1))")
     parser.add_argument("--calibrate", action="store_true",
                         help="also measure the link between two processes and the runtime's per-action overhead")
+    parser.add_argument("--data", default=None, help="data location, passed to the task factory as data=")
     parser.add_argument("-o", "--output", required=True)
     args = parser.parse_args(argv)
     # As `pipeboard train` runs (trainer/allocator.py); before torch loads, which happens below.
@@ -119,7 +120,8 @@ def main(argv: list[str] | None = None) -> int:
         torch.set_num_threads(args.threads)
     try:
         data = profile(args.source, json.loads(args.model_args), args.batch_size, args.device, args.repeats,
-                       optimizer=args.optimizer, weight_batch_size=args.weight_batch_size, calibrate=args.calibrate)
+                       optimizer=args.optimizer, weight_batch_size=args.weight_batch_size, calibrate=args.calibrate,
+                       data=args.data)
     except Exception as exc:  # one line for the job's error, not a traceback
         print(f"profiling {args.source} failed: {type(exc).__name__}: {exc}", file=sys.stderr)
         return 1

@@ -27,11 +27,11 @@ from sqlalchemy import insert, select, update
 
 from app.core.config import get_settings
 from app.core.db import get_sessionmaker
-from app.models import EventSource, Job, JobStatus
+from app.models import EventSource, Job, JobStatus, Model
 from app.models import Plan as PlanRow
 from app.models import TimelineEvent as TimelineEventRow
 from app.schemas import JobCreate
-from app.services import events, jobs, planning, profiles
+from app.services import contexts, events, jobs, planning, profiles
 from app.services.errors import ServiceError
 from app.services.tx import begin_write
 
@@ -91,6 +91,9 @@ def child_env() -> dict[str, str]:
         PIPEBOARD_REDIS_URL=st.redis_url,
         PIPEBOARD_RUN_GROUP="1",  # tells DbSink it may end its own process group on cancel
         PYTHONUNBUFFERED="1",
+        # `python -m app.services.profile_run` runs in the job's code context: the folder must not
+        # come first on sys.path, where a project's own `app` or `trainer` would replace pipeboard's.
+        PYTHONSAFEPATH="1",
     )
     return env
 
@@ -188,11 +191,23 @@ class JobRun:
         if self.stop.is_set():
             raise Stopped()
 
+    def code_dir(self, model_id: int | None, workdir: Path) -> Path:
+        """Where the model's code runs: its code context unpacked into the job's work folder, or
+        the work folder itself (zoo models, import paths installed on the workers)."""
+        digest = self.session.scalar(select(Model.context_sha256).where(Model.id == model_id)) if model_id else None
+        if digest is None:
+            return workdir
+        target = workdir / "context"
+        if not target.is_dir():
+            contexts.extract(bytes(contexts.get(self.session, digest).content), target)
+        return target
+
     def profile_phase(self, job: Job, workdir: Path) -> int:
         spec = job.spec
         model = spec["model"]
         source, _, default_args, model_id = profiles.resolve_model(self.session, model, check_zoo=False)
         args = {**default_args, **(spec.get("model_args") or {})}
+        code_dir = self.code_dir(model_id, workdir)
         batch = int(spec.get("batch_size") or 32)
         device = spec.get("device", "cpu")
         calibration: list[str] = []
@@ -203,7 +218,8 @@ class JobRun:
             whole, batch = batch, max(1, batch // int(spec.get("microbatches") or 1))
             calibration = profiles.calibration_args(job_workers(spec), whole, weight_grads_of(spec),
                                                     (spec.get("hyperparameters") or {}).get("optimizer"))
-        key = profiles.cache_key(model, args, batch, device, calibration=calibration)
+        key = profiles.cache_key(model + (f" data={spec['data']}" if spec.get("data") else ""), args, batch, device,
+                                 calibration=calibration)
         row = profiles.cached(self.session, key, calibrated_too=job.kind == "profile")
         if row is None:
             message = f"profiling {model} at batch size {batch}"
@@ -217,7 +233,9 @@ class JobRun:
             cmd = [sys.executable, "-m", "app.services.profile_run", "--source", source,
                    "--model-args", json.dumps(args), "--batch-size", str(batch), "--device", device,
                    "--repeats", str(spec.get("repeats", 5)), "-o", str(out), *calibration]
-            self.run_child(cmd, workdir / "profile.log", phase="profile")
+            if spec.get("data"):
+                cmd += ["--data", spec["data"]]
+            self.run_child(cmd, workdir / "profile.log", phase="profile", cwd=code_dir)
             row = profiles.store(self.session, json.loads(out.read_text()), name=key, origin="profiled", model_id=model_id)
         else:
             self.progress("profile", f"using cached profile {row.id} of {model}")
@@ -259,20 +277,24 @@ class JobRun:
         plan_path = workdir / "plan.json"
         plan_path.write_text(json.dumps(plan_obj.to_dict()))
         self.progress("train", "starting training")
-        timed_out = self.run_child(train_command(job.id, spec, plan_path),
-                                   workdir / "train.log", phase="train", time_limit=(spec.get("stop") or {}).get("time_s"))
+        source, _, default_args, model_id = profiles.resolve_model(self.session, spec["model"], check_zoo=False)
+        timed_out = self.run_child(train_command(job.id, spec, plan_path, source, default_args),
+                                   workdir / "train.log", phase="train", time_limit=(spec.get("stop") or {}).get("time_s"),
+                                   cwd=self.code_dir(model_id, workdir))
         summary = self.session.scalar(select(Job.summary).where(Job.id == job.id)) or {}
         if timed_out:
             summary = {**summary, "stopped_by": "time"}
         self.done(JobStatus.SUCCEEDED, summary=summary)
 
-    def run_child(self, cmd: list[str], log_path: Path, *, phase: str, time_limit: float | None = None) -> bool:
-        """Run ``cmd`` as its own process group and wait; True when stopped by ``time_limit``.
-        Raises Stopped on cancel, ServiceError (with the log's tail) on failure."""
+    def run_child(self, cmd: list[str], log_path: Path, *, phase: str, time_limit: float | None = None,
+                  cwd: Path | None = None) -> bool:
+        """Run ``cmd`` as its own process group (in ``cwd``, default the log's folder) and wait; True
+        when stopped by ``time_limit``. Raises Stopped on cancel, ServiceError (with the log's tail)
+        on failure."""
         self.check()
         with open(log_path, "wb") as log_file:
             proc = subprocess.Popen(cmd, stdout=log_file, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
-                                    env=child_env(), start_new_session=True, cwd=str(log_path.parent))
+                                    env=child_env(), start_new_session=True, cwd=str(cwd or log_path.parent))
         with self.lock:
             self.proc = proc
         begin_write(self.session)
@@ -318,10 +340,15 @@ def job_workers(spec: dict[str, Any]) -> int:
     return total_workers(planning.levels_of(spec.get("levels"), spec.get("workers")))
 
 
-def train_command(job_id: int, spec: dict[str, Any], plan_path: Path) -> list[str]:
-    cmd = pipeboard_command() + ["train", "--model", spec["model"]]
-    for k, v in (spec.get("model_args") or {}).items():
+def train_command(job_id: int, spec: dict[str, Any], plan_path: Path, source: str | None = None,
+                  default_args: dict[str, Any] | None = None) -> list[str]:
+    """``pipeboard train`` for the job: ``source`` is the model's task factory (a registered
+    model's; default the zoo name), with its registered arguments under the job's own."""
+    cmd = pipeboard_command() + ["train", "--model", source or spec["model"]]
+    for k, v in {**(default_args or {}), **(spec.get("model_args") or {})}.items():
         cmd += ["--model-arg", f"{k}={v}"]
+    if spec.get("data"):
+        cmd += ["--data", spec["data"]]
     cmd += ["--plan", str(plan_path), "--schedule", spec["schedule"], "--batch-size", str(spec["batch_size"]),
             "--microbatches", str(spec["microbatches"]), "--weight-grads", weight_grads_of(spec),
             "--job-id", str(job_id), "--json"]

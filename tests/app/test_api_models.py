@@ -1,9 +1,16 @@
-"""Models: the zoo is listed; task factories are registered only if their task checks and torch.fx splits it."""
+"""Models: the zoo is listed; task factories are stored, then a worker validates them in a subprocess
+(task built, one batch through, split by torch.fx), and only a validated one is ready."""
 
 from __future__ import annotations
 
+import os
+from pathlib import Path
+
+import pytest
 import torch
 from torch import nn
+
+from app.services import model_checks
 
 
 class Tiny(nn.Module):
@@ -50,6 +57,22 @@ def not_a_pair():
     return Tiny()
 
 
+def raising_factory():
+    raise RuntimeError("no data here")
+
+
+def hanging_factory():
+    import time
+
+    time.sleep(3600)
+
+
+def greedy_factory():
+    hoard = []
+    while True:
+        hoard.append(bytearray(256 << 20))
+
+
 HERE = __name__
 
 
@@ -62,21 +85,54 @@ def test_zoo_is_listed_and_gettable(client):
     assert client.get("/api/v1/models/no-such").status_code == 404
 
 
-def test_register_traceable_model(client):
-    created = client.post("/api/v1/models", json={"name": "tiny", "source": f"{HERE}:tiny_factory", "config": {"width": 16}})
-    assert created.status_code == 201, created.text
-    body = created.json()
-    assert body["kind"] == "import" and body["config"] == {"width": 16} and "traced layers" in body["description"]
-    assert client.get(f"/api/v1/models/{body['id']}").json()["name"] == "tiny"
+@pytest.fixture
+def on_workers(monkeypatch):
+    """Workers that can import this test module (an import path "installed on the workers")."""
+    root = str(Path(__file__).resolve().parents[2])
+    monkeypatch.setenv("PYTHONPATH", os.pathsep.join(p for p in (root, os.environ.get("PYTHONPATH")) if p))
+
+
+def register(client, session, body):
+    """POST it, then validate it as the worker's task does: the outcome as GET shows it."""
+    created = client.post("/api/v1/models", json=body)
+    assert created.status_code == 202, created.text
+    model = created.json()
+    assert model["status"] == "validating" and model["id"] is not None
+    model_checks.validate_model(session, model["id"])
+    return client.get(f"/api/v1/models/{model['id']}").json()
+
+
+def test_registering_only_stores_and_queues_a_worker_validates(client, session, on_workers):
+    model = register(client, session, {"name": "tiny", "source": f"{HERE}:tiny_factory", "config": {"width": 16}})
+    assert model["status"] == "ready" and model["kind"] == "import" and model["config"] == {"width": 16}
+    assert model["layers"] == 3 and "layers" in model["message"]
+    assert client.get("/api/v1/models/tiny").json()["id"] == model["id"]
     assert client.post("/api/v1/models", json={"name": "tiny", "source": f"{HERE}:tiny_factory"}).status_code == 409
 
 
-def test_untraceable_and_broken_models_are_refused(client):
-    branchy = client.post("/api/v1/models", json={"name": "branchy", "source": f"{HERE}:branchy_factory"})
-    assert branchy.status_code == 422 and branchy.json()["detail"].startswith("source:") and "torch.fx" in branchy.json()["detail"]
-    missing = client.post("/api/v1/models", json={"name": "missing", "source": "no_such_pkg.mod:make"})
-    assert missing.status_code == 422 and "no module named 'no_such_pkg'" in missing.json()["detail"]
-    pair = client.post("/api/v1/models", json={"name": "pair", "source": f"{HERE}:not_a_pair"})
-    assert pair.status_code == 422 and "not a trainer.Task" in pair.json()["detail"]
+def test_broken_models_fail_validation_with_their_message(client, session, on_workers):
+    branchy = register(client, session, {"name": "branchy", "source": f"{HERE}:branchy_factory"})
+    assert branchy["status"] == "failed" and "cannot be split" in branchy["message"], branchy
+    missing = register(client, session, {"name": "missing", "source": "no_such_pkg.mod:make"})
+    assert missing["status"] == "failed" and "no module named 'no_such_pkg'" in missing["message"]
+    pair = register(client, session, {"name": "pair", "source": f"{HERE}:not_a_pair"})
+    assert pair["status"] == "failed" and "not a trainer.Task" in pair["message"]
+    raises = register(client, session, {"name": "raises", "source": f"{HERE}:raising_factory"})
+    assert raises["status"] == "failed" and "RuntimeError: no data here" in raises["message"]
+
+
+def test_a_factory_that_hangs_or_allocates_without_end_is_stopped(on_workers, tmp_path):
+    hung = model_checks.run_validation(f"{HERE}:hanging_factory", {}, None, tmp_path, time_limit_s=3, memory_bytes=8 << 30)
+    assert not hung["ok"] and "longer than 3 s" in hung["message"]
+    greedy = model_checks.run_validation(f"{HERE}:greedy_factory", {}, None, tmp_path, time_limit_s=120,
+                                         memory_bytes=3 << 30)
+    assert not greedy["ok"] and "memory" in greedy["message"].lower(), greedy
+
+
+def test_registration_refuses_what_it_can_tell_at_the_door(client):
     bad_path = client.post("/api/v1/models", json={"name": "x", "source": "not an import path"})
     assert bad_path.status_code == 422 and "source" in bad_path.json()["detail"]
+    file_without_context = client.post("/api/v1/models", json={"name": "x", "source": "task.py:make"})
+    assert file_without_context.status_code == 422 and file_without_context.json()["detail"].startswith("context:")
+    unknown = client.post("/api/v1/models", json={"name": "x", "source": "task.py:make", "context": "0" * 64})
+    assert unknown.status_code == 422 and "no code context" in unknown.json()["detail"]

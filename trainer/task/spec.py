@@ -77,8 +77,10 @@ def resolve_factory(spec: str) -> Callable[..., Task]:
             raise TaskError(f"model {spec!r}: file {where} does not exist")
         module = _import_file(path, spec)
     else:
-        if os.getcwd() not in sys.path:  # as `python -m` would: the working folder's packages import
-            sys.path.insert(0, os.getcwd())
+        # The working folder's packages import, as under `python -m`, but after the installed ones:
+        # a user's top-level `trainer` or `app` must not replace pipeboard's own halfway through a run.
+        if os.getcwd() not in sys.path:
+            sys.path.append(os.getcwd())
         try:
             module = importlib.import_module(where)
         except ModuleNotFoundError as exc:

@@ -34,8 +34,8 @@ CONFLICT = {409: {"model": Message, "description": "The job's status does not al
     ),
     responses={422: {"model": ValidationFailed, "description": "Invalid spec (the message names the field)."}},
 )
-def submit_job(spec: JobCreate, session: SessionDep, _: WriteAccess) -> JobPublic:
-    job = jobs.submit(session, spec)
+def submit_job(spec: JobCreate, session: SessionDep, principal: WriteAccess) -> JobPublic:
+    job = jobs.submit(session, spec, submitted_by=principal.name)
     return jobs.to_public(session, job)
 
 

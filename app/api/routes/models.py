@@ -1,4 +1,4 @@
-"""`/models`: the zoo plus models registered by import path."""
+"""`/models`: the zoo plus users' task factories (import paths or code contexts), validated by a worker."""
 
 from __future__ import annotations
 
@@ -28,17 +28,21 @@ def list_models(session: SessionDep, _: ReadAccess, offset: Offset = 0, limit: L
 @router.post(
     "",
     response_model=ModelPublic,
-    status_code=201,
-    summary="Register a model by import path",
+    status_code=202,
+    summary="Register a task factory",
     description=(
-        "Imports `package.module:factory`, calls it with `config`, and traces the returned module with "
-        "torch.fx on its example input. A model that cannot be imported, built or traced is refused with "
-        "422 naming `source` and the failing op. Needs a write token (this imports server-side code)."
+        "Stores the model as `validating` and queues its validation on a worker, which builds the task "
+        "(in the code context `context`, if given), checks one batch through it and splits it into layers, "
+        "in a subprocess with time and memory limits; then GET shows `ready` or `failed` with the message. "
+        "Nothing of the model runs in the API. 409: the name is taken; 422: `context` unknown, or a file path "
+        "without one. Needs a write token."
     ),
-    responses={409: {"model": Message, "description": "The name is taken."}, 422: {"model": ValidationFailed, "description": "Invalid or untraceable model."}},
+    responses={409: {"model": Message, "description": "The name is taken."},
+               422: {"model": ValidationFailed, "description": "Invalid request."},
+               503: {"model": Message, "description": "The broker cannot queue the validation."}},
 )
 def register_model(body: ModelCreate, session: SessionDep, _: WriteAccess) -> ModelPublic:
-    return catalog.register(session, body)
+    return catalog.to_public(catalog.register(session, body))
 
 
 @router.get(

@@ -1,0 +1,193 @@
+"""Code contexts: a user's project as a .tar.gz or .zip, stored by content hash, unpacked for runs.
+
+An upload is checked before it is stored, and unpacked only by a worker (never imported here):
+
+- size: the archive at most ``max_upload_bytes``, its members together at most
+  ``max_context_bytes`` unpacked, at most ``MAX_MEMBERS`` of them (a small archive that unpacks
+  to gigabytes is refused before anything is written);
+- names: no absolute path, no ``..``, no link of any kind, no device or FIFO: regular files and
+  folders only. tar archives are unpacked with the standard library's ``data`` extraction filter
+  (PEP 706), which enforces the same again; zip members are written one by one after the checks.
+
+The archive is kept in the database (``contexts``), so workers on other hosts reach it through
+the same database as the API; each unpacks it once into its own data folder.
+"""
+
+from __future__ import annotations
+
+import gzip
+import hashlib
+import io
+import os
+import shutil
+import stat
+import tarfile
+import tempfile
+import zipfile
+from dataclasses import dataclass
+from pathlib import Path, PurePosixPath
+
+from sqlalchemy import select
+from sqlalchemy.orm import Session
+
+from app.models import CodeContext
+from app.services.errors import NotFound, ServiceError
+from app.services.tx import begin_write
+
+MAX_MEMBERS = 20_000
+
+
+@dataclass(frozen=True)
+class Member:
+    name: str  # the archive's own spelling, checked
+    size: int
+    is_dir: bool
+
+
+def _checked_name(name: str) -> str:
+    """The member name, or 422 for one that could land outside the folder it unpacks into."""
+    path = PurePosixPath(name.replace("\\", "/"))
+    if name.startswith(("/", "\\")) or path.is_absolute() or (len(name) > 1 and name[1] == ":"):
+        raise ServiceError(f"file: archive member {name!r} has an absolute path", status=422, field="file")
+    if ".." in path.parts:
+        raise ServiceError(f"file: archive member {name!r} climbs out of the archive ('..')", status=422, field="file")
+    return name
+
+
+def list_members(content: bytes) -> tuple[str, list[Member]]:
+    """The archive's format ("tar.gz" or "zip") and its members, each checked; 422 naming the
+    first that is refused."""
+    if zipfile.is_zipfile(io.BytesIO(content)):
+        with zipfile.ZipFile(io.BytesIO(content)) as archive:
+            members = []
+            for info in archive.infolist():
+                mode = info.external_attr >> 16
+                if mode and not (stat.S_ISREG(mode) or stat.S_ISDIR(mode)):
+                    raise ServiceError(f"file: archive member {info.filename!r} is a link or special file; "
+                                       "only files and folders are allowed", status=422, field="file")
+                members.append(Member(_checked_name(info.filename), info.file_size, info.is_dir()))
+            return "zip", members
+    try:
+        with tarfile.open(fileobj=io.BytesIO(content), mode="r:*") as archive:
+            members = []
+            for info in archive:
+                if not (info.isfile() or info.isdir()):
+                    raise ServiceError(f"file: archive member {info.name!r} is a link or special file; "
+                                       "only files and folders are allowed", status=422, field="file")
+                members.append(Member(_checked_name(info.name), info.size, info.isdir()))
+                if len(members) > MAX_MEMBERS:
+                    break
+            return "tar.gz", members
+    except tarfile.TarError:
+        raise ServiceError("file: not a .tar.gz or .zip archive", status=422, field="file") from None
+
+
+def check_archive(content: bytes, *, max_bytes: int, max_unpacked: int) -> tuple[str, list[Member]]:
+    if len(content) > max_bytes:
+        raise ServiceError(f"file: archive of {len(content)} bytes exceeds the limit of {max_bytes} bytes",
+                           status=413, field="file")
+    if not content:
+        raise ServiceError("file: the upload is empty", status=422, field="file")
+    kind, members = list_members(content)
+    if len(members) > MAX_MEMBERS:
+        raise ServiceError(f"file: more than {MAX_MEMBERS} members", status=422, field="file")
+    total = sum(m.size for m in members)
+    if total > max_unpacked:
+        raise ServiceError(f"file: the archive unpacks to {total} bytes, more than the limit of {max_unpacked}",
+                           status=413, field="file")
+    if not any(not m.is_dir for m in members):
+        raise ServiceError("file: the archive holds no files", status=422, field="file")
+    return kind, members
+
+
+def store(session: Session, content: bytes, filename: str, *, max_bytes: int, max_unpacked: int) -> tuple[CodeContext, bool]:
+    """The stored context for these bytes (checked) and whether it is new; the same content
+    uploaded twice is stored once."""
+    kind, members = check_archive(content, max_bytes=max_bytes, max_unpacked=max_unpacked)
+    digest = hashlib.sha256(content).hexdigest()
+    row = session.get(CodeContext, digest)
+    if row is not None:
+        return row, False
+    begin_write(session)
+    row = CodeContext(sha256=digest, filename=(filename or "context")[:200], kind=kind, size=len(content),
+                      files=sum(1 for m in members if not m.is_dir),
+                      unpacked_bytes=sum(m.size for m in members), content=content)
+    session.add(row)
+    session.commit()
+    return row, True
+
+
+def get(session: Session, digest: str) -> CodeContext:
+    row = session.get(CodeContext, digest)
+    if row is None:
+        raise NotFound("context", digest)
+    return row
+
+
+def unpack(session: Session, digest: str, data_dir: Path) -> Path:
+    """The folder holding context ``digest`` unpacked under ``data_dir`` (unpacked once; a
+    half-written folder is never used: it is written beside and renamed into place)."""
+    target = Path(data_dir) / "contexts" / digest
+    if target.is_dir():
+        return target
+    row = session.scalar(select(CodeContext).where(CodeContext.sha256 == digest))
+    if row is None:
+        raise NotFound("context", digest)
+    target.parent.mkdir(parents=True, exist_ok=True)
+    scratch = Path(tempfile.mkdtemp(prefix=f".{digest[:12]}-", dir=target.parent))
+    try:
+        extract(bytes(row.content), scratch)
+        try:
+            os.rename(scratch, target)
+        except OSError:  # another worker got there first
+            if not target.is_dir():
+                raise
+    finally:
+        shutil.rmtree(scratch, ignore_errors=True)
+    return target
+
+
+def extract(content: bytes, dest: Path) -> None:
+    """Unpack a checked archive into ``dest`` (checked again: links, absolute paths and ``..``
+    are refused whatever the caller did)."""
+    kind, members = list_members(content)
+    dest = Path(dest).resolve()
+    if kind == "zip":
+        with zipfile.ZipFile(io.BytesIO(content)) as archive:
+            for info in archive.infolist():
+                path = (dest / info.filename).resolve()
+                if dest not in path.parents and path != dest:
+                    raise ServiceError(f"file: archive member {info.filename!r} leaves the folder", status=422, field="file")
+                if info.is_dir():
+                    path.mkdir(parents=True, exist_ok=True)
+                    continue
+                path.parent.mkdir(parents=True, exist_ok=True)
+                with archive.open(info) as src, open(path, "wb") as out:
+                    shutil.copyfileobj(src, out)
+        return
+    with tarfile.open(fileobj=io.BytesIO(content), mode="r:*") as archive:
+        archive.extractall(dest, filter="data")
+
+
+def pack(folder: Path) -> bytes:
+    """``folder`` as a .tar.gz whose bytes depend only on its files' names and contents (sorted,
+    no times, owners or modes beyond executable), so the same project hashes the same.
+    Skips ``__pycache__``, ``.git`` and virtual environments."""
+    folder = Path(folder)
+    skip = {"__pycache__", ".git", ".venv", "venv", ".mypy_cache", ".pytest_cache", "node_modules"}
+    buffer = io.BytesIO()
+    with gzip.GzipFile(fileobj=buffer, mode="wb", mtime=0) as zipped:  # no time in the header either
+        with tarfile.open(fileobj=zipped, mode="w", format=tarfile.PAX_FORMAT) as archive:
+            for root, dirs, files in os.walk(folder):
+                dirs[:] = sorted(d for d in dirs if d not in skip and not os.path.islink(os.path.join(root, d)))
+                for name in sorted(files):
+                    path = Path(root) / name
+                    if path.is_symlink() or not path.is_file() or name.endswith(".pyc"):
+                        continue
+                    rel = path.relative_to(folder).as_posix()
+                    info = tarfile.TarInfo(rel)
+                    info.size = path.stat().st_size
+                    info.mode = 0o755 if os.access(path, os.X_OK) else 0o644
+                    with open(path, "rb") as src:
+                        archive.addfile(info, src)
+    return buffer.getvalue()

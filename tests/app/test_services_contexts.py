@@ -1,0 +1,125 @@
+"""Code contexts: archives are checked before they are stored and unpacked only into their folder."""
+
+from __future__ import annotations
+
+import hashlib
+import io
+import os
+import tarfile
+import time
+import zipfile
+from pathlib import Path
+
+import pytest
+
+from app.services import contexts
+from app.services.errors import ServiceError
+
+LIMITS = {"max_bytes": 1 << 20, "max_unpacked": 1 << 20}
+
+
+def tar_of(members: list[tuple[tarfile.TarInfo, bytes | None]]) -> bytes:
+    buffer = io.BytesIO()
+    with tarfile.open(fileobj=buffer, mode="w:gz") as archive:
+        for info, data in members:
+            if data is not None:
+                info.size = len(data)
+            archive.addfile(info, io.BytesIO(data) if data is not None else None)
+    return buffer.getvalue()
+
+
+def file_info(name: str) -> tarfile.TarInfo:
+    return tarfile.TarInfo(name)
+
+
+def zip_of(entries: list[tuple[str, bytes, int | None]]) -> bytes:
+    """(name, bytes, unix mode or None)."""
+    buffer = io.BytesIO()
+    with zipfile.ZipFile(buffer, "w") as archive:
+        for name, data, mode in entries:
+            info = zipfile.ZipInfo(name)
+            if mode is not None:
+                info.external_attr = mode << 16
+            archive.writestr(info, data)
+    return buffer.getvalue()
+
+
+def refused(content: bytes, *words: str, status: int = 422) -> None:
+    with pytest.raises(ServiceError) as caught:
+        contexts.check_archive(content, **LIMITS)
+    assert caught.value.status == status and caught.value.field == "file", caught.value.message
+    for word in words:
+        assert word in caught.value.message, caught.value.message
+
+
+def test_a_project_tarball_and_zip_pass_and_list_their_files():
+    tar = tar_of([(file_info("task.py"), b"x = 1\n"), (file_info("pkg/__init__.py"), b"")])
+    assert contexts.check_archive(tar, **LIMITS)[0] == "tar.gz"
+    kind, members = contexts.check_archive(zip_of([("task.py", b"x = 1\n", 0o100644), ("pkg/", b"", 0o40755)]), **LIMITS)
+    assert kind == "zip" and [m.name for m in members if not m.is_dir] == ["task.py"]
+
+
+@pytest.mark.parametrize("name", ["/etc/cron.d/x", "../outside.py", "pkg/../../outside.py", "C:\\evil.py"])
+def test_absolute_and_climbing_names_are_refused(name):
+    refused(tar_of([(file_info(name), b"x")]), repr(name))
+    refused(zip_of([(name, b"x", 0o100644)]), repr(name))
+
+
+def test_links_and_special_files_are_refused():
+    symlink = file_info("link.py")
+    symlink.type, symlink.linkname = tarfile.SYMTYPE, "/etc/passwd"
+    refused(tar_of([(symlink, None)]), "link")
+    hardlink = file_info("hard.py")
+    hardlink.type, hardlink.linkname = tarfile.LNKTYPE, "task.py"
+    refused(tar_of([(file_info("task.py"), b"x"), (hardlink, None)]), "link")
+    fifo = file_info("pipe")
+    fifo.type = tarfile.FIFOTYPE
+    refused(tar_of([(fifo, None)]), "special")
+    refused(zip_of([("link.py", b"/etc/passwd", 0o120777)]), "link")
+
+
+def test_sizes_packed_and_unpacked_are_limited():
+    big = b"\0" * (2 << 20)  # compresses to a few KB: a small archive that unpacks large
+    archive = tar_of([(file_info("zeros.bin"), big)])
+    assert len(archive) < LIMITS["max_bytes"]
+    refused(archive, "unpacks to", status=413)
+    with pytest.raises(ServiceError) as caught:
+        contexts.check_archive(archive, max_bytes=100, max_unpacked=1 << 30)
+    assert caught.value.status == 413 and "exceeds the limit" in caught.value.message
+    refused(b"", "empty")
+    refused(b"this is not an archive", "not a .tar.gz or .zip")
+    refused(zip_of([("only/", b"", 0o40755)]), "no files")
+
+
+def test_pack_depends_only_on_names_and_contents(tmp_path: Path):
+    project = tmp_path / "project"
+    (project / "pkg").mkdir(parents=True)
+    (project / "task.py").write_text("def make(): pass\n")
+    (project / "pkg" / "__init__.py").write_text("")
+    (project / "__pycache__").mkdir()
+    (project / "__pycache__" / "task.cpython-311.pyc").write_bytes(b"junk")
+    first = contexts.pack(project)
+    time.sleep(0.01)
+    os.utime(project / "task.py", (1, 1))
+    assert contexts.pack(project) == first  # times are not in the archive
+    with tarfile.open(fileobj=io.BytesIO(first)) as archive:
+        assert sorted(archive.getnames()) == ["pkg/__init__.py", "task.py"]  # no __pycache__
+    (project / "task.py").write_text("def make(): return 1\n")
+    assert hashlib.sha256(contexts.pack(project)).digest() != hashlib.sha256(first).digest()
+
+
+def test_extract_round_trip_and_refuses_escapes_again(tmp_path: Path):
+    content = tar_of([(file_info("task.py"), b"x = 1\n"), (file_info("pkg/mod.py"), b"y = 2\n")])
+    contexts.extract(content, tmp_path / "out")
+    assert (tmp_path / "out" / "pkg" / "mod.py").read_bytes() == b"y = 2\n"
+    with pytest.raises(ServiceError):
+        contexts.extract(zip_of([("../escaped.py", b"x", 0o100644)]), tmp_path / "out2")
+    assert not (tmp_path / "escaped.py").exists()
+
+
+def test_store_keeps_one_copy_per_content(session):
+    content = tar_of([(file_info("task.py"), b"x = 1\n")])
+    row, new = contexts.store(session, content, "p.tar.gz", **LIMITS)
+    again, new_again = contexts.store(session, content, "other-name.tar.gz", **LIMITS)
+    assert new and not new_again and again.sha256 == row.sha256 == hashlib.sha256(content).hexdigest()
+    assert (row.files, row.kind) == (1, "tar.gz")
