@@ -50,13 +50,14 @@ function withQuery(path, query) {
   return qs ? `${path}?${qs}` : path;
 }
 
-export async function request(method, path, { body, query, signal } = {}) {
+export async function request(method, path, { body, form, query, signal } = {}) {
+  // `form`: a FormData (multipart upload; the browser writes its Content-Type); else `body` as JSON
   const headers = { Accept: 'application/json', ...authHeaders() };
-  if (body !== undefined) headers['Content-Type'] = 'application/json';
+  if (body !== undefined && form === undefined) headers['Content-Type'] = 'application/json';
   let response;
   try {
     response = await fetch(API_BASE + withQuery(path, query), {
-      method, headers, signal, body: body === undefined ? undefined : JSON.stringify(body),
+      method, headers, signal, body: form ?? (body === undefined ? undefined : JSON.stringify(body)),
     });
   } catch (err) {
     if (err.name === 'AbortError') throw err;
@@ -175,3 +176,17 @@ export async function whoAmI() {
 }
 
 export const health = () => request('GET', '/health');
+
+// ---- code contexts and models ------------------------------------------------------------------
+
+/** Upload a project archive (.zip or .tar.gz): the stored context ({sha256, files, ...}). */
+export async function uploadContext(file, signal) {
+  const form = new FormData();
+  form.append('file', file, file.name);
+  return request('POST', '/contexts', { form, signal });
+}
+
+/** One model (zoo or registered) by name: its `status` says whether a worker has validated it. */
+export async function getModel(name, signal) {
+  return request('GET', `/models/${encodeURIComponent(name)}`, { signal });
+}

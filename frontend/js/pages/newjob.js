@@ -3,7 +3,7 @@
 // service's registry (GET /schedules): the select lists them, and the chunks and vertical-sync
 // fields show for the schedules that take them.
 
-import { ApiError, createJob, createPlan, listModels, listSchedules, request } from '../api.js';
+import { ApiError, createJob, createPlan, getModel, listModels, listSchedules, request, uploadContext } from '../api.js';
 import { drawGantt } from '../gantt.js';
 import { planStats, stageStrip, throughputChart } from '../planview.js';
 import { clear, debounce, h, navigate, notice, parseArgs } from '../util.js';
@@ -20,7 +20,7 @@ const LOCAL_BANDWIDTH = 5e9; // what the service assumes between local worker pr
 const FIELD_IDS = {
   name: 'f-name', model: 'f-model', model_args: 'f-model-args', data: 'f-data', workers: 'f-workers', levels: 'f-levels',
   memory_bytes: 'f-memory', method: 'f-method', schedule: 'f-schedule', weight_grads: 'f-weight-grads', microbatches: 'f-microbatches', batch_size: 'f-batch',
-  stop: 'f-stop-value', hyperparameters: 'f-hyper', 'hyper-parameters': 'f-hyper', priority: 'f-priority', source: 'f-import-path',
+  stop: 'f-stop-value', hyperparameters: 'f-hyper', 'hyper-parameters': 'f-hyper', priority: 'f-priority', source: 'f-import-path', context: 'f-import-archive',
 };
 
 /** Mark the control named at the start of `message` ("microbatches: ...") invalid and focus it. */
@@ -50,12 +50,16 @@ function weightGradsField(select) {
 
 const num = (attrs) => h('input', { type: 'number', ...attrs });
 
+/** "name", or "name (context)", "name (import, failed)": what kind of model, and if not ready, why not. */
+const modelLabel = (m) => (m.kind === 'zoo' ? m.name : `${m.name} (${m.kind}${m.status && m.status !== 'ready' ? `, ${m.status}` : ''})`);
+
 export async function render(container) {
   const els = {
     name: h('input', { type: 'text', placeholder: 'optional', autocomplete: 'off' }),
     model: h('select', {}, h('option', { value: '' }, 'loading models…')),
     importName: h('input', { type: 'text', placeholder: 'my-model' }),
-    importPath: h('input', { type: 'text', placeholder: 'package.module:factory' }),
+    importPath: h('input', { type: 'text', placeholder: 'task.py:make_task or package.module:factory' }),
+    importArchive: h('input', { type: 'file', accept: '.zip,.tar.gz,.tgz,application/zip,application/gzip' }),
     modelArgs: h('input', { type: 'text', placeholder: 'e.g. hidden=64, layers=4' }),
     data: h('input', { type: 'text', placeholder: 'the zoo model’s own' }),
     clusterMode: h('select', {}, h('option', { value: 'local' }, 'local worker processes'), h('option', { value: 'levels' }, 'cluster levels (what-if)')),
@@ -77,9 +81,11 @@ export async function render(container) {
   };
   els.levels.value = '4 10\n2 1.25';
 
+  const importStatus = h('div', { class: 'hint', role: 'status', id: 'register-status' });
   const importBox = h('div', { class: 'fields', hidden: true },
     field('f-import-name', 'Name', els.importName),
-    field('f-import-path', 'Import path', els.importPath, 'returns (module, example input)'),
+    field('f-import-archive', 'Project archive', els.importArchive, '.zip or .tar.gz (optional: else installed on the workers)'),
+    field('f-import-path', 'Task factory', els.importPath, 'returns a trainer.Task'),
     h('div', { style: 'align-self:end' }, h('button', { type: 'button', id: 'register-model', onclick: registerModel }, 'Register model')));
   const workersBox = field('f-workers', 'Workers', els.workers);
   const levelsBox = field('f-levels', 'Levels', els.levels);
@@ -99,7 +105,7 @@ export async function render(container) {
         field('f-model-args', 'Model args', els.modelArgs),
         field('f-data', 'Data', els.data),
         field('f-name', 'Job name', els.name)),
-      importBox),
+      importBox, importStatus),
     h('fieldset', {}, h('legend', {}, 'Cluster and plan'),
       h('div', { class: 'fields' },
         field('f-cluster-mode', 'Workers from', els.clusterMode),
@@ -159,7 +165,7 @@ export async function render(container) {
   /** The job spec from the form; throws Error naming the field on bad input. */
   function spec() {
     const model = els.model.value;
-    if (!model || model === '__import__') throw new Error('model: pick a model (register an import path first)');
+    if (!model || model === '__import__') throw new Error('model: pick a model (register your task first)');
     if (!chosenSchedule()) throw new Error('schedule: no schedule chosen (the list could not be loaded)');
     const out = {
       model,
@@ -219,16 +225,36 @@ export async function render(container) {
   }
   const whatIfSoon = debounce(updateWhatIf, 500);
 
+  /** Upload the archive (if any), register its task factory, and follow the worker's validation. */
   async function registerModel() {
     formError.textContent = '';
+    const button = document.getElementById('register-model');
+    button.disabled = true;
     try {
-      const created = await request('POST', '/models', { body: { name: els.importName.value.trim(), source: els.importPath.value.trim(), config: parseArgs(els.modelArgs.value) } });
-      els.model.insertBefore(h('option', { value: created.name }, `${created.name} (import)`), els.model.lastChild);
-      els.model.value = created.name;
+      const body = { name: els.importName.value.trim(), source: els.importPath.value.trim(), config: parseArgs(els.modelArgs.value) };
+      if (els.data.value.trim()) body.data = els.data.value.trim();
+      const archive = els.importArchive.files?.[0];
+      if (archive) {
+        importStatus.textContent = `Uploading ${archive.name}…`;
+        body.context = (await uploadContext(archive)).sha256;
+      }
+      let model = await request('POST', '/models', { body });
+      while (model.status === 'validating' && !closed) {
+        importStatus.textContent = 'A worker is validating it (building the task, one batch through, splitting it)…';
+        await new Promise((resolve) => { setTimeout(resolve, 1000); });
+        model = await getModel(model.name);
+      }
+      if (model.status === 'failed') throw new Error(`${model.name} failed validation: ${model.message}`);
+      importStatus.textContent = `${model.name} is ready: ${model.message}`;
+      els.model.insertBefore(h('option', { value: model.name }, modelLabel(model)), els.model.lastChild);
+      els.model.value = model.name;
       importBox.hidden = true;
       whatIfSoon();
     } catch (err) {
+      importStatus.textContent = '';
       formError.textContent = err.message;
+    } finally {
+      button.disabled = false;
     }
   }
 
@@ -280,13 +306,13 @@ export async function render(container) {
 
   try {
     models = await listModels();
-    clear(els.model).append(...models.map((m) => h('option', { value: m.name, title: m.description || m.source }, m.kind === 'zoo' ? m.name : `${m.name} (import)`)),
-      h('option', { value: '__import__' }, 'import path…'));
+    clear(els.model).append(...models.map((m) => h('option', { value: m.name, title: m.message || m.description || m.source,
+      disabled: m.status !== 'ready' }, modelLabel(m))), h('option', { value: '__import__' }, 'your own task…'));
     showModelDefaults();
     await schedulesLoaded;
     if (models.length) whatIfSoon();
   } catch (err) {
-    clear(els.model).append(h('option', { value: '__import__' }, 'import path…'));
+    clear(els.model).append(h('option', { value: '__import__' }, 'your own task…'));
     formError.textContent = `Could not list models: ${err.message}`;
   }
   return () => { closed = true; controller?.abort(); whatIfSoon.cancel(); };
