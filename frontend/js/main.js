@@ -65,7 +65,9 @@ async function route() {
   }
 }
 
+let authGeneration = 0;
 async function renderAuth() {
+  const mine = ++authGeneration; // a sign-in event and the start both call this: the last one draws
   const box = clear(document.getElementById('auth-status'));
   if (!getToken()) {
     box.append(h('a', { href: '#/signin' }, 'Sign in'));
@@ -76,7 +78,9 @@ async function renderAuth() {
     const me = await whoAmI();
     if (me?.authenticated) label = `${me.name} (${me.scope})`;
   } catch { /* an invalid token sends the user to the sign-in page */ }
-  box.append(h('span', {}, label), h('button', { type: 'button', onclick: () => { setToken(''); navigate('/signin'); } }, 'Sign out'));
+  if (mine !== authGeneration) return;
+  clear(box).append(h('span', {}, label),
+    h('button', { type: 'button', onclick: () => { setToken(''); navigate('/signin'); } }, 'Sign out'));
 }
 
 window.addEventListener('pipeboard:unauthorized', () => {

@@ -38,12 +38,14 @@ def test_upload_a_project_submit_it_and_watch_it_succeed(start_server, page, sho
     server = start_server(workers=1)
     page.set_default_timeout(120000)
     server.sign_in(page)
+    assert page.locator("#auth-status button", has_text="Sign out").count() == 1  # drawn once, not per event
     project = write_project(tmp_path / "project")
     archive = tmp_path / "project.zip"
     archive.write_bytes(zipped(project))
 
     page.goto(f"{server.url}/#/new")
     page.wait_for_selector('#f-model option[value="__import__"]', state="attached")
+    assert page.locator("#auth-status button").count() == 1
     register_through_the_form(page, "my-task", archive, "my_task.py:make_task")
     page.locator("#register-status", has_text="validating").wait_for()
     page.locator("#register-status", has_text="is ready").wait_for()
