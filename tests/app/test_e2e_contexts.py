@@ -34,13 +34,10 @@ def deployment(request, tmp_path_factory):
     else:
         database, drop = postgres_schema(require_postgres())
         env = {**redis_env(workdir, require_redis()), "PIPEBOARD_DATABASE_URL": database}
-    dep = Deployment(env, workdir)
     try:
-        dep.start_server()
-        dep.worker = dep.start_worker()
-        yield dep
+        with Deployment(env, workdir).running() as dep:
+            yield dep
     finally:
-        dep.close()
         if drop is not None:
             drop()
 

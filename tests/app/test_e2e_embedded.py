@@ -24,13 +24,8 @@ pytestmark = pytest.mark.slow
 @pytest.fixture(scope="module")
 def deployment(tmp_path_factory):
     workdir = tmp_path_factory.mktemp("e2e-embedded")
-    dep = Deployment(embedded_env(workdir), workdir)
-    try:
-        dep.start_server()
-        dep.worker = dep.start_worker()
+    with Deployment(embedded_env(workdir), workdir).running() as dep:
         yield dep
-    finally:
-        dep.close()
 
 
 def wait_until(predicate, timeout: float, what: str, dep: Deployment) -> None:

@@ -11,9 +11,10 @@ import subprocess
 import sys
 import time
 import uuid
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, Iterator
 
 import httpx
 
@@ -166,6 +167,16 @@ class Deployment:
         for process in reversed(self.processes):
             stop_process(process)
         self.http.close()
+
+    @contextmanager
+    def running(self) -> Iterator[Deployment]:
+        """The API and one worker up for the block (``self.worker``); everything stopped after."""
+        try:
+            self.start_server()
+            self.worker = self.start_worker()
+            yield self
+        finally:
+            self.close()
 
 
 def embedded_env(tmp: Path) -> dict[str, str]:
