@@ -110,15 +110,22 @@ def test_registering_only_stores_and_queues_a_worker_validates(client, session, 
     assert client.post("/api/v1/models", json={"name": "tiny", "source": f"{HERE}:tiny_factory"}).status_code == 409
 
 
-def test_broken_models_fail_validation_with_their_message(client, session, on_workers):
+def test_a_model_that_fails_validation_is_stored_failed_with_the_message(client, session, on_workers):
     branchy = register(client, session, {"name": "branchy", "source": f"{HERE}:branchy_factory"})
     assert branchy["status"] == "failed" and "cannot be split" in branchy["message"], branchy
-    missing = register(client, session, {"name": "missing", "source": "no_such_pkg.mod:make"})
-    assert missing["status"] == "failed" and "no module named 'no_such_pkg'" in missing["message"]
-    pair = register(client, session, {"name": "pair", "source": f"{HERE}:not_a_pair"})
-    assert pair["status"] == "failed" and "not a trainer.Task" in pair["message"]
-    raises = register(client, session, {"name": "raises", "source": f"{HERE}:raising_factory"})
-    assert raises["status"] == "failed" and "RuntimeError: no data here" in raises["message"]
+    job = client.post("/api/v1/jobs", json={"model": "branchy", "workers": 2, "schedule": "1f1b", "microbatches": 2,
+                                            "batch_size": 4, "stop": {"steps": 1}})
+    assert job.status_code == 422 and "failed validation" in job.json()["detail"]
+
+
+@pytest.mark.parametrize("factory,words", [
+    ("no_such_pkg.mod:make", "no module named 'no_such_pkg'"),
+    (f"{HERE}:not_a_pair", "not a trainer.Task"),
+    (f"{HERE}:raising_factory", "RuntimeError: no data here"),
+])
+def test_broken_factories_fail_validation_with_their_message(on_workers, tmp_path, factory, words):
+    result = model_checks.run_validation(factory, {}, None, tmp_path, time_limit_s=120, memory_bytes=8 << 30)
+    assert not result["ok"] and words in result["message"], result
 
 
 def test_a_factory_that_hangs_or_allocates_without_end_is_stopped(on_workers, tmp_path):
