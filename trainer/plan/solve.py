@@ -45,9 +45,11 @@ def choose(chain: StateChain, specs: list[LevelSpec]) -> list[str]:
     L, work = len(specs), recurrence.work(chain, specs)
     if "numpy" not in sys.modules and work <= PLAIN_UP_TO:
         return ["plain"] * L
+    if L == 1:  # one level: its top row only (nothing below it to import the strategies for)
+        return ["top_row"]
     from trainer.plan import capped_chain, two_machine_top
 
-    capped = L >= 2 and chain.is_chain() and work >= CAPPED_CHAIN_FROM and capped_chain.available()
+    capped = chain.is_chain() and work >= CAPPED_CHAIN_FROM and capped_chain.available()
     names = []
     for idx, spec in enumerate(specs):
         if spec.final:
