@@ -23,23 +23,24 @@ JOB = {"model": "my_task.py:make_task", "data": "tokens.txt", "workers": 2, "met
        "microbatches": 4, "batch_size": 64, "stop": {"target": 0.9}}
 
 
-@pytest.fixture(scope="module", params=["embedded", pytest.param("postgres-redis", marks=[pytest.mark.postgres,
-                                                                                       pytest.mark.redis])])
-def deployment(request, tmp_path_factory):
-    """The embedded default (SQLite database and broker), or PostgreSQL with Redis as broker."""
-    workdir = tmp_path_factory.mktemp(f"e2e-contexts-{request.param}")
-    drop = None
-    if request.param == "embedded":
-        env = embedded_env(workdir)
-    else:
-        database, drop = postgres_schema(require_postgres())
-        env = {**redis_env(workdir, require_redis()), "PIPEBOARD_DATABASE_URL": database}
+@pytest.fixture(scope="module")
+def embedded(tmp_path_factory):
+    """The embedded default: SQLite database and broker."""
+    workdir = tmp_path_factory.mktemp("e2e-contexts-embedded")
+    with Deployment(embedded_env(workdir), workdir).running() as dep:
+        yield dep
+
+
+@pytest.fixture(scope="module")
+def postgres_redis(tmp_path_factory):
+    """PostgreSQL (a schema of its own) with Redis as broker."""
+    workdir = tmp_path_factory.mktemp("e2e-contexts-postgres")
+    database, drop = postgres_schema(require_postgres())
     try:
-        with Deployment(env, workdir).running() as dep:
+        with Deployment({**redis_env(workdir, require_redis()), "PIPEBOARD_DATABASE_URL": database}, workdir).running() as dep:
             yield dep
     finally:
-        if drop is not None:
-            drop()
+        drop()
 
 
 def write_project(where: Path) -> Path:
@@ -59,13 +60,17 @@ def submit(deployment: Deployment, project: Path, spec: dict, tmp_path: Path) ->
                           cwd=tmp_path)  # not the project: the context carries it
 
 
-def test_a_users_project_trains_to_its_target_from_ci(deployment, tmp_path):
+@pytest.mark.parametrize("where", ["embedded", pytest.param("postgres_redis", marks=[pytest.mark.postgres, pytest.mark.redis])])
+def test_a_users_project_trains_to_its_target_from_ci(request, where, tmp_path):
+    deployment = request.getfixturevalue(where)
     project = write_project(tmp_path / "project")
     done = submit(deployment, project, JOB, tmp_path)
     assert done.returncode == 0, f"{done.stdout}\n{done.stderr}\n{deployment.logs()}"
     assert "succeeded" in done.stdout.splitlines()[-1] and "uploaded" in done.stderr
     job = deployment.api("GET", f"/jobs/{int(done.stdout.split()[1])}")
     assert job["summary"]["reached_target"] is True and job["summary"]["best_metric"] >= 0.9, job["summary"]
+    if where != "embedded":
+        return
     # the same project again: the context is reused, the model too
     again = submit(deployment, project, {**JOB, "stop": {"steps": 2}}, tmp_path)
     assert again.returncode == 0 and "already on the server" in again.stderr, again.stderr
@@ -73,7 +78,8 @@ def test_a_users_project_trains_to_its_target_from_ci(deployment, tmp_path):
     assert len(models) == 1 and models[0]["status"] == "ready"
 
 
-def test_broken_projects_fail_registration_with_their_message(deployment, tmp_path):
+def test_broken_projects_fail_registration_with_their_message(embedded, tmp_path):
+    deployment = embedded
     project = write_project(tmp_path / "broken")
     (project / "my_task.py").write_text((project / "my_task.py").read_text()
                                         + "\n\ndef make_broken(data=None):\n    raise ValueError('tokens file is corrupt')\n")
