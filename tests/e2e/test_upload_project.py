@@ -57,7 +57,7 @@ def test_upload_a_project_submit_it_and_watch_it_succeed(start_server, page, sho
     page.fill("#f-microbatches", "4")
     page.fill("#f-batch", "64")
     page.select_option("#f-stop-kind", "steps")
-    page.fill("#f-stop-value", "20")
+    page.fill("#f-stop-value", "4")
     page.fill("#f-name", "uploaded")
     page.click("#submit-job")
     page.wait_for_url("**/#/jobs/*")
