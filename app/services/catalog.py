@@ -98,10 +98,6 @@ def register(session: Session, body: ModelCreate) -> Model:
 
 
 def enqueue_validation(model_id: int) -> None:
-    from app.core.config import get_settings
-    from app.services.jobs import producer
+    from app.services.jobs import send_task
 
-    app = producer(get_settings().broker_url)
-    with app.connection_for_write() as connection:
-        app.send_task("pipeboard.validate_model", args=[model_id], connection=connection, ignore_result=True,
-                      retry_policy={"max_retries": 2, "interval_start": 0.1, "interval_step": 0.2, "interval_max": 0.5})
+    send_task("pipeboard.validate_model", model_id)

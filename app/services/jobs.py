@@ -129,11 +129,16 @@ def enqueue_or_fail(session: Session, job_id: int) -> None:
 
 def enqueue_run(job_id: int) -> None:
     """One Celery task per queued job; the task claims the best queued job when it starts."""
+    send_task("pipeboard.run_job", job_id)
+
+
+def send_task(name: str, *args: Any) -> None:
+    """Queue Celery task ``name`` on the configured broker (raises when the broker cannot take it)."""
     app = producer(get_settings().broker_url)
     # A connection of our own rather than kombu's global producer pool: the pool registers
     # after-fork hooks that would run (and can hang) in processes this one forks later.
     with app.connection_for_write() as connection:
-        app.send_task("pipeboard.run_job", args=[job_id], connection=connection, ignore_result=True,
+        app.send_task(name, args=list(args), connection=connection, ignore_result=True,
                       retry_policy={"max_retries": 2, "interval_start": 0.1, "interval_step": 0.2, "interval_max": 0.5})
 
 
