@@ -1,4 +1,4 @@
-"""The FastAPI application: `create_app()`, and `app` for `uvicorn app.main:app`."""
+"""The FastAPI application: `create_app()`, and `app` for `uvicorn pipeboard.app.main:app`."""
 
 from __future__ import annotations
 
@@ -12,12 +12,12 @@ from starlette.middleware.body_limit import MAX_BODY_SIZE_SCOPE_KEY
 from starlette.middleware.cors import CORSMiddleware
 from starlette.middleware.trustedhost import TrustedHostMiddleware
 
-from app.api.bodies import DeclaredLengthLimit, body_limit, media_type, too_large
-from app.api.common import allowed_methods
-from app.api.router import api_router
-from app.api.security import FailureLimiter
-from app.core.config import VERSION, Settings, get_settings
-from app.frontend import mount_frontend
+from pipeboard.app.api.bodies import DeclaredLengthLimit, body_limit, media_type, too_large
+from pipeboard.app.api.common import allowed_methods
+from pipeboard.app.api.router import api_router
+from pipeboard.app.api.security import FailureLimiter
+from pipeboard.app.core.config import VERSION, Settings, get_settings
+from pipeboard.app.frontend import mount_frontend
 
 logger = logging.getLogger("pipeboard.api")
 
@@ -103,5 +103,5 @@ def create_app(settings: Settings | None = None) -> FastAPI:
 
 try:
     app = create_app()
-except InsecureConfiguration as exc:  # `uvicorn app.main:app` stops with this one line
+except InsecureConfiguration as exc:  # `uvicorn pipeboard.app.main:app` stops with this one line
     raise SystemExit(f"pipeboard: {exc}") from None

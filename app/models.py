@@ -155,7 +155,7 @@ class Model(Base):
 
 
 class Profile(Base):
-    """Per-layer measurements: `data` is `trainer.profile.schema.Profile.to_dict()`."""
+    """Per-layer measurements: `data` is `pipeboard.trainer.profile.schema.Profile.to_dict()`."""
 
     __tablename__ = "profiles"
 
@@ -169,7 +169,7 @@ class Profile(Base):
 
 
 class Plan(Base):
-    """A partition of a profile onto a cluster: `data` is `trainer.plan.Plan.to_dict()`."""
+    """A partition of a profile onto a cluster: `data` is `pipeboard.trainer.plan.Plan.to_dict()`."""
 
     __tablename__ = "plans"
 
@@ -216,7 +216,7 @@ class Job(Base):
 
 
 class TimelineEvent(Base):
-    """One executed or predicted schedule action (`trainer.schedule.actions.TimelineEvent`)."""
+    """One executed or predicted schedule action (`pipeboard.trainer.schedule.actions.TimelineEvent`)."""
 
     __tablename__ = "timeline_events"
 
@@ -234,7 +234,7 @@ class TimelineEvent(Base):
 
 
 class MetricPoint(Base):
-    """One point of a job's metric series (`trainer.sink.MetricRecord`)."""
+    """One point of a job's metric series (`pipeboard.trainer.sink.MetricRecord`)."""
 
     __tablename__ = "metric_points"
 

@@ -13,7 +13,7 @@ from typing import Annotated, Any, Callable, Generic, Literal, TypeVar
 from pydantic import AwareDatetime, BaseModel, ConfigDict, Field, model_validator
 from pydantic_core import PydanticCustomError, core_schema
 
-from trainer.schedule import registry as schedules
+from pipeboard.trainer.schedule import registry as schedules
 
 T = TypeVar("T")
 
@@ -106,7 +106,7 @@ class ValidationErrorItem(BaseModel):
 
 
 class ValidationFailed(BaseModel):
-    """The 422 body (app.main's handler): one message naming the field(s), plus the details."""
+    """The 422 body (pipeboard.app.main's handler): one message naming the field(s), plus the details."""
 
     detail: str
     errors: list[ValidationErrorItem] = Field(default_factory=list)
@@ -125,7 +125,7 @@ class ModelCreate(BaseModel):
 
     # An example the API accepts as it stands: a task factory installed with pipeboard itself (one in
     # a code context names the context's sha256, which only an upload makes: docs/api.md).
-    model_config = ConfigDict(json_schema_extra={"examples": [{"name": "my-mlp", "source": "trainer.zoo.digits:mlp_digits",
+    model_config = ConfigDict(json_schema_extra={"examples": [{"name": "my-mlp", "source": "pipeboard.trainer.zoo.digits:mlp_digits",
                                                                 "config": {"hidden": 64}}]})
 
     name: str = Field(pattern=NAME_PATTERN, description="Unique name to refer to the model by (jobs' `model`).")
@@ -135,7 +135,7 @@ class ModelCreate(BaseModel):
         pattern=FACTORY_PATTERN,
         description="The task factory: `package.module:function` (importable on the workers, or from the "
                     "context's top folder) or `path/inside/context.py:function` (needs `context`). It returns "
-                    "a trainer.Task.",
+                    "a pipeboard.trainer.Task.",
     )
     context: str | None = Field(default=None, pattern=SHA256_PATTERN,
                                 description="SHA-256 of an uploaded code context (POST /contexts) the factory lives in.")
@@ -301,7 +301,7 @@ class PlanPublic(BaseModel):
     id: int
     profile_id: int
     request: dict[str, Any]
-    plan: dict[str, Any] = Field(description="trainer.plan.Plan.to_dict()")
+    plan: dict[str, Any] = Field(description="pipeboard.trainer.plan.Plan.to_dict()")
     predicted: dict[str, Any] = Field(description="Simulator output: iteration_time_s, throughput, bubble_fraction, utilization, timeline.")
     created_at: datetime | None = None
 

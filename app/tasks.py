@@ -11,9 +11,9 @@ from typing import Any
 
 from celery import signals
 
-from app.core.db import get_sessionmaker
-from app.services import model_checks, runner
-from app.worker import celery_app
+from pipeboard.app.core.db import get_sessionmaker
+from pipeboard.app.services import model_checks, runner
+from pipeboard.app.worker import celery_app
 
 
 @celery_app.task(name="pipeboard.run_job", bind=True, acks_late=True)

@@ -1,8 +1,8 @@
 """The one Celery app (`celery_app`), configured from the settings.
 
-Start a worker with `pipeboard worker` (or `celery -A app.worker:celery_app worker -P threads`).
+Start a worker with `pipeboard worker` (or `celery -A pipeboard.app.worker:celery_app worker -P threads`).
 The thread pool is deliberate: prefork children are daemonic processes, and a task must be able
-to start a training run as its own process group. Job tasks live in `app.tasks` and stay thin;
+to start a training run as its own process group. Job tasks live in `pipeboard.app.tasks` and stay thin;
 this module only adds `pipeboard.ping`, a real round trip for health checks and benchmarks.
 """
 
@@ -19,7 +19,7 @@ from typing import Any
 import kombu.transport.sqlalchemy
 from celery import Celery, signals
 
-from app.core.config import Settings, get_settings, scheme_of
+from pipeboard.app.core.config import Settings, get_settings, scheme_of
 
 logger = logging.getLogger(__name__)
 
@@ -34,8 +34,8 @@ REDIS_VISIBILITY_TIMEOUT_S = 7 * 24 * 3600
 
 
 def _task_modules() -> list[str]:
-    # The worker imports these at start; `app.tasks` arrives with the jobs issue.
-    return [name for name in ("app.tasks",) if importlib.util.find_spec(name) is not None]
+    # The worker imports these at start; `pipeboard.app.tasks` arrives with the jobs issue.
+    return [name for name in ("pipeboard.app.tasks",) if importlib.util.find_spec(name) is not None]
 
 
 def celery_config(settings: Settings) -> dict[str, Any]:
@@ -112,8 +112,8 @@ class WorkerHeartbeatThread(threading.Thread):
         self.started_at: Any = None
 
     def beat(self) -> None:
-        from app.core.db import get_sessionmaker
-        from app.models import WorkerHeartbeat, utcnow
+        from pipeboard.app.core.db import get_sessionmaker
+        from pipeboard.app.models import WorkerHeartbeat, utcnow
 
         now = utcnow()
         self.started_at = self.started_at or now
@@ -133,8 +133,8 @@ class WorkerHeartbeatThread(threading.Thread):
             self.stopped.wait(self.interval_s)
 
     def stop(self) -> None:
-        from app.core.db import get_sessionmaker
-        from app.models import WorkerHeartbeat
+        from pipeboard.app.core.db import get_sessionmaker
+        from pipeboard.app.models import WorkerHeartbeat
 
         self.stopped.set()
         try:

@@ -25,10 +25,10 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from app.core.config import Settings  # noqa: E402
-from app.core.db import make_engine  # noqa: E402
-from app.models import Base  # noqa: E402
-from app.worker import make_celery, worker_argv  # noqa: E402
+from pipeboard.app.core.config import Settings  # noqa: E402
+from pipeboard.app.core.db import make_engine  # noqa: E402
+from pipeboard.app.models import Base  # noqa: E402
+from pipeboard.app.worker import make_celery, worker_argv  # noqa: E402
 
 
 def measure(name: str, env: dict[str, str], tasks: int) -> None:
@@ -39,7 +39,7 @@ def measure(name: str, env: dict[str, str], tasks: int) -> None:
     client = make_celery(settings)
     log = open(Path(settings.data_dir) / "worker.log", "wb")
     worker = subprocess.Popen(
-        [sys.executable, "-m", "celery", "-A", "app.worker:celery_app",
+        [sys.executable, "-m", "celery", "-A", "pipeboard.app.worker:celery_app",
          *worker_argv(concurrency=2, hostname=f"bench-{name}@%h", loglevel="warning")],
         cwd=ROOT, env={**os.environ, **env}, stdout=log, stderr=subprocess.STDOUT, start_new_session=True,
     )

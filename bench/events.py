@@ -32,14 +32,14 @@ sys.path.insert(0, str(ROOT))
 
 import httpx  # noqa: E402
 
-from app.core.config import Settings  # noqa: E402
-from app.core.db import make_engine  # noqa: E402
-from app.models import Base, Job, JobStatus  # noqa: E402
-from app.services.sse import parse_stream  # noqa: E402
+from pipeboard.app.core.config import Settings  # noqa: E402
+from pipeboard.app.core.db import make_engine  # noqa: E402
+from pipeboard.app.models import Base, Job, JobStatus  # noqa: E402
+from pipeboard.app.services.sse import parse_stream  # noqa: E402
 
 PUBLISHER = """
 import sys, time
-from app.services.run_sink import DbSink
+from pipeboard.app.services.run_sink import DbSink
 job_id, n, rate = int(sys.argv[1]), int(sys.argv[2]), float(sys.argv[3])
 sink = DbSink(job_id, own_group=False)
 time.sleep(0.5)  # let the client settle on the stream
@@ -77,7 +77,7 @@ def measure(name: str, env: dict[str, str], events: int, rate: float) -> dict[st
     port = free_port()
     url = f"http://127.0.0.1:{port}"
     log = open(Path(settings.data_dir) / "server.log", "wb")
-    server = subprocess.Popen([sys.executable, "-m", "uvicorn", "app.main:app", "--port", str(port), "--log-level", "warning"],
+    server = subprocess.Popen([sys.executable, "-m", "uvicorn", "pipeboard.app.main:app", "--port", str(port), "--log-level", "warning"],
                               cwd=ROOT, env=full_env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
     latencies: list[float] = []
     try:

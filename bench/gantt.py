@@ -75,7 +75,7 @@ def serve_frontend(port: int):
     import uvicorn
     from fastapi import FastAPI
 
-    from app.frontend import mount_frontend
+    from pipeboard.app.frontend import mount_frontend
 
     app = FastAPI()
     mount_frontend(app)
@@ -114,7 +114,7 @@ def main() -> None:
 
     from playwright.sync_api import sync_playwright
 
-    from app.frontend import plotly_path
+    from pipeboard.app.frontend import plotly_path
 
     port = free_port()
     server, thread = serve_frontend(port)

@@ -26,9 +26,9 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 import torch  # noqa: E402
 
-from trainer.runtime import RunConfig, run_training  # noqa: E402
-from trainer.runtime.data import TrainStream  # noqa: E402
-from trainer.zoo import get as zoo_get  # noqa: E402
+from pipeboard.trainer.runtime import RunConfig, run_training  # noqa: E402
+from pipeboard.trainer.runtime.data import TrainStream  # noqa: E402
+from pipeboard.trainer.zoo import get as zoo_get  # noqa: E402
 
 
 def one_process(model_args: dict, batch_size: int, steps: int, device: torch.device, optimizer: str) -> float:

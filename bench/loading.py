@@ -38,16 +38,16 @@ from pathlib import Path
 sys.path = [p for p in sys.path if Path(p or ".").resolve() != Path(__file__).resolve().parent]
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from trainer.allocator import prefer_huge_pages  # noqa: E402
+from pipeboard.trainer.allocator import prefer_huge_pages  # noqa: E402
 
 prefer_huge_pages()  # as `pipeboard train` runs (before torch allocates)
 
 import torch  # noqa: E402
 
-from trainer.hostinfo import cpu_name  # noqa: E402
-from trainer.runtime import RunConfig, run_training  # noqa: E402
-from trainer.runtime.config import SCHEDULES  # noqa: E402
-from trainer.spec import load_task  # noqa: E402
+from pipeboard.trainer.hostinfo import cpu_name  # noqa: E402
+from pipeboard.trainer.runtime import RunConfig, run_training  # noqa: E402
+from pipeboard.trainer.runtime.config import SCHEDULES  # noqa: E402
+from pipeboard.trainer.spec import load_task  # noqa: E402
 
 TASKS = str(Path(__file__).resolve().with_name("loading_tasks.py"))
 

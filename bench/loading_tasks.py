@@ -1,10 +1,10 @@
 """Task factories for bench/loading.py: the zoo's image task with real loading, and pre-loaded.
 
-Both build ``resnet18-images`` (``trainer.zoo.hf.resnet18_images``: a transformers ResNet-18 layout
+Both build ``resnet18-images`` (``pipeboard.trainer.zoo.hf.resnet18_images``: a transformers ResNet-18 layout
 on an imagefolder tree of PNGs, default scikit-learn's digits as 32x32 PNGs) with the same
 arguments, so under the same run seed they build the same initial weights:
 
-- ``real``: the task as the zoo makes it; its ``train_data`` is ``trainer.task.datasets.ImageFiles``,
+- ``real``: the task as the zoo makes it; its ``train_data`` is ``pipeboard.trainer.task.datasets.ImageFiles``,
   which opens, decodes, converts, resizes and normalises each PNG on access, in the DataLoader's
   worker processes (``loader_workers``, the task's default unless the run says otherwise);
 - ``preloaded``: the same task whose splits were decoded once, when the factory ran, into
@@ -20,7 +20,7 @@ from __future__ import annotations
 import sys
 from pathlib import Path
 
-# trainer.task.spec imports a task file with its folder first on sys.path (so that it can import
+# pipeboard.trainer.task.spec imports a task file with its folder first on sys.path (so that it can import
 # its siblings); this folder, bench/, holds scripts named like stdlib modules (profile.py), which
 # would then shadow them: transformers' lazy import of the ResNet classes goes through cProfile,
 # which imports `profile`, and fails. Take the folder back off the path before anything imports.
@@ -29,8 +29,8 @@ sys.path = [p for p in sys.path if Path(p or ".").resolve() != Path(__file__).re
 import torch  # noqa: E402
 from torch.utils.data import TensorDataset  # noqa: E402
 
-from trainer.task import Task  # noqa: E402
-from trainer.zoo.hf import resnet18_images  # noqa: E402
+from pipeboard.trainer.task import Task  # noqa: E402
+from pipeboard.trainer.zoo.hf import resnet18_images  # noqa: E402
 
 
 def real(data: str | None = None, width: int = 16, size: int = 32) -> Task:

@@ -29,16 +29,16 @@ from pathlib import Path
 sys.path = [p for p in sys.path if Path(p or ".").resolve() != Path(__file__).resolve().parent]
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from trainer.allocator import keep_freed_memory, prefer_huge_pages  # noqa: E402
+from pipeboard.trainer.allocator import keep_freed_memory, prefer_huge_pages  # noqa: E402
 
 prefer_huge_pages()  # the runtime workers' allocator settings (before torch allocates)
 
 import torch  # noqa: E402
 
-import trainer.zoo  # noqa: E402
-from trainer import cpu_matmul  # noqa: E402
-from trainer.hostinfo import cpu_name  # noqa: E402
-from trainer.runtime.data import TrainStream  # noqa: E402
+import pipeboard.trainer.zoo  # noqa: E402
+from pipeboard.trainer import cpu_matmul  # noqa: E402
+from pipeboard.trainer.hostinfo import cpu_name  # noqa: E402
+from pipeboard.trainer.runtime.data import TrainStream  # noqa: E402
 
 KERNELS = ("default", "onednn")
 
@@ -71,7 +71,7 @@ def products(width: int, rows: int, repeats: int) -> dict[str, float]:
 def training_step(width: int, batch: int, steps: int) -> float:
     """Samples/s of bench/runtime.py's one process on the full batch: the mlp's forward, loss,
     backward and SGD step (momentum, learning rate 1e-4) on a batch of its training data."""
-    zoo = trainer.zoo.get("mlp", seed=0, depth=8, width=width)
+    zoo = pipeboard.trainer.zoo.get("mlp", seed=0, depth=8, width=width)
     zoo.optimizer, zoo.lr = "sgd", 1e-4
     opt = zoo.make_optimizer(zoo.model.parameters())
     x, y = TrainStream(zoo, batch, 1, torch.device("cpu")).microbatch(0)

@@ -19,7 +19,7 @@ Two measures of time:
 - whole process (``--process N``), N runs each, median wall and CPU, output to a pipe:
   ``pipeboard plan PROFILE <the line's flags>`` as a user runs it (interpreter start, the
   command line's own imports, profile parsing, the printed table), and the planner alone as a
-  process (interpreter start, ``trainer.plan`` and the profile loaded, the plan made and
+  process (interpreter start, ``pipeboard.trainer.plan`` and the profile loaded, the plan made and
   printed as JSON). Both compare with the reference's time, itself a whole process
   (``ref_wall_s``): "x ref" is its wall over our median wall (CLI / planner).
 
@@ -46,13 +46,13 @@ sys.path.insert(0, str(ROOT))
 
 import numpy  # noqa: E402,F401  (loaded before timing: the in-process numbers are a warm process's)
 
-from trainer.plan import plan  # noqa: E402
-from trainer.plan.costs import level_specs  # noqa: E402
-from trainer.plan.reference_flags import parse_reference_flags  # noqa: E402
-from trainer.plan.solve import choose  # noqa: E402
-from trainer.plan.states import state_chain  # noqa: E402
-from trainer.profile.files import load_profile  # noqa: E402
-from trainer.profile.schema import Layer, Profile  # noqa: E402
+from pipeboard.trainer.plan import plan  # noqa: E402
+from pipeboard.trainer.plan.costs import level_specs  # noqa: E402
+from pipeboard.trainer.plan.reference_flags import parse_reference_flags  # noqa: E402
+from pipeboard.trainer.plan.solve import choose  # noqa: E402
+from pipeboard.trainer.plan.states import state_chain  # noqa: E402
+from pipeboard.trainer.profile.files import load_profile  # noqa: E402
+from pipeboard.trainer.profile.schema import Layer, Profile  # noqa: E402
 
 SHARED = ROOT.parent / "shared" / "pipedream-profiles"
 PIPEBOARD = Path(sys.executable).with_name("pipeboard")
@@ -99,7 +99,7 @@ def cli_flags(kw: dict) -> list[str]:
     return flags
 
 
-PLANNER = ("import json, sys; from trainer.plan import plan; from trainer.profile.files import load_profile; "
+PLANNER = ("import json, sys; from pipeboard.trainer.plan import plan; from pipeboard.trainer.profile.files import load_profile; "
            "kw = json.loads(sys.argv[2]); kw['levels'] = [tuple(level) for level in kw['levels']]; "
            "print(plan(load_profile(sys.argv[1]), **kw).to_json())")
 

@@ -37,16 +37,16 @@ from pathlib import Path
 sys.path = [p for p in sys.path if Path(p or ".").resolve() != Path(__file__).resolve().parent]
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from trainer.allocator import prefer_huge_pages  # noqa: E402
+from pipeboard.trainer.allocator import prefer_huge_pages  # noqa: E402
 
 prefer_huge_pages()  # as `pipeboard train` runs (before torch allocates)
 
 import torch  # noqa: E402
 
-from trainer.hostinfo import cpu_name  # noqa: E402
-from trainer.runtime import RunConfig, run_training  # noqa: E402
-from trainer.runtime.config import SCHEDULES  # noqa: E402
-from trainer.sink import ListSink  # noqa: E402
+from pipeboard.trainer.hostinfo import cpu_name  # noqa: E402
+from pipeboard.trainer.runtime import RunConfig, run_training  # noqa: E402
+from pipeboard.trainer.runtime.config import SCHEDULES  # noqa: E402
+from pipeboard.trainer.sink import ListSink  # noqa: E402
 
 MODELS = {  # zoo name -> (model args, batch size: the task's own)
     "mlp": ({"depth": 4, "width": 512}, 64),

@@ -8,7 +8,7 @@ The configurations of bench/runtime.py: mlp depth=8 width=1024, 2 stages on 2 pr
 torch thread each, SGD; (a) batch 64 in 8 microbatches, (b) batch 512 in 8. ``pipedream:1`` is
 pipedream on whole batches (one microbatch per update).
 
-It measures, in this order: the link between two processes (trainer.runtime.links), the model's
+It measures, in this order: the link between two processes (pipeboard.trainer.runtime.links), the model's
 profile at every microbatch size and batch size the runs need (with one concurrent training
 process standing in for the other stage, ``concurrent=1``, training on microbatches as that stage
 does), then each run. For every schedule,
@@ -17,7 +17,7 @@ state, ``run_training``'s samples/s; the fastest of ``--runs`` runs, since other
 shared machine only ever slow a run down), ``predict_step_s``'s prediction and the error, then the
 per-action costs the prediction used next to the means the runtime recorded (instrumented run),
 so a miss can be traced to the action that causes it. Two overheads are tried: the tiny-stage
-one (``trainer.runtime.overhead.measure_action_overhead``: what the runtime's ``Stage`` adds to
+one (``pipeboard.trainer.runtime.overhead.measure_action_overhead``: what the runtime's ``Stage`` adds to
 each call) and the runtime floor
 (``runtime_floor``: the whole runtime's step on the same schedule with the model shrunk to width
 4, spread over the critical path's actions). A third figure simulates the same schedule
@@ -39,21 +39,21 @@ from pathlib import Path
 sys.path = [p for p in sys.path if Path(p or ".").resolve() != Path(__file__).resolve().parent]
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from trainer.allocator import prefer_huge_pages  # noqa: E402
+from pipeboard.trainer.allocator import prefer_huge_pages  # noqa: E402
 
 prefer_huge_pages()  # as `pipeboard train` runs, for every process measured here (before torch allocates)
 
 import torch  # noqa: E402
 
-from trainer import cpu_matmul  # noqa: E402
-from trainer.runtime.links import measure_link  # noqa: E402
-from trainer.profile.profiler import profile_model  # noqa: E402
-from trainer.runtime import RunConfig, run_training  # noqa: E402
-from trainer.runtime import model as model_mod  # noqa: E402
-from trainer.runtime.overhead import measure_action_overhead  # noqa: E402
-from trainer.schedule.costs import StageCosts  # noqa: E402
-from trainer.schedule.predict import ActionOverhead, predict_step_s, stage_costs, steady_step_s  # noqa: E402
-from trainer.sink import NullSink  # noqa: E402
+from pipeboard.trainer import cpu_matmul  # noqa: E402
+from pipeboard.trainer.runtime.links import measure_link  # noqa: E402
+from pipeboard.trainer.profile.profiler import profile_model  # noqa: E402
+from pipeboard.trainer.runtime import RunConfig, run_training  # noqa: E402
+from pipeboard.trainer.runtime import model as model_mod  # noqa: E402
+from pipeboard.trainer.runtime.overhead import measure_action_overhead  # noqa: E402
+from pipeboard.trainer.schedule.costs import StageCosts  # noqa: E402
+from pipeboard.trainer.schedule.predict import ActionOverhead, predict_step_s, stage_costs, steady_step_s  # noqa: E402
+from pipeboard.trainer.sink import NullSink  # noqa: E402
 
 CONFIGS = {"a": dict(batch_size=64, microbatches=8), "b": dict(batch_size=512, microbatches=8)}
 MODEL_ARGS = {"depth": 8, "width": 1024}
@@ -149,10 +149,10 @@ def measured_step_s(cfg: RunConfig) -> tuple[float, dict]:
 
 
 class Prediction:
-    """``trainer.schedule.predict.predict_step_s`` fed what it is designed for: the model's
+    """``pipeboard.trainer.schedule.predict.predict_step_s`` fed what it is designed for: the model's
     profiles at the microbatch and the batch size (taken with the other stage's process training
     on microbatches), the measured link over the runtime's transport, and the runtime's per-action
-    overhead (trainer.runtime.overhead's tiny-stage measurement, as a job's profile phase takes
+    overhead (pipeboard.trainer.runtime.overhead's tiny-stage measurement, as a job's profile phase takes
     it). Each input is measured once, before the runs that it predicts. bench/runtime.py predicts
     its runs with it; ``weight_grads`` is theirs."""
 

@@ -22,8 +22,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 import torch  # noqa: E402
 
-from trainer import zoo  # noqa: E402
-from trainer.profile.profiler import profile_model  # noqa: E402
+from pipeboard.trainer import zoo  # noqa: E402
+from pipeboard.trainer.profile.profiler import profile_model  # noqa: E402
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -46,18 +46,18 @@ from pathlib import Path
 sys.path = [p for p in sys.path if Path(p or ".").resolve() != Path(__file__).resolve().parent]
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from trainer.allocator import keep_freed_memory, prefer_huge_pages  # noqa: E402
+from pipeboard.trainer.allocator import keep_freed_memory, prefer_huge_pages  # noqa: E402
 
 prefer_huge_pages()  # as `pipeboard train` runs, for every process measured here (before torch allocates)
 
 import torch  # noqa: E402
 import torch.multiprocessing as mp  # noqa: E402
 
-from trainer import cpu_matmul  # noqa: E402
-from trainer.runtime import RunConfig, run_training  # noqa: E402
-from trainer.runtime import model as model_mod  # noqa: E402
-from trainer.runtime.data import TrainStream  # noqa: E402
-from trainer.runtime.launch import free_port  # noqa: E402
+from pipeboard.trainer import cpu_matmul  # noqa: E402
+from pipeboard.trainer.runtime import RunConfig, run_training  # noqa: E402
+from pipeboard.trainer.runtime import model as model_mod  # noqa: E402
+from pipeboard.trainer.runtime.data import TrainStream  # noqa: E402
+from pipeboard.trainer.runtime.launch import free_port  # noqa: E402
 
 CONFIGS = {
     "a": dict(batch_size=64, microbatches=8),
@@ -151,10 +151,10 @@ def _stage_work(rank: int, cfg: RunConfig, steps: int, out) -> None:
     ``Stage`` calls on the same action list (weight versions, batched weight gradients, steps and
     version releases included), with every transfer left out (inputs and output gradients are
     fixed tensors). Reports its samples/s and the mean seconds of each action kind."""
-    from trainer.runtime.executor import version_last_use
-    from trainer.runtime.layout import resolve
-    from trainer.runtime.stage import Stage
-    from trainer.schedule.actions import Kind
+    from pipeboard.trainer.runtime.executor import version_last_use
+    from pipeboard.trainer.runtime.layout import resolve
+    from pipeboard.trainer.runtime.stage import Stage
+    from pipeboard.trainer.schedule.actions import Kind
 
     torch.set_num_threads(1)
     keep_freed_memory()
@@ -217,9 +217,9 @@ def ceiling(steps: int, schedule: str, **c) -> float:
     concurrently (``_stage_work``, sharing the machine as in a run); the simulator then runs the
     schedule step after step on those measured action times with no communication cost, which
     places the pipeline bubble (fill, drain, where the batched W and the step fall) exactly."""
-    from trainer.runtime.layout import resolve
-    from trainer.schedule.costs import StageCosts
-    from trainer.schedule.predict import steady_step_s
+    from pipeboard.trainer.runtime.layout import resolve
+    from pipeboard.trainer.schedule.costs import StageCosts
+    from pipeboard.trainer.schedule.predict import steady_step_s
 
     cfg = run_cfg(schedule, steps=steps, **c)
     ctx = mp.get_context("fork")
@@ -447,7 +447,7 @@ def report(name: str, c: dict, steps: int, rounds: int, scheds: list[str], res: 
         of_medians, paired = ratio("ours 1f1b", "ours 1f1b uninstrumented")
         print(f"  instrumentation cost (1f1b): {1 - paired:+.1%} of throughput paired, "
               f"{1 - of_medians:+.1%} of medians")
-    print("  predicted (trainer.schedule.predict fed the profiles, link and per-action overhead: the tiny-stage "
+    print("  predicted (pipeboard.trainer.schedule.predict fed the profiles, link and per-action overhead: the tiny-stage "
           "one, or the runtime floor) vs measured (median run; and the fastest run, which other work on the "
           "shared machine slowed least, as bench/predict.py compares), ms per step; issue: within 10%:")
     for s in scheds:

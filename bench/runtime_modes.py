@@ -8,12 +8,12 @@ import time
 
 import torch.multiprocessing as mp
 
-from trainer.runtime import RunConfig, run_training
+from pipeboard.trainer.runtime import RunConfig, run_training
 
 
 def time_to_accuracy(model: str, batch_size: int, microbatches: int) -> None:
     """Train ``model`` to its zoo target under each schedule on 2 processes; print the records."""
-    from trainer.zoo import describe
+    from pipeboard.trainer.zoo import describe
 
     info = next(d for d in describe() if d["name"] == model)
     print(f"\ntime to accuracy: {model} to {info['metric']} {info['target']}, batch {batch_size} in "
@@ -45,8 +45,8 @@ def instrumentation_cost(pairs: int, schedule: str, steps: int, ours, config: di
           f"{1 - statistics.median(ratios):+.1%} of throughput (end-to-end; the machine's noise dominates)")
     # The same cost measured directly: what instrumentation adds to one worker's step (recording
     # each of its actions, then shipping the step's events to the launcher), against the step time.
-    from trainer.runtime.instrument import Recorder
-    from trainer.schedule.actions import Kind
+    from pipeboard.trainer.runtime.instrument import Recorder
+    from pipeboard.trainer.schedule.actions import Kind
 
     ctx = mp.get_context("fork")
     q = ctx.Queue()

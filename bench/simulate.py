@@ -22,11 +22,11 @@ import sys
 import time
 from pathlib import Path
 
-from trainer.hostinfo import cpu_name
-from trainer.schedule import build
-from trainer.schedule.costs import costs_uniform
-from trainer.schedule.simulate import simulate
-from trainer.schedule.validate import validate
+from pipeboard.trainer.hostinfo import cpu_name
+from pipeboard.trainer.schedule import build
+from pipeboard.trainer.schedule.costs import costs_uniform
+from pipeboard.trainer.schedule.simulate import simulate
+from pipeboard.trainer.schedule.validate import validate
 
 
 def best(repeat: int, fn):

@@ -34,16 +34,16 @@ from pathlib import Path
 sys.path = [p for p in sys.path if Path(p or ".").resolve() != Path(__file__).resolve().parent]
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from trainer.allocator import prefer_huge_pages  # noqa: E402
+from pipeboard.trainer.allocator import prefer_huge_pages  # noqa: E402
 
 prefer_huge_pages()  # as `pipeboard train` runs (before torch allocates)
 
 import torch  # noqa: E402
 
-from trainer.hostinfo import cpu_name  # noqa: E402
-from trainer.runtime import RunConfig, run_training  # noqa: E402
-from trainer.runtime.config import SCHEDULES  # noqa: E402
-from trainer.sink import ListSink  # noqa: E402
+from pipeboard.trainer.hostinfo import cpu_name  # noqa: E402
+from pipeboard.trainer.runtime import RunConfig, run_training  # noqa: E402
+from pipeboard.trainer.runtime.config import SCHEDULES  # noqa: E402
+from pipeboard.trainer.sink import ListSink  # noqa: E402
 
 MODEL = "resnet18-images"
 WORKERS = 2
@@ -99,7 +99,7 @@ def main() -> None:
         ap.error(f"--schedules: choose from {', '.join(SCHEDULES)}")
     if min(args.rounds, args.eval_every, args.max_steps, args.batch_size, args.microbatches) < 1:
         ap.error("--rounds, --eval-every, --max-steps, --batch-size and --microbatches must be positive")
-    from trainer.zoo import describe
+    from pipeboard.trainer.zoo import describe
 
     info = next(d for d in describe() if d["name"] == MODEL)
     target = info["target"] if args.target is None else args.target

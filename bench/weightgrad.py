@@ -30,15 +30,15 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 import torch  # noqa: E402
 
-import trainer.zoo  # noqa: E402
-from trainer.runtime.model import build_stages, layer_names  # noqa: E402
-from trainer.runtime.stage import Stage  # noqa: E402
+import pipeboard.trainer.zoo  # noqa: E402
+from pipeboard.trainer.runtime.model import build_stages, layer_names  # noqa: E402
+from pipeboard.trainer.runtime.stage import Stage  # noqa: E402
 
 MODES = ("full", "batched", "each")
 
 
 def make_stage(depth: int, width: int, layers: int, position: str, mb_size: int) -> Stage:
-    zoo = trainer.zoo.get("mlp", seed=0, depth=depth, width=width)
+    zoo = pipeboard.trainer.zoo.get("mlp", seed=0, depth=depth, width=width)
     example = zoo.example_input(mb_size)
     names = layer_names(zoo.model, example)  # net_0, net_1 (ReLU), net_2, ...
     skip = 0 if position == "first" else 2  # a middle stage starts after one Linear+ReLU

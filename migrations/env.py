@@ -1,4 +1,4 @@
-"""Alembic environment: the URL comes from pipeboard's settings, the target from app.models.
+"""Alembic environment: the URL comes from pipeboard's settings, the target from pipeboard.app.models.
 
 A caller may hand over an open connection in `config.attributes["connection"]` (tests do, to
 migrate inside their own schema) or a URL with `config.set_main_option("sqlalchemy.url", ...)`.
@@ -12,9 +12,9 @@ from typing import Any
 
 from alembic import context
 
-from app.core.config import get_settings
-from app.core.db import make_engine
-from app.models import Base, UTCDateTime
+from pipeboard.app.core.config import get_settings
+from pipeboard.app.core.db import make_engine
+from pipeboard.app.models import Base, UTCDateTime
 
 config = context.config
 if config.config_file_name is not None and config.attributes.get("configure_logger", True):

@@ -42,6 +42,17 @@ from typing import Any
 import kombu.pools
 import pytest
 
+if os.environ.get("MUTANT_UNDER_TEST") is not None:
+    # mutmut (docs/mutation-testing.md) names a mutant by its file's path (trainer/plan/costs.py:
+    # trainer.plan.costs) and puts its mutated copy of trainer/ on sys.path as `trainer`; the
+    # code under test imports pipeboard.trainer, which must be that copy, under that name.
+    import importlib.util
+
+    _spec = importlib.util.spec_from_file_location("pipeboard_module_alias", "trainer/task/old_name.py")
+    _alias = importlib.util.module_from_spec(_spec)
+    _spec.loader.exec_module(_alias)
+    _alias.ModuleAlias("pipeboard.trainer", "trainer").install()
+
 for _name in [n for n in os.environ if n.startswith("PIPEBOARD_") and not n.startswith("PIPEBOARD_TEST_")]:
     del os.environ[_name]
 SESSION_DIR = Path(tempfile.mkdtemp(prefix="pipeboard-test-"))
@@ -50,8 +61,8 @@ os.environ["PIPEBOARD_DATA_DIR"] = str(SESSION_DIR / "data")
 from sqlalchemy import Engine, text  # noqa: E402  (after the environment is fixed)
 from sqlalchemy.orm import Session  # noqa: E402
 
-from app.core.db import make_engine  # noqa: E402
-from app.models import Base  # noqa: E402
+from pipeboard.app.core.db import make_engine  # noqa: E402
+from pipeboard.app.models import Base  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[1]
 IN_CI = os.environ.get("CI") == "true"
@@ -118,7 +129,7 @@ def _remove_session_dir() -> Iterator[None]:
 
 @pytest.fixture(scope="session", params=["sqlite", pytest.param("postgres", marks=pytest.mark.postgres)])
 def db_url(request: pytest.FixtureRequest) -> Iterator[str]:
-    """A database with every table of app.models, on SQLite or on PostgreSQL."""
+    """A database with every table of pipeboard.app.models, on SQLite or on PostgreSQL."""
     if request.param == "sqlite":
         url = f"sqlite:///{SESSION_DIR}/db-{uuid.uuid4().hex[:8]}.sqlite"
         drop = None
@@ -171,7 +182,7 @@ def bearer(secret: str) -> dict[str, str]:
 @pytest.fixture
 def make_token(session: Session) -> Callable[..., str]:
     """Factory: `make_token("admin", name=None, expires_at=None)` -> the secret of a new token."""
-    from app.services.tokens import create_token
+    from pipeboard.app.services.tokens import create_token
 
     def make(scope: str = "write", name: str | None = None, expires_at: Any = None) -> str:
         _, secret = create_token(session, name or f"t-{scope}", scope, expires_at=expires_at)
@@ -187,8 +198,8 @@ TEST_BASE_URL = "http://localhost"
 
 def app_on(session: Session, settings: Any = None) -> Any:
     """A fresh `create_app(settings)` whose requests all use `session`."""
-    from app.core.db import get_session
-    from app.main import create_app
+    from pipeboard.app.core.db import get_session
+    from pipeboard.app.main import create_app
 
     app = create_app(settings)
     app.dependency_overrides[get_session] = lambda: session
@@ -242,7 +253,7 @@ def redis_broker_env(tmp_path: Path) -> dict[str, str]:
 
 def settings_from_env(env: dict[str, str]) -> Any:
     """`Settings` of a deployment described by PIPEBOARD_* variables (the test's own env aside)."""
-    from app.core.config import Settings
+    from pipeboard.app.core.config import Settings
 
     return Settings(**{k.removeprefix("PIPEBOARD_").lower(): v for k, v in env.items() if k.startswith("PIPEBOARD_")})
 
@@ -292,7 +303,7 @@ def start_worker(tmp_path: Path) -> Iterator[Callable[..., RunningWorker]]:
 
     The deployment's database gets every table first, as `pipeboard up` would migrate it.
     """
-    from app.worker import make_celery, worker_argv
+    from pipeboard.app.worker import make_celery, worker_argv
 
     started: list[RunningWorker] = []
 
@@ -306,7 +317,7 @@ def start_worker(tmp_path: Path) -> Iterator[Callable[..., RunningWorker]]:
         argv = worker_argv(concurrency=concurrency, hostname=hostname, loglevel="info")
         with open(log_path, "wb") as log:
             process = subprocess.Popen(
-                [sys.executable, "-m", "celery", "-A", "app.worker:celery_app", *argv],
+                [sys.executable, "-m", "celery", "-A", "pipeboard.app.worker:celery_app", *argv],
                 cwd=ROOT, env={**os.environ, **env}, stdout=log, stderr=subprocess.STDOUT,
                 start_new_session=True,
             )

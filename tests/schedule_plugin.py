@@ -8,8 +8,8 @@ or ``registry.load_module`` in-process.
 
 from __future__ import annotations
 
-from trainer.schedule.flush import gpipe_ops
-from trainer.schedule.registry import BuildContext, register
+from pipeboard.trainer.schedule.flush import gpipe_ops
+from pipeboard.trainer.schedule.registry import BuildContext, register
 
 NAME = "gpipe-twin"
 DESCRIPTION = "GPipe's order under another name (a test's schedule, added in one file)."

@@ -1,7 +1,7 @@
 """pipeboard's engine: profiler, planner, schedules and simulator, runtime, model zoo.
 
 Importable with no web stack; it never imports ``app``. Progress goes through a
-``trainer.sink.Sink`` that the caller supplies.
+``pipeboard.trainer.sink.Sink`` that the caller supplies.
 """
 
 __all__ = ["Task", "TaskError", "load_task"]
@@ -10,11 +10,11 @@ __all__ = ["Task", "TaskError", "load_task"]
 def __getattr__(name: str):
     # Lazy: `import trainer` (the planner's CLI) must not import torch.
     if name == "load_task":
-        from trainer.spec import load_task
+        from pipeboard.trainer.spec import load_task
 
         return load_task
     if name in __all__:
-        from trainer import task
+        from pipeboard.trainer import task
 
         return getattr(task, name)
-    raise AttributeError(f"module 'trainer' has no attribute {name!r}")
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

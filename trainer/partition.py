@@ -19,7 +19,7 @@ from typing import Any, Sequence
 import torch
 from torch import fx, nn
 
-from trainer.profile.fxgraph import LayerGraph, as_tuple, build_submodule, flat_slots, trace_layers
+from pipeboard.trainer.profile.fxgraph import LayerGraph, as_tuple, build_submodule, flat_slots, trace_layers
 
 
 class PartitionError(ValueError):
@@ -88,7 +88,7 @@ def _assign(lg: LayerGraph, stages: Sequence[Sequence[str]]) -> dict[str, int]:
             raise PartitionError(f"stages[{k}] must be a list of layer names")
         for name in stage:
             if name not in by_name:
-                raise PartitionError(f"stages[{k}]: unknown layer {name!r} (see trainer.partition.layer_names)")
+                raise PartitionError(f"stages[{k}]: unknown layer {name!r} (see pipeboard.trainer.partition.layer_names)")
             if name in stage_of:
                 raise PartitionError(f"stages[{k}]: layer {name!r} is already in stage {stage_of[name]}")
             if by_name[name].kind == "input" and k != 0:

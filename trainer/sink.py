@@ -11,7 +11,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any, Protocol, Sequence, runtime_checkable
 
-from trainer.schedule.actions import TimelineEvent
+from pipeboard.trainer.schedule.actions import TimelineEvent
 
 
 @dataclass

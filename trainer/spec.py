@@ -1,18 +1,18 @@
-"""From a model SPEC to a :class:`~trainer.task.Task`: a zoo name, ``package.module:function``
+"""From a model SPEC to a :class:`~pipeboard.trainer.task.Task`: a zoo name, ``package.module:function``
 or ``path/to/file.py:function``.
 
 The zoo's entries are task factories like a user's: a name only says which one, and both are
-built by ``trainer.task.spec.build_task``. This module sits above the two (``trainer.task`` knows
-nothing of the zoo, the zoo builds on ``trainer.task``).
+built by ``pipeboard.trainer.task.spec.build_task``. This module sits above the two (``pipeboard.trainer.task`` knows
+nothing of the zoo, the zoo builds on ``pipeboard.trainer.task``).
 """
 
 from __future__ import annotations
 
 from typing import Any, Callable
 
-from trainer import zoo
-from trainer.task.spec import build_task, is_factory_path, resolve_factory
-from trainer.task.task import Task
+from pipeboard.trainer import zoo
+from pipeboard.trainer.task.spec import build_task, is_factory_path, resolve_factory
+from pipeboard.trainer.task.task import Task
 
 
 def factory_of(spec: str) -> Callable[..., Task]:

@@ -16,7 +16,7 @@ from fastapi.responses import JSONResponse
 from starlette.datastructures import Headers
 from starlette.types import ASGIApp, Receive, Scope, Send
 
-from app.core.config import Settings
+from pipeboard.app.core.config import Settings
 
 # Room for the multipart framing around an upload of MAX_UPLOAD_BYTES (boundaries, part headers,
 # the other form fields): the route itself refuses a larger file with its own 413.

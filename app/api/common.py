@@ -10,10 +10,10 @@ from fastapi.routing import APIRoute
 from starlette.routing import Match, Mount, get_route_path
 from starlette.types import Scope
 
-from app.api.bodies import body_limit, check_content_type, has_body
-from app.core.config import get_settings
-from app.schemas import Message, ValidationFailed
-from app.services.errors import ServiceError
+from pipeboard.app.api.bodies import body_limit, check_content_type, has_body
+from pipeboard.app.core.config import get_settings
+from pipeboard.app.schemas import Message, ValidationFailed
+from pipeboard.app.services.errors import ServiceError
 
 PROBED_METHODS = ("GET", "HEAD", "POST", "PUT", "PATCH", "DELETE", "OPTIONS")
 

@@ -7,8 +7,8 @@ from typing import Annotated
 from fastapi import Depends
 from sqlalchemy.orm import Session
 
-from app.core.config import Settings, get_settings
-from app.core.db import get_session
+from pipeboard.app.core.config import Settings, get_settings
+from pipeboard.app.core.db import get_session
 
 # Tests override `get_session` (app.dependency_overrides) to run each request in their
 # rolled-back transaction; routes only ever ask for `SessionDep`.

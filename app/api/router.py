@@ -1,8 +1,8 @@
-"""All `/api/v1` routes, gathered in one router that `app.main` mounts."""
+"""All `/api/v1` routes, gathered in one router that `pipeboard.app.main` mounts."""
 
 from fastapi import APIRouter
 
-from app.api.routes import contexts, events, health, jobs, models, plans, profiles, schedules, tokens
+from pipeboard.app.api.routes import contexts, events, health, jobs, models, plans, profiles, schedules, tokens
 
 api_router = APIRouter(prefix="/api/v1")
 api_router.include_router(health.router)

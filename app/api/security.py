@@ -28,11 +28,11 @@ from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
 from sqlalchemy import select, update
 from sqlalchemy.orm import Session
 
-from app.api.deps import SessionDep
-from app.core.config import Settings
-from app.models import ApiToken, TokenScope
-from app.services.tokens import hash_token, utcnow
-from app.services.tx import begin_write
+from pipeboard.app.api.deps import SessionDep
+from pipeboard.app.core.config import Settings
+from pipeboard.app.models import ApiToken, TokenScope
+from pipeboard.app.services.tokens import hash_token, utcnow
+from pipeboard.app.services.tx import begin_write
 
 WRITE_SCOPES = ("write", "admin")
 HOW_TO_GET_ONE = "`pipeboard token create NAME --scope write` on the server machine prints one"

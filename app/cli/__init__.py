@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import typer
 
-from app.cli import jobs, plan, profile, server, simulate, train
+from pipeboard.app.cli import jobs, plan, profile, server, simulate, train
 
 cli = typer.Typer(
     name="pipeboard",
@@ -26,7 +26,7 @@ def _before_any_command() -> None:
     # a profile is measured under the allocator settings the runtime trains with; it must happen
     # before torch allocates anything (see trainer/allocator.py). Commands import torch
     # themselves, after this.
-    from trainer.allocator import prefer_huge_pages
+    from pipeboard.trainer.allocator import prefer_huge_pages
 
     prefer_huge_pages()
 

@@ -43,7 +43,7 @@ def schedule_names(conj: str = "or", **capabilities: Any) -> str:
     """For help texts: the registered schedules (with these capabilities, e.g. ``synchronous=False``),
     as "pipedream" or "gpipe, 1f1b or dp". A registry that cannot be read (a broken
     PIPEBOARD_SCHEDULES) gives a placeholder here; the commands that need it say why in one line."""
-    from trainer.schedule import ScheduleError, registry
+    from pipeboard.trainer.schedule import ScheduleError, registry
 
     try:
         return registry.either(registry.having(**capabilities) if capabilities else registry.names(), quote="",
@@ -54,7 +54,7 @@ def schedule_names(conj: str = "or", **capabilities: Any) -> str:
 
 def schedules_epilog() -> str:
     """The end of `--help` (train's and simulate's): each registered schedule and its one line."""
-    from trainer.schedule import ScheduleError, registry
+    from pipeboard.trainer.schedule import ScheduleError, registry
 
     try:
         return "Schedules:\n\n" + "\n\n".join(f"{s.name}: {s.description}" for s in registry.specs())

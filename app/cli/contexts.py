@@ -11,7 +11,7 @@ from typing import Any
 
 import typer
 
-from app.cli.common import fail
+from pipeboard.app.cli.common import fail
 
 VALIDATION_TIMEOUT_S = 900.0
 
@@ -24,7 +24,7 @@ def model_name(source: str, digest: str) -> str:
 
 def ensure_context(api: Any, folder: Path) -> str:
     """The SHA-256 of ``folder`` packed; uploaded unless the server already has it."""
-    from app.services.contexts import pack
+    from pipeboard.app.services.contexts import pack
 
     if not folder.is_dir():
         fail(f"--context: {folder} is not a folder", 2)

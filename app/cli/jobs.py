@@ -68,7 +68,7 @@ class Api:
         """Yield SSE messages {id, event, data} of a job until its `end`, reconnecting on drops."""
         import httpx
 
-        from app.services.sse import parse_stream
+        from pipeboard.app.services.sse import parse_stream
 
         attempts = 0
         while True:
@@ -108,7 +108,7 @@ def load_spec(path: Path) -> dict[str, Any]:
         fail(f"{path}: the top level must be a mapping of job fields", 2)
     from pydantic import ValidationError
 
-    from app.schemas import JobCreate
+    from pipeboard.app.schemas import JobCreate
 
     try:
         JobCreate.model_validate(spec)  # the server checks again; this catches typos offline
@@ -191,8 +191,8 @@ def register(cli: typer.Typer) -> None:
         import re
         from datetime import timedelta
 
-        from app.schemas import NAME_PATTERN
-        from app.services.tokens import SCOPES, parse_duration, utcnow
+        from pipeboard.app.schemas import NAME_PATTERN
+        from pipeboard.app.services.tokens import SCOPES, parse_duration, utcnow
 
         if (name is None) == (name_option is None):
             fail("give the token's NAME (or --name NAME), once", 2)
@@ -207,8 +207,8 @@ def register(cli: typer.Typer) -> None:
             fail(f"--expires-in: {exc}", 2)
         from sqlalchemy.exc import SQLAlchemyError
 
-        from app.core.db import get_sessionmaker
-        from app.services.tokens import create_token
+        from pipeboard.app.core.db import get_sessionmaker
+        from pipeboard.app.services.tokens import create_token
 
         try:
             with get_sessionmaker()() as session:
@@ -235,7 +235,7 @@ def register(cli: typer.Typer) -> None:
         spec = load_spec(spec_file)
         api = Api(url, token)
         if context is not None:
-            from app.cli.contexts import ensure_context, register_model
+            from pipeboard.app.cli.contexts import ensure_context, register_model
 
             spec = {**spec, "model": register_model(api, spec, ensure_context(api, context), quiet)}
         job = api.call("POST", "/jobs", json=spec)

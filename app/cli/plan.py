@@ -19,7 +19,7 @@ from pathlib import Path
 
 import typer
 
-from app.cli.common import fail
+from pipeboard.app.cli.common import fail
 from typer.core import TyperCommand
 
 # Options that take several values, as in `--workers 4 4`.
@@ -119,7 +119,7 @@ def _print_comparison(plans, console) -> None:
 
 
 def _is_zoo_name(name: str) -> bool:
-    from trainer import zoo
+    from pipeboard.trainer import zoo
 
     return name in zoo.names()
 
@@ -146,19 +146,19 @@ def plan_command(
     precision: str = typer.Option("fp32", "--precision", help="SPEC: fp32 or bf16, as the runs will train."),
 ) -> None:
     """Plan a pipeline: stage boundaries and replication per level (PipeDream's optimizer)."""
-    from trainer.plan import PlanError, levels_from_lists
-    from trainer.plan import compare as compare_methods
-    from trainer.plan import plan as make_plan
-    from trainer.profile.files import load_profile
-    from trainer.profile.schema import ProfileError
+    from pipeboard.trainer.plan import PlanError, levels_from_lists
+    from pipeboard.trainer.plan import compare as compare_methods
+    from pipeboard.trainer.plan import plan as make_plan
+    from pipeboard.trainer.profile.files import load_profile
+    from pipeboard.trainer.profile.schema import ProfileError
 
     prof = None
     if not profile.is_file():
         spec = str(profile)
         if ":" not in spec and not _is_zoo_name(spec):
             fail(f"PROFILE: no such file {spec!r} (nor a zoo name or a task factory module:function)")
-        from app.cli.common import parse_model_args
-        from app.cli.profile import measure
+        from pipeboard.app.cli.common import parse_model_args
+        from pipeboard.app.cli.profile import measure
 
         try:
             args = parse_model_args(model_arg)

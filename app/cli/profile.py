@@ -7,7 +7,7 @@
     pipeboard models
 
 MODEL is a zoo name (`pipeboard models`) or a task factory `package.module:function` or
-`path/to/file.py:function` (trainer.spec). click
+`path/to/file.py:function` (pipeboard.trainer.spec). click
 cannot give a group both a positional MODEL and the subcommands `import`/`export`, so the group
 routes any first word that is not a subcommand to a hidden `model` command. torch is imported
 inside the commands that need it. Bad input ends with one line on stderr and exit code 2.
@@ -21,7 +21,7 @@ from typing import Optional
 import typer
 from typer.core import TyperGroup
 
-from app.cli.common import fail, parse_model_args
+from pipeboard.app.cli.common import fail, parse_model_args
 
 _MODEL_COMMAND = "model"
 
@@ -59,17 +59,17 @@ def measure(spec: str, *, batch_size: int | None, device: str, model_args: dict,
         fail("--warmup must be >= 0 and --repeats >= 1")
     if threads < 1:
         fail(f"--threads must be >= 1, got {threads}")
-    from trainer.precision import PRECISIONS
+    from pipeboard.trainer.precision import PRECISIONS
 
     if precision not in PRECISIONS:
         fail(f"--precision must be one of {', '.join(PRECISIONS)}, got {precision!r}")
     from rich.console import Console
     from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
 
-    from trainer import cpu_matmul as matmul
-    from trainer.profile.profiler import profile_model
-    from trainer.spec import load_task
-    from trainer.task import TaskError, check_task
+    from pipeboard.trainer import cpu_matmul as matmul
+    from pipeboard.trainer.profile.profiler import profile_model
+    from pipeboard.trainer.spec import load_task
+    from pipeboard.trainer.task import TaskError, check_task
 
     import torch
 
@@ -146,7 +146,7 @@ def profile_cmd(
         fail(f"--output: cannot write {str(output)!r}: {exc.strerror}")
     typer.echo(f"wrote {output}: {len(prof.layers)} layers, {len(prof.edges)} edges, batch size {prof.batch_size}, "
                f"device {prof.device}, {precision}, {prof.meta['wall_s']:.1f} s")
-    from trainer.profile.profiler import self_check_line
+    from pipeboard.trainer.profile.profiler import self_check_line
 
     typer.echo(self_check_line(prof))
 
@@ -157,8 +157,8 @@ def import_cmd(
     output: Path = typer.Option(Path("profile.json"), "--output", "-o", help="where to write the profile JSON"),
 ) -> None:
     """Convert a PipeDream graph.txt into a profile JSON."""
-    from trainer.profile.graphtxt import parse_graph_txt
-    from trainer.profile.schema import ProfileError
+    from pipeboard.trainer.profile.graphtxt import parse_graph_txt
+    from pipeboard.trainer.profile.schema import ProfileError
 
     try:
         text = graph_txt.read_text()
@@ -176,9 +176,9 @@ def export_cmd(
     output: Path = typer.Option(Path("graph.txt"), "--output", "-o", help="where to write graph.txt"),
 ) -> None:
     """Write a profile as a PipeDream graph.txt."""
-    from trainer.profile.graphtxt import to_graph_txt
-    from trainer.profile.files import load_profile
-    from trainer.profile.schema import ProfileError
+    from pipeboard.trainer.profile.graphtxt import to_graph_txt
+    from pipeboard.trainer.profile.files import load_profile
+    from pipeboard.trainer.profile.schema import ProfileError
 
     try:
         prof = load_profile(profile)
@@ -194,7 +194,7 @@ def models_cmd() -> None:
     from rich.console import Console
     from rich.table import Table
 
-    from trainer import zoo
+    from pipeboard.trainer import zoo
 
     table = Table(title="pipeboard model zoo")
     for col in ("name", "metric", "target", "arguments", "description"):
@@ -205,7 +205,7 @@ def models_cmd() -> None:
         table.add_row(d["name"], d["metric"], goal, args, d["description"])
     console = Console()
     console.print(table)
-    console.print("Your own model and data: write a task factory, a function returning trainer.Task (see README, "
+    console.print("Your own model and data: write a task factory, a function returning pipeboard.trainer.Task (see README, "
                   "'Your own model and data'), and pass it as --model path/to/file.py:function or "
                   "package.module:function, with --model-arg k=v and --data PATH.", highlight=False)
 

@@ -39,7 +39,7 @@ def checked_settings():
     """The settings, or exit with one line naming what is wrong with them."""
     from pydantic import ValidationError
 
-    from app.core.config import get_settings
+    from pipeboard.app.core.config import get_settings
 
     try:
         settings = get_settings()
@@ -55,7 +55,7 @@ def checked_settings():
 
 def check_reachable(settings, broker: bool = True) -> None:
     """Exit with one line when the database (or the broker) cannot be reached."""
-    from app.services.probes import check_broker, check_database_url, describe_failure, redacted
+    from pipeboard.app.services.probes import check_broker, check_database_url, describe_failure, redacted
 
     timeout_s = max(settings.health_timeout_seconds, 3.0)
     try:
@@ -135,10 +135,10 @@ def stop_groups(children: list[subprocess.Popen], timeout_s: float = STOP_TIMEOU
 
 
 def worker_command(concurrency: int, pool: str, hostname: str | None, loglevel: str) -> list[str]:
-    from app.worker import worker_argv
+    from pipeboard.app.worker import worker_argv
 
     argv = worker_argv(concurrency=concurrency, pool=pool, hostname=hostname, loglevel=loglevel)
-    return [sys.executable, "-m", "celery", "-A", "app.worker:celery_app", *argv]
+    return [sys.executable, "-m", "celery", "-A", "pipeboard.app.worker:celery_app", *argv]
 
 
 def up(
@@ -159,7 +159,7 @@ def up(
         try:
             run_migrations()
         except Exception as exc:
-            from app.services.probes import describe_failure
+            from pipeboard.app.services.probes import describe_failure
 
             fail(f"PIPEBOARD_DATABASE_URL: migration failed, {describe_failure(exc).removeprefix('unreachable: ')}")
     except KeyboardInterrupt:  # Ctrl-C before anything was started
@@ -188,7 +188,7 @@ def serve(settings, host: str, port: int, workers: int, concurrency: int) -> Non
     signal.signal(signal.SIGTERM, request_stop)
     signal.signal(signal.SIGINT, request_stop)
     loglevel = settings.log_level
-    uvicorn = [sys.executable, "-m", "uvicorn", "app.main:app", "--host", host, "--port", str(port), "--log-level", loglevel]
+    uvicorn = [sys.executable, "-m", "uvicorn", "pipeboard.app.main:app", "--host", host, "--port", str(port), "--log-level", loglevel]
     # The API's Host allow-list and its AUTH=off check need the address it listens on.
     api_env = {**os.environ, "PIPEBOARD_BIND_HOST": host}
     api = subprocess.Popen(uvicorn, start_new_session=True, preexec_fn=die_with_parent, env=api_env)
@@ -196,7 +196,7 @@ def serve(settings, host: str, port: int, workers: int, concurrency: int) -> Non
     for index in range(workers):
         command = worker_command(concurrency, "threads", f"pipeboard{index + 1}@%h", loglevel)
         children.append(subprocess.Popen(command, start_new_session=True, preexec_fn=die_with_parent))
-    from app.core.config import is_wildcard
+    from pipeboard.app.core.config import is_wildcard
 
     # A wildcard bind answers on every address; this machine's own name for it is the one to show.
     shown_host = "localhost" if is_wildcard(host) else f"[{host}]" if ":" in host else host
@@ -228,8 +228,8 @@ def announce_sign_in(settings, base: str) -> None:
     if not settings.auth:
         typer.echo("authentication is OFF (PIPEBOARD_AUTH=off): anyone who can reach this address can run code here")
         return
-    from app.core.db import get_sessionmaker
-    from app.services.tokens import FIRST_ADMIN, ensure_first_admin
+    from pipeboard.app.core.db import get_sessionmaker
+    from pipeboard.app.services.tokens import FIRST_ADMIN, ensure_first_admin
 
     with get_sessionmaker()() as session:
         secret = ensure_first_admin(session)

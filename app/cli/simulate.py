@@ -17,7 +17,7 @@ from typing import Any, Optional
 
 import typer
 
-from app.cli.common import RegistryHelpCommand
+from pipeboard.app.cli.common import RegistryHelpCommand
 
 
 class UsageError(ValueError):
@@ -49,7 +49,7 @@ def _replicas(raw: str | None) -> list[int] | None:
 
 
 def _batch_weight_grads(weight_grads: str | None, split_backward: bool | None) -> bool:
-    from trainer.schedule.registry import WEIGHT_GRADS  # `pipeboard train --weight-grads`
+    from pipeboard.trainer.schedule.registry import WEIGHT_GRADS  # `pipeboard train --weight-grads`
 
     """--weight-grads as build's batch_weight_grads; build() alone decides where it applies (where
     the schedule honours it: not dp, not zb-h1), as it does for `pipeboard train`. The default is batched, as train's, except with
@@ -62,10 +62,10 @@ def _batch_weight_grads(weight_grads: str | None, split_backward: bool | None) -
 
 
 def _plan_costs(path: Path, schedule: str):
-    from trainer.schedule import registry
+    from pipeboard.trainer.schedule import registry
 
-    from trainer.schedule.actions import ScheduleError
-    from trainer.schedule.costs import costs_from_plan, data_parallel_costs_from_plan, plan_replicas
+    from pipeboard.trainer.schedule.actions import ScheduleError
+    from pipeboard.trainer.schedule.costs import costs_from_plan, data_parallel_costs_from_plan, plan_replicas
 
     try:
         data = json.loads(path.read_text())
@@ -100,9 +100,9 @@ def simulate_command(
     per_update: str | None = None,
 ) -> tuple[Any, Any]:
     """Build and simulate; returns (schedule, SimResult). Raises UsageError or ScheduleError."""
-    from trainer.schedule import build, registry
-    from trainer.schedule.costs import costs_uniform
-    from trainer.schedule.simulate import simulate
+    from pipeboard.trainer.schedule import build, registry
+    from pipeboard.trainer.schedule.costs import costs_uniform
+    from pipeboard.trainer.schedule.simulate import simulate
 
     if schedule is None:
         raise UsageError(f"--schedule: required, one of {', '.join(registry.names())}")
@@ -223,7 +223,7 @@ def register(cli: typer.Typer) -> None:
         # A one-shot command that builds up to millions of acyclic objects (actions, columns):
         # the cyclic collector would only rescan them (docs/schedules.md, "Building fast").
         gc.disable()
-        from trainer.schedule.actions import ScheduleError
+        from pipeboard.trainer.schedule.actions import ScheduleError
 
         try:
             built, result = simulate_command(
@@ -231,12 +231,12 @@ def register(cli: typer.Typer) -> None:
                 vertical_sync, split_backward, shared_links, weight_grads, per_update,
             )  # fmt: skip
             if trace is not None:
-                from trainer.schedule.trace import to_chrome_trace
+                from pipeboard.trainer.schedule.trace import to_chrome_trace
 
                 doc = to_chrome_trace(result.timeline, label="predicted", metadata=result.summary())
                 trace.write_text(json.dumps(doc))
             if gantt is not None:
-                from trainer.schedule.gantt import figure, write_html
+                from pipeboard.trainer.schedule.gantt import figure, write_html
 
                 title = f"{built.name}: predicted, bubble {result.bubble_fraction:.1%}"
                 write_html(figure(result.timeline, title=title), str(gantt))

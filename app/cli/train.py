@@ -1,4 +1,4 @@
-"""`pipeboard train`: run a model's pipeline for real (trainer.runtime) with a progress bar.
+"""`pipeboard train`: run a model's pipeline for real (pipeboard.trainer.runtime) with a progress bar.
 
     pipeboard train --model SPEC [--model-arg k=v ...] [--data PATH] [--plan plan.json | --stages P]
         --schedule NAME --batch-size B --microbatches M [--epochs E | --steps S | --target METRIC]
@@ -7,7 +7,7 @@
         [--loader-workers N]
 
 SPEC is a zoo name or a task factory (`package.module:function`, `path/to/file.py:function`)
-returning a trainer.Task; the task is built and checked here, before any worker starts.
+returning a pipeboard.trainer.Task; the task is built and checked here, before any worker starts.
 
 Ends with a summary line (or, with --json, one JSON object with samples_per_s, final_metric,
 steps, wall_s, ...). Bad input or a failed run: one line on stderr, exit code 2 or 1.
@@ -21,11 +21,11 @@ from typing import Any, Optional
 
 import typer
 
-from app.cli.common import RegistryHelpCommand, fail, parse_model_args
+from pipeboard.app.cli.common import RegistryHelpCommand, fail, parse_model_args
 
 
 def _plan_layout(path: str) -> tuple[list[list[str]], list[int]]:
-    from trainer.plan.model import Plan
+    from pipeboard.trainer.plan.model import Plan
 
     try:
         plan = Plan.load(path)
@@ -75,7 +75,7 @@ def register(cli: typer.Typer) -> None:
     @cli.command("train", cls=RegistryHelpCommand, epilog="{schedules listed}")
     def train(
         model: str = typer.Option(..., "--model", help="Zoo name (`pipeboard models`) or task factory "
-                                  "package.module:function or path/to/file.py:function returning a trainer.Task."),
+                                  "package.module:function or path/to/file.py:function returning a pipeboard.trainer.Task."),
         model_arg: list[str] = typer.Option([], "--model-arg", help="Model argument k=v (repeatable), passed to the factory."),
         data: Optional[str] = typer.Option(None, "--data", help="Data location (a file or folder), passed to the factory as data=."),
         precision: str = typer.Option("fp32", "--precision",
@@ -121,8 +121,8 @@ def register(cli: typer.Typer) -> None:
         events_jsonl: Optional[str] = typer.Option(None, "--events-jsonl", help="Append every report as a JSON line."),
     ) -> None:
         """Train a model (a zoo task or your own) with a pipeline schedule, one process per stage replica."""
-        from trainer.runtime.config import ConfigError, RunConfig
-        from trainer.schedule import registry
+        from pipeboard.trainer.runtime.config import ConfigError, RunConfig
+        from pipeboard.trainer.schedule import registry
 
         if plan is not None and stages is not None:
             fail("--plan and --stages: give one of them")
@@ -142,14 +142,14 @@ def register(cli: typer.Typer) -> None:
             if dp and plan_stages is not None:
                 cfg.stages = [[n for s in plan_stages for n in s]]
             cfg.validate()
-            from trainer.runtime.launch import run_training
-            from trainer.runtime.sinks import JsonlSink, MultiSink
+            from pipeboard.trainer.runtime.launch import run_training
+            from pipeboard.trainer.runtime.sinks import JsonlSink, MultiSink
 
             sinks: list[Any] = [ProgressSink(enabled=not as_json)]
             if events_jsonl:
                 sinks.append(JsonlSink(events_jsonl))
             if job_id is not None:
-                from app.services.run_sink import DbSink
+                from pipeboard.app.services.run_sink import DbSink
 
                 sinks.append(DbSink(job_id))
             summary = run_training(cfg, MultiSink(sinks))
@@ -163,6 +163,6 @@ def register(cli: typer.Typer) -> None:
         if as_json:
             typer.echo(json.dumps(summary, default=str))
         else:
-            from trainer.runtime.launch import summary_line
+            from pipeboard.trainer.runtime.launch import summary_line
 
             typer.echo(summary_line(summary))

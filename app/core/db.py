@@ -15,7 +15,7 @@ from typing import Any
 from sqlalchemy import Engine, create_engine, event, make_url, text
 from sqlalchemy.orm import Session, sessionmaker
 
-from app.core.config import get_settings
+from pipeboard.app.core.config import get_settings
 
 SQLITE_BUSY_TIMEOUT_MS = 30_000
 

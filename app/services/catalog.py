@@ -16,15 +16,15 @@ from typing import Any
 from sqlalchemy import select
 from sqlalchemy.orm import Session
 
-from app.models import CodeContext, Model, ModelStatus
-from app.schemas import ModelCreate, ModelPublic
-from app.services.errors import NotFound, ServiceError
-from app.services.tx import begin_write
+from pipeboard.app.models import CodeContext, Model, ModelStatus
+from pipeboard.app.schemas import ModelCreate, ModelPublic
+from pipeboard.app.services.errors import NotFound, ServiceError
+from pipeboard.app.services.tx import begin_write
 
 
 @lru_cache(maxsize=1)
 def _zoo_public() -> tuple[ModelPublic, ...]:
-    from trainer import zoo
+    from pipeboard.trainer import zoo
 
     return tuple(
         ModelPublic(id=None, name=d["name"], source=d["name"], kind="zoo", description=d.get("description", ""),
@@ -69,7 +69,7 @@ def get(session: Session, ref: str) -> ModelPublic:
 def register(session: Session, body: ModelCreate) -> Model:
     """Store the model as ``validating`` and queue its validation; 409 for a taken name, 422 for a
     context that is not stored or a file path without one."""
-    from trainer import zoo
+    from pipeboard.trainer import zoo
 
     if body.name in zoo.names() or session.scalar(select(Model.id).where(Model.name == body.name)) is not None:
         raise ServiceError(f"name: a model named {body.name!r} already exists", status=409, field="name")
@@ -98,6 +98,6 @@ def register(session: Session, body: ModelCreate) -> Model:
 
 
 def enqueue_validation(model_id: int) -> None:
-    from app.services.jobs import send_task
+    from pipeboard.app.services.jobs import send_task
 
     send_task("pipeboard.validate_model", model_id)

@@ -30,9 +30,9 @@ from pathlib import Path, PurePosixPath
 from sqlalchemy import select
 from sqlalchemy.orm import Session
 
-from app.models import CodeContext
-from app.services.errors import NotFound, ServiceError
-from app.services.tx import begin_write
+from pipeboard.app.models import CodeContext
+from pipeboard.app.services.errors import NotFound, ServiceError
+from pipeboard.app.services.tx import begin_write
 
 MAX_MEMBERS = 20_000
 

@@ -22,9 +22,9 @@ from typing import Any, Iterable
 from sqlalchemy import func, insert, select, update
 from sqlalchemy.orm import Session
 
-from app.core.config import get_settings
-from app.models import Job, JobEvent
-from app.services.tx import begin_write
+from pipeboard.app.core.config import get_settings
+from pipeboard.app.models import Job, JobEvent
+from pipeboard.app.services.tx import begin_write
 
 log = logging.getLogger(__name__)
 

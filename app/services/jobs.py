@@ -22,13 +22,13 @@ from typing import Any
 from sqlalchemy import and_, delete, func, or_, select, update
 from sqlalchemy.orm import Session
 
-from app.core.config import get_settings
-from app.models import Job, JobEvent, JobStatus, MetricPoint, Model, ModelStatus
-from app.models import TimelineEvent as TimelineEventRow
-from app.schemas import JobCreate, JobPublic
-from app.services import events
-from app.services.errors import NotFound, ServiceError
-from app.services.tx import begin_write
+from pipeboard.app.core.config import get_settings
+from pipeboard.app.models import Job, JobEvent, JobStatus, MetricPoint, Model, ModelStatus
+from pipeboard.app.models import TimelineEvent as TimelineEventRow
+from pipeboard.app.schemas import JobCreate, JobPublic
+from pipeboard.app.services import events
+from pipeboard.app.services.errors import NotFound, ServiceError
+from pipeboard.app.services.tx import begin_write
 
 log = logging.getLogger(__name__)
 
@@ -42,7 +42,7 @@ def utcnow() -> datetime:
 def validate_model(session: Session, name: str, model_args: dict[str, Any], data: str | None = None) -> None:
     """Jobs train zoo models with arguments they take, or registered models a worker has
     validated; 422 naming `model`, `model_args.<key>` or `data` otherwise, before anything is queued."""
-    from trainer import zoo
+    from pipeboard.trainer import zoo
 
     row = session.scalar(select(Model).where(Model.name == name))
     if row is not None:
@@ -67,7 +67,7 @@ def validate_model(session: Session, name: str, model_args: dict[str, Any], data
 
 def check_data_in_context(session: Session, digest: str, data: str) -> None:
     """A relative data location must be a file or folder of the model's code context."""
-    from app.services import contexts
+    from pipeboard.app.services import contexts
 
     wanted = os.path.normpath(data).replace(os.sep, "/").strip("/")
     if wanted.startswith("..") or wanted == ".":
@@ -80,8 +80,8 @@ def check_data_in_context(session: Session, digest: str, data: str) -> None:
 
 @lru_cache(maxsize=1)
 def zoo_args() -> dict[str, frozenset[str]]:
-    """Each zoo model's argument names (from trainer.zoo.describe(), which does not change)."""
-    from trainer import zoo
+    """Each zoo model's argument names (from pipeboard.trainer.zoo.describe(), which does not change)."""
+    from pipeboard.trainer import zoo
 
     return {d["name"]: frozenset(d.get("args") or {}) for d in zoo.describe()}
 
@@ -145,8 +145,8 @@ def send_task(name: str, *args: Any) -> None:
 @lru_cache(maxsize=4)
 def producer(broker_url: str):
     """A Celery app for sending to ``broker_url``: the current settings' broker, even when they
-    changed after `app.worker` was imported (tests, `pipeboard up` with flags)."""
-    from app.worker import make_celery
+    changed after `pipeboard.app.worker` was imported (tests, `pipeboard up` with flags)."""
+    from pipeboard.app.worker import make_celery
 
     return make_celery(get_settings())
 

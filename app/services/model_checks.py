@@ -1,7 +1,7 @@
 """Validating a registered model, on a worker: its task built, checked and split in a subprocess.
 
 The API only stores the registration (status ``validating``) and queues ``pipeboard.validate_model``;
-the worker unpacks the model's code context (if any) and runs ``python -m trainer.validate``
+the worker unpacks the model's code context (if any) and runs ``python -m pipeboard.trainer.validate``
 there, in a new process group, with a wall-clock limit and an address-space limit (RLIMIT_AS), so
 a factory that raises, hangs, allocates without end or crashes ends as ``failed`` with its
 message, and the API (and the worker) keep answering.
@@ -21,10 +21,10 @@ from typing import Any
 from sqlalchemy import update
 from sqlalchemy.orm import Session
 
-from app.core.config import get_settings
-from app.models import Model, ModelStatus
-from app.services import contexts
-from app.services.tx import begin_write
+from pipeboard.app.core.config import get_settings
+from pipeboard.app.models import Model, ModelStatus
+from pipeboard.app.services import contexts
+from pipeboard.app.services.tx import begin_write
 
 OUTPUT_LIMIT = 64 * 1024  # bytes of the child's output kept for the message
 
@@ -49,11 +49,11 @@ def _limits(memory_bytes: int):
 def run_validation(source: str, config: dict[str, Any], data: str | None, workdir: Path, *,
                    time_limit_s: float, memory_bytes: int) -> dict[str, Any]:
     """``{"ok": bool, "message": str, "layers": int?}`` of validating ``source`` in ``workdir``."""
-    cmd = [sys.executable, "-m", "trainer.validate", source, "--model-args", json.dumps(config)]
+    cmd = [sys.executable, "-m", "pipeboard.trainer.validate", source, "--model-args", json.dumps(config)]
     if data:
         cmd += ["--data", data]
-    # PYTHONSAFEPATH: `-m` must not put the context folder first on sys.path, where a project's own
-    # top-level `trainer` or `app` would replace pipeboard's.
+    # PYTHONSAFEPATH: `-m` must not put the context folder first on sys.path, where a project's
+    # `profile.py` would replace the standard library's (the factory's folder goes last instead).
     env = dict(os.environ, PYTHONUNBUFFERED="1", PYTHONSAFEPATH="1")
     proc = subprocess.Popen(cmd, cwd=str(workdir), env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
                             stdin=subprocess.DEVNULL, start_new_session=True, preexec_fn=_limits(memory_bytes))

@@ -6,8 +6,8 @@ from __future__ import annotations
 
 from typing import Any, Sequence
 
-from app.services.errors import ServiceError
-from trainer.schedule import registry
+from pipeboard.app.services.errors import ServiceError
+from pipeboard.trainer.schedule import registry
 
 # Bandwidth assumed between local worker processes when a job gives `workers` rather than
 # cluster levels (shared memory through gloo: a few GB/s).
@@ -21,9 +21,9 @@ def levels_of(levels: Sequence[Any] | None, workers: int | None) -> list[tuple[i
 
 
 def make_plan(profile_data: dict[str, Any], levels: list[tuple[int, float]], *, memory_bytes: float | None, method: str) -> Any:
-    """A trainer.plan.Plan; planner errors become 422 naming the field they concern."""
-    from trainer.plan import PlanError, plan
-    from trainer.profile.schema import Profile, ProfileError
+    """A pipeboard.trainer.plan.Plan; planner errors become 422 naming the field they concern."""
+    from pipeboard.trainer.plan import PlanError, plan
+    from pipeboard.trainer.profile.schema import Profile, ProfileError
 
     try:
         profile = Profile.from_dict(profile_data)
@@ -38,7 +38,7 @@ def make_plan(profile_data: dict[str, Any], levels: list[tuple[int, float]], *, 
 
 
 def stage_replicas(plan_obj: Any) -> list[int]:
-    from trainer.schedule.costs import plan_replicas
+    from pipeboard.trainer.schedule.costs import plan_replicas
 
     return plan_replicas(plan_obj)
 
@@ -46,19 +46,19 @@ def stage_replicas(plan_obj: Any) -> list[int]:
 def runtime_schedule(plan_obj: Any, schedule: str, microbatches: int, *, chunks: int = 1, vertical_sync: bool = False,
                      weight_grads: str = "batched") -> Any:
     """The Schedule `pipeboard train --plan` runs for one step of ``microbatches``: the runtime's own
-    layout (trainer.runtime.layout.resolve, then Layout.build), so that what the service predicts is
+    layout (pipeboard.trainer.runtime.layout.resolve, then Layout.build), so that what the service predicts is
     what a run executes: batched weight gradients where the runtime batches them (not dp, not zb-h1),
     pipedream's one update per batch, interleaved's chunks over the plan's stages. Raises
     ConfigError or ScheduleError."""
-    from trainer.runtime.config import RunConfig
-    from trainer.runtime.layout import resolve
+    from pipeboard.trainer.runtime.config import RunConfig
+    from pipeboard.trainer.runtime.layout import resolve
 
     d = plan_obj.to_dict() if hasattr(plan_obj, "to_dict") else plan_obj
     stages = [list(st.get("layers") or [f"stage{i}"]) for i, st in enumerate(d.get("stages") or [])]
     cfg = RunConfig(model="", schedule=schedule, batch_size=microbatches, microbatches=microbatches, chunks=chunks,
                     vertical_sync=vertical_sync, weight_grads=weight_grads)
     if registry.is_data_parallel(schedule):  # the whole model on every worker the planner costs data parallel with
-        from trainer.schedule.costs import data_parallel_costs_from_plan
+        from pipeboard.trainer.schedule.costs import data_parallel_costs_from_plan
 
         cfg.workers = data_parallel_costs_from_plan(d)[1]
     else:
@@ -68,13 +68,13 @@ def runtime_schedule(plan_obj: Any, schedule: str, microbatches: int, *, chunks:
 
 def profile_costs(plan_obj: Any, schedule: str, microbatches: int, profile_data: dict[str, Any] | None,
                   chunks: int = 1) -> list[Any] | None:
-    """StageCosts from the plan's profile through trainer.schedule.predict.stage_costs (forward,
+    """StageCosts from the plan's profile through pipeboard.trainer.schedule.predict.stage_costs (forward,
     input- and weight-gradient backward, batched W(-1), optimizer step, transfers over the
     measured link, the runtime's per-action overhead), or None when the profile does not carry
     what that needs (an imported graph.txt: no input-gradient split, no optimizer step, no link)
     or the schedule is dp (one replicated stage: the planner's own costs)."""
-    from trainer.profile.schema import Profile, ProfileError
-    from trainer.schedule.predict import profile_overhead, stage_costs
+    from pipeboard.trainer.profile.schema import Profile, ProfileError
+    from pipeboard.trainer.schedule.predict import profile_overhead, stage_costs
 
     # interleaved-1f1b: the runtime splits the plan's stages into chunks x stages virtual ones,
     # which the plan does not name; their costs are the planner's
@@ -108,10 +108,10 @@ def simulate(plan_obj: Any, schedule: str, microbatches: int, *, samples_per_mic
     A simulated microbatch costs what the profile measured for one of its batches, so callers
     profile at the microbatch size they will run.
     """
-    from trainer.runtime.config import ConfigError
-    from trainer.schedule import ScheduleError
-    from trainer.schedule.costs import costs_from_plan, data_parallel_costs_from_plan
-    from trainer.schedule.simulate import simulate as run_sim
+    from pipeboard.trainer.runtime.config import ConfigError
+    from pipeboard.trainer.schedule import ScheduleError
+    from pipeboard.trainer.schedule.costs import costs_from_plan, data_parallel_costs_from_plan
+    from pipeboard.trainer.schedule.simulate import simulate as run_sim
 
     try:
         costs = profile_costs(plan_obj, schedule, microbatches, profile_data, chunks)
@@ -126,7 +126,7 @@ def simulate(plan_obj: Any, schedule: str, microbatches: int, *, samples_per_mic
         sim.cost_model = cost_model
         sim.steady_step_s = None
         if cost_model == "profile":
-            from trainer.schedule.predict import steady_step_s
+            from pipeboard.trainer.schedule.predict import steady_step_s
 
             # The runtime runs step after step, the next step's first forwards overlapping this
             # one's drain: its time per step (batch_size / samples_per_s) is the steady state.
@@ -140,7 +140,7 @@ def simulate(plan_obj: Any, schedule: str, microbatches: int, *, samples_per_mic
 
 def predicted_summary(plan_obj: Any, sched: Any, sim: Any, microbatches: int, timeline_limit: int) -> dict[str, Any]:
     """What the dashboard's what-if shows: the simulated timeline and throughput against DP."""
-    from app.services.downsample import evenly
+    from pipeboard.app.services.downsample import evenly
 
     d = plan_obj.to_dict()
     timeline = [ev.to_dict() for ev in sim.timeline]
@@ -161,7 +161,7 @@ def predicted_summary(plan_obj: Any, sched: Any, sim: Any, microbatches: int, ti
         # What the simulated actions do (build's decision: dp and zb-h1 never batch).
         "batch_weight_grads": bool(sched.meta.get("batch_weight_grads")),
         # Where the simulated action costs came from: "profile" (per-layer measurements, link and
-        # runtime overhead through trainer.schedule.predict) or "plan" (per-stage compute only).
+        # runtime overhead through pipeboard.trainer.schedule.predict) or "plan" (per-stage compute only).
         "cost_model": getattr(sim, "cost_model", "plan"),
         # With the profile cost model: seconds per step when steps run back to back (what the
         # run's samples/s measures); None otherwise.

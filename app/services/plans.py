@@ -12,12 +12,12 @@ from pathlib import Path
 
 from sqlalchemy.orm import Session
 
-from app.models import Plan as PlanRow
-from app.models import Profile
-from app.schemas import PlanCreate, PlanPublic
-from app.services import planning, profiles
-from app.services.errors import NotFound, ServiceError
-from app.services.tx import begin_write
+from pipeboard.app.models import Plan as PlanRow
+from pipeboard.app.models import Profile
+from pipeboard.app.schemas import PlanCreate, PlanPublic
+from pipeboard.app.services import planning, profiles
+from pipeboard.app.services.errors import NotFound, ServiceError
+from pipeboard.app.services.tx import begin_write
 
 PROFILE_TIMEOUT_S = 300
 _profiling = threading.Lock()  # one inline profiling at a time: a second what-if waits, then hits the cache
@@ -29,7 +29,7 @@ def profile_for_model(session: Session, model: str, model_args: dict, batch_size
     profile_run's calibration flags (profiles.calibration_args), part of the cache key."""
     source, kind, default_args, model_id = profiles.resolve_model(session, model)
     if kind == "zoo":
-        from app.services.jobs import validate_model_args
+        from pipeboard.app.services.jobs import validate_model_args
 
         validate_model_args(model, model_args)
     args = {**default_args, **model_args}
@@ -44,7 +44,7 @@ def profile_for_model(session: Session, model: str, model_args: dict, batch_size
             return row
         with tempfile.TemporaryDirectory(prefix="pipeboard-profile-") as tmp:
             out = Path(tmp) / "profile.json"
-            cmd = [sys.executable, "-m", "app.services.profile_run", "--source", source,
+            cmd = [sys.executable, "-m", "pipeboard.app.services.profile_run", "--source", source,
                    "--model-args", json.dumps(args), "--batch-size", str(batch_size), "-o", str(out),
                    *(calibration or [])]
             try:
@@ -68,7 +68,7 @@ def create(session: Session, body: PlanCreate) -> PlanRow:
     else:
         # Same cache key as a job's profile on as many local workers: one microbatch's worth of
         # samples, calibrated for the runtime (see profiles.calibration_args).
-        from trainer.plan.cluster import total_workers
+        from pipeboard.trainer.plan.cluster import total_workers
 
         prof = profile_for_model(session, body.model, body.model_args, max(1, body.batch_size // body.microbatches),
                                  profiles.calibration_args(total_workers(levels), body.batch_size, body.weight_grads))

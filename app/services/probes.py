@@ -12,8 +12,8 @@ from typing import Any
 from sqlalchemy import func, make_url, select, text
 from sqlalchemy.orm import Session
 
-from app.core.config import Settings, scheme_of
-from app.core.db import make_engine
+from pipeboard.app.core.config import Settings, scheme_of
+from pipeboard.app.core.db import make_engine
 
 
 def check_database_url(url: str, timeout_s: float) -> None:
@@ -43,7 +43,7 @@ def check_broker(settings: Settings, timeout_s: float) -> None:
     elif scheme.startswith("sqla"):
         check_database_url(settings.broker_url.split("+", 1)[1], timeout_s)
     else:
-        from app.worker import celery_app
+        from pipeboard.app.worker import celery_app
 
         with celery_app.connection_for_write() as connection:
             connection.ensure_connection(max_retries=1, timeout=timeout_s)
@@ -51,11 +51,11 @@ def check_broker(settings: Settings, timeout_s: float) -> None:
 
 def count_workers(settings: Settings, session: Session, timeout_s: float) -> int:
     """Live Celery workers: a control ping where the broker broadcasts, else fresh heartbeats."""
-    from app.worker import broker_supports_broadcast, celery_app
+    from pipeboard.app.worker import broker_supports_broadcast, celery_app
 
     if broker_supports_broadcast(settings.broker_url):
         return len(celery_app.control.ping(timeout=timeout_s) or [])
-    from app.models import WorkerHeartbeat, utcnow
+    from pipeboard.app.models import WorkerHeartbeat, utcnow
 
     fresh_since = utcnow() - timedelta(seconds=settings.stale_after_seconds)
     return int(session.scalar(select(func.count()).where(WorkerHeartbeat.seen_at >= fresh_since)) or 0)

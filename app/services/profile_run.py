@@ -1,10 +1,10 @@
-"""Profile one model and write the profile JSON: `python -m app.services.profile_run ...`.
+"""Profile one model and write the profile JSON: `python -m pipeboard.app.services.profile_run ...`.
 
 Jobs run this as a child process in the run's own process group (like `pipeboard train`), so
 cancelling a job mid-profile ends it too, and torch never loads into the Celery worker.
 
 Besides the per-layer profile at ``--batch-size`` (a job's microbatch size), it calibrates what
-the service's predicted timeline needs beyond that (``trainer.schedule.predict``), stored in the
+the service's predicted timeline needs beyond that (``pipeboard.trainer.schedule.predict``), stored in the
 same profile JSON:
 
 - ``--weight-batch-size N``: what each layer costs in the runtime's batched weight gradients
@@ -13,8 +13,8 @@ same profile JSON:
   M per-microbatch ones: the model is profiled again at N samples and the layer's weight-gradient
   part at N kept; other layers' it computes one microbatch at a time: M times their part at the
   microbatch size;
-- ``--calibrate``: the link between two worker processes (``trainer.runtime.links.measure_link``)
-  and the runtime's per-action overhead (``trainer.runtime.overhead.calibrate``), a few seconds.
+- ``--calibrate``: the link between two worker processes (``pipeboard.trainer.runtime.links.measure_link``)
+  and the runtime's per-action overhead (``pipeboard.trainer.runtime.overhead.calibrate``), a few seconds.
 """
 
 from __future__ import annotations
@@ -27,8 +27,8 @@ from typing import Any
 
 def load_task(source: str, model_args: dict[str, Any], batch_size: int, data: str | None = None):
     """The checked task of a zoo name or a task factory (`pkg.mod:function`, `file.py:function`)."""
-    from trainer.spec import load_task as load
-    from trainer.task import check_task
+    from pipeboard.trainer.spec import load_task as load
+    from pipeboard.trainer.task import check_task
 
     task = load(source, model_args, data)
     check_task(task, batch_size)
@@ -37,7 +37,7 @@ def load_task(source: str, model_args: dict[str, Any], batch_size: int, data: st
 
 def _batched_by_runtime(desc: str) -> bool:
     """Whether the runtime's W(-1) computes this layer's weight gradients in one matmul over all
-    the microbatches (trainer.runtime.weightgrad: plain nn.Linear; its repr starts so)."""
+    the microbatches (pipeboard.trainer.runtime.weightgrad: plain nn.Linear; its repr starts so)."""
     return desc.startswith("Linear(")
 
 
@@ -46,7 +46,7 @@ def profile(source: str, model_args: dict[str, Any], batch_size: int, device: st
             calibrate: bool = False, data: str | None = None) -> dict[str, Any]:
     """The profile JSON of the model at ``batch_size``; see the module docstring for
     ``weight_batch_size`` and ``calibrate``."""
-    from trainer.profile.profiler import profile_model
+    from pipeboard.trainer.profile.profiler import profile_model
 
     task = load_task(source, model_args, batch_size, data)
     model, example = task.model, task.example_input(batch_size)
@@ -75,8 +75,8 @@ def profile(source: str, model_args: dict[str, Any], batch_size: int, device: st
             layer.weight_batched_ms = layer.backward_weight_ms
         prof.weight_batch_size = batch_size
     if calibrate:
-        from trainer.runtime.links import measure_link
-        from trainer.runtime.overhead import calibrate as calibrate_overhead
+        from pipeboard.trainer.runtime.links import measure_link
+        from pipeboard.trainer.runtime.overhead import calibrate as calibrate_overhead
 
         prof.link = measure_link()
         prof.overhead = calibrate_overhead()
@@ -84,7 +84,7 @@ def profile(source: str, model_args: dict[str, Any], batch_size: int, device: st
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m app.services.profile_run")
+    parser = argparse.ArgumentParser(prog="python -m pipeboard.app.services.profile_run")
     parser.add_argument("--source", required=True)
     parser.add_argument("--model-args", default="{}", help="JSON object")
     parser.add_argument("--batch-size", type=int, default=32)
@@ -101,11 +101,11 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("-o", "--output", required=True)
     args = parser.parse_args(argv)
     # As `pipeboard train` runs (trainer/allocator.py); before torch loads, which happens below.
-    from trainer.allocator import prefer_huge_pages
+    from pipeboard.trainer.allocator import prefer_huge_pages
 
     prefer_huge_pages()
     # The kernels the job's runs will multiply with (the same variable reaches `pipeboard train`).
-    from trainer import cpu_matmul
+    from pipeboard.trainer import cpu_matmul
 
     try:
         cpu_matmul.use(None)  # $PIPEBOARD_CPU_MATMUL

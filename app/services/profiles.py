@@ -13,11 +13,11 @@ from typing import Any
 from sqlalchemy import select
 from sqlalchemy.orm import Session
 
-from app.models import Model, Profile
-from app.schemas import LayerRow, ProfilePublic
-from app.services.errors import NotFound, ServiceError
-from app.services.tx import begin_write
-from trainer import cpu_matmul
+from pipeboard.app.models import Model, Profile
+from pipeboard.app.schemas import LayerRow, ProfilePublic
+from pipeboard.app.services.errors import NotFound, ServiceError
+from pipeboard.app.services.tx import begin_write
+from pipeboard.trainer import cpu_matmul
 
 
 def cache_key(model: str, model_args: dict[str, Any], batch_size: int, device: str = "cpu",
@@ -89,7 +89,7 @@ def resolve_model(session: Session, name: str, *, check_zoo: bool = True) -> tup
         return row.source, row.kind, dict(row.config or {}), row.id
     if not check_zoo:
         return name, "zoo", {}, None
-    from trainer import zoo
+    from pipeboard.trainer import zoo
 
     if name in zoo.names():
         return name, "zoo", {}, None
@@ -98,9 +98,9 @@ def resolve_model(session: Session, name: str, *, check_zoo: bool = True) -> tup
 
 def parse_upload(content: bytes, filename: str, max_bytes: int) -> dict[str, Any]:
     """A graph.txt or profile JSON upload, as profile JSON; 413/422 naming the field."""
-    from trainer.profile.graphtxt import parse_graph_txt
-    from trainer.profile.schema import Profile as TrainerProfile
-    from trainer.profile.schema import ProfileError
+    from pipeboard.trainer.profile.graphtxt import parse_graph_txt
+    from pipeboard.trainer.profile.schema import Profile as TrainerProfile
+    from pipeboard.trainer.profile.schema import ProfileError
 
     if len(content) > max_bytes:
         raise ServiceError(f"file: upload of {len(content)} bytes exceeds the limit of {max_bytes} bytes", status=413, field="file")

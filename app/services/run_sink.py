@@ -1,4 +1,4 @@
-"""`DbSink(job_id)`: the `trainer.sink.Sink` that `pipeboard train --job-id N` reports through.
+"""`DbSink(job_id)`: the `pipeboard.trainer.sink.Sink` that `pipeboard train --job-id N` reports through.
 
 Each call is one transaction: the rows (timeline events or metric points, inserted with one
 executemany) and the job-log event announcing them commit together, then go out on Redis
@@ -21,12 +21,12 @@ from typing import Any, Sequence
 
 from sqlalchemy import func, insert, select, update
 
-from app.core.db import get_sessionmaker
-from app.models import EventSource, Job, JobStatus, MetricPoint
-from app.models import TimelineEvent as TimelineEventRow
-from app.services import events as job_events
-from trainer.sink import MetricRecord
-from trainer.schedule.actions import TimelineEvent
+from pipeboard.app.core.db import get_sessionmaker
+from pipeboard.app.models import EventSource, Job, JobStatus, MetricPoint
+from pipeboard.app.models import TimelineEvent as TimelineEventRow
+from pipeboard.app.services import events as job_events
+from pipeboard.trainer.sink import MetricRecord
+from pipeboard.trainer.schedule.actions import TimelineEvent
 
 log = logging.getLogger(__name__)
 

@@ -7,10 +7,10 @@ from typing import Any
 from sqlalchemy import func, select
 from sqlalchemy.orm import Session
 
-from app.models import EventSource, MetricPoint
-from app.models import TimelineEvent as TimelineEventRow
-from app.schemas import MetricPointPublic, MetricsPublic, TimelineEventPublic, TimelinePublic
-from app.services.downsample import evenly, pick_steps
+from pipeboard.app.models import EventSource, MetricPoint
+from pipeboard.app.models import TimelineEvent as TimelineEventRow
+from pipeboard.app.schemas import MetricPointPublic, MetricsPublic, TimelineEventPublic, TimelinePublic
+from pipeboard.app.services.downsample import evenly, pick_steps
 
 T = TimelineEventRow
 
@@ -84,8 +84,8 @@ def metrics(session: Session, job_id: int, *, step_from: int | None = None, step
 
 
 def chrome_trace(session: Session, job_id: int, source: str = "measured") -> dict[str, Any]:
-    from trainer.schedule.actions import TimelineEvent
-    from trainer.schedule.trace import to_chrome_trace
+    from pipeboard.trainer.schedule.actions import TimelineEvent
+    from pipeboard.trainer.schedule.trace import to_chrome_trace
 
     rows = session.scalars(select(T).where(T.job_id == job_id, T.source == EventSource(source)).order_by(T.seq)).all()
     events = [TimelineEvent(worker=r.worker, stage=r.stage, replica=r.replica, microbatch=r.microbatch, kind=r.kind, start=r.start, end=r.end, step=r.step) for r in rows]

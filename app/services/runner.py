@@ -25,15 +25,15 @@ from typing import Any
 
 from sqlalchemy import insert, select, update
 
-from app.core.config import get_settings
-from app.core.db import get_sessionmaker
-from app.models import EventSource, Job, JobStatus, Model
-from app.models import Plan as PlanRow
-from app.models import TimelineEvent as TimelineEventRow
-from app.schemas import JobCreate
-from app.services import contexts, events, jobs, planning, profiles
-from app.services.errors import ServiceError
-from app.services.tx import begin_write
+from pipeboard.app.core.config import get_settings
+from pipeboard.app.core.db import get_sessionmaker
+from pipeboard.app.models import EventSource, Job, JobStatus, Model
+from pipeboard.app.models import Plan as PlanRow
+from pipeboard.app.models import TimelineEvent as TimelineEventRow
+from pipeboard.app.schemas import JobCreate
+from pipeboard.app.services import contexts, events, jobs, planning, profiles
+from pipeboard.app.services.errors import ServiceError
+from pipeboard.app.services.tx import begin_write
 
 log = logging.getLogger(__name__)
 
@@ -91,8 +91,8 @@ def child_env() -> dict[str, str]:
         PIPEBOARD_REDIS_URL=st.redis_url,
         PIPEBOARD_RUN_GROUP="1",  # tells DbSink it may end its own process group on cancel
         PYTHONUNBUFFERED="1",
-        # `python -m app.services.profile_run` runs in the job's code context: the folder must not
-        # come first on sys.path, where a project's own `app` or `trainer` would replace pipeboard's.
+        # `python -m` runs in the job's code context: the folder must not come first on sys.path,
+        # where a project's `profile.py` would replace the standard library's (it goes last).
         PYTHONSAFEPATH="1",
     )
     return env
@@ -102,7 +102,7 @@ def pipeboard_command() -> list[str]:
     script = Path(sys.executable).with_name("pipeboard")
     if script.exists():
         return [str(script)]
-    return [sys.executable, "-c", "from app.cli import main; main()"]
+    return [sys.executable, "-c", "from pipeboard.app.cli import main; main()"]
 
 
 @dataclass
@@ -230,7 +230,7 @@ class JobRun:
                             " (a few seconds)")
             self.progress("profile", message)
             out = workdir / "profile.json"
-            cmd = [sys.executable, "-m", "app.services.profile_run", "--source", source,
+            cmd = [sys.executable, "-m", "pipeboard.app.services.profile_run", "--source", source,
                    "--model-args", json.dumps(args), "--batch-size", str(batch), "--device", device,
                    "--repeats", str(spec.get("repeats", 5)), "-o", str(out), *calibration]
             if spec.get("data"):
@@ -335,7 +335,7 @@ def weight_grads_of(spec: dict[str, Any]) -> str:
 
 def job_workers(spec: dict[str, Any]) -> int:
     """Worker processes the job's cluster has (the product of its levels' workers)."""
-    from trainer.plan.cluster import total_workers
+    from pipeboard.trainer.plan.cluster import total_workers
 
     return total_workers(planning.levels_of(spec.get("levels"), spec.get("workers")))
 

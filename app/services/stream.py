@@ -19,10 +19,10 @@ from typing import Any
 import anyio
 from sqlalchemy import select
 
-from app.core.db import get_sessionmaker
-from app.models import Job, JobStatus
-from app.services import events, jobs
-from app.services.sse import comment, frame
+from pipeboard.app.core.db import get_sessionmaker
+from pipeboard.app.models import Job, JobStatus
+from pipeboard.app.services import events, jobs
+from pipeboard.app.services.sse import comment, frame
 
 log = logging.getLogger(__name__)
 

@@ -16,8 +16,8 @@ from datetime import datetime, timezone
 from sqlalchemy import Select, or_, select
 from sqlalchemy.orm import Session
 
-from app.models import ApiToken, TokenScope
-from app.schemas import MAX_TOKEN_LIFETIME_S
+from pipeboard.app.models import ApiToken, TokenScope
+from pipeboard.app.schemas import MAX_TOKEN_LIFETIME_S
 
 TOKEN_PREFIX = "pb_"
 SCOPES = tuple(s.value for s in TokenScope)  # read, write, admin

@@ -2,7 +2,7 @@
 // by stage, communication volume and memory per stage, and predicted throughput against data
 // parallel. Used by the plan page and by the new-job what-if.
 //
-// Input: PlanPublic from the API ({plan: trainer.plan.Plan.to_dict(), predicted: {...}}) and,
+// Input: PlanPublic from the API ({plan: pipeboard.trainer.plan.Plan.to_dict(), predicted: {...}}) and,
 // when available, the profile's per-layer rows ({layers: [{name, forward_ms, backward_ms}]}).
 
 import { barChart } from './charts.js';

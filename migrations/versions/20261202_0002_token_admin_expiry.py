@@ -4,7 +4,7 @@ Revision ID: 0002
 Revises: 0001
 Create Date: 2026-12-02 00:00:00
 
-Scopes are VARCHAR + CHECK (app.models._str_enum): widening them is a new CHECK constraint,
+Scopes are VARCHAR + CHECK (pipeboard.app.models._str_enum): widening them is a new CHECK constraint,
 which batch mode does on SQLite by recreating the table, and ALTER TABLE does on PostgreSQL.
 """
 from typing import Sequence, Union

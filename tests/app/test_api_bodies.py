@@ -7,7 +7,7 @@ import json
 
 from fastapi.testclient import TestClient
 
-from app.core.config import Settings
+from pipeboard.app.core.config import Settings
 from tests.conftest import TEST_BASE_URL, app_on, bearer
 
 JOB = {"model": "mlp-digits", "workers": 2, "stop": {"steps": 2}}

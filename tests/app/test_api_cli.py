@@ -11,7 +11,7 @@ import yaml
 
 from tests.conftest import ROOT
 
-CLI = [sys.executable, "-c", "from app.cli import main; main()"]
+CLI = [sys.executable, "-c", "from pipeboard.app.cli import main; main()"]
 
 
 def run(*args: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess:
@@ -19,7 +19,7 @@ def run(*args: str, env: dict[str, str] | None = None) -> subprocess.CompletedPr
 
 
 def test_example_job_spec_is_valid():
-    from app.schemas import JobCreate
+    from pipeboard.app.schemas import JobCreate
 
     spec = JobCreate.model_validate(yaml.safe_load((ROOT / "examples" / "job.yaml").read_text()))
     assert spec.model == "mlp-digits" and spec.stop.steps == 40
@@ -51,9 +51,9 @@ def test_token_create_prints_the_secret_once(tmp_path: Path):
     from sqlalchemy import select
     from sqlalchemy.orm import Session
 
-    from app.core.db import make_engine
-    from app.models import ApiToken, Base
-    from app.services.tokens import hash_token
+    from pipeboard.app.core.db import make_engine
+    from pipeboard.app.models import ApiToken, Base
+    from pipeboard.app.services.tokens import hash_token
 
     url = f"sqlite:///{tmp_path}/t.sqlite"
     engine = make_engine(url)
@@ -85,8 +85,8 @@ def test_jobs_commands_against_a_server(tmp_path: Path):
 
     from sqlalchemy.orm import Session
 
-    from app.core.db import make_engine
-    from app.services.tokens import create_token
+    from pipeboard.app.core.db import make_engine
+    from pipeboard.app.services.tokens import create_token
     from tests.app.test_e2e_support import Deployment, embedded_env
     from tests.conftest import settings_from_env
 

@@ -6,8 +6,8 @@ from datetime import timedelta
 
 from sqlalchemy import select, update
 
-from app.models import Job, JobEvent, JobStatus
-from app.services import jobs
+from pipeboard.app.models import Job, JobEvent, JobStatus
+from pipeboard.app.services import jobs
 
 JOB = {"model": "mlp-digits", "workers": 2, "schedule": "1f1b", "microbatches": 2, "batch_size": 16, "stop": {"steps": 3}}
 
@@ -93,7 +93,7 @@ def test_empty_run_data(client):
 
 def test_unreachable_broker_fails_the_job_with_503(client, monkeypatch):
     monkeypatch.setenv("PIPEBOARD_BROKER_URL", "redis://127.0.0.1:9/0")  # nothing listens there
-    from app.core.config import get_settings
+    from pipeboard.app.core.config import get_settings
 
     get_settings.cache_clear()
     try:

@@ -10,7 +10,7 @@ import pytest
 import torch
 from torch import nn
 
-from app.services import model_checks
+from pipeboard.app.services import model_checks
 
 
 class Tiny(nn.Module):
@@ -39,7 +39,7 @@ class Branchy(nn.Module):
 def _task(model, out: int = 2):
     from torch.utils.data import TensorDataset
 
-    from trainer import Task
+    from pipeboard.trainer import Task
 
     return Task(model=model, train_data=TensorDataset(torch.zeros(3, 4), torch.zeros(3, out)),
                 loss=nn.functional.mse_loss, batch_size=3)
@@ -120,7 +120,7 @@ def test_a_model_that_fails_validation_is_stored_failed_with_the_message(client,
 
 @pytest.mark.parametrize("factory,words", [
     ("no_such_pkg.mod:make", "no module named 'no_such_pkg'"),
-    (f"{HERE}:not_a_pair", "not a trainer.Task"),
+    (f"{HERE}:not_a_pair", "not a pipeboard.trainer.Task"),
     (f"{HERE}:raising_factory", "RuntimeError: no data here"),
 ])
 def test_broken_factories_fail_validation_with_their_message(on_workers, tmp_path, factory, words):

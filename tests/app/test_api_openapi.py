@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from app.main import create_app
+from pipeboard.app.main import create_app
 
 
 def test_every_route_has_summary_description_and_body_examples():

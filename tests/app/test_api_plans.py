@@ -97,10 +97,10 @@ def upload_json(client, data) -> int:
 
 
 def test_a_calibrated_profile_predicts_from_its_measurements(client):
-    from app.services import planning
-    from trainer.profile.schema import Profile
-    from trainer.schedule.predict import profile_overhead, stage_costs, steady_step_s
-    from trainer.schedule.simulate import simulate
+    from pipeboard.app.services import planning
+    from pipeboard.trainer.profile.schema import Profile
+    from pipeboard.trainer.schedule.predict import profile_overhead, stage_costs, steady_step_s
+    from pipeboard.trainer.schedule.simulate import simulate
 
     data = v2_profile()
     pid = upload_json(client, data)
@@ -132,9 +132,9 @@ def test_a_calibrated_profile_predicts_from_its_measurements(client):
 
 
 def test_a_profile_without_what_predict_needs_falls_back_to_the_plan(client, profile_id):
-    from app.services import planning
-    from trainer.schedule.costs import costs_from_plan
-    from trainer.schedule.simulate import simulate
+    from pipeboard.app.services import planning
+    from pipeboard.trainer.schedule.costs import costs_from_plan
+    from pipeboard.trainer.schedule.simulate import simulate
 
     levels = [{"workers": 2, "bandwidth": 1e9}]
     for pid in (upload_json(client, v2_profile(link=False)), profile_id):  # no link; an imported graph.txt

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from app.core.config import get_settings
+from pipeboard.app.core.config import get_settings
 from tests.shared_data import graph_txt
 
 GRAPH = """node1 -- Input -- forward_compute_time=0.0, backward_compute_time=0.0, activation_size=1000.0, parameter_size=0.0

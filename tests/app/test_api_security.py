@@ -13,9 +13,9 @@ import pytest
 from fastapi.testclient import TestClient
 from sqlalchemy import func, select
 
-from app.core.config import Settings
-from app.main import InsecureConfiguration, create_app
-from app.models import ApiToken, Job, Model
+from pipeboard.app.core.config import Settings
+from pipeboard.app.main import InsecureConfiguration, create_app
+from pipeboard.app.models import ApiToken, Job, Model
 from tests.conftest import ROOT, TEST_BASE_URL, app_on, bearer
 
 JOB = {"model": "mlp-digits", "workers": 2, "stop": {"steps": 2}}
@@ -126,7 +126,7 @@ def test_auth_off_is_refused_unless_bound_to_loopback(bind: str):
 
 def test_uvicorn_refuses_to_load_the_app_with_auth_off_on_a_public_address(tmp_path: Path):
     env = {**os.environ, "PIPEBOARD_DATA_DIR": str(tmp_path), "PIPEBOARD_AUTH": "off", "PIPEBOARD_BIND_HOST": "0.0.0.0"}
-    result = subprocess.run([sys.executable, "-c", "import app.main"], cwd=ROOT, env=env, capture_output=True, text=True, timeout=60)
+    result = subprocess.run([sys.executable, "-c", "import pipeboard.app.main"], cwd=ROOT, env=env, capture_output=True, text=True, timeout=60)
     assert result.returncode == 1
     assert result.stderr.strip().splitlines() == [
         "pipeboard: PIPEBOARD_AUTH: off is allowed only when the server binds to loopback (127.0.0.1, ::1, localhost), "

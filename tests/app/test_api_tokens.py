@@ -7,7 +7,7 @@ from datetime import datetime, timedelta, timezone
 
 from sqlalchemy import select
 
-from app.models import ApiToken
+from pipeboard.app.models import ApiToken
 from tests.conftest import bearer
 
 

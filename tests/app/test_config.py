@@ -7,7 +7,7 @@ from pathlib import Path
 import pytest
 from pydantic import ValidationError
 
-from app.core.config import Settings, get_settings, scheme_of
+from pipeboard.app.core.config import Settings, get_settings, scheme_of
 
 
 def test_defaults_are_embedded_sqlite_files_under_data_dir(tmp_path: Path) -> None:

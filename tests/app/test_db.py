@@ -9,8 +9,8 @@ from sqlalchemy import Engine, select, text
 from sqlalchemy.exc import IntegrityError, OperationalError
 from sqlalchemy.orm import Session
 
-from app.core.db import check_database, get_engine, get_session, make_engine, reset_engine
-from app.models import Model
+from pipeboard.app.core.db import check_database, get_engine, get_session, make_engine, reset_engine
+from pipeboard.app.models import Model
 
 
 def test_sqlite_engine_creates_folder_and_sets_pragmas(tmp_path: Path) -> None:
@@ -48,7 +48,7 @@ def test_session_starts_empty_after_other_tests(session: Session) -> None:
 
 
 def test_process_engine_follows_settings(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
-    from app.core.config import get_settings
+    from pipeboard.app.core.config import get_settings
 
     monkeypatch.setenv("PIPEBOARD_DATABASE_URL", f"sqlite:///{tmp_path}/process.sqlite")
     get_settings.cache_clear()

@@ -18,7 +18,7 @@ from tests.conftest import postgres_schema, require_postgres, require_redis
 from tests.trainer.test_task_user_project import _readme_blocks
 
 pytestmark = pytest.mark.slow
-PIPEBOARD = [sys.executable, "-c", "from app.cli import main; main()"]
+PIPEBOARD = [sys.executable, "-c", "from pipeboard.app.cli import main; main()"]
 JOB = {"model": "my_task.py:make_task", "data": "tokens.txt", "workers": 2, "method": "time", "schedule": "1f1b",
        "microbatches": 4, "batch_size": 64, "stop": {"target": 0.9}}
 

@@ -40,7 +40,7 @@ def test_cli_submit_wait_succeeds_and_run_data_is_there(deployment, tmp_path):
     spec = tmp_path / "job.yaml"
     spec.write_text(yaml.safe_dump({**SMALL_JOB, "name": "e2e-embedded"}))
     done = subprocess.run(
-        [sys.executable, "-c", "from app.cli import main; main()", "submit", str(spec), "--wait", "--url", deployment.url],
+        [sys.executable, "-c", "from pipeboard.app.cli import main; main()", "submit", str(spec), "--wait", "--url", deployment.url],
         capture_output=True, text=True, timeout=300, env={**os.environ, **deployment.env},
     )
     assert done.returncode == 0, f"{done.stdout}\n{done.stderr}\n{deployment.logs()}"
@@ -97,7 +97,7 @@ def test_failing_job_exits_nonzero_with_its_error(deployment, tmp_path):
     spec = tmp_path / "bad.yaml"  # data parallel replicas cannot run an interleaved schedule
     spec.write_text(yaml.safe_dump({**SMALL_JOB, "method": "dp", "schedule": "interleaved-1f1b"}))
     done = subprocess.run(
-        [sys.executable, "-c", "from app.cli import main; main()", "submit", str(spec), "--wait", "--url", deployment.url],
+        [sys.executable, "-c", "from pipeboard.app.cli import main; main()", "submit", str(spec), "--wait", "--url", deployment.url],
         capture_output=True, text=True, timeout=120, env={**os.environ, **deployment.env},
     )
     assert done.returncode == 1, (done.stdout, done.stderr)
@@ -109,7 +109,7 @@ def test_cancel_while_running_leaves_no_process(deployment, tmp_path):
     spec = tmp_path / "long.yaml"
     spec.write_text(yaml.safe_dump({**SMALL_JOB, "stop": {"time_s": 300}}))
     waiter = subprocess.Popen(
-        [sys.executable, "-c", "from app.cli import main; main()", "submit", str(spec), "--wait", "--url", deployment.url],
+        [sys.executable, "-c", "from pipeboard.app.cli import main; main()", "submit", str(spec), "--wait", "--url", deployment.url],
         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env={**os.environ, **deployment.env},
     )
     try:

@@ -18,9 +18,9 @@ from typing import Any, Iterator
 
 import httpx
 
-from app.core.db import make_engine
-from app.models import Base
-from app.services.sse import parse_stream
+from pipeboard.app.core.db import make_engine
+from pipeboard.app.models import Base
+from pipeboard.app.services.sse import parse_stream
 from tests.conftest import ROOT, deployment_env, settings_from_env
 
 SMALL_JOB = {
@@ -77,7 +77,7 @@ class Deployment:
     def __post_init__(self) -> None:
         from sqlalchemy.orm import Session
 
-        from app.services.tokens import create_token
+        from pipeboard.app.services.tokens import create_token
 
         engine = make_engine(settings_from_env(self.env).database_url)
         Base.metadata.create_all(engine)
@@ -97,7 +97,7 @@ class Deployment:
     def start_server(self) -> None:
         port = free_port()
         self.url = f"http://127.0.0.1:{port}"
-        server = self._spawn([sys.executable, "-m", "uvicorn", "app.main:app", "--host", "127.0.0.1", "--port", str(port), "--log-level", "warning"], "server")
+        server = self._spawn([sys.executable, "-m", "uvicorn", "pipeboard.app.main:app", "--host", "127.0.0.1", "--port", str(port), "--log-level", "warning"], "server")
         deadline = time.monotonic() + 60
         while True:
             if server.poll() is not None:
@@ -112,10 +112,10 @@ class Deployment:
             time.sleep(0.2)
 
     def start_worker(self) -> subprocess.Popen:
-        from app.worker import worker_argv
+        from pipeboard.app.worker import worker_argv
 
         argv = worker_argv(concurrency=1, hostname=f"e2e-{uuid.uuid4().hex[:6]}@%h", loglevel="info")
-        return self._spawn([sys.executable, "-m", "celery", "-A", "app.worker:celery_app", *argv], f"worker-{len(self.processes)}")
+        return self._spawn([sys.executable, "-m", "celery", "-A", "pipeboard.app.worker:celery_app", *argv], f"worker-{len(self.processes)}")
 
     def log(self, name: str) -> str:
         path = self.workdir / f"{name}.log"
@@ -145,7 +145,7 @@ class Deployment:
     def job_row(self, job_id: int) -> Any:
         from sqlalchemy.orm import Session
 
-        from app.models import Job
+        from pipeboard.app.models import Job
 
         engine = make_engine(settings_from_env(self.env).database_url)
         try:

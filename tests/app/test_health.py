@@ -8,10 +8,10 @@ from pathlib import Path
 from fastapi.testclient import TestClient
 from sqlalchemy.orm import Session
 
-from app.core.config import VERSION, Settings, get_settings
-from app.core.db import get_session, make_engine
-from app.main import create_app
-from app.models import WorkerHeartbeat, utcnow
+from pipeboard.app.core.config import VERSION, Settings, get_settings
+from pipeboard.app.core.db import get_session, make_engine
+from pipeboard.app.main import create_app
+from pipeboard.app.models import WorkerHeartbeat, utcnow
 from tests.conftest import TEST_BASE_URL
 
 

@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 from fastapi.testclient import TestClient
 
-from app.core.config import Settings
+from pipeboard.app.core.config import Settings
 from tests.conftest import TEST_BASE_URL, app_on
 
 

@@ -1,4 +1,4 @@
-"""Alembic on SQLite and PostgreSQL: upgrade builds what app.models declares, downgrade removes it."""
+"""Alembic on SQLite and PostgreSQL: upgrade builds what pipeboard.app.models declares, downgrade removes it."""
 
 from __future__ import annotations
 
@@ -10,9 +10,9 @@ from alembic.config import Config
 from alembic.script import ScriptDirectory
 from sqlalchemy import Connection, inspect
 
-from app.cli.server import alembic_config
-from app.core.db import make_engine
-from app.models import Base
+from pipeboard.app.cli.server import alembic_config
+from pipeboard.app.core.db import make_engine
+from pipeboard.app.models import Base
 
 
 @pytest.fixture
@@ -39,7 +39,7 @@ def test_upgrade_check_downgrade(connection: Connection) -> None:
     connection.commit()
     tables = set(inspect(connection).get_table_names())
     assert set(Base.metadata.tables) | {"alembic_version"} == tables
-    # Nothing left to autogenerate: the revisions match app.models exactly.
+    # Nothing left to autogenerate: the revisions match pipeboard.app.models exactly.
     command.check(config)
 
     command.downgrade(config, "base")

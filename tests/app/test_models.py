@@ -9,7 +9,7 @@ from sqlalchemy import insert, select, text
 from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import Session
 
-from app.models import (
+from pipeboard.app.models import (
     ApiToken,
     EventSource,
     Job,
@@ -22,7 +22,7 @@ from app.models import (
     TimelineEvent,
     TokenScope,
 )
-from trainer.schedule.actions import TimelineEvent as Event
+from pipeboard.trainer.schedule.actions import TimelineEvent as Event
 
 
 def make_job(session: Session, **fields: object) -> Job:

@@ -18,9 +18,9 @@ import schemathesis
 from hypothesis import HealthCheck, settings
 from schemathesis.config import SchemathesisConfig
 
-from app.core.db import get_session, make_engine
-from app.models import Base
-from app.services.jobs import zoo_args  # the zoo's names, cached
+from pipeboard.app.core.db import get_session, make_engine
+from pipeboard.app.models import Base
+from pipeboard.app.services.jobs import zoo_args  # the zoo's names, cached
 
 CASES: dict[str, int] = {}
 SPENT: dict[str, float] = {}
@@ -33,9 +33,9 @@ def build_app():
     needs the app)."""
     from sqlalchemy.orm import sessionmaker
 
-    from app.core.config import Settings
-    from app.main import create_app
-    from app.services.tokens import create_token
+    from pipeboard.app.core.config import Settings
+    from pipeboard.app.main import create_app
+    from pipeboard.app.services.tokens import create_token
     from tests.conftest import SESSION_DIR  # removed with the test session
 
     db = SESSION_DIR / f"schemathesis-{os.getpid()}.sqlite"

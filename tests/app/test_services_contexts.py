@@ -12,8 +12,8 @@ from pathlib import Path
 
 import pytest
 
-from app.services import contexts
-from app.services.errors import ServiceError
+from pipeboard.app.services import contexts
+from pipeboard.app.services.errors import ServiceError
 
 LIMITS = {"max_bytes": 1 << 20, "max_unpacked": 1 << 20}
 

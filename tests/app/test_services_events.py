@@ -9,15 +9,15 @@ import time
 
 from sqlalchemy import select
 
-from app.core.db import get_sessionmaker
-from app.models import Job, JobStatus, MetricPoint
-from app.models import TimelineEvent as TimelineEventRow
-from app.services import events, jobs, stream
-from app.services.run_sink import DbSink
-from app.services.sse import frame, parse_stream
+from pipeboard.app.core.db import get_sessionmaker
+from pipeboard.app.models import Job, JobStatus, MetricPoint
+from pipeboard.app.models import TimelineEvent as TimelineEventRow
+from pipeboard.app.services import events, jobs, stream
+from pipeboard.app.services.run_sink import DbSink
+from pipeboard.app.services.sse import frame, parse_stream
 from tests.app.test_services_support import live_db, new_job  # noqa: F401  (fixture)
-from trainer.schedule.actions import Kind, TimelineEvent
-from trainer.sink import MetricRecord
+from pipeboard.trainer.schedule.actions import Kind, TimelineEvent
+from pipeboard.trainer.sink import MetricRecord
 
 
 def parse(chunks: list[str]) -> list[dict]:

@@ -4,10 +4,10 @@ from __future__ import annotations
 
 from sqlalchemy import insert
 
-from app.models import EventSource, Job, MetricPoint
-from app.models import TimelineEvent as TimelineEventRow
-from app.services import rundata
-from app.services.downsample import evenly, pick_steps
+from pipeboard.app.models import EventSource, Job, MetricPoint
+from pipeboard.app.models import TimelineEvent as TimelineEventRow
+from pipeboard.app.services import rundata
+from pipeboard.app.services.downsample import evenly, pick_steps
 
 
 def test_evenly_keeps_ends_and_count():

@@ -12,9 +12,9 @@ import time
 import pytest
 from sqlalchemy import select, update
 
-from app.core.db import get_sessionmaker
-from app.models import Job, JobEvent, JobStatus
-from app.services import jobs, runner
+from pipeboard.app.core.db import get_sessionmaker
+from pipeboard.app.models import Job, JobEvent, JobStatus
+from pipeboard.app.services import jobs, runner
 from tests.app.test_e2e_support import group_alive
 from tests.app.test_services_support import live_db, new_job  # noqa: F401  (fixture)
 from tests.conftest import ROOT
@@ -80,7 +80,7 @@ def test_sink_ends_its_group_when_the_job_is_over(live_db):
     job_id = new_job("running")
     code = (
         "import time\n"
-        "from app.services.run_sink import DbSink\n"
+        "from pipeboard.app.services.run_sink import DbSink\n"
         f"sink = DbSink({job_id}, own_group=True)\n"
         "for i in range(600):\n"
         "    sink.on_status('running', str(i))\n"
@@ -115,8 +115,8 @@ def test_train_command_carries_the_spec(stop):
 def test_a_train_jobs_profile_phase_stores_the_calibration(live_db, tmp_path):
     """The real profiling child: the profile at the microbatch size carries the link, the
     runtime's per-action overhead and the layers' weight gradients timed at the whole batch."""
-    from app.models import Profile as ProfileRow
-    from trainer.profile.schema import Profile
+    from pipeboard.app.models import Profile as ProfileRow
+    from pipeboard.trainer.profile.schema import Profile
 
     spec = {"model": "mlp-digits", "model_args": {"hidden": 16}, "workers": 2, "schedule": "1f1b", "batch_size": 16,
             "microbatches": 4, "weight_grads": "batched", "repeats": 2}
@@ -151,8 +151,8 @@ def test_a_train_jobs_profile_phase_stores_the_calibration(live_db, tmp_path):
 def test_weight_gradients_at_the_batch_follow_what_the_runtimes_w_batches():
     """Plain Linear layers: timed again at the whole batch (one matmul in W(-1)); other layers:
     the runtime computes them one microbatch at a time, so M times their part at the microbatch."""
-    from app.services.profile_run import profile
-    from trainer.profile.schema import Profile
+    from pipeboard.app.services.profile_run import profile
+    from pipeboard.trainer.profile.schema import Profile
 
     prof = Profile.from_dict(profile("cnn-digits", {"channels": 4}, 2, repeats=1, weight_batch_size=6))
     assert prof.weight_batch_size == 6 and prof.link is None and prof.overhead is None
@@ -165,8 +165,8 @@ def test_weight_gradients_at_the_batch_follow_what_the_runtimes_w_batches():
 def test_profiles_measured_with_other_matmul_kernels_are_not_reused(monkeypatch):
     """A profile timed with oneDNN's kernels (about twice as fast) must not feed runs on the
     default ones, nor the other way round: the cache key names the kernels."""
-    from app.services.profiles import cache_key
-    from trainer import cpu_matmul
+    from pipeboard.app.services.profiles import cache_key
+    from pipeboard.trainer import cpu_matmul
 
     monkeypatch.delenv(cpu_matmul.ENV, raising=False)
     plain = cache_key("mlp", {"depth": 2}, 16, "cpu", ["--threads", "1"])

@@ -7,9 +7,9 @@ from collections.abc import Iterator
 
 import pytest
 
-from app.core.config import get_settings
-from app.core.db import make_engine, reset_engine
-from app.models import Base, Job
+from pipeboard.app.core.config import get_settings
+from pipeboard.app.core.db import make_engine, reset_engine
+from pipeboard.app.models import Base, Job
 from tests.conftest import postgres_schema, require_postgres
 
 
@@ -36,8 +36,8 @@ def live_db(request, tmp_path, monkeypatch) -> Iterator[str]:
 
 
 def new_job(status: str = "queued", **values) -> int:
-    from app.core.db import get_sessionmaker
-    from app.models import JobStatus
+    from pipeboard.app.core.db import get_sessionmaker
+    from pipeboard.app.models import JobStatus
 
     with get_sessionmaker()() as s:
         job = Job(name="t", spec={"model": "mlp-digits"}, status=JobStatus(status), **values)

@@ -7,8 +7,8 @@ from datetime import datetime, timedelta, timezone
 import pytest
 from sqlalchemy import select
 
-from app.models import ApiToken
-from app.services.tokens import create_token, ensure_first_admin, has_usable_admin, hash_token, parse_duration
+from pipeboard.app.models import ApiToken
+from pipeboard.app.services.tokens import create_token, ensure_first_admin, has_usable_admin, hash_token, parse_duration
 
 
 @pytest.mark.parametrize(("text", "seconds"), [("30d", 30 * 86400), ("12h", 43200), ("90m", 5400), ("45s", 45),

@@ -16,14 +16,14 @@ from pathlib import Path
 import pytest
 from sqlalchemy import inspect
 
-from app.core.db import make_engine
+from pipeboard.app.core.db import make_engine
 
 ROOT = Path(__file__).resolve().parents[2]
 
 
 def pipeboard(*args: str, env: dict[str, str], timeout: float = 60) -> subprocess.CompletedProcess:
     return subprocess.run(
-        [sys.executable, "-c", "from app.cli import main; main()", *args],
+        [sys.executable, "-c", "from pipeboard.app.cli import main; main()", *args],
         cwd=ROOT, env={**os.environ, **env}, capture_output=True, text=True, timeout=timeout,
     )
 
@@ -56,8 +56,8 @@ def test_bad_configuration_stops_start_up_with_one_line(
 ) -> None:
     from typer.testing import CliRunner
 
-    from app.cli import cli
-    from app.core.config import get_settings
+    from pipeboard.app.cli import cli
+    from pipeboard.app.core.config import get_settings
 
     monkeypatch.setenv("PIPEBOARD_DATA_DIR", str(tmp_path))
     monkeypatch.setenv(variable, value)
@@ -82,7 +82,7 @@ def test_auth_off_is_refused_unless_up_binds_to_loopback(host: str, tmp_path: Pa
 def test_worker_refuses_a_daemonic_pool() -> None:
     from typer.testing import CliRunner
 
-    from app.cli import cli
+    from pipeboard.app.cli import cli
 
     result = CliRunner().invoke(cli, ["worker", "--pool", "prefork"])
     assert_one_line_error(subprocess.CompletedProcess([], result.exit_code, result.stdout, result.stderr), "--pool")
@@ -115,7 +115,7 @@ def run_up(tmp_path: Path, name: str, workers: int = 1, until: str = "pipeboard 
     log_path = tmp_path / f"{name}.log"
     with open(log_path, "w") as log:
         up = subprocess.Popen(
-            [sys.executable, "-c", "from app.cli import main; main()", "up", "--port", str(port), "--workers", str(workers)],
+            [sys.executable, "-c", "from pipeboard.app.cli import main; main()", "up", "--port", str(port), "--workers", str(workers)],
             cwd=ROOT, env=env, stdout=log, stderr=subprocess.STDOUT, text=True,
         )
     url = f"http://127.0.0.1:{port}"

@@ -13,9 +13,9 @@ import typer
 from sqlalchemy import update
 from typer.testing import CliRunner
 
-from app.cli import cli
-from app.models import Job
-from app.services.runner import train_command
+from pipeboard.app.cli import cli
+from pipeboard.app.models import Job
+from pipeboard.app.services.runner import train_command
 from tests.shared_data import graph_txt
 
 JOB = {"model": "mlp-digits", "workers": 2, "schedule": "1f1b", "microbatches": 4, "batch_size": 16, "stop": {"steps": 3}}
@@ -181,8 +181,8 @@ def test_simulate_split_backward_means_immediate_and_bad_values_are_named(tmp_pa
 def run_actions(plan: dict, schedule: str, microbatches: int, weight_grads: str) -> list[list[tuple]]:
     """Compute actions per worker of the step `pipeboard train --plan` runs (its layout, built as
     the workers build it)."""
-    from trainer.runtime.config import RunConfig
-    from trainer.runtime.layout import resolve
+    from pipeboard.trainer.runtime.config import RunConfig
+    from pipeboard.trainer.runtime.layout import resolve
 
     cfg = RunConfig(model="mlp-digits", schedule=schedule, batch_size=8 * microbatches, microbatches=microbatches,
                     stages=[s["layers"] for s in plan["stages"]], replicas=[s["replicas"] for s in plan["stages"]],

@@ -10,10 +10,10 @@ import kombu.transport.sqlalchemy
 import pytest
 from sqlalchemy import create_engine, select
 
-from app.core.config import Settings
-from app.core.db import make_engine
-from app.models import WorkerHeartbeat
-from app.worker import REDIS_VISIBILITY_TIMEOUT_S, broker_supports_broadcast, celery_app, celery_config
+from pipeboard.app.core.config import Settings
+from pipeboard.app.core.db import make_engine
+from pipeboard.app.models import WorkerHeartbeat
+from pipeboard.app.worker import REDIS_VISIBILITY_TIMEOUT_S, broker_supports_broadcast, celery_app, celery_config
 
 
 def test_sqlite_transport_polls_every_tenth_of_a_second() -> None:

@@ -64,7 +64,7 @@ class LiveServer:
         self.env = env
         with open(self.log_path, "wb") as log:
             self.process = subprocess.Popen(
-                [sys.executable, "-c", "from app.cli import main; main()", "up", "--port", str(self.port), "--workers", str(workers)],
+                [sys.executable, "-c", "from pipeboard.app.cli import main; main()", "up", "--port", str(self.port), "--workers", str(workers)],
                 cwd=ROOT, env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
         self.wait_ready(workers)
 
@@ -193,7 +193,7 @@ def static_server(chromium: str) -> Iterator[str]:
     import uvicorn
     from fastapi import FastAPI
 
-    from app.frontend import mount_frontend
+    from pipeboard.app.frontend import mount_frontend
 
     app = FastAPI()
     mount_frontend(app)
@@ -214,7 +214,7 @@ BLANK_HTML = """<!doctype html><html><head><meta charset="utf-8"><script src="{p
 
 @pytest.fixture(scope="module")
 def _blank_page(browser: Any, static_server: str) -> Iterator[Any]:
-    from app.frontend import plotly_path
+    from pipeboard.app.frontend import plotly_path
 
     context = browser.new_context(viewport=VIEWPORT)
     shared = context.new_page()

@@ -8,7 +8,7 @@ import gzip
 from fastapi import APIRouter, FastAPI
 from fastapi.testclient import TestClient
 
-from app.frontend import FRONTEND_DIR, PLOTLY_PLACEHOLDER, mount_frontend, plotly_js, plotly_path
+from pipeboard.app.frontend import FRONTEND_DIR, PLOTLY_PLACEHOLDER, mount_frontend, plotly_js, plotly_path
 
 
 def make_app(frontend_first: bool) -> FastAPI:
@@ -74,7 +74,7 @@ def test_api_routes_win_whatever_the_order_of_registration() -> None:
 
 
 def test_the_real_app_serves_the_dashboard_and_its_api() -> None:
-    from app.main import create_app
+    from pipeboard.app.main import create_app
 
     client = TestClient(create_app(), base_url="http://localhost")  # a Host the app answers
     assert plotly_path() in client.get("/").text

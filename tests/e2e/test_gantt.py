@@ -6,9 +6,9 @@ from __future__ import annotations
 
 import pytest
 
-from trainer.schedule import build
-from trainer.schedule.costs import StageCosts
-from trainer.schedule.simulate import simulate
+from pipeboard.trainer.schedule import build
+from pipeboard.trainer.schedule.costs import StageCosts
+from pipeboard.trainer.schedule.simulate import simulate
 
 pytestmark = pytest.mark.e2e
 

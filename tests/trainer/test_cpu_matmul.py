@@ -7,11 +7,11 @@ import os
 import pytest
 import torch
 
-from trainer import cpu_matmul
-from trainer.runtime import RunConfig, run_training
-from trainer.runtime.checkpoint import assemble_model
-from trainer.runtime.config import ConfigError
-from trainer.runtime.reference import train_sync
+from pipeboard.trainer import cpu_matmul
+from pipeboard.trainer.runtime import RunConfig, run_training
+from pipeboard.trainer.runtime.checkpoint import assemble_model
+from pipeboard.trainer.runtime.config import ConfigError
+from pipeboard.trainer.runtime.reference import train_sync
 
 needs_onednn = pytest.mark.skipif(not cpu_matmul.available(), reason="this PyTorch build has no oneDNN")
 

@@ -9,11 +9,11 @@ import sys
 import pytest
 
 from tests.shared_data import graph_txt, shared_profiles_dir
-from trainer.plan.graph import LayerGraph, StateLimitExceeded
-from trainer.plan.states import antichain_states, linearised_states, state_chain
-from trainer.plan import PlanError
-from trainer.profile.schema import Layer, Profile
-from trainer.profile.files import load_profile
+from pipeboard.trainer.plan.graph import LayerGraph, StateLimitExceeded
+from pipeboard.trainer.plan.states import antichain_states, linearised_states, state_chain
+from pipeboard.trainer.plan import PlanError
+from pipeboard.trainer.profile.schema import Layer, Profile
+from pipeboard.trainer.profile.files import load_profile
 
 
 def profile_of(edges, times=None, acts=None, params=None, descs=None) -> Profile:
@@ -105,11 +105,11 @@ def test_exploding_profiles_are_linearised(name):
 
 def test_importing_the_planner_does_not_import_torch_or_numpy():
     # NumPy loads only with a vectorised strategy (trainer/plan/solve.py); torch never.
-    code = ("import sys, trainer.plan.graph, trainer.plan, trainer.plan.pipedream, trainer.plan.baselines, app.cli.plan; "
+    code = ("import sys, pipeboard.trainer.plan.graph, pipeboard.trainer.plan, pipeboard.trainer.plan.pipedream, pipeboard.trainer.plan.baselines, pipeboard.app.cli.plan; "
             "print('torch' in sys.modules, 'numpy' in sys.modules)")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert out.stdout.strip() == "False False"
-    code = ("import sys; from trainer.plan import plan; from trainer.profile.files import load_profile; "
+    code = ("import sys; from pipeboard.trainer.plan import plan; from pipeboard.trainer.profile.files import load_profile; "
             f"plan(load_profile({str(graph_txt('inception_v3'))!r}), [(4, 1e9), (4, 1e8)]); "
             "print('torch' in sys.modules, 'numpy' in sys.modules)")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)

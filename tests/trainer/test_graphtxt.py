@@ -5,8 +5,8 @@ from __future__ import annotations
 import pytest
 
 from tests.shared_data import PROFILE_NAMES, graph_txt
-from trainer.profile import Layer, Profile, ProfileError, parse_graph_txt, to_graph_txt
-from trainer.profile.files import load_profile
+from pipeboard.trainer.profile import Layer, Profile, ProfileError, parse_graph_txt, to_graph_txt
+from pipeboard.trainer.profile.files import load_profile
 
 GOOD = (
     "node1 -- Input -- forward_compute_time=0.000, backward_compute_time=0.000, activation_size=100.0, parameter_size=0.000\n"

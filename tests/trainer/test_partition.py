@@ -6,9 +6,9 @@ import pytest
 import torch
 from torch import nn
 
-from trainer import zoo
-from trainer.partition import PartitionError, layer_names, run_stages, split_graph, split_model, uniform_stages
-from trainer.profile.fxgraph import trace_layers
+from pipeboard.trainer import zoo
+from pipeboard.trainer.partition import PartitionError, layer_names, run_stages, split_graph, split_model, uniform_stages
+from pipeboard.trainer.profile.fxgraph import trace_layers
 
 
 pytestmark = pytest.mark.usefixtures("one_thread")

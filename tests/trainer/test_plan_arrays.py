@@ -13,11 +13,11 @@ import numpy as np
 import pytest
 
 from tests.trainer.test_plan_exact import random_profile
-from trainer.plan import recurrence, top_row
-from trainer.plan.arrays import ArrayTable, Blocks, ChainArrays, Dense, chain_pairs, groups, pairs_of
-from trainer.plan.costs import LevelSpec
-from trainer.plan.readout import split
-from trainer.plan.states import block, state_chain
+from pipeboard.trainer.plan import recurrence, top_row
+from pipeboard.trainer.plan.arrays import ArrayTable, Blocks, ChainArrays, Dense, chain_pairs, groups, pairs_of
+from pipeboard.trainer.plan.costs import LevelSpec
+from pipeboard.trainer.plan.readout import split
+from pipeboard.trainer.plan.states import block, state_chain
 
 
 def dense(cum: np.ndarray, empty: bool) -> np.ndarray:

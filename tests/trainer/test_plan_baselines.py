@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import pytest
 
-from trainer.plan import compare, plan
-from trainer.plan.baselines import balanced_bounds, uniform_bounds
-from trainer.profile.schema import Layer, Profile
+from pipeboard.trainer.plan import compare, plan
+from pipeboard.trainer.plan.baselines import balanced_bounds, uniform_bounds
+from pipeboard.trainer.profile.schema import Layer, Profile
 
 
 def chain_profile(fwd, params=None, acts=None) -> Profile:

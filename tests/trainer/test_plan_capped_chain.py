@@ -10,10 +10,10 @@ import numpy as np
 import pytest
 
 from tests.trainer.test_plan_exact import chain_profile
-from trainer.plan import capped_chain, chain_caps, solve
-from trainer.plan.arrays import ChainArrays
-from trainer.plan.costs import level_specs
-from trainer.plan.states import state_chain
+from pipeboard.trainer.plan import capped_chain, chain_caps, solve
+from pipeboard.trainer.plan.arrays import ChainArrays
+from pipeboard.trainer.plan.costs import level_specs
+from pipeboard.trainer.plan.states import state_chain
 
 
 def _chain(seed: int, layers: int):

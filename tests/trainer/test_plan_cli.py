@@ -7,10 +7,10 @@ import json
 import pytest
 from typer.testing import CliRunner
 
-from app.cli import cli
-from app.cli.plan import spread_multi_values
+from pipeboard.app.cli import cli
+from pipeboard.app.cli.plan import spread_multi_values
 from tests.shared_data import graph_txt
-from trainer.plan import Plan
+from pipeboard.trainer.plan import Plan
 
 
 @pytest.fixture()

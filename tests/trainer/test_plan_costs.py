@@ -13,8 +13,8 @@ import random
 import numpy as np
 import pytest
 
-from trainer.plan import costs
-from trainer.plan.costs import LevelSpec
+from pipeboard.trainer.plan import costs
+from pipeboard.trainer.plan.costs import LevelSpec
 
 
 def test_allreduce_moves_four_times_the_bytes_less_a_replicas_share():

@@ -14,8 +14,8 @@ import math
 import numpy as np
 import pytest
 
-from trainer.plan import costs
-from trainer.plan.costs import LevelSpec
+from pipeboard.trainer.plan import costs
+from pipeboard.trainer.plan.costs import LevelSpec
 
 
 def test_a_level_spec_by_default_is_one_unshared_final_level_counting_transfers():

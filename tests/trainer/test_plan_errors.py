@@ -6,8 +6,8 @@ import re
 
 import pytest
 
-from trainer.plan import Plan, PlanError, levels_from_lists, plan
-from trainer.profile.schema import Layer, Profile
+from pipeboard.trainer.plan import Plan, PlanError, levels_from_lists, plan
+from pipeboard.trainer.profile.schema import Layer, Profile
 
 
 def chain(n=4, params=1e8, acts=1e7) -> Profile:

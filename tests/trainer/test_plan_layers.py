@@ -9,9 +9,9 @@ import random
 import pytest
 
 from tests.trainer.test_plan_exact import random_profile
-from trainer.plan import plan
-from trainer.plan.layout import full_topological_order
-from trainer.profile.schema import Profile
+from pipeboard.trainer.plan import plan
+from pipeboard.trainer.plan.layout import full_topological_order
+from pipeboard.trainer.profile.schema import Profile
 
 
 @pytest.mark.parametrize("seed", range(12))

@@ -11,10 +11,10 @@ from __future__ import annotations
 
 import math
 
-from trainer.plan.costs import LevelSpec
-from trainer.plan.recurrence import level1_value, solve_level, solve_levels, work
-from trainer.plan.states import state_chain
-from trainer.profile.schema import Layer, Profile
+from pipeboard.trainer.plan.costs import LevelSpec
+from pipeboard.trainer.plan.recurrence import level1_value, solve_level, solve_levels, work
+from pipeboard.trainer.plan.states import state_chain
+from pipeboard.trainer.profile.schema import Layer, Profile
 
 
 def chain(n: int):

@@ -13,14 +13,14 @@ import json
 import pytest
 
 from tests.shared_data import SHARED_PROFILES, graph_txt, shared_profiles_dir
-from trainer.plan import plan
-from trainer.plan.costs import level_specs
-from trainer.plan.pipedream import solve
-from trainer.plan.recurrence import work
-from trainer.plan.reference_flags import parse_reference_flags
-from trainer.plan.states import state_chain
-from trainer.profile.schema import Profile
-from trainer.profile.files import load_profile
+from pipeboard.trainer.plan import plan
+from pipeboard.trainer.plan.costs import level_specs
+from pipeboard.trainer.plan.pipedream import solve
+from pipeboard.trainer.plan.recurrence import work
+from pipeboard.trainer.plan.reference_flags import parse_reference_flags
+from pipeboard.trainer.plan.states import state_chain
+from pipeboard.trainer.profile.schema import Profile
+from pipeboard.trainer.profile.files import load_profile
 
 
 def reference_lines():

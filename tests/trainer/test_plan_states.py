@@ -16,10 +16,10 @@ import pytest
 
 from tests.shared_data import graph_txt, shared_profiles_dir
 from tests.trainer.test_plan_exact import random_profile
-from trainer.plan.graph import AntichainWalk, LayerGraph, bit_indices
-from trainer.plan.arrays import ChainArrays
-from trainer.plan.states import antichain_states, state_chain
-from trainer.profile.files import load_profile
+from pipeboard.trainer.plan.graph import AntichainWalk, LayerGraph, bit_indices
+from pipeboard.trainer.plan.arrays import ChainArrays
+from pipeboard.trainer.plan.states import antichain_states, state_chain
+from pipeboard.trainer.profile.files import load_profile
 
 
 def _plain_walk(graph: LayerGraph) -> tuple[list[list[int]], list[list[int]]]:

@@ -6,12 +6,12 @@ import json
 
 import pytest
 
-from trainer.runtime.links import fit_link
-from trainer.profile.schema import Layer, Link, Profile, ProfileError
-from trainer.schedule.actions import ScheduleError
-from trainer.schedule.predict import predict_step_s, repeat_iterations, stage_costs
-from trainer.schedule import build
-from trainer.profile.files import load_profile
+from pipeboard.trainer.runtime.links import fit_link
+from pipeboard.trainer.profile.schema import Layer, Link, Profile, ProfileError
+from pipeboard.trainer.schedule.actions import ScheduleError
+from pipeboard.trainer.schedule.predict import predict_step_s, repeat_iterations, stage_costs
+from pipeboard.trainer.schedule import build
+from pipeboard.trainer.profile.files import load_profile
 
 
 def chain(times: list[tuple[float, float, float | None, float | None]], batch_size: int = 4,
@@ -153,7 +153,7 @@ def test_bad_v2_fields_are_refused(change, match):
 
 @pytest.mark.parametrize("transport", ["gloo", "shm", None])
 def test_measure_link_times_real_transfers_between_two_processes(transport, monkeypatch):
-    from trainer.runtime.links import measure_link
+    from pipeboard.trainer.runtime.links import measure_link
 
     monkeypatch.delenv("PIPEBOARD_P2P", raising=False)
     link = measure_link(sizes=(4096, 1 << 20), repeats=3, busy_ms=1.0, transport=transport)
@@ -168,7 +168,7 @@ def test_measure_link_times_real_transfers_between_two_processes(transport, monk
 
 
 def test_runtime_overhead_is_added_per_action():
-    from trainer.schedule.predict import ActionOverhead
+    from pipeboard.trainer.schedule.predict import ActionOverhead
 
     prof = chain([(1.0, 2.0, 1.0, 0.25)], batch_size=4)
     big = chain([(2.0, 4.0, 2.0, 0.25)], batch_size=8)
@@ -196,7 +196,7 @@ OVERHEAD_SAMPLES = [
 
 
 def calibrated(weight_batch_size: int | None = 16) -> Profile:
-    from trainer.profile.schema import Overhead
+    from pipeboard.trainer.profile.schema import Overhead
 
     prof = chain([(0.5, 1.0, 0.25, 0.1), (0.5, 1.0, 0.5, 0.2), (1.0, 3.0, 1.0, 0.3), (0.25, 0.5, 0.5, 0.0)])
     for layer, w in zip(prof.layers, (2.0, 1.0, 6.0, 0.5)):
@@ -214,14 +214,14 @@ def test_overhead_interpolates_by_layer_count_and_kind_of_stage():
     assert prof.overhead.at(5, False)["forward_ms"] == pytest.approx(0.5)
     # only one last-stage sample: it holds for every layer count
     assert prof.overhead.at(4, True)["forward_ms"] == pytest.approx(0.5)
-    from trainer.profile.schema import Overhead
+    from pipeboard.trainer.profile.schema import Overhead
 
     only_last = Overhead(samples=[OVERHEAD_SAMPLES[2]])
     assert only_last.at(2, False)["backward_ms"] == pytest.approx(0.3)  # the other kind's, never measured
 
 
 def test_profile_overhead_and_the_profiles_own_batched_weight_gradients_by_hand():
-    from trainer.schedule.predict import profile_overhead
+    from pipeboard.trainer.schedule.predict import profile_overhead
 
     prof = calibrated()
     o = profile_overhead(prof, TWO)
@@ -266,7 +266,7 @@ def test_bad_calibration_fields_are_refused(change, match):
 
 
 def test_measured_action_overhead_covers_every_action_and_calibrates_a_profile():
-    from trainer.runtime.overhead import calibrate, measure_action_overhead
+    from pipeboard.trainer.runtime.overhead import calibrate, measure_action_overhead
 
     o = measure_action_overhead(2, True, microbatches=2, rounds=3)
     assert all(v >= 0 for v in (o.forward_s, o.backward_s, o.backward_input_s, o.weight_call_s, o.step_s))

@@ -5,9 +5,9 @@ from __future__ import annotations
 import pytest
 from typer.testing import CliRunner
 
-from app.cli import cli
+from pipeboard.app.cli import cli
 from tests.shared_data import graph_txt
-from trainer.profile.files import load_profile
+from pipeboard.trainer.profile.files import load_profile
 
 
 @pytest.fixture()
@@ -34,7 +34,7 @@ def test_profile_a_zoo_model(run, tmp_path, monkeypatch):
 
 
 def test_profile_with_the_kernels_runs_will_use(run, tmp_path):
-    from trainer import cpu_matmul
+    from pipeboard.trainer import cpu_matmul
 
     out = tmp_path / "p.json"
     try:

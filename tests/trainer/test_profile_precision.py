@@ -5,10 +5,10 @@ from __future__ import annotations
 import pytest
 from typer.testing import CliRunner
 
-from app.cli import cli
-from trainer.profile.profiler import profile_model
-from trainer.spec import load_task
-from trainer.profile.files import load_profile
+from pipeboard.app.cli import cli
+from pipeboard.trainer.profile.profiler import profile_model
+from pipeboard.trainer.spec import load_task
+from pipeboard.trainer.profile.files import load_profile
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 

@@ -5,12 +5,12 @@ from __future__ import annotations
 import pytest
 import torch
 
-from trainer import zoo
-from trainer.partition import layer_names, run_stages, split_model
-from trainer.profile import Profile
-from trainer.profile.fxgraph import trace_layers
-from trainer.profile.profiler import profile_model, self_check_line
-from trainer.profile.files import load_profile
+from pipeboard.trainer import zoo
+from pipeboard.trainer.partition import layer_names, run_stages, split_model
+from pipeboard.trainer.profile import Profile
+from pipeboard.trainer.profile.fxgraph import trace_layers
+from pipeboard.trainer.profile.profiler import profile_model, self_check_line
+from pipeboard.trainer.profile.files import load_profile
 
 
 pytestmark = pytest.mark.usefixtures("one_thread")
@@ -136,7 +136,7 @@ def test_bad_arguments_are_refused(kwargs, match):
 
 @pytest.mark.parametrize("workers", [2, 3])
 def test_a_pipedream_plan_of_the_profile_executes_exactly(resnet_profile, workers):
-    plan_mod = pytest.importorskip("trainer.plan")
+    plan_mod = pytest.importorskip("pipeboard.trainer.plan")
     entry, x, prof, _ = resnet_profile
     plan = plan_mod.plan(prof, [(workers, 1e9)], straight=True)
     stages = [stage.layers for stage in plan.stages]
@@ -194,7 +194,7 @@ def test_the_measurements_can_be_left_out_and_a_concurrent_load_runs_meanwhile()
 
 def test_the_concurrent_load_trains_on_its_own_input(monkeypatch):
     """A batch measured under a load of microbatches (what the other stage runs meanwhile)."""
-    import trainer.profile.profiler as profiler
+    import pipeboard.trainer.profile.profiler as profiler
 
     seen = []
     real = profiler.ConcurrentLoad
@@ -222,7 +222,7 @@ os.environ["THP_MEM_ALLOC_ENABLE"] = "1"  # as every pipeboard command runs
 import torch
 torch.set_num_threads(1)
 if sys.argv[1] == "profiled":
-    from trainer.profile.profiler import profile_model
+    from pipeboard.trainer.profile.profiler import profile_model
     prof = profile_model(torch.nn.Linear(4, 4), torch.randn(2, 4), warmup=0, repeats=1)
     assert prof.meta["allocator"] == {"huge_pages": True, "keep_freed_memory": True}, prof.meta["allocator"]
 model = torch.nn.Sequential(*[torch.nn.Linear(1024, 1024) for _ in range(4)])

@@ -9,9 +9,9 @@ import pytest
 import torch
 from torch import nn
 
-from trainer.profile.fxgraph import UntraceableModelError, trace_layers
-from trainer.profile.profiler import profile_model
-from trainer.spec import load_task
+from pipeboard.trainer.profile.fxgraph import UntraceableModelError, trace_layers
+from pipeboard.trainer.profile.profiler import profile_model
+from pipeboard.trainer.spec import load_task
 
 
 pytestmark = pytest.mark.usefixtures("one_thread")
@@ -110,7 +110,7 @@ def user_package(tmp_path, monkeypatch):
         import torch
         from torch import nn
         from torch.utils.data import TensorDataset
-        from trainer import Task
+        from pipeboard.trainer import Task
 
         def _task(model, width):
             return Task(model=model, train_data=TensorDataset(torch.randn(8, width), torch.randn(8, 2)),

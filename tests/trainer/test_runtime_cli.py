@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-PIPEBOARD = [sys.executable, "-c", "from app.cli import main; main()"]
+PIPEBOARD = [sys.executable, "-c", "from pipeboard.app.cli import main; main()"]
 BASE = ["train", "--model", "mlp", "--model-arg", "depth=2", "--model-arg", "width=32", "--model-arg", "samples=512",
         "--batch-size", "16", "--microbatches", "4"]
 
@@ -71,7 +71,7 @@ def in_process(*args: str):
     """The same command through typer's runner, in this process (no interpreter start-up)."""
     from typer.testing import CliRunner
 
-    from app.cli import cli
+    from pipeboard.app.cli import cli
 
     return CliRunner().invoke(cli, list(args))
 
@@ -102,8 +102,8 @@ def test_bad_input_is_one_line_and_exit_code_2():
 
 @pytest.mark.parametrize("higher_is_better, best", [(True, 0.9), (False, 0.2)])
 def test_summary_reports_the_best_metric_in_the_metric_s_own_direction(higher_is_better: bool, best: float):
-    from trainer.runtime.report import Reporter
-    from trainer.sink import NullSink
+    from pipeboard.trainer.runtime.report import Reporter
+    from pipeboard.trainer.sink import NullSink
 
     reporter = Reporter(NullSink(), world=1, batch_size=4, metric_name="m")
     reporter.evals += [(1, 0.1, 0.5), (2, 0.2, 0.9), (3, 0.3, 0.2)]
@@ -130,8 +130,8 @@ def test_train_asks_for_huge_pages_before_torch_allocates(monkeypatch):
     mapping's VmFlags: madvise(MADV_HUGEPAGE)); without the variable it is not."""
     from typer.testing import CliRunner
 
-    from app.cli import cli
-    from trainer.allocator import VARIABLE
+    from pipeboard.app.cli import cli
+    from pipeboard.trainer.allocator import VARIABLE
 
     monkeypatch.delenv(VARIABLE, raising=False)
     r = CliRunner().invoke(cli, [*BASE, "--plan", "p.json", "--stages", "2", "--schedule", "1f1b"])
@@ -142,7 +142,7 @@ def test_train_asks_for_huge_pages_before_torch_allocates(monkeypatch):
     probe = """
 import sys
 if sys.argv[1] == "ask":
-    from trainer.allocator import prefer_huge_pages
+    from pipeboard.trainer.allocator import prefer_huge_pages
     prefer_huge_pages()
 import torch
 t = torch.empty(1 << 20)

@@ -7,9 +7,9 @@ import pytest
 import torch
 
 from tests.trainer.params import max_diff
-from trainer.runtime import RunConfig, run_training
-from trainer.runtime.checkpoint import assemble_model
-from trainer.runtime.reference import emulate_async, train_sync
+from pipeboard.trainer.runtime import RunConfig, run_training
+from pipeboard.trainer.runtime.checkpoint import assemble_model
+from pipeboard.trainer.runtime.reference import emulate_async, train_sync
 
 SMALL = {"depth": 4, "width": 48, "samples": 512}
 
@@ -75,7 +75,7 @@ def test_pipedream_updates_once_per_batch(tmp_path):
 def test_replicas_hold_identical_weights(tmp_path, schedule):
     cfg, _, trained, states = run(tmp_path, schedule=schedule, num_stages=2, replicas=[2, 1], steps=2,
                                   checkpoint_every=1)
-    from trainer.runtime.checkpoint import complete_steps, load_rank
+    from pipeboard.trainer.runtime.checkpoint import complete_steps, load_rank
 
     for step in complete_steps(tmp_path):
         a, b = load_rank(tmp_path, step, 0)["stages"][0]["module"], load_rank(tmp_path, step, 1)["stages"][0]["module"]

@@ -7,9 +7,9 @@ import time
 
 import pytest
 
-from trainer.runtime import RunConfig, RunFailed, run_training
-from trainer.runtime.checkpoint import complete_steps
-from trainer.sink import ListSink
+from pipeboard.trainer.runtime import RunConfig, RunFailed, run_training
+from pipeboard.trainer.runtime.checkpoint import complete_steps
+from pipeboard.trainer.sink import ListSink
 
 SMALL = {"depth": 4, "width": 48, "samples": 2048}
 

@@ -7,9 +7,9 @@ from __future__ import annotations
 import pytest
 import torch
 
-from trainer.runtime import RunConfig, run_training
-from trainer.runtime.checkpoint import assemble_model, load_rank
-from trainer.sink import ListSink
+from pipeboard.trainer.runtime import RunConfig, run_training
+from pipeboard.trainer.runtime.checkpoint import assemble_model, load_rank
+from pipeboard.trainer.sink import ListSink
 
 SMALL = {"depth": 4, "width": 64, "samples": 1024}
 SCHEDULES = [("gpipe", {}), ("1f1b", {}), ("interleaved-1f1b", {"chunks": 2}), ("zb-h1", {}), ("pipedream", {}),
@@ -45,8 +45,8 @@ def test_bf16_loss_within_two_percent_of_fp32(tmp_path, schedule, extra):
 
 
 def test_bf16_activations_cross_the_boundary_as_bf16():
-    from trainer.runtime import model as model_mod
-    from trainer.spec import load_task
+    from pipeboard.trainer.runtime import model as model_mod
+    from pipeboard.trainer.spec import load_task
 
     task = load_task("mlp", SMALL)
     example = task.example_input(4)

@@ -14,10 +14,10 @@ import pytest
 import torch
 from torch import nn
 
-import trainer.zoo
-from trainer.runtime.model import build_stages, layer_names, uniform_split
-from trainer.runtime.stage import Stage
-from trainer.schedule import Kind, build
+import pipeboard.trainer.zoo
+from pipeboard.trainer.runtime.model import build_stages, layer_names, uniform_split
+from pipeboard.trainer.runtime.stage import Stage
+from pipeboard.trainer.schedule import Kind, build
 
 MICROBATCHES = 4
 
@@ -31,7 +31,7 @@ def _close(actual, expected, what, scale=None):
 
 
 def _zoo_case(name: str, stage: int, num_stages: int, mb_size: int = 4, **args):
-    zoo = trainer.zoo.get(name, seed=0, **args)
+    zoo = pipeboard.trainer.zoo.get(name, seed=0, **args)
     example = zoo.example_input(mb_size)
     names = layer_names(zoo.model, example)
     split = uniform_split(names, [1] * len(names), num_stages)
@@ -266,8 +266,8 @@ def _emulate(schedule, modules, lr: float, data) -> list[list[torch.Tensor]]:
     the simulator puts them (every action a positive time, so a start sorts after whatever it
     waits for), releasing each weight version after its last use as the runtime does; returns
     every stage's weights at the end."""
-    from trainer.schedule import simulate
-    from trainer.schedule.costs import costs_uniform
+    from pipeboard.trainer.schedule import simulate
+    from pipeboard.trainer.schedule.costs import costs_uniform
 
     p, stash = schedule.num_stages, not schedule.meta["sync"]
     stages = [Stage(s, m, torch.optim.SGD(m.parameters(), lr=lr, momentum=0.5), is_first=s == 0,
@@ -304,7 +304,7 @@ def _emulate(schedule, modules, lr: float, data) -> list[list[torch.Tensor]]:
 
 def _schedule(name: str, m: int, batched: bool):
     if name == "pipedream-batches":  # one update per 3 microbatches: a W(-1) spans versions
-        from trainer.schedule.pipedream import build_pipedream
+        from pipeboard.trainer.schedule.pipedream import build_pipedream
 
         return build_pipedream(3, m, 3, batch_weight_grads=batched)
     return build("1f1b" if name == "zb-h1" and not batched else name, 3, m, batch_weight_grads=batched)
@@ -326,7 +326,7 @@ def test_a_schedule_with_batched_weight_gradients_trains_like_the_plain_one(name
                     versions_per_w.append(len(since))
                     since = set()
         assert max(versions_per_w) == 2
-    zoo = trainer.zoo.get("mlp", seed=0, depth=3, width=16, out=4, samples=64)
+    zoo = pipeboard.trainer.zoo.get("mlp", seed=0, depth=3, width=16, out=4, samples=64)
     example = zoo.example_input(4)
     names = layer_names(zoo.model, example)
     split = uniform_split(names, [1] * len(names), 3)

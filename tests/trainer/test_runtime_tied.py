@@ -9,13 +9,13 @@ import textwrap
 import pytest
 import torch
 
-from trainer.runtime import RunConfig, run_training
-from trainer.runtime import model as model_mod, tied
-from trainer.runtime.checkpoint import assemble_model
-from trainer.runtime.config import ConfigError
-from trainer.runtime.layout import resolve
-from trainer.runtime.reference import train_sync
-from trainer.sink import ListSink
+from pipeboard.trainer.runtime import RunConfig, run_training
+from pipeboard.trainer.runtime import model as model_mod, tied
+from pipeboard.trainer.runtime.checkpoint import assemble_model
+from pipeboard.trainer.runtime.config import ConfigError
+from pipeboard.trainer.runtime.layout import resolve
+from pipeboard.trainer.runtime.reference import train_sync
+from pipeboard.trainer.sink import ListSink
 
 TASK = textwrap.dedent('''
     import torch
@@ -23,7 +23,7 @@ TASK = textwrap.dedent('''
     from torch import nn
     from torch.utils.data import TensorDataset
 
-    from trainer import Task
+    from pipeboard.trainer import Task
 
 
     class TiedLM(nn.Module):

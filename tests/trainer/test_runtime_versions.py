@@ -7,8 +7,8 @@ import copy
 import pytest
 import torch
 
-from trainer.runtime.model import uniform_split
-from trainer.runtime.versions import WeightVersions, sgd_out_of_place
+from pipeboard.trainer.runtime.model import uniform_split
+from pipeboard.trainer.runtime.versions import WeightVersions, sgd_out_of_place
 
 
 @pytest.mark.parametrize("kw", [dict(momentum=0.9), dict(momentum=0.9, nesterov=True, weight_decay=0.01),
@@ -76,7 +76,7 @@ def test_uniform_split_balances_and_keeps_every_stage_non_empty():
 
 
 def test_forward_of_an_old_version_uses_its_weights_in_every_slot_including_tied_ones():
-    from trainer.runtime.stage import Stage
+    from pipeboard.trainer.runtime.stage import Stage
 
     class Tied(torch.nn.Module):
         def __init__(self):

@@ -20,12 +20,12 @@ import re
 
 import pytest
 
-from trainer.schedule import Action, Kind, ScheduleError, build
-from trainer.schedule.build import MAX_UNITS
-from trainer.schedule.flush import batch_weight_grads, update_ops
-from trainer.schedule.pipedream import pipedream_programs
-from trainer.schedule.topology import replicated
-from trainer.schedule.validate import validate
+from pipeboard.trainer.schedule import Action, Kind, ScheduleError, build
+from pipeboard.trainer.schedule.build import MAX_UNITS
+from pipeboard.trainer.schedule.flush import batch_weight_grads, update_ops
+from pipeboard.trainer.schedule.pipedream import pipedream_programs
+from pipeboard.trainer.schedule.topology import replicated
+from pipeboard.trainer.schedule.validate import validate
 
 UPDATES = (Kind.STEP, Kind.ALLREDUCE)
 SCHEDULES = [

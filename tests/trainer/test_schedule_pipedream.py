@@ -4,10 +4,10 @@ from __future__ import annotations
 
 import pytest
 
-from trainer.schedule import ScheduleError, build
-from trainer.schedule.actions import Kind
-from trainer.schedule.pipedream import build_pipedream
-from trainer.schedule.validate import validate
+from pipeboard.trainer.schedule import ScheduleError, build
+from pipeboard.trainer.schedule.actions import Kind
+from pipeboard.trainer.schedule.pipedream import build_pipedream
+from pipeboard.trainer.schedule.validate import validate
 
 COMPUTE = (Kind.FORWARD, Kind.BACKWARD, Kind.BACKWARD_INPUT, Kind.BACKWARD_WEIGHT)
 

@@ -21,17 +21,17 @@ from pathlib import Path
 
 import pytest
 
-from trainer.runtime.config import ConfigError, RunConfig
-from trainer.runtime.layout import resolve
-from trainer.schedule import ScheduleError, ScheduleSpec, build, registry, validate
-from trainer.schedule.costs import costs_uniform
-from trainer.schedule.predict import steady_step_s
-from trainer.schedule.simulate import simulate
+from pipeboard.trainer.runtime.config import ConfigError, RunConfig
+from pipeboard.trainer.runtime.layout import resolve
+from pipeboard.trainer.schedule import ScheduleError, ScheduleSpec, build, registry, validate
+from pipeboard.trainer.schedule.costs import costs_uniform
+from pipeboard.trainer.schedule.predict import steady_step_s
+from pipeboard.trainer.schedule.simulate import simulate
 
 ROOT = Path(__file__).resolve().parents[2]
 PLUGIN = ROOT / "tests" / "schedule_plugin.py"
 PLUGIN_NAME = "gpipe-twin"
-PIPEBOARD = [sys.executable, "-c", "from app.cli import main; main()"]
+PIPEBOARD = [sys.executable, "-c", "from pipeboard.app.cli import main; main()"]
 
 
 def variants(spec: ScheduleSpec) -> list[tuple[int, int, dict]]:
@@ -124,7 +124,7 @@ def test_an_unknown_name_lists_the_known_ones():
 
 
 def _builder(ctx):
-    from trainer.schedule.flush import one_f_one_b_builder
+    from pipeboard.trainer.schedule.flush import one_f_one_b_builder
 
     return one_f_one_b_builder(ctx)
 
@@ -211,8 +211,8 @@ def test_a_schedule_from_one_file_runs_in_the_runtime_layout_and_the_predictor(p
 
 
 def test_a_schedule_from_one_file_is_in_the_api(plugin, client):
-    from app.main import create_app
-    from app.schemas import JobCreate, PlanCreate
+    from pipeboard.app.main import create_app
+    from pipeboard.app.schemas import JobCreate, PlanCreate
 
     listed = client.get("/api/v1/schedules").json()
     assert listed["count"] == len(registry.names()) and [s["name"] for s in listed["data"]] == list(registry.names())
@@ -280,8 +280,8 @@ def test_pipeboard_train_runs_a_schedule_from_one_file():
 API_DUMP = """
 import json
 from fastapi.testclient import TestClient
-from app.core.db import get_session
-from app.main import create_app
+from pipeboard.app.core.db import get_session
+from pipeboard.app.main import create_app
 app = create_app()
 app.dependency_overrides[get_session] = lambda: None  # anonymous reads touch no database
 client = TestClient(app, base_url="http://localhost")  # a Host the app answers
@@ -342,8 +342,8 @@ def test_the_schedule_modules_import_one_another_without_a_cycle():
             continue
         mine = deps.setdefault(f.stem, set())
         for node in ast.parse(f.read_text()).body:  # module level (not TYPE_CHECKING blocks, not functions)
-            if isinstance(node, ast.ImportFrom) and (node.module or "").startswith("trainer.schedule"):
-                mine |= ({a.name for a in node.names} if node.module == "trainer.schedule"
+            if isinstance(node, ast.ImportFrom) and (node.module or "").startswith("pipeboard.trainer.schedule"):
+                mine |= ({a.name for a in node.names} if node.module == "pipeboard.trainer.schedule"
                          else {node.module.rsplit(".", 1)[1]})
 
     def reach(start: str, seen: set[str]) -> set[str]:
@@ -358,7 +358,7 @@ def test_the_schedule_modules_import_one_another_without_a_cycle():
 
 
 def test_the_registry_loads_neither_torch_nor_numpy():
-    code = ("import sys, trainer.runtime.config, app.cli; from trainer.schedule import registry; registry.names(); "
+    code = ("import sys, pipeboard.trainer.runtime.config, pipeboard.app.cli; from pipeboard.trainer.schedule import registry; registry.names(); "
             "print('torch' in sys.modules, 'numpy' in sys.modules)")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True, cwd=ROOT)
     assert out.stdout.split() == ["False", "False"]

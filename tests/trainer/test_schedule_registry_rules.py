@@ -17,10 +17,10 @@ import textwrap
 
 import pytest
 
-from trainer.schedule import ScheduleError, ScheduleSpec, registry
-from trainer.schedule import flush
-from trainer.schedule.registry import BuildContext
-from trainer.schedule.topology import replicated
+from pipeboard.trainer.schedule import ScheduleError, ScheduleSpec, registry
+from pipeboard.trainer.schedule import flush
+from pipeboard.trainer.schedule.registry import BuildContext
+from pipeboard.trainer.schedule.topology import replicated
 
 BUILT_INS = ("gpipe", "1f1b", "interleaved-1f1b", "zb-h1", "pipedream", "dp")
 
@@ -48,8 +48,8 @@ def plugin(folder, filename: str, name: str, body: str = "") -> str:
     """A schedule module ``filename`` in ``folder`` registering ``name`` (gpipe's order); returns its path."""
     path = folder / filename
     path.write_text(textwrap.dedent(f"""
-        from trainer.schedule.flush import gpipe_builder
-        from trainer.schedule.registry import register
+        from pipeboard.trainer.schedule.flush import gpipe_builder
+        from pipeboard.trainer.schedule.registry import register
         {body}
         def builder(ctx):
             return gpipe_builder(ctx)
@@ -141,13 +141,13 @@ def test_either_phrases_a_list_of_names():
 
 
 def test_a_lazy_builder_imports_its_function_on_first_call():
-    target = "trainer.schedule.flush:gpipe_builder"
+    target = "pipeboard.trainer.schedule.flush:gpipe_builder"
     builder = registry._lazy(target)
     assert builder.__name__ == builder.__qualname__ == target
     ctx = BuildContext(replicated(2, [1, 2]), 4, 2, 1, True, False, 1)
     assert builder(ctx) == flush.gpipe_builder(ctx)
-    assert registry._lazy("trainer.schedule.flush:one_f_one_b_builder")(ctx) == flush.one_f_one_b_builder(ctx)
-    assert registry.get("zb-h1").builder.__name__ == "trainer.schedule.zerobubble:zero_bubble_builder"
+    assert registry._lazy("pipeboard.trainer.schedule.flush:one_f_one_b_builder")(ctx) == flush.one_f_one_b_builder(ctx)
+    assert registry.get("zb-h1").builder.__name__ == "pipeboard.trainer.schedule.zerobubble:zero_bubble_builder"
 
 
 # --- PIPEBOARD_SCHEDULES, read on the first query ---------------------------------------------------

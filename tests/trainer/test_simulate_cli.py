@@ -7,7 +7,7 @@ import json
 import pytest
 from typer.testing import CliRunner
 
-from app.cli import cli
+from pipeboard.app.cli import cli
 
 runner = CliRunner()
 
@@ -114,7 +114,7 @@ def test_a_plan_that_is_not_json(tmp_path):
 
 
 def test_help_lists_the_schedules_the_builder_knows():
-    from trainer.schedule import registry
+    from pipeboard.trainer.schedule import registry
 
     res = runner.invoke(cli, ["simulate", "--help"], env={"COLUMNS": "400"})
     assert res.exit_code == 0
@@ -125,9 +125,9 @@ def test_help_lists_the_schedules_the_builder_knows():
 def test_pipedream_per_update_mirrors_train_batches(tmp_path):
     """--per-update K --microbatches K*N predicts `train --schedule pipedream --microbatches K` over N
     batches: the schedule build("pipedream", per_update=K) makes, its steps numbered by batch."""
-    from trainer.schedule import build
-    from trainer.schedule.costs import costs_uniform
-    from trainer.schedule.simulate import simulate
+    from pipeboard.trainer.schedule import build
+    from pipeboard.trainer.schedule.costs import costs_uniform
+    from pipeboard.trainer.schedule.simulate import simulate
 
     trace = tmp_path / "t.json"
     res = run("--stages", "3", "--fwd", "1", "--bwd", "2", "--schedule", "pipedream", "--microbatches", "12",

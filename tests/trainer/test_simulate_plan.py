@@ -5,16 +5,16 @@ from __future__ import annotations
 import pytest
 
 from tests.shared_data import graph_txt
-from trainer.schedule import build
-from trainer.schedule.costs import costs_from_plan, data_parallel_costs_from_plan, plan_replicas
-from trainer.schedule.simulate import simulate
-from trainer.schedule.validate import validate
-from trainer.profile.files import load_profile
+from pipeboard.trainer.schedule import build
+from pipeboard.trainer.schedule.costs import costs_from_plan, data_parallel_costs_from_plan, plan_replicas
+from pipeboard.trainer.schedule.simulate import simulate
+from pipeboard.trainer.schedule.validate import validate
+from pipeboard.trainer.profile.files import load_profile
 
 
 @pytest.fixture(scope="module")
 def vgg_plan():
-    plan_mod = pytest.importorskip("trainer.plan")
+    plan_mod = pytest.importorskip("pipeboard.trainer.plan")
 
     return plan_mod.plan(load_profile(graph_txt("vgg16")), levels=[(4, 1e9)])
 

@@ -13,8 +13,8 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from trainer.task.datasets import image_folder, text_windows
-from trainer.zoo.pngdigits import write_digits_pngs
+from pipeboard.trainer.task.datasets import image_folder, text_windows
+from pipeboard.trainer.zoo.pngdigits import write_digits_pngs
 
 TEXT = "".join(f"Line {i}: the quick brown fox — naïve café {i * i}\n" for i in range(60))
 SEQ = 16
@@ -157,7 +157,7 @@ def test_the_png_tree_is_complete_and_written_once(digits_root):
 
 
 def test_split_sizes_and_labels_follow_the_folders(digits_root, digits):
-    from trainer.zoo.digits import digits_images
+    from pipeboard.trainer.zoo.digits import digits_images
 
     train, val = digits
     assert (len(train), len(val)) == (1797 - 359, 359)
@@ -172,7 +172,7 @@ def test_split_sizes_and_labels_follow_the_folders(digits_root, digits):
 
 
 def test_items_are_the_source_digits_upsampled(digits):
-    from trainer.zoo.digits import digits_images
+    from pipeboard.trainer.zoo.digits import digits_images
 
     images, labels = digits_images()
     train, val = digits

@@ -8,13 +8,13 @@ import textwrap
 import pytest
 from typer.testing import CliRunner
 
-from app.cli import cli
+from pipeboard.app.cli import cli
 
 TASKS = textwrap.dedent('''
     import torch
     from torch import nn
     from torch.utils.data import Dataset, TensorDataset
-    from trainer import Task
+    from pipeboard.trainer import Task
 
     class Pairs(Dataset):
         def __init__(self, item):
@@ -77,7 +77,7 @@ def _train(path, factory, *extra):
 
 @pytest.mark.parametrize("factory,extra,words", [
     ("raises", [], ["task factory raised RuntimeError", "no GPU here", "bad_tasks.py:"]),
-    ("wrong_type", [], ["returned Linear, not a trainer.Task"]),
+    ("wrong_type", [], ["returned Linear, not a pipeboard.trainer.Task"]),
     ("good", ["--model-arg", "colour=red"], ["model argument 'colour'", "takes no such argument", "width"]),
     ("good", ["--model-arg", "width=wide"], ["model argument 'width'", "integer"]),
     ("needs_data", ["--data", "/no/such/folder"], ["data:", "/no/such/folder", "does not exist"]),
@@ -118,7 +118,7 @@ def test_a_task_folder_does_not_shadow_the_standard_library(tmp_path):
     (tmp_path / "profile.py").write_text("raise ImportError('the user profile.py shadowed the stdlib')\n")
     (tmp_path / "helpers.py").write_text("WIDTH = 4\n")
     (tmp_path / "t.py").write_text(TASKS + "\nfrom helpers import WIDTH\n\ndef uses_sibling():\n    return good(WIDTH)\n")
-    from trainer.spec import load_task
+    from pipeboard.trainer.spec import load_task
 
     import importlib.util
 

@@ -12,10 +12,10 @@ from torch import nn
 
 transformers = pytest.importorskip("transformers")
 
-from trainer.partition import layer_names, run_stages, split_model, uniform_stages  # noqa: E402
-from trainer.profile.fxgraph import UntraceableModelError, is_leaf, mark_leaf, trace_layers  # noqa: E402
-from trainer.runtime.stage import Stage  # noqa: E402
-from trainer.task.hf import is_transformers_model, splittable  # noqa: E402
+from pipeboard.trainer.partition import layer_names, run_stages, split_model, uniform_stages  # noqa: E402
+from pipeboard.trainer.profile.fxgraph import UntraceableModelError, is_leaf, mark_leaf, trace_layers  # noqa: E402
+from pipeboard.trainer.runtime.stage import Stage  # noqa: E402
+from pipeboard.trainer.task.hf import is_transformers_model, splittable  # noqa: E402
 
 
 pytestmark = pytest.mark.usefixtures("one_thread")
@@ -172,7 +172,7 @@ def test_stagewise_backward_gives_the_models_gradients(name):
 
 @pytest.mark.parametrize("name", ["gpt2", "llama"])
 def test_runtime_stages_with_split_backward(name):
-    """trainer.runtime.stage.Stage on two stages, input gradients then weight gradients (its
+    """pipeboard.trainer.runtime.stage.Stage on two stages, input gradients then weight gradients (its
     hooks on the Linear/Conv1D modules inside the leaf blocks): the model's gradients, the tied
     GPT-2 embedding's included."""
     model, x = build(name)
@@ -265,5 +265,5 @@ def test_leaf_modules_in_fxgraph():
 
 
 def test_import_is_cheap():
-    code = "import sys, trainer.task.hf; assert 'transformers' not in sys.modules, 'transformers imported'"
+    code = "import sys, pipeboard.trainer.task.hf; assert 'transformers' not in sys.modules, 'transformers imported'"
     subprocess.run([sys.executable, "-c", code], check=True)

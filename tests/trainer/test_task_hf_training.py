@@ -8,10 +8,10 @@ import pytest
 import torch
 
 from tests.trainer.params import max_diff
-from trainer.runtime import RunConfig, run_training
-from trainer.runtime.checkpoint import assemble_model
-from trainer.runtime.reference import train_sync
-from trainer.sink import ListSink
+from pipeboard.trainer.runtime import RunConfig, run_training
+from pipeboard.trainer.runtime.checkpoint import assemble_model
+from pipeboard.trainer.runtime.reference import train_sync
+from pipeboard.trainer.sink import ListSink
 
 LM_ARGS = {"layers": 4, "dim": 32, "heads": 2, "seq_len": 32}
 
@@ -22,7 +22,7 @@ def corpus(tmp_path_factory):
     import pyarrow as pa
     import pyarrow.parquet as pq
 
-    from trainer.zoo.text import corpus_bytes
+    from pipeboard.trainer.zoo.text import corpus_bytes
 
     where = tmp_path_factory.mktemp("corpus")
     docs = corpus_bytes().decode("utf-8").split("\n\n")[:400]
@@ -33,7 +33,7 @@ def corpus(tmp_path_factory):
 
 @pytest.fixture(scope="module")
 def pngs(tmp_path_factory):
-    from trainer.zoo.pngdigits import write_digits_pngs
+    from pipeboard.trainer.zoo.pngdigits import write_digits_pngs
 
     return write_digits_pngs(tmp_path_factory.mktemp("digits-png"), size=32)
 

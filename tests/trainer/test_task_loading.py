@@ -6,9 +6,9 @@ from __future__ import annotations
 import torch
 from torch.utils.data import Dataset, TensorDataset
 
-from trainer.runtime.data import TrainStream, ValStream
-from trainer.task import Task
-from trainer.task.loading import EpochBatches
+from pipeboard.trainer.runtime.data import TrainStream, ValStream
+from pipeboard.trainer.task import Task
+from pipeboard.trainer.task.loading import EpochBatches
 
 
 def test_each_sample_once_per_epoch_and_the_partial_batch_dropped():
@@ -88,7 +88,7 @@ class _Pairs(Dataset):
 
 
 def test_the_shipped_data_sets_give_the_same_targets_alone():
-    from trainer.task.datasets import text_windows_of
+    from pipeboard.trainer.task.datasets import text_windows_of
 
     train, val = text_windows_of("the quick brown fox jumps over the lazy dog " * 20, 16)
     for data in (train, val):

@@ -12,12 +12,12 @@ from pathlib import Path
 import pytest
 
 from tests.trainer.params import max_diff
-from trainer.runtime import RunConfig, run_training
-from trainer.runtime.checkpoint import assemble_model
-from trainer.runtime.reference import train_sync
+from pipeboard.trainer.runtime import RunConfig, run_training
+from pipeboard.trainer.runtime.checkpoint import assemble_model
+from pipeboard.trainer.runtime.reference import train_sync
 
 README = Path(__file__).resolve().parents[2] / "README.md"
-PIPEBOARD = [sys.executable, "-c", "from app.cli import main; main()"]
+PIPEBOARD = [sys.executable, "-c", "from pipeboard.app.cli import main; main()"]
 
 
 def _readme_blocks() -> tuple[str, str, list[str]]:

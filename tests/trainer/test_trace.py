@@ -6,11 +6,11 @@ import json
 
 import pytest
 
-from trainer.schedule import TimelineEvent, build
-from trainer.schedule.costs import costs_uniform
-from trainer.schedule.gantt import COLOURS, figure
-from trainer.schedule.simulate import simulate
-from trainer.schedule.trace import merge_traces, to_chrome_trace
+from pipeboard.trainer.schedule import TimelineEvent, build
+from pipeboard.trainer.schedule.costs import costs_uniform
+from pipeboard.trainer.schedule.gantt import COLOURS, figure
+from pipeboard.trainer.schedule.simulate import simulate
+from pipeboard.trainer.schedule.trace import merge_traces, to_chrome_trace
 
 
 @pytest.fixture(scope="module")

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from trainer import zoo
+from pipeboard.trainer import zoo
 
 # Small model arguments keep the training checks fast; the defaults are checked for shape only.
 SMALL = {
@@ -136,7 +136,7 @@ def test_optimizer_matches_declaration():
 
 
 def test_train_to_target_reaches_the_digits_target():
-    from trainer.zoo.fit import train_to_target
+    from pipeboard.trainer.zoo.fit import train_to_target
 
     entry = zoo.get("mlp-digits")
     result = train_to_target(entry, max_seconds=60)

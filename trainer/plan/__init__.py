@@ -9,10 +9,10 @@ from __future__ import annotations
 
 import math
 
-from trainer.plan.cluster import levels_from_lists, validate_levels
-from trainer.plan.errors import PlanError
-from trainer.plan.model import Level, LevelStage, Plan, Stage
-from trainer.profile.schema import Profile
+from pipeboard.trainer.plan.cluster import levels_from_lists, validate_levels
+from pipeboard.trainer.plan.errors import PlanError
+from pipeboard.trainer.plan.model import Level, LevelStage, Plan, Stage
+from pipeboard.trainer.profile.schema import Profile
 
 METHODS = ("pipedream", "uniform", "time", "params", "dp")
 
@@ -41,13 +41,13 @@ def plan(profile: Profile, levels, memory_bytes: float | None = None, memory_con
     if not isinstance(max_states, int) or max_states < 1:
         raise PlanError(f"max_states: must be a positive integer, got {max_states!r}")
     if method == "pipedream":
-        from trainer.plan.pipedream import pipedream_plan
+        from pipeboard.trainer.plan.pipedream import pipedream_plan
 
         return pipedream_plan(profile, levels, memory_bytes=memory_bytes, memory_constraint=memory_constraint,
                               straight=straight, fewer_workers=fewer_workers,
                               activation_compression=activation_compression, max_states=max_states,
                               linearise=linearise)
-    from trainer.plan.baselines import baseline_plan
+    from pipeboard.trainer.plan.baselines import baseline_plan
 
     return baseline_plan(profile, levels, method, activation_compression=activation_compression)
 

@@ -5,7 +5,7 @@ arrays. ``Blocks`` stands for the reference's (n+1, n) table of block sums, ``cu
 cum[i-1]`` (row 0: ``cum[j]``), formed on read with that one subtraction (``cum[j] - 0.0`` is
 ``cum[j]``), so every entry is the number the plain recurrence forms; ``Dense`` is a table
 handed up from the level below. ``ArrayTable`` is a solved level, read back out exactly as
-the plain recurrence's table is (``trainer.plan.readout``).
+the plain recurrence's table is (``pipeboard.trainer.plan.readout``).
 """
 
 from __future__ import annotations
@@ -14,9 +14,9 @@ from typing import Callable
 
 import numpy as np
 
-from trainer.plan.costs import (INF, LevelSpec, first_stage_s, larger, last_stage_s, over_memory, stage_bytes,
+from pipeboard.trainer.plan.costs import (INF, LevelSpec, first_stage_s, larger, last_stage_s, over_memory, stage_bytes,
                                 stash_factor)
-from trainer.plan.states import StateChain
+from pipeboard.trainer.plan.states import StateChain
 
 
 class Blocks:

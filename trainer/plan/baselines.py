@@ -16,12 +16,12 @@ from __future__ import annotations
 import bisect
 import math
 
-from trainer.plan.cluster import total_workers
-from trainer.plan.costs import data_parallel_s
-from trainer.plan.layout import Leaf, build_stages
-from trainer.plan.model import Level, LevelStage, Plan, timing_fields
-from trainer.plan.states import StateChain, state_chain
-from trainer.profile.schema import Profile
+from pipeboard.trainer.plan.cluster import total_workers
+from pipeboard.trainer.plan.costs import data_parallel_s
+from pipeboard.trainer.plan.layout import Leaf, build_stages
+from pipeboard.trainer.plan.model import Level, LevelStage, Plan, timing_fields
+from pipeboard.trainer.plan.states import StateChain, state_chain
+from pipeboard.trainer.profile.schema import Profile
 
 
 def uniform_bounds(n: int, parts: int) -> list[int]:

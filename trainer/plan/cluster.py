@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import math
 
-from trainer.plan.errors import PlanError
+from pipeboard.trainer.plan.errors import PlanError
 
 
 def validate_levels(levels) -> list[tuple[int, float]]:

@@ -8,7 +8,7 @@ exactly the reference's states (msr-fiddle/pipedream, ``graph/graph.py``) in the
 order, because the planner's results at upper levels depend on that order.
 
 When the states would explode (inception, NASNet: hundreds of thousands), the planner treats a
-topological order of the layers as a chain instead (``trainer.plan.states``). No torch and no
+topological order of the layers as a chain instead (``pipeboard.trainer.plan.states``). No torch and no
 NumPy here: the planner must start fast, and small plans never load NumPy at all.
 
 Node sets are Python ints used as bitsets (bit i = layer i in file order): unions and
@@ -17,7 +17,7 @@ intersections of a few hundred layers are single machine operations.
 
 from __future__ import annotations
 
-from trainer.profile.schema import Profile
+from pipeboard.trainer.profile.schema import Profile
 
 
 class StateLimitExceeded(RuntimeError):
@@ -87,7 +87,7 @@ class LayerGraph:
         return g
 
     def _check_acyclic(self) -> None:
-        from trainer.plan.errors import PlanError
+        from pipeboard.trainer.plan.errors import PlanError
 
         indeg = [len(p) for p in self.pred]
         ready = [i for i, d in enumerate(indeg) if d == 0]

@@ -1,7 +1,7 @@
 """The PipeDream planner: the reference's hierarchical recurrence, read out as a Plan.
 
 ``pipedream_plan`` builds the antichain states (or a linearised order when they explode),
-solves each level innermost first with the strategy ``trainer.plan.solve`` picks for it, reads
+solves each level innermost first with the strategy ``pipeboard.trainer.plan.solve`` picks for it, reads
 the stages back out level by level from the top (as the reference prints them), and lays them
 out on worker ranks with their costs.
 """
@@ -10,15 +10,15 @@ from __future__ import annotations
 
 import math
 
-from trainer.plan.cluster import total_workers
-from trainer.plan.costs import data_parallel_s, level_specs
-from trainer.plan.errors import PlanError
-from trainer.plan.layout import build_stages
-from trainer.plan.model import Level, LevelStage, Plan, timing_fields
-from trainer.plan.readout import leaves, read_levels
-from trainer.plan.solve import solve_levels
-from trainer.plan.states import StateChain, block, state_chain
-from trainer.profile.schema import Profile
+from pipeboard.trainer.plan.cluster import total_workers
+from pipeboard.trainer.plan.costs import data_parallel_s, level_specs
+from pipeboard.trainer.plan.errors import PlanError
+from pipeboard.trainer.plan.layout import build_stages
+from pipeboard.trainer.plan.model import Level, LevelStage, Plan, timing_fields
+from pipeboard.trainer.plan.readout import leaves, read_levels
+from pipeboard.trainer.plan.solve import solve_levels
+from pipeboard.trainer.plan.states import StateChain, block, state_chain
+from pipeboard.trainer.profile.schema import Profile
 
 
 def solve(chain: StateChain, levels, *, memory_bytes=None, straight=False, fewer_workers=False,
@@ -50,7 +50,7 @@ def smallest_memory(chain: StateChain, levels, **options) -> float | None:
 def pipedream_plan(profile: Profile, levels, *, memory_bytes=None, memory_constraint=False, straight=False,
                    fewer_workers=False, activation_compression=1.0, max_states=2000, linearise=None,
                    strategies=None) -> Plan:
-    """The plan; ``strategies`` (one name per level, see ``trainer.plan.solve``) overrides the
+    """The plan; ``strategies`` (one name per level, see ``pipeboard.trainer.plan.solve``) overrides the
     choice of strategy, for tests that compare them."""
     chain = state_chain(profile, max_states=max_states, linearise=linearise)
     n = chain.size

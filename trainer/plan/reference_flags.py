@@ -1,4 +1,4 @@
-"""The PipeDream reference optimizer's command-line flags, as `trainer.plan.plan()` keywords.
+"""The PipeDream reference optimizer's command-line flags, as `pipeboard.trainer.plan.plan()` keywords.
 
 `optimizer_graph_hierarchical.py -n 4 4 -b 10e9 1.25e9 --straight_pipeline ...` becomes
 `{"levels": [(4, 10e9), (4, 1.25e9)], "straight": True, ...}`, so a plan recorded with the

@@ -30,9 +30,9 @@ from __future__ import annotations
 import math
 import sys
 
-from trainer.plan import recurrence
-from trainer.plan.costs import LevelSpec
-from trainer.plan.states import StateChain
+from pipeboard.trainer.plan import recurrence
+from pipeboard.trainer.plan.costs import LevelSpec
+from pipeboard.trainer.plan.states import StateChain
 
 PLAIN_UP_TO = 100_000  # ``recurrence.work``: what the plain recurrence does in about half NumPy's import time
 CAPPED_CHAIN_FROM = 2e8  # ``recurrence.work``: about what the uncapped levels do in numba's import time
@@ -47,7 +47,7 @@ def choose(chain: StateChain, specs: list[LevelSpec]) -> list[str]:
         return ["plain"] * L
     if L == 1:  # one level: its top row only (nothing below it to import the strategies for)
         return ["top_row"]
-    from trainer.plan import capped_chain, two_machine_top
+    from pipeboard.trainer.plan import capped_chain, two_machine_top
 
     capped = chain.is_chain() and work >= CAPPED_CHAIN_FROM and capped_chain.available()
     names = []
@@ -71,11 +71,11 @@ def solve_levels(chain: StateChain, specs: list[LevelSpec], strategies: list[str
     _check(names, specs, chain)
     if all(name == "plain" for name in names):
         return recurrence.solve_levels(chain, specs)  # (each table's ``strategy`` says "plain")
-    from trainer.plan.arrays import ChainArrays
+    from pipeboard.trainer.plan.arrays import ChainArrays
 
     a = ChainArrays(chain)
     if "capped_chain" in names:
-        from trainer.plan import capped_chain, chain_caps
+        from pipeboard.trainer.plan import capped_chain, chain_caps
 
         compiled = capped_chain.available() if compiled is None else compiled
         workers = math.prod(s.machines for s in specs)
@@ -96,7 +96,7 @@ def _check(names: list[str], specs: list[LevelSpec], chain: StateChain) -> None:
         if (name == "top_row") != spec.final and name != "plain":
             raise ValueError(f"strategies: {name!r} cannot solve level {idx + 1} (top_row is for the final level only)")
         if name == "two_machine_top":
-            from trainer.plan import two_machine_top
+            from pipeboard.trainer.plan import two_machine_top
 
             if not (idx == len(specs) - 2 and two_machine_top.applies(spec, specs[-1])):
                 raise ValueError(f"strategies: two_machine_top does not apply to level {idx + 1}")
@@ -108,11 +108,11 @@ def run_levels(chain: StateChain, a, specs: list[LevelSpec], names: list[str], u
                compiled: bool) -> list:
     """The levels innermost first under the named strategies; ``upper``: the capped chain's
     bound on the optimum (its caps and row bounds are derived from it)."""
-    from trainer.plan import all_rows, capped_chain, top_row, two_machine_top
-    from trainer.plan.arrays import Dense
+    from pipeboard.trainer.plan import all_rows, capped_chain, top_row, two_machine_top
+    from pipeboard.trainer.plan.arrays import Dense
 
     if upper is not None:
-        from trainer.plan import chain_caps
+        from pipeboard.trainer.plan import chain_caps
 
         levels = [(s.machines, s.bandwidth) for s in specs]
         bounds, limits = chain_caps.row_bounds(a, levels, upper), chain_caps.limits(a, levels, upper)

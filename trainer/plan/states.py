@@ -3,13 +3,13 @@
 Exact antichain states (the reference's, in its order) when they number at most a limit,
 otherwise a linearised topological order in which every tensor crossing a cut is counted.
 Plain Python lists throughout: a small plan is solved without ever loading NumPy, and the
-vectorised strategies take arrays of these (``trainer.plan.arrays``) when they need them.
+vectorised strategies take arrays of these (``pipeboard.trainer.plan.arrays``) when they need them.
 """
 
 from __future__ import annotations
 
-from trainer.plan.graph import AntichainWalk, LayerGraph, StateLimitExceeded, bit_indices, reverse_postorder
-from trainer.profile.schema import Profile
+from pipeboard.trainer.plan.graph import AntichainWalk, LayerGraph, StateLimitExceeded, bit_indices, reverse_postorder
+from pipeboard.trainer.profile.schema import Profile
 
 
 class StateChain:

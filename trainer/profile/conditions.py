@@ -23,8 +23,8 @@ from typing import Any, Callable, Sequence
 import torch
 from torch import nn
 
-from trainer.precision import autocast
-from trainer.profile.fxgraph import as_tuple
+from pipeboard.trainer.precision import autocast
+from pipeboard.trainer.profile.fxgraph import as_tuple
 
 
 def make_optimizer(name: str, params: list[torch.Tensor]) -> torch.optim.Optimizer:

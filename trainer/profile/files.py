@@ -8,8 +8,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from trainer.profile.graphtxt import parse_graph_txt
-from trainer.profile.schema import Profile
+from pipeboard.trainer.profile.graphtxt import parse_graph_txt
+from pipeboard.trainer.profile.schema import Profile
 
 
 def load_profile(path: str | Path) -> Profile:

@@ -8,12 +8,12 @@ inside each layer that needs it. A layer's dependencies are therefore the layers
 directly or through helpers; those are the profile's edges.
 
 Layer names are fx node names, so a plan made from a profile names the nodes that
-:func:`trainer.partition.split_model` cuts.
+:func:`pipeboard.trainer.partition.split_model` cuts.
 
 A module marked with :func:`mark_leaf` (or whose class sets ``_pipeboard_leaf = True``) is traced
 as one ``call_module`` node, i.e. one layer, instead of being flattened: that is how a model whose
 insides fx cannot trace (a transformers decoder block with its Python control flow) is split at
-module boundaries (see :mod:`trainer.task.hf`). Its inner modules still run as modules, so forward
+module boundaries (see :mod:`pipeboard.trainer.task.hf`). Its inner modules still run as modules, so forward
 hooks on them (the runtime's weight-gradient split) fire as usual.
 """
 

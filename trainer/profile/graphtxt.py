@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import math
 
-from trainer.profile.schema import Layer, Profile, ProfileError, find_cycle
+from pipeboard.trainer.profile.schema import Layer, Profile, ProfileError, find_cycle
 
 _FIELDS = ("forward_compute_time", "backward_compute_time", "activation_size", "parameter_size")
 

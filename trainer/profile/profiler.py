@@ -34,12 +34,12 @@ from typing import Any, Callable, Sequence
 import torch
 from torch import fx, nn
 
-from trainer import cpu_matmul
-from trainer.allocator import keep_freed_memory, settings as allocator_settings
-from trainer.precision import autocast, check as check_precision
-from trainer.profile.conditions import ConcurrentLoad, optimizer_ms
-from trainer.profile.fxgraph import LayerGraph, LayerNode, as_tuple, trace_layers
-from trainer.profile.schema import Layer, Profile
+from pipeboard.trainer import cpu_matmul
+from pipeboard.trainer.allocator import keep_freed_memory, settings as allocator_settings
+from pipeboard.trainer.precision import autocast, check as check_precision
+from pipeboard.trainer.profile.conditions import ConcurrentLoad, optimizer_ms
+from pipeboard.trainer.profile.fxgraph import LayerGraph, LayerNode, as_tuple, trace_layers
+from pipeboard.trainer.profile.schema import Layer, Profile
 
 # Optimizer-state bytes per parameter byte: Adam keeps two moments, SGD with momentum one buffer.
 OPTIMIZER_STATE_FACTOR = {"adam": 2.0, "adamw": 2.0, "sgd": 1.0, "sgd-nomomentum": 0.0}
@@ -288,10 +288,10 @@ def profile_model(
     what runs record (43.7-45.2 ms for a 4-layer stage).
 
     The process is switched to the runtime workers' heap setting first (freed memory is kept:
-    ``trainer.allocator.keep_freed_memory``), so that backwards are not timed with page faults a
+    ``pipeboard.trainer.allocator.keep_freed_memory``), so that backwards are not timed with page faults a
     run does not have; huge pages must be asked for before torch loads (the ``pipeboard`` commands
     do). ``meta["allocator"]`` records both. ``precision``: the arithmetic the runs will train in
-    (``trainer.precision``): bf16 forwards run under autocast, so times and activation bytes are
+    (``pipeboard.trainer.precision``): bf16 forwards run under autocast, so times and activation bytes are
     bf16's; ``meta["precision"]`` records it.
     """
     check_precision(precision)

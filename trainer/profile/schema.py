@@ -105,7 +105,7 @@ OVERHEAD_FIELDS = ("forward_ms", "backward_ms", "backward_input_ms", "weight_cal
 @dataclass
 class Overhead:
     """The runtime's own milliseconds per action (F, B, BI, one W(-1) call, the step) beyond the
-    profiled compute, measured on tiny stages (``trainer.runtime.overhead.calibrate``): each
+    profiled compute, measured on tiny stages (``pipeboard.trainer.runtime.overhead.calibrate``): each
     sample is ``{"layers": n, "last": bool, "forward_ms": ..., ...}`` for a stage of ``n``
     parameterised layers, the last stage (which computes the loss) or not."""
 
@@ -223,7 +223,7 @@ class Profile:
     device: str = "cpu"
     meta: dict[str, Any] = field(default_factory=dict)
     link: Link | None = None
-    overhead: Overhead | None = None  # the runtime's per-action overhead (trainer.runtime.overhead)
+    overhead: Overhead | None = None  # the runtime's per-action overhead (pipeboard.trainer.runtime.overhead)
     weight_batch_size: int | None = None  # samples the layers' weight_batched_ms are for
 
     def layer_names(self) -> list[str]:

@@ -5,14 +5,14 @@
 ``pipedream``, ``dp``, and those registered besides) and reports through the sink. See docs/runtime.md. Importing the package is cheap; torch loads with the launcher.
 """
 
-from trainer.runtime.config import ConfigError, RunConfig
+from pipeboard.trainer.runtime.config import ConfigError, RunConfig
 
 __all__ = ["ConfigError", "RunConfig", "RunFailed", "run_training"]
 
 
 def __getattr__(name: str):
     if name in ("RunFailed", "run_training"):
-        from trainer.runtime import launch
+        from pipeboard.trainer.runtime import launch
 
         return getattr(launch, name)
-    raise AttributeError(f"module 'trainer.runtime' has no attribute {name!r}")
+    raise AttributeError(f"module 'pipeboard.trainer.runtime' has no attribute {name!r}")

@@ -83,8 +83,8 @@ def assemble_model(cfg, root: str | Path, step: int | None = None, rank_filter=N
     """The whole model of a run, rebuilt from its checkpoint at ``step`` (default: the latest
     complete one): each stage's weights from the first rank that holds it, or from every rank
     ``rank_filter(rank)`` accepts. Returns (model, {rank: state})."""
-    from trainer.runtime import model as model_mod
-    from trainer.runtime.layout import resolve
+    from pipeboard.trainer.runtime import model as model_mod
+    from pipeboard.trainer.runtime.layout import resolve
 
     layout = resolve(cfg)
     step = complete_steps(root)[-1] if step is None else step

@@ -10,7 +10,7 @@ Tags keep concurrent transfers apart: (microbatch mod 4096, boundary, direction,
 
 Transport: ``RunConfig.p2p``, else ``PIPEBOARD_P2P``, else ``auto`` (``p2p_mode``). ``auto``, the
 default, sends between CPU workers on one host (same hostname and boot id, ``host_id``) through
-shared memory (``trainer.runtime.shm``: one channel per directed pair, set up by
+shared memory (``pipeboard.trainer.runtime.shm``: one channel per directed pair, set up by
 ``open_channels``), and through the world process group (gloo) between hosts, where shared
 memory is unsupported (``shm.supported``: Linux on x86_64 with /dev/shm) and where a host's
 channels would take more than half of its free /dev/shm. ``shm`` does the same but is an error
@@ -32,8 +32,8 @@ from dataclasses import dataclass
 import torch
 import torch.distributed as dist
 
-from trainer.runtime import shm
-from trainer.runtime.config import P2P_MODES
+from pipeboard.trainer.runtime import shm
+from pipeboard.trainer.runtime.config import P2P_MODES
 
 TAG_MB_WINDOW = 4096
 MAX_TENSORS = 16

@@ -10,10 +10,10 @@ from __future__ import annotations
 from dataclasses import dataclass, field, replace
 from typing import Any
 
-from trainer.precision import PRECISIONS
-from trainer.schedule import registry
-from trainer.schedule.registry import WEIGHT_GRADS, ScheduleSpec
-from trainer.task.names import OPTIMIZERS
+from pipeboard.trainer.precision import PRECISIONS
+from pipeboard.trainer.schedule import registry
+from pipeboard.trainer.schedule.registry import WEIGHT_GRADS, ScheduleSpec
+from pipeboard.trainer.task.names import OPTIMIZERS
 
 P2P_MODES = ("auto", "shm", "gloo")
 
@@ -31,7 +31,7 @@ class ConfigError(ValueError):
 @dataclass
 class RunConfig:
     model: str  # a zoo name, or a task factory 'package.module:function' / 'path/to/file.py:function'
-    schedule: str  # a registered schedule's name (trainer.schedule.registry)
+    schedule: str  # a registered schedule's name (pipeboard.trainer.schedule.registry)
     batch_size: int
     microbatches: int
     model_args: dict[str, Any] = field(default_factory=dict)
@@ -152,7 +152,7 @@ class RunConfig:
             raise ConfigError(f"threads: must be >= 1, got {self.threads}")
         if self.p2p is not None and self.p2p not in P2P_MODES:
             raise ConfigError(f"p2p: must be one of {', '.join(P2P_MODES)}, got {self.p2p!r}")
-        from trainer import cpu_matmul
+        from pipeboard.trainer import cpu_matmul
 
         try:
             matmul = cpu_matmul.configured(self.cpu_matmul)

@@ -2,7 +2,7 @@
 
 Global microbatch ``g`` is part ``g % M`` of training step ``g // M``; step ``k`` is batch
 ``k % steps_per_epoch`` of epoch ``k // steps_per_epoch`` in the task's seeded order
-(``trainer.task.loading``). The first stage takes the inputs, the last stage the targets: both
+(``pipeboard.trainer.task.loading``). The first stage takes the inputs, the last stage the targets: both
 read the same batches through their own DataLoader, and nobody ships data between workers. That
 keeps targets off every boundary and out of the schedule; the last stage reads targets alone where
 the data set can give them (``target(index)``), else whole items; loader workers overlap the
@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import torch
 
-from trainer.task.loading import EpochBatches, for_stage, make_loader, map_tensors, val_loader
+from pipeboard.trainer.task.loading import EpochBatches, for_stage, make_loader, map_tensors, val_loader
 
 
 def _to(value, device: torch.device):
@@ -29,7 +29,7 @@ def _part(value, sl: slice):
 class TrainStream:
     """``load=False`` (a middle stage): no loader, only the step arithmetic. ``inputs=False`` (a
     last stage that is not also the first): targets only, where the data set can give them alone
-    (``target(index)``, see ``trainer.task.loading.TargetsOnly``)."""
+    (``target(index)``, see ``pipeboard.trainer.task.loading.TargetsOnly``)."""
 
     def __init__(self, task, batch_size: int, microbatches: int, device: torch.device, workers: int = 0,
                  load: bool = True, inputs: bool = True) -> None:

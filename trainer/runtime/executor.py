@@ -24,10 +24,10 @@ from typing import Callable
 
 import torch
 
-from trainer.runtime.comm import P2P, PendingRecv
-from trainer.runtime.instrument import Heartbeat, Recorder
-from trainer.runtime.stage import Stage
-from trainer.schedule.actions import Action, Kind
+from pipeboard.trainer.runtime.comm import P2P, PendingRecv
+from pipeboard.trainer.runtime.instrument import Heartbeat, Recorder
+from pipeboard.trainer.runtime.stage import Stage
+from pipeboard.trainer.schedule.actions import Action, Kind
 
 COMPUTE = (Kind.FORWARD, Kind.BACKWARD, Kind.BACKWARD_INPUT, Kind.BACKWARD_WEIGHT)
 RECV = (Kind.RECV_ACT, Kind.RECV_GRAD)

@@ -17,7 +17,7 @@ from __future__ import annotations
 import os
 import time
 
-from trainer.schedule.actions import Kind
+from pipeboard.trainer.schedule.actions import Kind
 
 
 class Recorder:

@@ -6,7 +6,7 @@ failure: a worker that exits non-zero, is killed, or makes no progress for ``han
 while not waiting on a peer ends the run. Every worker is then terminated (workers also die with
 the launcher through PR_SET_PDEATHSIG), and ``RunFailed`` names the stage and rank at fault.
 
-Under torchrun, ``python -m trainer.runtime.torchrun_entry`` runs the same worker code with the
+Under torchrun, ``python -m pipeboard.trainer.runtime.torchrun_entry`` runs the same worker code with the
 rank and rendezvous taken from the environment.
 """
 
@@ -19,14 +19,14 @@ import socket
 import time
 from typing import Any
 
-from trainer import cpu_matmul
-from trainer.runtime import model as model_mod, shm, tied
-from trainer.runtime.config import ConfigError, RunConfig
-from trainer.runtime.layout import resolve
-from trainer.runtime.report import Reporter
-from trainer.runtime.worker import WorkerEnv, threads_per_worker, worker_main
-from trainer.sink import NullSink, Sink
-from trainer.task.check import check_task
+from pipeboard.trainer import cpu_matmul
+from pipeboard.trainer.runtime import model as model_mod, shm, tied
+from pipeboard.trainer.runtime.config import ConfigError, RunConfig
+from pipeboard.trainer.runtime.layout import resolve
+from pipeboard.trainer.runtime.report import Reporter
+from pipeboard.trainer.runtime.worker import WorkerEnv, threads_per_worker, worker_main
+from pipeboard.trainer.sink import NullSink, Sink
+from pipeboard.trainer.task.check import check_task
 
 FAILURE_GRACE_S = 1.0  # after a first failure, how long to collect the others' reports
 COMM_ERROR_HINTS = ("connection closed", "connection reset", "broken pipe", "socket", "gloo", "timed out",

@@ -7,8 +7,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from trainer.runtime.config import ConfigError, RunConfig
-from trainer.schedule import Schedule, build, registry
+from pipeboard.trainer.runtime.config import ConfigError, RunConfig
+from pipeboard.trainer.schedule import Schedule, build, registry
 
 
 @dataclass(frozen=True)

@@ -17,7 +17,7 @@ least per-size median (posting does not depend on the size; interference from ot
 only adds to it).
 
 ``transport``: the runtime's stage-to-stage transport to measure, as ``RunConfig.p2p`` names it;
-by default the one a local run uses (``auto``: a shared-memory channel, ``trainer.runtime.shm``,
+by default the one a local run uses (``auto``: a shared-memory channel, ``pipeboard.trainer.runtime.shm``,
 where the machine supports it). Over shm the timed message is one ``Channel.send`` and the
 receiver's ``Channel.take``; the handshake stays on gloo.
 """
@@ -29,7 +29,7 @@ import time
 
 import torch
 
-from trainer.profile.schema import Link
+from pipeboard.trainer.profile.schema import Link
 
 DEFAULT_SIZES = (4096, 65536, 1 << 20, 4 << 20)
 
@@ -43,7 +43,7 @@ def _spin(seconds: float) -> None:
 def _open_channel(rank: int, size: int):
     """The runtime's own shared-memory channel (``comm.open_channels``) from rank 0 to rank 1, for
     one float32 message of ``size`` bytes: rank 0 gets its sending end, rank 1 its receiving end."""
-    from trainer.runtime.comm import BoundarySpec, TensorSpec, open_channels
+    from pipeboard.trainer.runtime.comm import BoundarySpec, TensorSpec, open_channels
 
     spec = BoundarySpec((TensorSpec((max(1, size // 4),), torch.float32),))
     out, inc = open_channels("shm", rank, 2, {(0, 1)}, [spec], 2, None, timeout_s=60.0)
@@ -94,8 +94,8 @@ def _one_way(rank: int, port: int, sizes: tuple[int, ...], repeats: int, busy_s:
 
 def runtime_transport(configured: str | None = None) -> str:
     """What a local CPU run's transfers go through, "shm" or "gloo" (``RunConfig.p2p`` semantics)."""
-    from trainer.runtime import shm
-    from trainer.runtime.comm import p2p_mode
+    from pipeboard.trainer.runtime import shm
+    from pipeboard.trainer.runtime.comm import p2p_mode
 
     mode = p2p_mode(configured)
     return "shm" if mode != "gloo" and shm.supported() else "gloo"
@@ -146,7 +146,7 @@ def _measure_round(sizes: tuple[int, ...], repeats: int, busy_ms: float, timeout
                    transport: str) -> list[list[float]]:
     import torch.multiprocessing as mp
 
-    from trainer.runtime.launch import free_port
+    from pipeboard.trainer.runtime.launch import free_port
 
     ctx = mp.get_context("fork")
     q = ctx.Queue()

@@ -1,7 +1,7 @@
 """Cut a task's model into stage modules and learn what crosses each stage boundary.
 
 Stages come from a plan (layer names per stage) or a uniform split balanced by parameter count.
-The cut itself is ``trainer.partition.split_model`` (DAG-aware, fx based): stage ``k`` takes the
+The cut itself is ``pipeboard.trainer.partition.split_model`` (DAG-aware, fx based): stage ``k`` takes the
 tensors entering it and returns the tensors leaving it. Every worker builds the whole model from
 the same seed and keeps its own stages, so replicas and reruns start from identical weights.
 """
@@ -13,15 +13,15 @@ from typing import Sequence
 import torch
 from torch import nn
 
-from trainer.precision import autocast
-from trainer.profile.fxgraph import as_tuple
-from trainer.runtime.comm import BoundarySpec, TensorSpec
+from pipeboard.trainer.precision import autocast
+from pipeboard.trainer.profile.fxgraph import as_tuple
+from pipeboard.trainer.runtime.comm import BoundarySpec, TensorSpec
 
 
 def load_task(cfg):
     """The task ``cfg`` names (zoo name or factory, model arguments, data), built from its seed,
     with the run's optimizer override applied (``--lr`` is applied where optimizers are made)."""
-    from trainer.spec import load_task as load
+    from pipeboard.trainer.spec import load_task as load
 
     task = load(cfg.model, cfg.model_args, cfg.data, cfg.seed)
     if cfg.optimizer:
@@ -37,7 +37,7 @@ def layer_names(model: nn.Module, example) -> list[str]:
 def layer_sizes(model: nn.Module, example) -> list[tuple[str, int]]:
     """(layer name, parameter count) in topological order: the balance weight of a uniform split.
     Layers without parameters (activations, reshapes) count 1, so they still spread evenly."""
-    from trainer.profile.fxgraph import trace_layers
+    from pipeboard.trainer.profile.fxgraph import trace_layers
 
     lg = trace_layers(model, as_tuple(example))
     out = []
@@ -77,7 +77,7 @@ def stage_layers(cfg, task, num_stages: int) -> list[list[str]]:
 
 
 def build_stages(model: nn.Module, example, stages: list[list[str]]) -> list[nn.Module]:
-    from trainer import partition
+    from pipeboard.trainer import partition
 
     return list(partition.split_model(model, example, stages))
 

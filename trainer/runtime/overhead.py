@@ -8,8 +8,8 @@ bookkeeping: its per-layer call recording, stashing checks, the loss on the last
 weight-gradient bookkeeping of BI and W(-1).
 
 ``calibrate()`` measures a few stage shapes (layer counts, last or not) into the profile's
-``overhead`` field (``trainer.profile.schema.Overhead``), which ``Overhead.at(layers, last)``
-interpolates for a real stage; ``trainer.schedule.predict`` adds it to each action's cost.
+``overhead`` field (``pipeboard.trainer.profile.schema.Overhead``), which ``Overhead.at(layers, last)``
+interpolates for a real stage; ``pipeboard.trainer.schedule.predict`` adds it to each action's cost.
 
 Medians over the rounds after the first fifth (warm-up), so a preempted call on a shared
 machine does not count.
@@ -23,9 +23,9 @@ from collections import defaultdict
 
 import torch
 
-from trainer.profile.schema import Overhead
-from trainer.runtime.stage import Stage
-from trainer.schedule.predict import ActionOverhead
+from pipeboard.trainer.profile.schema import Overhead
+from pipeboard.trainer.runtime.stage import Stage
+from pipeboard.trainer.schedule.predict import ActionOverhead
 
 # Stage shapes calibrate() measures: the overhead grows with the stage's parameterised layers
 # (each is recorded and, for W(-1), handled on its own), and the last stage adds the loss.

@@ -10,8 +10,8 @@ same steps as an uninterrupted one and follows the same trajectory.
 
 from __future__ import annotations
 
-from trainer.runtime.config import RunConfig
-from trainer.schedule.actions import Action, Kind
+from pipeboard.trainer.runtime.config import RunConfig
+from pipeboard.trainer.schedule.actions import Action, Kind
 
 MAX_SEGMENT = 100
 TARGET_EPOCH_CAP = 200  # a --target run gives up after this many epochs unless max_steps says otherwise

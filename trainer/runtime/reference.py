@@ -18,12 +18,12 @@ from dataclasses import replace
 
 import torch
 
-from trainer.precision import autocast
-from trainer.runtime import model as model_mod
-from trainer.runtime.config import RunConfig
-from trainer.runtime.data import TrainStream
-from trainer.runtime.layout import resolve
-from trainer.schedule.actions import Kind
+from pipeboard.trainer.precision import autocast
+from pipeboard.trainer.runtime import model as model_mod
+from pipeboard.trainer.runtime.config import RunConfig
+from pipeboard.trainer.runtime.data import TrainStream
+from pipeboard.trainer.runtime.layout import resolve
+from pipeboard.trainer.schedule.actions import Kind
 
 
 def _forward(model, x):

@@ -13,8 +13,8 @@ import time
 from collections import defaultdict
 from typing import Any
 
-from trainer.schedule.actions import TimelineEvent
-from trainer.sink import MetricRecord, Sink
+from pipeboard.trainer.schedule.actions import TimelineEvent
+from pipeboard.trainer.sink import MetricRecord, Sink
 
 
 class Reporter:

@@ -9,8 +9,8 @@ from __future__ import annotations
 import json
 from typing import Any, Sequence
 
-from trainer.schedule.actions import TimelineEvent
-from trainer.sink import MetricRecord, Sink
+from pipeboard.trainer.schedule.actions import TimelineEvent
+from pipeboard.trainer.sink import MetricRecord, Sink
 
 
 class MultiSink:

@@ -19,8 +19,8 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
-from trainer.runtime.versions import WeightVersions
-from trainer.runtime.weightgrad import CallRecorder, PendingWeights, backward_inputs, backward_weights, get_attr_slots
+from pipeboard.trainer.runtime.versions import WeightVersions
+from pipeboard.trainer.runtime.weightgrad import CallRecorder, PendingWeights, backward_inputs, backward_weights, get_attr_slots
 
 
 class Stage:

@@ -33,8 +33,8 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
-from trainer.runtime.config import ConfigError
-from trainer.schedule.actions import Kind
+from pipeboard.trainer.runtime.config import ConfigError
+from pipeboard.trainer.schedule.actions import Kind
 
 
 @dataclass(frozen=True)

@@ -1,6 +1,6 @@
 """The runtime under torchrun (several nodes): the same worker code, rendezvous from the environment.
 
-    torchrun --nnodes N --nproc-per-node K ... -m trainer.runtime.torchrun_entry run.json [--events-jsonl PATH]
+    torchrun --nnodes N --nproc-per-node K ... -m pipeboard.trainer.runtime.torchrun_entry run.json [--events-jsonl PATH]
 
 ``run.json`` holds ``RunConfig`` fields. torchrun supplies RANK, WORLD_SIZE, MASTER_ADDR and
 MASTER_PORT; the world size must equal the layout's worker count. Workers' reports reach rank 0
@@ -23,13 +23,13 @@ from datetime import timedelta
 
 import torch.distributed as dist
 
-from trainer.runtime import model as model_mod
-from trainer.runtime.config import RunConfig
-from trainer.runtime.layout import resolve
-from trainer.runtime.report import Reporter
-from trainer.runtime.sinks import JsonlSink
-from trainer.runtime.worker import WorkerEnv, worker_main
-from trainer.sink import NullSink
+from pipeboard.trainer.runtime import model as model_mod
+from pipeboard.trainer.runtime.config import RunConfig
+from pipeboard.trainer.runtime.layout import resolve
+from pipeboard.trainer.runtime.report import Reporter
+from pipeboard.trainer.runtime.sinks import JsonlSink
+from pipeboard.trainer.runtime.worker import WorkerEnv, worker_main
+from pipeboard.trainer.sink import NullSink
 
 
 class StoreChannel:
@@ -61,7 +61,7 @@ def drain(store, world: int, reporter: Reporter, stop: threading.Event) -> None:
 
 
 def main(argv: list[str] | None = None) -> None:
-    ap = argparse.ArgumentParser(prog="trainer.runtime.torchrun_entry")
+    ap = argparse.ArgumentParser(prog="pipeboard.trainer.runtime.torchrun_entry")
     ap.add_argument("config")
     ap.add_argument("--events-jsonl")
     args = ap.parse_args(argv)

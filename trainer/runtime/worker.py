@@ -18,19 +18,19 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
-from trainer import cpu_matmul
-from trainer.allocator import keep_freed_memory
-from trainer.precision import autocast
-from trainer.runtime import checkpoint, model as model_mod, tied
-from trainer.runtime.comm import P2P, open_channels, p2p_mode
-from trainer.runtime.config import RunConfig
-from trainer.runtime.data import TrainStream, ValStream
-from trainer.runtime.executor import Executor
-from trainer.runtime.instrument import Heartbeat, Recorder, resident_bytes
-from trainer.runtime.layout import Layout, resolve
-from trainer.runtime.plan_steps import eval_actions, segment_ends, total_steps
-from trainer.runtime.stage import Stage
-from trainer.schedule.actions import Kind
+from pipeboard.trainer import cpu_matmul
+from pipeboard.trainer.allocator import keep_freed_memory
+from pipeboard.trainer.precision import autocast
+from pipeboard.trainer.runtime import checkpoint, model as model_mod, tied
+from pipeboard.trainer.runtime.comm import P2P, open_channels, p2p_mode
+from pipeboard.trainer.runtime.config import RunConfig
+from pipeboard.trainer.runtime.data import TrainStream, ValStream
+from pipeboard.trainer.runtime.executor import Executor
+from pipeboard.trainer.runtime.instrument import Heartbeat, Recorder, resident_bytes
+from pipeboard.trainer.runtime.layout import Layout, resolve
+from pipeboard.trainer.runtime.plan_steps import eval_actions, segment_ends, total_steps
+from pipeboard.trainer.runtime.stage import Stage
+from pipeboard.trainer.schedule.actions import Kind
 
 
 @dataclass

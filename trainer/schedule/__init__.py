@@ -6,16 +6,16 @@ their timeline. The schedules and what each can do are in the registry (``regist
 ``names()``, ``registry.get(name)``, ``register(...)``). See docs/schedules.md.
 
 Note: the functions ``build``, ``validate`` and ``simulate`` share their names with their modules; import
-other names from the modules with ``from trainer.schedule.simulate import SimResult``.
+other names from the modules with ``from pipeboard.trainer.schedule.simulate import SimResult``.
 """
 
-from trainer.schedule.actions import Action, Kind, Schedule, ScheduleError, TimelineEvent, WorkerSpec
-from trainer.schedule.build import build
-from trainer.schedule.registry import ScheduleSpec, UnknownSchedule, names, register
-from trainer.schedule.costs import StageCosts, costs_from_plan, costs_uniform
-from trainer.schedule.simulate import SimResult, simulate
-from trainer.schedule.trace import to_chrome_trace
-from trainer.schedule.validate import ValidationReport, validate
+from pipeboard.trainer.schedule.actions import Action, Kind, Schedule, ScheduleError, TimelineEvent, WorkerSpec
+from pipeboard.trainer.schedule.build import build
+from pipeboard.trainer.schedule.registry import ScheduleSpec, UnknownSchedule, names, register
+from pipeboard.trainer.schedule.costs import StageCosts, costs_from_plan, costs_uniform
+from pipeboard.trainer.schedule.simulate import SimResult, simulate
+from pipeboard.trainer.schedule.trace import to_chrome_trace
+from pipeboard.trainer.schedule.validate import ValidationReport, validate
 
 __all__ = [
     "Action",

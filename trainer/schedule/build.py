@@ -8,14 +8,14 @@ receives, ``meta``.
 
 from __future__ import annotations
 
-from trainer.schedule import registry
-from trainer.schedule import topology as topo_mod
-from trainer.schedule.actions import Schedule, ScheduleError
-from trainer.schedule.engine import gc_paused
-from trainer.schedule.flush import batch_weight_grads as batch_weights
-from trainer.schedule.hoist import hoist_receives
-from trainer.schedule.placement import place
-from trainer.schedule.registry import BuildContext, ScheduleSpec
+from pipeboard.trainer.schedule import registry
+from pipeboard.trainer.schedule import topology as topo_mod
+from pipeboard.trainer.schedule.actions import Schedule, ScheduleError
+from pipeboard.trainer.schedule.engine import gc_paused
+from pipeboard.trainer.schedule.flush import batch_weight_grads as batch_weights
+from pipeboard.trainer.schedule.hoist import hoist_receives
+from pipeboard.trainer.schedule.placement import place
+from pipeboard.trainer.schedule.registry import BuildContext, ScheduleSpec
 
 MAX_UNITS = 1 << 20  # (virtual stage, microbatch) pairs: ~3 M actions, seconds to build, 1-2 GB
 

@@ -1,7 +1,7 @@
 """What each stage's actions cost, for the simulator: seconds per microbatch, bytes optional.
 
 ``costs_uniform`` makes a synthetic pipeline of equal stages; ``costs_from_plan`` reads a
-``trainer.plan`` Plan (or its JSON dict). Where a schedule splits the backward and the costs do
+``pipeboard.trainer.plan`` Plan (or its JSON dict). Where a schedule splits the backward and the costs do
 not say how, BI and W take half of B each (the zero-bubble paper's T_B = T_W assumption).
 A batched ``W(-1)`` costs ``w_batched_s`` per microbatch it covers (default: W's cost).
 """
@@ -11,7 +11,7 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass, replace
 from typing import Any
 
-from trainer.schedule.actions import ScheduleError
+from pipeboard.trainer.schedule.actions import ScheduleError
 
 
 @dataclass(frozen=True)
@@ -105,7 +105,7 @@ def _get(obj: Any, *names: str, default: Any = None) -> Any:
 
 
 def costs_from_plan(plan: Any) -> list[StageCosts]:
-    """Per-stage costs of a ``trainer.plan`` Plan (the object, its ``to_dict()`` or its JSON dict).
+    """Per-stage costs of a ``pipeboard.trainer.plan`` Plan (the object, its ``to_dict()`` or its JSON dict).
 
     A simulated microbatch is one of the profile's minibatches, so the plan's per-minibatch times
     are used as they are: ``forward_s``, ``backward_s``, ``allreduce_s``; ``send_s`` covers the

@@ -14,8 +14,8 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
-from trainer.schedule.actions import Kind, Schedule, ScheduleError
-from trainer.schedule.stash import CODES, batched_weight_counts
+from pipeboard.trainer.schedule.actions import Kind, Schedule, ScheduleError
+from pipeboard.trainer.schedule.stash import CODES, batched_weight_counts
 
 if TYPE_CHECKING:
     import numpy as np

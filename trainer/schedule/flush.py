@@ -16,11 +16,11 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from trainer.schedule.actions import Action, Kind
-from trainer.schedule.topology import Topology
+from pipeboard.trainer.schedule.actions import Action, Kind
+from pipeboard.trainer.schedule.topology import Topology
 
 if TYPE_CHECKING:
-    from trainer.schedule.registry import BuildContext
+    from pipeboard.trainer.schedule.registry import BuildContext
 
 
 def backward_ops(stage: int, mb: int, version: int, split: bool) -> list[Action]:

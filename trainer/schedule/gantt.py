@@ -10,8 +10,8 @@ from __future__ import annotations
 
 from typing import Any, Iterable, Mapping
 
-from trainer.schedule.actions import TimelineEvent
-from trainer.schedule.trace import CATEGORY
+from pipeboard.trainer.schedule.actions import TimelineEvent
+from pipeboard.trainer.schedule.trace import CATEGORY
 
 COLOURS = {
     "forward": "#4C78A8",

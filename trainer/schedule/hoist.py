@@ -21,7 +21,7 @@ from __future__ import annotations
 from bisect import bisect_left
 from collections import deque
 
-from trainer.schedule.actions import Action, Kind
+from pipeboard.trainer.schedule.actions import Action, Kind
 
 class _Lists:
     """What the hoisting needs of each worker's list, read in one pass over its actions."""

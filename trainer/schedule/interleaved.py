@@ -13,12 +13,12 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from trainer.schedule.actions import Action, Kind, ScheduleError
-from trainer.schedule.flush import backward_ops, one_f_one_b_builder
-from trainer.schedule.topology import Topology
+from pipeboard.trainer.schedule.actions import Action, Kind, ScheduleError
+from pipeboard.trainer.schedule.flush import backward_ops, one_f_one_b_builder
+from pipeboard.trainer.schedule.topology import Topology
 
 if TYPE_CHECKING:
-    from trainer.schedule.registry import BuildContext
+    from pipeboard.trainer.schedule.registry import BuildContext
 
 
 def interleaved_builder(ctx: BuildContext) -> list[list[Action]]:

@@ -29,13 +29,13 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from trainer.schedule.actions import Action, Kind, Schedule, ScheduleError
-from trainer.schedule.build import build
-from trainer.schedule.flush import backward_ops, one_f_one_b_order
-from trainer.schedule.topology import Topology
+from pipeboard.trainer.schedule.actions import Action, Kind, Schedule, ScheduleError
+from pipeboard.trainer.schedule.build import build
+from pipeboard.trainer.schedule.flush import backward_ops, one_f_one_b_order
+from pipeboard.trainer.schedule.topology import Topology
 
 if TYPE_CHECKING:
-    from trainer.schedule.registry import BuildContext
+    from pipeboard.trainer.schedule.registry import BuildContext
 
 
 def check_pipedream(topo: Topology, m: int, per_update: int, vertical_sync: bool) -> None:

@@ -21,8 +21,8 @@ from __future__ import annotations
 
 import heapq
 
-from trainer.schedule.actions import Action, Kind, ScheduleError
-from trainer.schedule.topology import Topology
+from pipeboard.trainer.schedule.actions import Action, Kind, ScheduleError
+from pipeboard.trainer.schedule.topology import Topology
 
 # The nominal clock: only the order of events matters, not real stage times.
 NOMINAL = {Kind.FORWARD: 1.0, Kind.BACKWARD: 2.0, Kind.BACKWARD_INPUT: 1.0, Kind.BACKWARD_WEIGHT: 1.0}

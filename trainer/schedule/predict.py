@@ -23,7 +23,7 @@ which must be the microbatch size here):
 - ``overhead`` (optional, per stage): what the runtime adds to each action beyond the compute
   the profile measures (its Python bookkeeping, the loss on the last stage), measured by the
   caller, e.g. ``bench/predict.py``'s tiny-stage measurement, or ``profile_overhead`` from the
-  profile's own ``overhead`` calibration (``trainer.runtime.overhead.calibrate``).
+  profile's own ``overhead`` calibration (``pipeboard.trainer.runtime.overhead.calibrate``).
 
 A missing measurement (an old profile) counts as zero, except ``backward_input_ms``, which then
 takes the simulator's default (half the backward).
@@ -38,12 +38,12 @@ from __future__ import annotations
 
 from dataclasses import dataclass, replace
 
-from trainer.profile.schema import Link, Profile
-from trainer.schedule import registry
-from trainer.schedule.actions import Schedule, ScheduleError
-from trainer.schedule.build import build
-from trainer.schedule.costs import StageCosts
-from trainer.schedule.simulate import simulate
+from pipeboard.trainer.profile.schema import Link, Profile
+from pipeboard.trainer.schedule import registry
+from pipeboard.trainer.schedule.actions import Schedule, ScheduleError
+from pipeboard.trainer.schedule.build import build
+from pipeboard.trainer.schedule.costs import StageCosts
+from pipeboard.trainer.schedule.simulate import simulate
 
 STEADY_ITERATIONS = 4
 

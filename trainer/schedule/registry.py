@@ -9,8 +9,8 @@ caller compares a schedule's name to decide what it can do: it asks the registry
 
 Adding a schedule is one file (docs/schedules.md)::
 
-    from trainer.schedule.flush import one_f_one_b_ops
-    from trainer.schedule.registry import register
+    from pipeboard.trainer.schedule.flush import one_f_one_b_ops
+    from pipeboard.trainer.schedule.registry import register
 
     def my_programs(ctx):  # one list of actions per worker, rank order
         t = ctx.topology
@@ -22,7 +22,7 @@ loaded by importing it before the registry is read, or, for the CLI, the service
 workers, by naming it in ``PIPEBOARD_SCHEDULES`` (comma-separated module names or ``.py``
 paths; imported on the registry's first query).
 
-Torch- and numpy-free: ``trainer.runtime.config`` and every `pipeboard` command's help import
+Torch- and numpy-free: ``pipeboard.trainer.runtime.config`` and every `pipeboard` command's help import
 it. The built-in builders are referred to by ``"module:function"`` and imported on first call.
 """
 
@@ -37,11 +37,11 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Callable
 
-from trainer.schedule.actions import ScheduleError
+from pipeboard.trainer.schedule.actions import ScheduleError
 
 if TYPE_CHECKING:
-    from trainer.schedule.actions import Action
-    from trainer.schedule.topology import Topology
+    from pipeboard.trainer.schedule.actions import Action
+    from pipeboard.trainer.schedule.topology import Topology
 
 ENV = "PIPEBOARD_SCHEDULES"  # extra schedule modules, imported on the first query
 WEIGHT_GRADS = ("batched", "immediate")  # `pipeboard train --weight-grads`; the first is the default
@@ -292,19 +292,19 @@ def _lazy(target: str) -> Builder:
     return builder
 
 
-register("gpipe", _lazy("trainer.schedule.flush:gpipe_builder"),
+register("gpipe", _lazy("pipeboard.trainer.schedule.flush:gpipe_builder"),
          description="All forwards, then all backwards, then one weight update per iteration (GPipe).")
-register("1f1b", _lazy("trainer.schedule.flush:one_f_one_b_builder"),
+register("1f1b", _lazy("pipeboard.trainer.schedule.flush:one_f_one_b_builder"),
          description="Warm-up forwards, then one backward per forward, one update per iteration (PipeDream-Flush).")
-register("interleaved-1f1b", _lazy("trainer.schedule.interleaved:interleaved_builder"),
+register("interleaved-1f1b", _lazy("pipeboard.trainer.schedule.interleaved:interleaved_builder"),
          description="1F1B over several model chunks per worker (Megatron-LM): a smaller bubble, no replicas.",
          replication=False, chunks=True, default_chunks=2)
-register("zb-h1", _lazy("trainer.schedule.zerobubble:zero_bubble_builder"),
+register("zb-h1", _lazy("pipeboard.trainer.schedule.zerobubble:zero_bubble_builder"),
          description="1F1B with each backward split into input and weight gradients, the W filling the drain (ZB-H1).",
          weight_grads=(), needs_split_backward=True)
-register("pipedream", _lazy("trainer.schedule.pipedream:pipedream_builder"),
+register("pipedream", _lazy("pipeboard.trainer.schedule.pipedream:pipedream_builder"),
          description="Asynchronous 1F1B without a flush: weight stashing, one update per batch (PipeDream).",
          synchronous=False, vertical_sync=True)
-register("dp", _lazy("trainer.schedule.flush:one_f_one_b_builder"),
+register("dp", _lazy("pipeboard.trainer.schedule.flush:one_f_one_b_builder"),
          description="Data parallel: the whole model on every worker, gradients all-reduced inside the backward.",
          weight_grads=(), data_parallel=True)

@@ -17,9 +17,9 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
-from trainer.schedule.actions import Schedule, ScheduleError, TimelineEvent
-from trainer.schedule.costs import StageCosts
-from trainer.schedule.engine import (
+from pipeboard.trainer.schedule.actions import Schedule, ScheduleError, TimelineEvent
+from pipeboard.trainer.schedule.costs import StageCosts
+from pipeboard.trainer.schedule.engine import (
     Program,
     SharedLinks,
     Trace,
@@ -29,7 +29,7 @@ from trainer.schedule.engine import (
     run,
     worker_stats,
 )
-from trainer.schedule.stash import CODES, columns, memory_profile
+from pipeboard.trainer.schedule.stash import CODES, columns, memory_profile
 
 NAME = {code: kind.value for kind, code in CODES.items()}
 

@@ -9,7 +9,7 @@ start) and is held until it is both replaced by the next STEP and no longer used
 forward or backward (weight stashing). The count is the most versions held at once.
 
 Vectorised with numpy: the simulator calls this on schedules of 10^5 - 10^6 actions. numpy is
-imported inside the functions that use it, so that importing ``trainer.schedule`` (the schedule
+imported inside the functions that use it, so that importing ``pipeboard.trainer.schedule`` (the schedule
 registry, read by every `pipeboard` command's help) does not load it.
 """
 
@@ -18,7 +18,7 @@ from __future__ import annotations
 from operator import attrgetter
 from typing import TYPE_CHECKING
 
-from trainer.schedule.actions import Action, Kind, Schedule
+from pipeboard.trainer.schedule.actions import Action, Kind, Schedule
 
 if TYPE_CHECKING:
     import numpy as np

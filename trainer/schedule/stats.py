@@ -15,7 +15,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Iterable
 
-from trainer.schedule.actions import TimelineEvent
+from pipeboard.trainer.schedule.actions import TimelineEvent
 
 COMPUTE = {"F", "B", "BI", "W"}
 BUSY = COMPUTE | {"step", "allreduce"}

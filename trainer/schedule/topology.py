@@ -11,7 +11,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from math import ceil
 
-from trainer.schedule.actions import ScheduleError, WorkerSpec
+from pipeboard.trainer.schedule.actions import ScheduleError, WorkerSpec
 
 
 @dataclass(frozen=True)

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from typing import Any, Iterable, Mapping
 
-from trainer.schedule.actions import TimelineEvent
+from pipeboard.trainer.schedule.actions import TimelineEvent
 
 CATEGORY = {
     "F": "forward",

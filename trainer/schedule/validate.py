@@ -20,9 +20,9 @@ from __future__ import annotations
 from collections import deque
 from dataclasses import asdict, dataclass
 
-from trainer.schedule.actions import Action, Kind, Schedule, ScheduleError
-from trainer.schedule.engine import gc_paused
-from trainer.schedule.stash import memory_profile
+from pipeboard.trainer.schedule.actions import Action, Kind, Schedule, ScheduleError
+from pipeboard.trainer.schedule.engine import gc_paused
+from pipeboard.trainer.schedule.stash import memory_profile
 
 COMPUTE = frozenset((Kind.FORWARD, Kind.BACKWARD, Kind.BACKWARD_INPUT, Kind.BACKWARD_WEIGHT))
 POINT_TO_POINT = frozenset((Kind.SEND_ACT, Kind.RECV_ACT, Kind.SEND_GRAD, Kind.RECV_GRAD))

@@ -16,12 +16,12 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from trainer.schedule.actions import Action, Kind
-from trainer.schedule.flush import update_ops
-from trainer.schedule.topology import Topology
+from pipeboard.trainer.schedule.actions import Action, Kind
+from pipeboard.trainer.schedule.flush import update_ops
+from pipeboard.trainer.schedule.topology import Topology
 
 if TYPE_CHECKING:
-    from trainer.schedule.registry import BuildContext
+    from pipeboard.trainer.schedule.registry import BuildContext
 
 
 def zero_bubble_builder(ctx: BuildContext) -> list[list[Action]]:

@@ -1,8 +1,8 @@
 """Tasks: what a user hands pipeboard to train (model, data, loss, metric), and how a task
 factory builds one. ``from trainer import Task``; a model SPEC (zoo name or factory path) becomes
-a Task through ``trainer.load_task`` (``trainer.spec``).
+a Task through ``pipeboard.trainer.load_task`` (``pipeboard.trainer.spec``).
 
-Lazy: importing ``trainer.task.names`` (torch-free) must not import torch through this package.
+Lazy: importing ``pipeboard.trainer.task.names`` (torch-free) must not import torch through this package.
 """
 
 __all__ = ["OPTIMIZERS", "Task", "TaskError", "check_task"]
@@ -10,15 +10,15 @@ __all__ = ["OPTIMIZERS", "Task", "TaskError", "check_task"]
 
 def __getattr__(name: str):
     if name == "OPTIMIZERS":
-        from trainer.task.names import OPTIMIZERS
+        from pipeboard.trainer.task.names import OPTIMIZERS
 
         return OPTIMIZERS
     if name in ("Task", "TaskError"):
-        from trainer.task import task
+        from pipeboard.trainer.task import task
 
         return getattr(task, name)
     if name == "check_task":
-        from trainer.task.check import check_task
+        from pipeboard.trainer.task.check import check_task
 
         return check_task
-    raise AttributeError(f"module 'trainer.task' has no attribute {name!r}")
+    raise AttributeError(f"module 'pipeboard.trainer.task' has no attribute {name!r}")

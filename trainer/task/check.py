@@ -11,8 +11,8 @@ from typing import Any
 
 import torch
 
-from trainer.task.metrics import METRICS
-from trainer.task.task import Task, TaskError
+from pipeboard.trainer.task.metrics import METRICS
+from pipeboard.trainer.task.task import Task, TaskError
 
 SHAPE_CHECK_ITEMS = 64  # items whose shapes are compared (more costs decode time, rarely finds more)
 

@@ -4,7 +4,7 @@ fx cannot trace a whole transformers model (its forwards branch in Python on arg
 and configs; transformers 5 ships no fx tracer of its own). So, as torchtitan does, we split at
 module boundaries: :func:`splittable` returns a thin wrapper whose ``forward`` is a straight-line
 chain of the model's own submodules (embeddings, each decoder block or residual block, final
-norm, head), each marked as an fx leaf (:func:`trainer.profile.fxgraph.mark_leaf`), so each is one
+norm, head), each marked as an fx leaf (:func:`pipeboard.trainer.profile.fxgraph.mark_leaf`), so each is one
 layer of the profile and a stage boundary can fall between any two of them.
 
 Why not ``torch.export``: it lowers to ATen ops, hundreds of nodes per decoder block, so the
@@ -29,7 +29,7 @@ import sys
 import torch
 from torch import nn
 
-from trainer.profile.fxgraph import mark_leaf
+from pipeboard.trainer.profile.fxgraph import mark_leaf
 
 # Families whose base model is laid out as Llama's (model.embed_tokens, .layers, .norm,
 # .rotary_emb; lm_head) *and* whose forwards do nothing else between those modules (checked in

@@ -1,6 +1,6 @@
 """Task factories: ``package.module:function`` or ``path/to/file.py:function``, found, checked
 against their arguments, and called to build a :class:`Task`. (A zoo name is looked up by
-``trainer.spec``, which then builds the zoo's factory here, the same way.)
+``pipeboard.trainer.spec``, which then builds the zoo's factory here, the same way.)
 
 The function (a *task factory*) is called with the model arguments as keyword arguments and, when
 given, the data location as ``data=``; it returns a Task. It runs with torch's random state seeded
@@ -22,7 +22,8 @@ from typing import Any, Callable
 
 import torch
 
-from trainer.task.task import Task, TaskError
+from pipeboard.trainer.task import old_name
+from pipeboard.trainer.task.task import Task, TaskError
 
 
 def is_factory_path(spec: str) -> bool:
@@ -36,10 +37,13 @@ def _import_file(path: Path, spec: str):
 
     The folder goes last, not first as ``python file.py`` would put it: this process goes on
     importing the standard library and installed packages lazily (transformers does), and a
-    user's ``profile.py`` or ``types.py`` must not shadow them."""
+    user's ``profile.py`` or ``types.py`` must not shadow them. A project's own top-level
+    ``trainer`` or ``app`` is found all the same: pipeboard's are ``pipeboard.trainer`` and
+    ``pipeboard.app``."""
     name = "pipeboard_task_" + hashlib.sha1(str(path).encode()).hexdigest()[:12]
     if name in sys.modules:
         return sys.modules[name]
+    old_name.install()
     folder = str(path.parent)
     if folder not in sys.path:
         sys.path.append(folder)
@@ -77,10 +81,11 @@ def resolve_factory(spec: str) -> Callable[..., Task]:
             raise TaskError(f"model {spec!r}: file {where} does not exist")
         module = _import_file(path, spec)
     else:
-        # The working folder's packages import, as under `python -m`, but after the installed ones:
-        # a user's top-level `trainer` or `app` must not replace pipeboard's own halfway through a run.
+        # The working folder's packages import, as under `python -m`, but after the installed ones
+        # (see _import_file).
         if os.getcwd() not in sys.path:
             sys.path.append(os.getcwd())
+        old_name.install()
         try:
             module = importlib.import_module(where)
         except ModuleNotFoundError as exc:
@@ -132,7 +137,7 @@ def _check_arguments(spec: str, factory: Callable, model_args: dict[str, Any], d
 def build_task(spec: str, factory: Callable[..., Task], model_args: dict[str, Any] | None = None,
                data: str | None = None, seed: int = 0) -> Task:
     """Call ``factory`` (SPEC's) with the model arguments and ``data``, its weights fixed by
-    ``seed``; a transformers model comes back as its chain of blocks (``trainer.task.hf``) so
+    ``seed``; a transformers model comes back as its chain of blocks (``pipeboard.trainer.task.hf``) so
     that it can be split."""
     model_args = dict(model_args or {})
     if isinstance(seed, bool) or not isinstance(seed, int):
@@ -150,12 +155,12 @@ def build_task(spec: str, factory: Callable[..., Task], model_args: dict[str, An
         except Exception as exc:
             raise TaskError(f"model {spec!r}: the task factory raised {_one_line(exc)}") from None
     if not isinstance(task, Task):
-        raise TaskError(f"model {spec!r}: the task factory returned {type(task).__name__}, not a trainer.Task")
+        raise TaskError(f"model {spec!r}: the task factory returned {type(task).__name__}, not a pipeboard.trainer.Task")
     task.name = task.name or spec
     task.model_args = model_args
     task.seed = seed
     if "transformers" in sys.modules:  # only then can the model be one of its models
-        from trainer.task import hf
+        from pipeboard.trainer.task import hf
 
         if hf.is_transformers_model(task.model):
             task.model = hf.splittable(task.model)

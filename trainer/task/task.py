@@ -1,13 +1,13 @@
 """What a user hands pipeboard to train: a model, its data, its loss, and how to judge it.
 
 A :class:`Task` is plain Python objects; a task *factory* (``package.module:function`` or
-``path/to/file.py:function``, see ``trainer.task.spec``) builds one from model arguments and a
+``path/to/file.py:function``, see ``pipeboard.trainer.task.spec``) builds one from model arguments and a
 data location. The zoo's entries are factories of the same kind, so nothing downstream knows
 whether it got a zoo model or a user's.
 
 Data: ``train_data`` (and ``val_data``) are torch ``Dataset``s of ``(input, target)`` items; the
 input is a tensor or a tuple of tensors, the target a tensor. They are read through torch's
-``DataLoader`` (``trainer.task.loading``) in one order fixed by the run's seed. A data set may
+``DataLoader`` (``pipeboard.trainer.task.loading``) in one order fixed by the run's seed. A data set may
 also define ``target(index)``, item ``index``'s target without reading its input: the last stage,
 which needs only targets, then never decodes an input.
 """
@@ -21,8 +21,8 @@ import torch
 from torch import nn
 from torch.utils.data import Dataset
 
-from trainer.task.names import OPTIMIZERS
-from trainer.task.metrics import METRICS
+from pipeboard.trainer.task.names import OPTIMIZERS
+from pipeboard.trainer.task.metrics import METRICS
 
 
 class TaskError(ValueError):
@@ -158,14 +158,14 @@ class Task:
         return tuple(x) if isinstance(x, list) else x
 
     def train_batches(self, batch_size: int, epoch: int = 0):
-        """One epoch's full batches in the run's seeded order (see ``trainer.task.loading``)."""
-        from trainer.task.loading import epoch_loader
+        """One epoch's full batches in the run's seeded order (see ``pipeboard.trainer.task.loading``)."""
+        from pipeboard.trainer.task.loading import epoch_loader
 
         return iter(epoch_loader(self, batch_size, epoch, workers=0))
 
     def val_batches(self, batch_size: int):
         """The validation split in its fixed order, the last batch possibly short."""
-        from trainer.task.loading import val_loader
+        from pipeboard.trainer.task.loading import val_loader
 
         if self.val_data is None:
             return iter(())

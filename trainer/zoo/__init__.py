@@ -1,8 +1,8 @@
 """The model zoo: task factories whose data ship with installed packages (no downloads).
 
-Each entry is a task factory like a user's (``trainer.task.spec``): ``names()`` lists them,
+Each entry is a task factory like a user's (``pipeboard.trainer.task.spec``): ``names()`` lists them,
 ``describe()`` says what each is, ``get(name, seed, **model_args)`` builds one as a
-:class:`trainer.Task` through the same ``load_task`` a user's factory goes through.
+:class:`pipeboard.trainer.Task` through the same ``load_task`` a user's factory goes through.
 """
 
 from __future__ import annotations
@@ -10,7 +10,7 @@ from __future__ import annotations
 import inspect
 from typing import Any, Callable
 
-from trainer.task.task import Task, TaskError
+from pipeboard.trainer.task.task import Task, TaskError
 
 __all__ = ["UnknownModelError", "names", "describe", "get", "factory"]
 
@@ -21,11 +21,11 @@ class UnknownModelError(KeyError, TaskError):
 
 
 def _factories() -> dict[str, Callable[..., Task]]:
-    # Imported here so that `import trainer.zoo` stays cheap (no sklearn until a model is built).
-    from trainer.zoo.digits import cnn_digits, mlp_digits, resnet_digits
-    from trainer.zoo.synthetic import mlp
-    from trainer.zoo.text import transformer_text
-    from trainer.zoo.hf import gpt2_text, llama_text, resnet18_images
+    # Imported here so that `import pipeboard.trainer.zoo` stays cheap (no sklearn until a model is built).
+    from pipeboard.trainer.zoo.digits import cnn_digits, mlp_digits, resnet_digits
+    from pipeboard.trainer.zoo.synthetic import mlp
+    from pipeboard.trainer.zoo.text import transformer_text
+    from pipeboard.trainer.zoo.hf import gpt2_text, llama_text, resnet18_images
 
     return {
         "mlp-digits": mlp_digits,
@@ -68,7 +68,7 @@ def model_args_defaults(name: str) -> dict[str, Any]:
 
 def describe() -> list[dict[str, Any]]:
     """One dict per model: name, description, metric, target, higher_is_better, args."""
-    from trainer.task.metrics import METRICS
+    from pipeboard.trainer.task.metrics import METRICS
 
     out = []
     for name in names():
@@ -96,7 +96,7 @@ def factory(name: str) -> Callable[..., Task]:
 def get(name: str, seed: int = 0, **model_args: Any) -> Task:
     """Build zoo task ``name`` with weights fixed by ``seed``; unknown or mistyped arguments are
     an error naming the argument."""
-    from trainer.task.spec import build_task
+    from pipeboard.trainer.task.spec import build_task
 
     for key, value in model_args.items():  # every integer argument of the zoo is a size or a count
         if isinstance(value, int) and not isinstance(value, bool) and value < 1:

@@ -14,7 +14,7 @@ from torch import nn
 
 from torch.utils.data import TensorDataset
 
-from trainer.task import Task
+from pipeboard.trainer.task import Task
 
 VAL_SHARE = 0.2
 

@@ -1,7 +1,7 @@
 """Single-process training of a zoo model until its target: the baseline time-to-accuracy that a
 pipelined run is compared with, and the check that each target is reachable in about a minute.
 
-    python -m trainer.zoo.fit [NAME ...] [--seconds 90] [--batch-size N] [--threads 1]
+    python -m pipeboard.trainer.zoo.fit [NAME ...] [--seconds 90] [--batch-size N] [--threads 1]
 """
 
 from __future__ import annotations
@@ -13,7 +13,7 @@ from dataclasses import dataclass
 
 import torch
 
-from trainer.task import Task
+from pipeboard.trainer.task import Task
 
 
 @dataclass
@@ -55,9 +55,9 @@ def train_to_target(entry: Task, batch_size: int | None = None, max_seconds: flo
 
 
 def main(argv: list[str] | None = None) -> int:
-    from trainer import zoo
+    from pipeboard.trainer import zoo
 
-    parser = argparse.ArgumentParser(prog="python -m trainer.zoo.fit", description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(prog="python -m pipeboard.trainer.zoo.fit", description=__doc__.splitlines()[0])
     parser.add_argument("names", nargs="*", help="zoo models (default: all)")
     parser.add_argument("--seconds", type=float, default=90.0, help="training-time budget per model")
     parser.add_argument("--batch-size", type=int, default=None)

@@ -1,8 +1,8 @@
 """Zoo tasks of Hugging Face transformers models, built from a config with random weights.
 
 Each is a task factory like a user's: the model comes from ``transformers`` (nothing is
-downloaded), the data from local files through ``datasets`` (``trainer.task.datasets``), and
-``trainer.task.hf`` makes the model splittable at block boundaries. ``--data`` points them at a
+downloaded), the data from local files through ``datasets`` (``pipeboard.trainer.task.datasets``), and
+``pipeboard.trainer.task.hf`` makes the model splittable at block boundaries. ``--data`` points them at a
 user's own files; without it they train on data the installed packages ship: the Python
 standard-library sources of ``transformer-text`` for the language models, scikit-learn's digits
 written as a folder of PNG files for the image classifier.
@@ -15,16 +15,16 @@ from pathlib import Path
 
 from torch import nn
 
-from trainer.task import Task
-from trainer.task.metrics import token_cross_entropy
+from pipeboard.trainer.task import Task
+from pipeboard.trainer.task.metrics import token_cross_entropy
 
 
 def _text(data: str | None, seq_len: int):
-    from trainer.task.datasets import text_windows, text_windows_of
+    from pipeboard.trainer.task.datasets import text_windows, text_windows_of
 
     if data is not None:
         return text_windows(data, seq_len)
-    from trainer.zoo.text import corpus_bytes
+    from pipeboard.trainer.zoo.text import corpus_bytes
 
     return text_windows_of(corpus_bytes().decode("utf-8"), seq_len)
 
@@ -63,10 +63,10 @@ def resnet18_images(data: str | None = None, width: int = 16, size: int = 32) ->
     """A ResNet-18 layout (basic blocks, depths 2-2-2-2) on an ``imagefolder`` tree of images."""
     from transformers import ResNetConfig, ResNetForImageClassification
 
-    from trainer.task.datasets import image_folder
+    from pipeboard.trainer.task.datasets import image_folder
 
     if data is None:
-        from trainer.zoo.pngdigits import write_digits_pngs
+        from pipeboard.trainer.zoo.pngdigits import write_digits_pngs
 
         data = str(write_digits_pngs(Path(tempfile.gettempdir()) / f"pipeboard-digits-png-{size}", size=size))
     train, val = image_folder(data, size=size)

@@ -27,7 +27,7 @@ def write_digits_pngs(root: str | os.PathLike, size: int = 32, val_share: float 
     import torch
     from PIL import Image
 
-    from trainer.zoo.digits import digits_images
+    from pipeboard.trainer.zoo.digits import digits_images
 
     if not 0 < val_share < 1:
         raise ValueError(f"val_share must be in (0, 1), got {val_share}")

@@ -12,7 +12,7 @@ from torch import nn
 
 from torch.utils.data import TensorDataset
 
-from trainer.task import Task
+from pipeboard.trainer.task import Task
 
 DATA_SEED = 1234
 VAL_SHARE = 0.2

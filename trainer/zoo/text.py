@@ -16,8 +16,8 @@ from torch import nn
 
 from torch.utils.data import TensorDataset
 
-from trainer.task import Task
-from trainer.task.metrics import token_cross_entropy
+from pipeboard.trainer.task import Task
+from pipeboard.trainer.task.metrics import token_cross_entropy
 
 CORPUS_FILES = (
     "textwrap.py", "string.py", "heapq.py", "bisect.py", "fnmatch.py", "glob.py", "shlex.py",

@@ -6,13 +6,13 @@ from typing import Annotated
 
 from fastapi import APIRouter, File, Path, Response, UploadFile
 
-from app.api.common import AUTH_RESPONSES, NOT_FOUND, ServiceRoute
-from app.api.deps import SessionDep
-from app.api.security import ReadAccess, WriteAccess
-from app.core.config import get_settings
-from app.models import CodeContext
-from app.schemas import ContextPublic, Message, SHA256_PATTERN, ValidationFailed
-from app.services import contexts
+from pipeboard.app.api.common import AUTH_RESPONSES, NOT_FOUND, ServiceRoute
+from pipeboard.app.api.deps import SessionDep
+from pipeboard.app.api.security import ReadAccess, WriteAccess
+from pipeboard.app.core.config import get_settings
+from pipeboard.app.models import CodeContext
+from pipeboard.app.schemas import ContextPublic, Message, SHA256_PATTERN, ValidationFailed
+from pipeboard.app.services import contexts
 
 router = APIRouter(prefix="/contexts", tags=["contexts"], route_class=ServiceRoute, responses=AUTH_RESPONSES)
 

@@ -7,10 +7,10 @@ from typing import Annotated
 from fastapi import APIRouter, Header, Query
 from fastapi.responses import StreamingResponse
 
-from app.api.common import AUTH_RESPONSES, NOT_FOUND, JobId, ServiceRoute
-from app.api.security import ReadAccess
-from app.services import stream
-from app.services.errors import NotFound, ServiceError
+from pipeboard.app.api.common import AUTH_RESPONSES, NOT_FOUND, JobId, ServiceRoute
+from pipeboard.app.api.security import ReadAccess
+from pipeboard.app.services import stream
+from pipeboard.app.services.errors import NotFound, ServiceError
 
 router = APIRouter(prefix="/jobs", tags=["jobs"], route_class=ServiceRoute, responses=AUTH_RESPONSES)
 

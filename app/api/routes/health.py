@@ -7,9 +7,9 @@ from typing import Any
 from fastapi import APIRouter, Response
 from sqlalchemy import text
 
-from app.api.deps import SessionDep, SettingsDep
-from app.core.config import VERSION
-from app.services.probes import check_broker, count_workers, describe_failure
+from pipeboard.app.api.deps import SessionDep, SettingsDep
+from pipeboard.app.core.config import VERSION
+from pipeboard.app.services.probes import check_broker, count_workers, describe_failure
 
 router = APIRouter(tags=["health"])
 

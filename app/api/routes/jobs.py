@@ -8,12 +8,12 @@ from typing import Annotated, Literal
 from fastapi import APIRouter, Query
 from fastapi.responses import Response
 
-from app.api.deps import SessionDep
-from app.schemas import Message, ValidationFailed
-from app.api.common import AUTH_RESPONSES, NOT_FOUND, JobId, Limit, Offset, ServiceRoute
-from app.api.security import ReadAccess, WriteAccess
-from app.schemas import JobCreate, JobPublic, JobStatus, MetricsPublic, Page, TimelinePublic
-from app.services import jobs, rundata
+from pipeboard.app.api.deps import SessionDep
+from pipeboard.app.schemas import Message, ValidationFailed
+from pipeboard.app.api.common import AUTH_RESPONSES, NOT_FOUND, JobId, Limit, Offset, ServiceRoute
+from pipeboard.app.api.security import ReadAccess, WriteAccess
+from pipeboard.app.schemas import JobCreate, JobPublic, JobStatus, MetricsPublic, Page, TimelinePublic
+from pipeboard.app.services import jobs, rundata
 
 router = APIRouter(prefix="/jobs", tags=["jobs"], route_class=ServiceRoute, responses=AUTH_RESPONSES)
 

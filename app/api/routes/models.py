@@ -4,12 +4,12 @@ from __future__ import annotations
 
 from fastapi import APIRouter
 
-from app.api.deps import SessionDep
-from app.schemas import Message, ValidationFailed
-from app.api.common import AUTH_RESPONSES, NOT_FOUND, Limit, Offset, ServiceRoute
-from app.api.security import ReadAccess, WriteAccess
-from app.schemas import ModelCreate, ModelPublic, Page
-from app.services import catalog
+from pipeboard.app.api.deps import SessionDep
+from pipeboard.app.schemas import Message, ValidationFailed
+from pipeboard.app.api.common import AUTH_RESPONSES, NOT_FOUND, Limit, Offset, ServiceRoute
+from pipeboard.app.api.security import ReadAccess, WriteAccess
+from pipeboard.app.schemas import ModelCreate, ModelPublic, Page
+from pipeboard.app.services import catalog
 
 router = APIRouter(prefix="/models", tags=["models"], route_class=ServiceRoute, responses=AUTH_RESPONSES)
 

@@ -4,12 +4,12 @@ from __future__ import annotations
 
 from fastapi import APIRouter
 
-from app.api.deps import SessionDep
-from app.schemas import Message, ValidationFailed
-from app.api.common import AUTH_RESPONSES, NOT_FOUND, PlanId, ServiceRoute
-from app.api.security import ReadAccess, WriteAccess
-from app.schemas import PlanCreate, PlanPublic
-from app.services import plans
+from pipeboard.app.api.deps import SessionDep
+from pipeboard.app.schemas import Message, ValidationFailed
+from pipeboard.app.api.common import AUTH_RESPONSES, NOT_FOUND, PlanId, ServiceRoute
+from pipeboard.app.api.security import ReadAccess, WriteAccess
+from pipeboard.app.schemas import PlanCreate, PlanPublic
+from pipeboard.app.services import plans
 
 router = APIRouter(prefix="/plans", tags=["plans"], route_class=ServiceRoute, responses=AUTH_RESPONSES)
 

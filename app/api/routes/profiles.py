@@ -6,13 +6,13 @@ from typing import Annotated
 
 from fastapi import APIRouter, File, Query, UploadFile
 
-from app.api.deps import SessionDep
-from app.schemas import Message, ValidationFailed
-from app.api.common import AUTH_RESPONSES, NOT_FOUND, Limit, Offset, ProfileId, ServiceRoute
-from app.core.config import get_settings
-from app.api.security import ReadAccess, WriteAccess
-from app.schemas import JobCreate, JobPublic, Page, ProfileCreate, ProfilePublic
-from app.services import jobs, profiles
+from pipeboard.app.api.deps import SessionDep
+from pipeboard.app.schemas import Message, ValidationFailed
+from pipeboard.app.api.common import AUTH_RESPONSES, NOT_FOUND, Limit, Offset, ProfileId, ServiceRoute
+from pipeboard.app.core.config import get_settings
+from pipeboard.app.api.security import ReadAccess, WriteAccess
+from pipeboard.app.schemas import JobCreate, JobPublic, Page, ProfileCreate, ProfilePublic
+from pipeboard.app.services import jobs, profiles
 
 router = APIRouter(prefix="/profiles", tags=["profiles"], route_class=ServiceRoute, responses=AUTH_RESPONSES)
 
@@ -75,7 +75,7 @@ async def upload_profile(
 def list_profiles(session: SessionDep, _: ReadAccess, offset: Offset = 0, limit: Limit = 50) -> Page[ProfilePublic]:
     from sqlalchemy import func, select
 
-    from app.models import Profile
+    from pipeboard.app.models import Profile
 
     count = session.scalar(select(func.count()).select_from(Profile)) or 0
     rows = session.scalars(select(Profile).order_by(Profile.id.desc()).offset(offset).limit(limit)).all()

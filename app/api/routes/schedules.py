@@ -4,10 +4,10 @@ from __future__ import annotations
 
 from fastapi import APIRouter
 
-from app.api.common import AUTH_RESPONSES, Limit, Offset, ServiceRoute
-from app.api.security import ReadAccess
-from app.schemas import Page, SchedulePublic
-from trainer.schedule import registry
+from pipeboard.app.api.common import AUTH_RESPONSES, Limit, Offset, ServiceRoute
+from pipeboard.app.api.security import ReadAccess
+from pipeboard.app.schemas import Page, SchedulePublic
+from pipeboard.trainer.schedule import registry
 
 router = APIRouter(prefix="/schedules", tags=["schedules"], route_class=ServiceRoute, responses=AUTH_RESPONSES)
 registry.names()  # a PIPEBOARD_SCHEDULES module that cannot be imported stops the service here, at its start

@@ -5,15 +5,15 @@ from __future__ import annotations
 from fastapi import APIRouter, Request
 from sqlalchemy import func, select, update
 
-from app.api.deps import SessionDep
-from app.api.common import AUTH_RESPONSES, NOT_FOUND, Limit, Offset, ServiceRoute, TokenId
-from app.api import security
-from app.api.security import AdminAccess, AnyPrincipal
-from app.models import ApiToken
-from app.schemas import Me, Page, TokenCreate, TokenCreated, TokenPublic
-from app.services import tokens
-from app.services.errors import NotFound
-from app.services.tx import begin_write
+from pipeboard.app.api.deps import SessionDep
+from pipeboard.app.api.common import AUTH_RESPONSES, NOT_FOUND, Limit, Offset, ServiceRoute, TokenId
+from pipeboard.app.api import security
+from pipeboard.app.api.security import AdminAccess, AnyPrincipal
+from pipeboard.app.models import ApiToken
+from pipeboard.app.schemas import Me, Page, TokenCreate, TokenCreated, TokenPublic
+from pipeboard.app.services import tokens
+from pipeboard.app.services.errors import NotFound
+from pipeboard.app.services.tx import begin_write
 
 router = APIRouter(prefix="/tokens", tags=["tokens"], route_class=ServiceRoute, responses=AUTH_RESPONSES)
 
