@@ -15,6 +15,7 @@ import yaml
 
 from tests.app.test_e2e_support import Deployment, embedded_env, redis_env
 from tests.conftest import postgres_schema, require_postgres, require_redis
+from tests.trainer.test_task_package_names import write_project_with_own_packages
 from tests.trainer.test_task_user_project import _readme_blocks
 
 pytestmark = pytest.mark.slow
@@ -88,3 +89,16 @@ def test_broken_projects_fail_registration_with_their_message(embedded, tmp_path
     missing = submit(deployment, project, {**JOB, "model": "no_such_file.py:make_task"}, tmp_path)
     assert missing.returncode == 2 and "no_such_file.py does not exist" in missing.stderr, missing.stderr
     assert deployment.api("GET", "/health")["database"] == "ok"  # the API answered throughout
+
+
+def test_a_project_with_its_own_trainer_and_app_packages_trains(embedded, tmp_path):
+    """pipeboard's own packages are pipeboard.trainer and pipeboard.app: a project's top-level
+    `trainer` and `app` are its own in validation, profiling and every stage process."""
+    project = write_project_with_own_packages(tmp_path / "own-packages")
+    job = {"model": "my_task.py:make_task", "workers": 2, "schedule": "1f1b", "microbatches": 2, "batch_size": 16,
+           "stop": {"steps": 2}}
+    done = submit(embedded, project, job, tmp_path)
+    assert done.returncode == 0, f"{done.stdout}\n{done.stderr}\n{embedded.logs()}"
+    model = next(m for m in embedded.api("GET", "/models")["data"] if m["source"] == "my_task.py:make_task"
+                 and m["kind"] == "context" and m["status"] == "ready" and m.get("layers") == 3)
+    assert model["name"].startswith("ctx-")
