@@ -174,3 +174,84 @@ def test_up_prints_an_admin_token_once_on_the_first_start(tmp_path: Path) -> Non
     _, later = run_up(tmp_path, "later", workers=0, until="pipeboard token create")
     assert "#token=" not in later and "pb_" not in later
     assert "sign in with an API token: `pipeboard token create NAME --scope write`" in later
+
+
+def children_of(pid: int) -> dict[int, str]:
+    """Live child processes of ``pid``: {pid: command line}."""
+    found = {}
+    for task in Path(f"/proc/{pid}/task").glob("*"):
+        try:
+            found |= {int(c): "" for c in (task / "children").read_text().split()}
+        except OSError:
+            continue
+    for child in list(found):
+        try:
+            found[child] = Path(f"/proc/{child}/cmdline").read_bytes().replace(b"\0", b" ").decode()
+        except OSError:
+            del found[child]
+    return found
+
+
+def wait_for(predicate, timeout: float, what: str, log_path: Path):
+    deadline = time.monotonic() + timeout
+    while True:
+        value = predicate()
+        if value:
+            return value
+        if time.monotonic() > deadline:
+            pytest.fail(f"timed out after {timeout} s waiting for {what}\n{log_path.read_text()}")
+        time.sleep(0.2)
+
+
+def child_pid(up: subprocess.Popen, marker: str, other_than: int | None = None) -> int | None:
+    pids = [p for p, cmd in children_of(up.pid).items() if marker in cmd and p != other_than]
+    return pids[0] if pids else None
+
+
+@pytest.mark.slow
+def test_up_restarts_a_killed_worker_and_a_killed_api_and_still_stops_on_sigterm(tmp_path: Path) -> None:
+    port = free_port()
+    url = f"http://127.0.0.1:{port}"
+    env = {**os.environ, "PIPEBOARD_DATA_DIR": str(tmp_path / "data"), "PIPEBOARD_HEARTBEAT_SECONDS": "0.5"}
+    log_path = tmp_path / "up.log"
+    with open(log_path, "w") as log:
+        up = subprocess.Popen([sys.executable, "-c", "from pipeboard.app.cli import main; main()", "up", "--port", str(port),
+                               "--workers", "1"], cwd=ROOT, env=env, stdout=log, stderr=subprocess.STDOUT, text=True)
+    try:
+        wait_for(lambda: "pipeboard is up at" in log_path.read_text(), 60, "the start", log_path)
+        wait_for(lambda: get_json(f"{url}/api/v1/health")["workers"] == 1, 60, "the worker", log_path)
+        worker = child_pid(up, "celery")
+        api = child_pid(up, "uvicorn")
+        os.kill(worker, signal.SIGKILL)
+        # The API stays up while the worker is restarted, and the new worker answers.
+        assert get_json(f"{url}/api/v1/health")["database"] == "ok"
+        new_worker = wait_for(lambda: child_pid(up, "celery", other_than=worker), 30, "a new worker", log_path)
+        assert child_pid(up, "uvicorn") == api
+        wait_for(lambda: "restarting it in" in log_path.read_text(), 10, "the restart message", log_path)
+        assert re.search(r"worker pipeboard1@\S+ exited with code -9 \(SIGKILL\) after [\d.]+ s; restarting it in 0\.5 s "
+                         r"\(restart 1\)", log_path.read_text()), log_path.read_text()
+        wait_for(lambda: get_json(f"{url}/api/v1/health")["workers"] == 1, 60, "the new worker's heartbeat", log_path)
+        os.kill(api, signal.SIGKILL)
+        wait_for(lambda: "the API server is back at" in log_path.read_text(), 60, "the API to come back", log_path)
+        assert get_json(f"{url}/api/v1/health") == {"database": "ok", "broker": "ok", "workers": 1, "version": ANY_VERSION}
+        assert "the API server exited with code -9 (SIGKILL)" in log_path.read_text()
+        assert child_pid(up, "celery") == new_worker  # the workers were left alone
+        survivors = list(children_of(up.pid))
+        up.send_signal(signal.SIGTERM)
+        assert up.wait(timeout=40) == 0, log_path.read_text()
+    finally:
+        if up.poll() is None:
+            up.kill()
+            up.wait()
+    output = log_path.read_text()
+    assert "pipeboard stopped" in output and "Traceback" not in output
+    time.sleep(0.2)
+    assert not [p for p in survivors if Path(f"/proc/{p}").exists() and "Z" not in Path(f"/proc/{p}/stat").read_text().split(")")[1][:3]]
+
+
+class _AnyVersion:
+    def __eq__(self, other: object) -> bool:
+        return isinstance(other, str) and bool(other)
+
+
+ANY_VERSION = _AnyVersion()
