@@ -214,7 +214,7 @@ def serve(settings, host: str, port: int, workers: int, concurrency: int) -> Non
         nonlocal api_restarted
         api_restarted = api_restarted or child is api
 
-    supervisor = Supervisor(children, say=lambda line: typer.echo(line, err=True), on_start=on_start)
+    supervisor = Supervisor(children, say=lambda line: typer.echo(line, err=True), on_exit=worker_lost, on_start=on_start)
     supervisor.start_all()
     try:
         if wait_for_http(f"{base}/api/v1/health", api.process, should_stop=lambda: stopping):
@@ -245,6 +245,20 @@ def answers(url: str) -> bool:
         return True
     except OSError:
         return False
+
+
+def worker_lost(child, code: int) -> None:
+    """A worker `up` started has died: the jobs it ran are retried now, not once their heartbeats
+    go stale (its runs are in process groups of their own, which this ends first)."""
+    if child.node is None:
+        return
+    from pipeboard.app.cli.supervise import describe_exit
+    from pipeboard.app.core.db import get_sessionmaker
+    from pipeboard.app.services import recovery
+
+    with get_sessionmaker()() as session:
+        for line in recovery.node_lost(session, child.node, f"its worker {child.node} exited with {describe_exit(code)}"):
+            typer.echo(f"pipeboard: {line}", err=True)
 
 
 def announce_sign_in(settings, base: str) -> None:

@@ -2,7 +2,8 @@
 
     pipeboard train --model SPEC [--model-arg k=v ...] [--data PATH] [--plan plan.json | --stages P]
         --schedule NAME --batch-size B --microbatches M [--epochs E | --steps S | --target METRIC]
-        [--workers N] [--checkpoint-dir D] [--resume] [--json] [--job-id N] [--events-jsonl PATH]
+        [--workers N] [--checkpoint-dir D [--checkpoint-every N] [--checkpoint-keep K] [--resume]] [--json]
+        [--job-id N [--attempt A]] [--events-jsonl PATH]
         [--weight-grads batched|immediate] [--cpu-matmul default|onednn] [--precision fp32|bf16]
         [--loader-workers N]
 
@@ -10,7 +11,9 @@ SPEC is a zoo name or a task factory (`package.module:function`, `path/to/file.p
 returning a pipeboard.trainer.Task; the task is built and checked here, before any worker starts.
 
 Ends with a summary line (or, with --json, one JSON object with samples_per_s, final_metric,
-steps, wall_s, ...). Bad input or a failed run: one line on stderr, exit code 2 or 1.
+steps, wall_s, ...). Bad input or a failed run: one line on stderr, exit code 2 or 1; 75 when the
+run was lost (a worker process killed or hung) rather than stopped by an error it reported, so
+the same run resumed from its checkpoint could succeed.
 torch is imported inside the command.
 """
 
@@ -95,6 +98,7 @@ def register(cli: typer.Typer) -> None:
             None, "--workers", help=f"Processes ({data_parallel}: replicas; with --stages P: N/P per stage)."),
         checkpoint_dir: Optional[str] = typer.Option(None, "--checkpoint-dir"),
         checkpoint_every: int = typer.Option(0, "--checkpoint-every", help="Steps between checkpoints (0: at the end)."),
+        checkpoint_keep: int = typer.Option(2, "--checkpoint-keep", help="Complete checkpoints to keep (the newest)."),
         resume: bool = typer.Option(False, "--resume", help="Continue from the last complete checkpoint."),
         vertical_sync: bool = typer.Option(
             False, "--vertical-sync",
@@ -118,6 +122,8 @@ def register(cli: typer.Typer) -> None:
                  "some AMD processors; bench/matmul.py measures yours). Default: $PIPEBOARD_CPU_MATMUL, else default."),
         as_json: bool = typer.Option(False, "--json", help="Print the summary as one JSON object."),
         job_id: Optional[int] = typer.Option(None, "--job-id", help="Report to the service's job N (database)."),
+        attempt: Optional[int] = typer.Option(
+            None, "--attempt", help="With --job-id: the job's attempt this run is; its reports stop once the job moves on."),
         events_jsonl: Optional[str] = typer.Option(None, "--events-jsonl", help="Append every report as a JSON line."),
     ) -> None:
         """Train a model (a zoo task or your own) with a pipeline schedule, one process per stage replica."""
@@ -137,7 +143,8 @@ def register(cli: typer.Typer) -> None:
                 num_stages=stages, workers=workers if (workers or not replicas or not dp) else sum(replicas),
                 chunks=chunks, vertical_sync=vertical_sync, weight_grads=weight_grads, epochs=epochs, steps=steps, target=target, max_steps=max_steps, seed=seed,
                 lr=lr, optimizer=optimizer, eval_every=eval_every, checkpoint_dir=checkpoint_dir,
-                checkpoint_every=checkpoint_every, resume=resume, hang_timeout_s=hang_timeout, device=device,
+                checkpoint_every=checkpoint_every, checkpoint_keep=checkpoint_keep, resume=resume,
+                hang_timeout_s=hang_timeout, device=device,
                 cpu_matmul=cpu_matmul)
             if dp and plan_stages is not None:
                 cfg.stages = [[n for s in plan_stages for n in s]]
@@ -151,15 +158,17 @@ def register(cli: typer.Typer) -> None:
             if job_id is not None:
                 from pipeboard.app.services.run_sink import DbSink
 
-                sinks.append(DbSink(job_id))
+                sinks.append(DbSink(job_id, attempt=attempt))
             summary = run_training(cfg, MultiSink(sinks))
         except (ConfigError, ValueError, KeyError) as exc:
             # a KeyError's str() quotes its message; other messages may end in a quoted value
             fail(str(exc.args[0]) if isinstance(exc, KeyError) and exc.args else str(exc))
         except Exception as exc:  # RunFailed, or anything else: one line, never a traceback
+            from pipeboard.app.services.errors import RUN_LOST_EXIT
+
             if type(exc).__name__ != "RunFailed":
-                exc = f"{type(exc).__name__}: {exc}"
-            fail(str(exc), code=1)
+                fail(f"{type(exc).__name__}: {exc}", code=1)
+            fail(str(exc), code=RUN_LOST_EXIT if getattr(exc, "lost", False) else 1)
         if as_json:
             typer.echo(json.dumps(summary, default=str))
         else:

@@ -13,7 +13,6 @@ import json
 import logging
 import os
 import signal
-import socket
 import subprocess
 import sys
 import threading
@@ -31,8 +30,8 @@ from pipeboard.app.models import EventSource, Job, JobStatus, Model
 from pipeboard.app.models import Plan as PlanRow
 from pipeboard.app.models import TimelineEvent as TimelineEventRow
 from pipeboard.app.schemas import JobCreate
-from pipeboard.app.services import contexts, events, jobs, planning, profiles
-from pipeboard.app.services.errors import ServiceError
+from pipeboard.app.services import attempts, contexts, events, jobs, planning, profiles
+from pipeboard.app.services.errors import PhaseFailed, ServiceError
 from pipeboard.app.services.tx import begin_write
 
 log = logging.getLogger(__name__)
@@ -53,25 +52,32 @@ def now() -> datetime:
     return datetime.now(timezone.utc)
 
 
-def claim_next(task_id: str | None) -> int | None:
-    """Atomically move the best queued job to running; None when nothing is queued."""
+def claim_next(task_id: str | None, node: str | None = None) -> int | None:
+    """Atomically move the best queued job to running on this worker (Celery node ``node``) and
+    start its attempt; None when nothing is queued."""
+    host = get_settings().node_name
+    node = node or f"pipeboard@{host}"
     with get_sessionmaker()() as s:
         for _ in range(10):
-            candidate = s.scalar(
-                select(Job.id).where(Job.status == JobStatus.QUEUED).order_by(Job.priority.desc(), Job.id.asc()).limit(1)
-            )
+            candidate = s.execute(
+                select(Job.id, Job.attempt, Job.spec).where(Job.status == JobStatus.QUEUED)
+                .order_by(Job.priority.desc(), Job.id.asc()).limit(1)
+            ).first()
             if candidate is None:
                 return None
+            candidate, attempt, spec = candidate
             begin_write(s)
             t = now()
             result = s.execute(
                 update(Job)
-                .where(Job.id == candidate, Job.status == JobStatus.QUEUED)
+                .where(Job.id == candidate, Job.status == JobStatus.QUEUED, Job.attempt == attempt)
                 .values(status=JobStatus.RUNNING, started_at=t, heartbeat_at=t, celery_task_id=task_id,
-                        worker_hostname=socket.gethostname(), pid=None, pgid=None)
+                        worker_hostname=host, pid=None, pgid=None)
             )
             if result.rowcount == 1:
-                published = events.append(s, candidate, [("status", {"status": "running", "message": f"claimed by {socket.gethostname()}"})], commit=False)
+                attempts.claimed(s, candidate, attempt, node, host, attempts.nodes_of(spec))
+                published = events.append(s, candidate, [("status", {"status": "running", "attempt": attempt,
+                                                                     "message": f"attempt {attempt} claimed by {node}"})], commit=False)
                 s.commit()
                 events.publish(candidate, published)
                 return candidate
@@ -110,6 +116,7 @@ class JobRun:
     job_id: int
 
     def __post_init__(self) -> None:
+        self.attempt = 0  # the job's attempt this run is (set before the monitor starts)
         self.stop = threading.Event()
         self.proc: subprocess.Popen | None = None
         self.lock = threading.Lock()
@@ -124,10 +131,11 @@ class JobRun:
             while not self.stop.is_set():
                 try:
                     result = s.execute(
-                        update(Job).where(Job.id == self.job_id, Job.status == JobStatus.RUNNING).values(heartbeat_at=now())
+                        update(Job).where(Job.id == self.job_id, Job.status == JobStatus.RUNNING, Job.attempt == self.attempt)
+                        .values(heartbeat_at=now())
                     )
                     s.commit()
-                    if result.rowcount != 1:  # cancelled or reaped by someone else
+                    if result.rowcount != 1:  # cancelled, or reaped (and retried) by someone else
                         self.stop.set()
                         self.kill_child()
                         return
@@ -150,6 +158,8 @@ class JobRun:
     # --- phases ---------------------------------------------------------------------------
 
     def execute(self) -> None:
+        self.attempt = self.session.scalar(select(Job.attempt).where(Job.id == self.job_id))
+        self.session.commit()
         monitor = threading.Thread(target=self._monitor, name=f"job-{self.job_id}-monitor", daemon=True)
         monitor.start()
         with _active_lock:
@@ -165,6 +175,9 @@ class JobRun:
                 self.train_job(job, workdir)
         except Stopped:
             pass
+        except PhaseFailed as exc:  # killed or lost: another attempt may resume it
+            self.session.rollback()
+            jobs.fail_or_retry(self.session, self.job_id, self.attempt, exc.message, retryable=exc.retryable)
         except ServiceError as exc:
             self.done(JobStatus.FAILED, error=exc.message)
         except Exception as exc:
@@ -185,7 +198,8 @@ class JobRun:
         self.session.rollback()
         if summary is None and status == JobStatus.SUCCEEDED:
             summary = self.session.scalar(select(Job.summary).where(Job.id == self.job_id))
-        jobs.finish(self.session, self.job_id, status, expected=(JobStatus.RUNNING,), error=error, summary=summary)
+        jobs.finish(self.session, self.job_id, status, expected=(JobStatus.RUNNING,), error=error, summary=summary,
+                    attempt=self.attempt)
 
     def check(self) -> None:
         if self.stop.is_set():
@@ -246,6 +260,8 @@ class JobRun:
 
     def train_job(self, job: Job, workdir: Path) -> None:
         spec = job.spec
+        if job.plan_id is not None and self.attempt > 1:  # a resumed attempt: the checkpoints' plan
+            return self.train_phase(job, workdir, self.stored_plan(job, workdir))
         profile_id = self.profile_phase(job, workdir)
         self.check()
         prof = profiles.get(self.session, profile_id)
@@ -276,10 +292,26 @@ class JobRun:
         self.check()
         plan_path = workdir / "plan.json"
         plan_path.write_text(json.dumps(plan_obj.to_dict()))
-        self.progress("train", "starting training")
+        self.train_phase(job, workdir, plan_path)
+
+    def stored_plan(self, job: Job, workdir: Path) -> Path:
+        """The plan the job's earlier attempts trained (and checkpointed) with, as a file."""
+        plan_path = workdir / "plan.json"
+        plan_path.write_text(json.dumps(self.session.get(PlanRow, job.plan_id).data))
+        self.progress("plan", f"attempt {self.attempt}: plan {job.plan_id}, as before", plan_id=job.plan_id)
+        return plan_path
+
+    def train_phase(self, job: Job, workdir: Path, plan_path: Path) -> None:
+        spec = job.spec
+        self.progress("train", "starting training" if self.attempt <= 1 else
+                      f"attempt {self.attempt}: resuming training from the newest checkpoint")
         source, _, default_args, model_id = profiles.resolve_model(self.session, spec["model"], check_zoo=False)
-        timed_out = self.run_child(train_command(job.id, spec, plan_path, source, default_args),
-                                   workdir / "train.log", phase="train", time_limit=(spec.get("stop") or {}).get("time_s"),
+        time_s = (spec.get("stop") or {}).get("time_s")
+        if time_s is not None:  # the training time earlier attempts had counts
+            time_s = max(1.0, time_s - attempts.trained_s(self.session, job.id, self.attempt))
+        command = train_command(job.id, spec, plan_path, source, default_args,
+                                checkpoint_dir=checkpoint_dir(job.id), attempt=self.attempt)
+        timed_out = self.run_child(command, workdir / "train.log", phase="train", time_limit=time_s,
                                    cwd=self.code_dir(model_id, workdir))
         summary = self.session.scalar(select(Job.summary).where(Job.id == job.id)) or {}
         if timed_out:
@@ -324,7 +356,7 @@ class JobRun:
         if self.stop.is_set():
             raise Stopped()
         if proc.returncode != 0 and not timed_out:
-            raise ServiceError(f"{phase} failed (exit code {proc.returncode}): {_tail(log_path)}", status=500)
+            raise PhaseFailed(f"{phase} failed (exit code {proc.returncode}): {_tail(log_path)}", proc.returncode)
         return timed_out
 
 
@@ -340,10 +372,17 @@ def job_workers(spec: dict[str, Any]) -> int:
     return total_workers(planning.levels_of(spec.get("levels"), spec.get("workers")))
 
 
+def checkpoint_dir(job_id: int) -> Path:
+    """Where a job's checkpoints live, across its attempts: under the data folder."""
+    return get_settings().data_dir / "jobs" / str(job_id) / "checkpoints"
+
+
 def train_command(job_id: int, spec: dict[str, Any], plan_path: Path, source: str | None = None,
-                  default_args: dict[str, Any] | None = None) -> list[str]:
+                  default_args: dict[str, Any] | None = None, *, checkpoint_dir: Path | None = None,
+                  attempt: int = 1) -> list[str]:
     """``pipeboard train`` for the job: ``source`` is the model's task factory (a registered
-    model's; default the zoo name), with its registered arguments under the job's own."""
+    model's; default the zoo name), with its registered arguments under the job's own; with
+    ``checkpoint_dir`` it checkpoints every ``checkpoint_every`` steps and resumes from there."""
     cmd = pipeboard_command() + ["train", "--model", source or spec["model"]]
     for k, v in {**(default_args or {}), **(spec.get("model_args") or {})}.items():
         cmd += ["--model-arg", f"{k}={v}"]
@@ -351,7 +390,10 @@ def train_command(job_id: int, spec: dict[str, Any], plan_path: Path, source: st
         cmd += ["--data", spec["data"]]
     cmd += ["--plan", str(plan_path), "--schedule", spec["schedule"], "--batch-size", str(spec["batch_size"]),
             "--microbatches", str(spec["microbatches"]), "--weight-grads", weight_grads_of(spec),
-            "--job-id", str(job_id), "--json"]
+            "--job-id", str(job_id), "--attempt", str(attempt), "--json"]
+    if checkpoint_dir is not None:
+        cmd += ["--checkpoint-dir", str(checkpoint_dir), "--checkpoint-every", str(attempts.checkpoint_every(spec)),
+                "--checkpoint-keep", str(get_settings().checkpoint_keep), "--resume"]
     stop = spec.get("stop") or {}
     if stop.get("epochs") is not None:
         cmd += ["--epochs", str(stop["epochs"])]
@@ -394,16 +436,17 @@ def abandon_all(reason: str) -> list[int]:
     with _active_lock:
         runs = list(_active.values())
     for run in runs:
-        with get_sessionmaker()() as s:
-            jobs.finish(s, run.job_id, JobStatus.FAILED, expected=(JobStatus.RUNNING,),
-                        error=f"{reason} ({socket.gethostname()}); the job can be retried", message="worker stopped")
         run.stop.set()  # the task's thread ends the child's group and returns
+        run.kill_child()  # now, before a next attempt can start beside it
+        with get_sessionmaker()() as s:
+            jobs.fail_or_retry(s, run.job_id, run.attempt, f"{reason} ({get_settings().node_name})", retryable=True,
+                               message="worker stopped")
     return [run.job_id for run in runs]
 
 
-def run_next(task_id: str | None = None) -> int | None:
+def run_next(task_id: str | None = None, node: str | None = None) -> int | None:
     """The body of the Celery task: run the best queued job, if any; returns its id."""
-    job_id = claim_next(task_id)
+    job_id = claim_next(task_id, node)
     if job_id is not None:
         JobRun(job_id).execute()
     return job_id

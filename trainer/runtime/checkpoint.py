@@ -5,7 +5,8 @@ written to a temporary name and renamed (atomic on POSIX), holding the stage wei
 state, step and RNG state. After a barrier, rank 0 writes ``COMPLETE`` (also by rename) with the
 layout it belongs to; resuming picks the newest step directory that has it, so a run killed
 halfway through writing a checkpoint resumes from the previous complete one. Older complete
-checkpoints beyond the newest ``KEEP`` are deleted.
+checkpoints beyond the newest ``keep`` (default ``KEEP``) are deleted, and with them any
+incomplete ones older than the newest complete one (left by a run killed while writing).
 """
 
 from __future__ import annotations
@@ -37,13 +38,19 @@ def save_rank(root: str | Path, step: int, rank: int, state: dict[str, Any]) -> 
     _atomic_write(d / f"rank-{rank}.pt", lambda p: torch.save(state, p))
 
 
-def mark_complete(root: str | Path, step: int, layout: dict[str, Any]) -> None:
+def mark_complete(root: str | Path, step: int, layout: dict[str, Any], keep: int = KEEP) -> None:
     """Called by rank 0 once every rank has saved ``step``."""
     d = step_dir(root, step)
     _atomic_write(d / "COMPLETE", lambda p: p.write_text(json.dumps({"step": step, **layout})))
-    complete = sorted(complete_steps(root))
-    for old in complete[:-KEEP]:
-        shutil.rmtree(step_dir(root, old), ignore_errors=True)
+    complete = complete_steps(root)
+    kept = set(complete[-keep:])
+    for old in Path(root).glob("step-*"):
+        try:
+            number = int(old.name.split("-", 1)[1])
+        except ValueError:
+            continue
+        if number not in kept and number < complete[-1]:
+            shutil.rmtree(old, ignore_errors=True)
 
 
 def complete_steps(root: str | Path) -> list[int]:

@@ -64,6 +64,7 @@ class RunConfig:
     # Checkpoints
     checkpoint_dir: str | None = None
     checkpoint_every: int = 0  # steps; 0 = only at the end when a directory is given
+    checkpoint_keep: int = 2  # complete checkpoints kept (the newest); older ones are deleted
     resume: bool = False
     # Machinery
     device: str = "cpu"
@@ -79,7 +80,7 @@ class RunConfig:
     cpu_matmul: str | None = None
     start_method: str | None = None  # default: fork on CPU (no re-import of torch), spawn on CUDA
     master_port: int | None = None  # default: a free port
-    fail_at: dict[str, int] | None = None  # testing aid: {"rank": r, "step": s} makes rank r exit
+    fail_at: dict[str, Any] | None = None  # testing aid: {"rank": r, "step": s[, "mode": "exit"|"kill"|"hang"]}
 
     def with_(self, **changes: Any) -> RunConfig:
         return replace(self, **changes)
@@ -136,6 +137,8 @@ class RunConfig:
             raise ConfigError(f"eval_every: must be >= 1, got {self.eval_every}")
         if self.checkpoint_every < 0:
             raise ConfigError(f"checkpoint_every: must be >= 0, got {self.checkpoint_every}")
+        if self.checkpoint_keep < 1:
+            raise ConfigError(f"checkpoint_keep: must be >= 1, got {self.checkpoint_keep}")
         if self.resume and not self.checkpoint_dir:
             raise ConfigError("resume: needs --checkpoint-dir")
         if self.optimizer is not None and self.optimizer not in OPTIMIZERS:

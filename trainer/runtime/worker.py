@@ -22,7 +22,7 @@ from pipeboard.trainer import cpu_matmul
 from pipeboard.trainer.allocator import keep_freed_memory
 from pipeboard.trainer.precision import autocast
 from pipeboard.trainer.runtime import checkpoint, model as model_mod, tied
-from pipeboard.trainer.runtime.comm import P2P, open_channels, p2p_mode
+from pipeboard.trainer.runtime.comm import P2P, node_name, open_channels, p2p_mode
 from pipeboard.trainer.runtime.config import RunConfig
 from pipeboard.trainer.runtime.data import TrainStream, ValStream
 from pipeboard.trainer.runtime.executor import Executor
@@ -159,7 +159,7 @@ def train(cfg: RunConfig, env: WorkerEnv) -> None:
     last_stage = stages.get(S - 1)
     is_reporter = last_stage is not None and rank_of(S - 1, 0) == rank
     env.channel.put(("ready", rank, list(me.stages), me.replica, os.getpid(), start, total, stream.steps_per_epoch,
-                     cpu_matmul.active() if device.type == "cpu" else None))
+                     cpu_matmul.active() if device.type == "cpu" else None, node_name()))
     heartbeat.beat()
 
     def on_step_done(k: int) -> None:
@@ -172,6 +172,8 @@ def train(cfg: RunConfig, env: WorkerEnv) -> None:
             if cfg.fail_at.get("mode") == "hang":
                 while True:
                     time.sleep(1)
+            if cfg.fail_at.get("mode") == "kill":  # as if killed from outside
+                os.kill(os.getpid(), 9)
             os._exit(3)
 
     # ---- the training loop ------------------------------------------------------------------
@@ -217,7 +219,7 @@ def train(cfg: RunConfig, env: WorkerEnv) -> None:
             with blocked(heartbeat):
                 dist.barrier(group=control)
             if rank == 0:
-                checkpoint.mark_complete(cfg.checkpoint_dir, step, ckpt_layout)
+                checkpoint.mark_complete(cfg.checkpoint_dir, step, ckpt_layout, cfg.checkpoint_keep)
         if stop:
             break
     env.channel.put(("finished", rank, step, recorder.now(), metric,

@@ -1,0 +1,165 @@
+"""A job's attempts: one row per run of it, and what a resumed attempt does to the job's data.
+
+A job is submitted as attempt 1; an attempt lost to a killed process, a dead worker or a lost host
+is followed by another (``auto``, up to the job's ``max_attempts``), and a retry request starts one
+too (``manual``). Every attempt after the first trains from the newest complete checkpoint: when
+its training reports the step it starts from (``resumed``), the measurements earlier attempts made
+after that step are deleted (they are measured again, identically), and one ``attempt`` event in
+the job's log says so, so a stream's reader drops them too: the job's metric series and timeline
+read as one run, each step once. The new attempt's clock continues the job's: its timeline and
+metric times are shifted by the wall time since the job's first training began (``offset_s``).
+
+Policy (when to retry) lives in jobs.py; this module only keeps the rows.
+"""
+
+from __future__ import annotations
+
+from datetime import datetime, timezone
+from typing import Any
+
+from sqlalchemy import delete, func, select, update
+from sqlalchemy.orm import Session
+
+from pipeboard.app.models import AttemptNode, EventSource, Job, JobAttempt, JobStatus, MetricPoint
+from pipeboard.app.models import TimelineEvent as TimelineEventRow
+from pipeboard.app.schemas import AttemptPublic, JobCreate
+
+TRIGGERS = ("submit", "auto", "manual")
+
+
+def utcnow() -> datetime:
+    return datetime.now(timezone.utc)
+
+
+def max_attempts(spec: dict[str, Any]) -> int:
+    """The job's attempt budget; specs stored before the field existed get the default."""
+    return int(spec.get("max_attempts") or JobCreate.model_fields["max_attempts"].default)
+
+
+def checkpoint_every(spec: dict[str, Any]) -> int:
+    return int(spec.get("checkpoint_every") or JobCreate.model_fields["checkpoint_every"].default)
+
+
+def nodes_of(spec: dict[str, Any]) -> int:
+    return int(spec.get("nodes") or 1)
+
+
+def open_row(session: Session, job_id: int, attempt: int, trigger: str, nodes: int = 1) -> None:
+    """Add attempt ``attempt`` (queued); the caller commits."""
+    session.add(JobAttempt(job_id=job_id, attempt=attempt, trigger=trigger, status=JobStatus.QUEUED, nodes=nodes))
+
+
+def close_current(session: Session, job_id: int, status: JobStatus, error: str | None = None) -> None:
+    """Give the job's current attempt its final status (in the caller's transaction)."""
+    current = select(Job.attempt).where(Job.id == job_id).scalar_subquery()
+    values: dict[str, Any] = {"status": status, "finished_at": utcnow()}
+    if error is not None:
+        values["error"] = error[-4000:]
+    session.execute(update(JobAttempt).where(JobAttempt.job_id == job_id, JobAttempt.attempt == current,
+                                             JobAttempt.status.in_((JobStatus.QUEUED, JobStatus.RUNNING))).values(**values))
+
+
+def claimed(session: Session, job_id: int, attempt: int, node: str, host: str, nodes: int) -> None:
+    """The attempt starts on ``node`` (a Celery worker on ``host``); the caller commits."""
+    t = utcnow()
+    row = session.get(JobAttempt, (job_id, attempt))
+    if row is None:  # a job queued before attempts had rows
+        open_row(session, job_id, attempt, "submit" if attempt <= 1 else "manual", nodes)
+        session.flush()
+        row = session.get(JobAttempt, (job_id, attempt))
+    row.status, row.started_at, row.nodes = JobStatus.RUNNING, t, nodes
+    session.add(AttemptNode(job_id=job_id, attempt=attempt, node=node, host=host, role="leader", joined_at=t, heartbeat_at=t))
+
+
+def auto_left(session: Session, job: Job) -> int:
+    """How many more automatic attempts the job may have after its current one."""
+    triggers = session.scalars(select(JobAttempt.trigger).where(JobAttempt.job_id == job.id, JobAttempt.attempt <= job.attempt)
+                               .order_by(JobAttempt.attempt.desc())).all()
+    used = 0
+    for trigger in triggers:  # the attempts since the submit or the last manual retry, both included
+        used += 1
+        if trigger != "auto":
+            break
+    return max(0, max_attempts(job.spec) - max(used, 1))
+
+
+def clock_offset(session: Session, job_id: int, attempt: int) -> float:
+    """Start the attempt's training clock: seconds since the job's first training began (0 for
+    the first attempt that trains). Recorded once; asking again returns the same offset."""
+    row = session.get(JobAttempt, (job_id, attempt))
+    if row is None:  # a job that predates attempt rows, or made without the service (tests)
+        open_row(session, job_id, attempt, "submit" if attempt <= 1 else "auto")
+        session.flush()
+        row = session.get(JobAttempt, (job_id, attempt))
+        row.status = JobStatus.RUNNING
+    if row.offset_s is not None:
+        return row.offset_s
+    now = utcnow()
+    first = session.scalar(select(func.min(JobAttempt.train_started_at)).where(JobAttempt.job_id == job_id,
+                                                                               JobAttempt.train_started_at.is_not(None)))
+    if first is not None and first.tzinfo is None:
+        first = first.replace(tzinfo=timezone.utc)
+    row.train_started_at = now
+    row.offset_s = (now - first).total_seconds() if first is not None else 0.0
+    return row.offset_s
+
+
+def resumed(session: Session, job_id: int, attempt: int, start_step: int, hosts: dict[int, str] | None) -> dict[str, Any]:
+    """The attempt's training runs from ``start_step``: drop what earlier attempts measured after
+    it and record where it started and on which hosts. Returns the `attempt` event's payload; the
+    caller appends it and commits, in the same transaction."""
+    session.execute(delete(MetricPoint).where(MetricPoint.job_id == job_id, MetricPoint.attempt < attempt,
+                                              MetricPoint.step > start_step))
+    # timeline events carry the 0-based index of their step: step k is the (k+1)-th
+    session.execute(delete(TimelineEventRow).where(TimelineEventRow.job_id == job_id, TimelineEventRow.source == EventSource.MEASURED,
+                                                   TimelineEventRow.attempt < attempt, TimelineEventRow.step >= start_step))
+    clean_hosts = {str(rank): str(host) for rank, host in (hosts or {}).items()}
+    session.execute(update(JobAttempt).where(JobAttempt.job_id == job_id, JobAttempt.attempt == attempt)
+                    .values(resume_step=start_step, hosts=clean_hosts or None))
+    offset = session.scalar(select(JobAttempt.offset_s).where(JobAttempt.job_id == job_id, JobAttempt.attempt == attempt))
+    where = f"from the checkpoint at step {start_step}" if start_step else "from the start"
+    on = sorted(set(clean_hosts.values()))
+    return {"attempt": attempt, "resume_step": start_step, "offset_s": offset or 0.0, "hosts": clean_hosts,
+            "message": f"attempt {attempt} trains {where}" + (f" on {', '.join(on)}" if on else "")}
+
+
+def hosts_by_attempt(session: Session, job_id: int) -> dict[int, dict[str, str]]:
+    rows = session.execute(select(JobAttempt.attempt, JobAttempt.hosts).where(JobAttempt.job_id == job_id)).all()
+    return {attempt: hosts or {} for attempt, hosts in rows}
+
+
+def public(session: Session, job_id: int) -> list[AttemptPublic]:
+    rows = session.scalars(select(JobAttempt).where(JobAttempt.job_id == job_id).order_by(JobAttempt.attempt)).all()
+    nodes: dict[int, list[str]] = {}
+    for attempt, host in session.execute(select(AttemptNode.attempt, AttemptNode.host).where(AttemptNode.job_id == job_id)
+                                         .order_by(AttemptNode.attempt, AttemptNode.role, AttemptNode.host)).all():
+        nodes.setdefault(attempt, [])
+        if host not in nodes[attempt]:
+            nodes[attempt].append(host)
+    return [AttemptPublic(attempt=r.attempt, trigger=r.trigger, status=r.status.value, created_at=r.created_at,
+                          started_at=r.started_at, finished_at=r.finished_at, resume_step=r.resume_step,
+                          offset_s=r.offset_s, error=r.error, hosts=r.hosts, nodes=nodes.get(r.attempt, []))
+            for r in rows]
+
+
+def nodes_of_running(session: Session, node: str) -> list[tuple[int, int]]:
+    """(job, attempt) pairs running now whose current attempt has ``node`` among its hosts."""
+    return [tuple(r) for r in session.execute(
+        select(Job.id, Job.attempt).join(AttemptNode, (AttemptNode.job_id == Job.id) & (AttemptNode.attempt == Job.attempt))
+        .where(Job.status == JobStatus.RUNNING, AttemptNode.node == node)).all()]
+
+
+def trained_s(session: Session, job_id: int, before: int) -> float:
+    """Seconds the job's attempts before ``before`` spent training (from their training's start
+    to their end): what a time-limited job has used up."""
+    rows = session.execute(select(JobAttempt.train_started_at, JobAttempt.finished_at)
+                           .where(JobAttempt.job_id == job_id, JobAttempt.attempt < before)).all()
+    total = 0.0
+    for start, end in rows:
+        if start is not None and end is not None:
+            total += max(0.0, (_aware(end) - _aware(start)).total_seconds())
+    return total
+
+
+def _aware(t: datetime) -> datetime:
+    return t if t.tzinfo is not None else t.replace(tzinfo=timezone.utc)
