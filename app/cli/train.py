@@ -24,7 +24,7 @@ from typing import Any, Optional
 
 import typer
 
-from pipeboard.app.cli.common import RegistryHelpCommand, fail, parse_model_args
+from pipeboard.app.cli.common import RegistryHelpCommand, die_with_parent_if_asked, fail, parse_model_args
 
 
 def _plan_layout(path: str) -> tuple[list[list[str]], list[int]]:
@@ -100,6 +100,8 @@ def register(cli: typer.Typer) -> None:
         checkpoint_every: int = typer.Option(0, "--checkpoint-every", help="Steps between checkpoints (0: at the end)."),
         checkpoint_keep: int = typer.Option(2, "--checkpoint-keep", help="Complete checkpoints to keep (the newest)."),
         resume: bool = typer.Option(False, "--resume", help="Continue from the last complete checkpoint."),
+        resume_at_most: Optional[int] = typer.Option(
+            None, "--resume-at-most", help="With --resume: from the newest complete checkpoint at or before this step."),
         vertical_sync: bool = typer.Option(
             False, "--vertical-sync",
             help="{schedules vertical_sync=True}: vertical sync of weight versions."),
@@ -130,6 +132,8 @@ def register(cli: typer.Typer) -> None:
         from pipeboard.trainer.runtime.config import ConfigError, RunConfig
         from pipeboard.trainer.schedule import registry
 
+        if job_id is not None:
+            die_with_parent_if_asked()
         if plan is not None and stages is not None:
             fail("--plan and --stages: give one of them")
         try:
@@ -144,6 +148,7 @@ def register(cli: typer.Typer) -> None:
                 chunks=chunks, vertical_sync=vertical_sync, weight_grads=weight_grads, epochs=epochs, steps=steps, target=target, max_steps=max_steps, seed=seed,
                 lr=lr, optimizer=optimizer, eval_every=eval_every, checkpoint_dir=checkpoint_dir,
                 checkpoint_every=checkpoint_every, checkpoint_keep=checkpoint_keep, resume=resume,
+                resume_at_most=resume_at_most,
                 hang_timeout_s=hang_timeout, device=device,
                 cpu_matmul=cpu_matmul)
             if dp and plan_stages is not None:

@@ -163,3 +163,9 @@ def trained_s(session: Session, job_id: int, before: int) -> float:
 
 def _aware(t: datetime) -> datetime:
     return t if t.tzinfo is not None else t.replace(tzinfo=timezone.utc)
+
+
+def recorded_step(session: Session, job_id: int) -> int:
+    """The last training step the job has measurements of (0: none): a next attempt resumes from a
+    checkpoint at or before it, so no step between the two goes unmeasured."""
+    return session.scalar(select(func.coalesce(func.max(MetricPoint.step), 0)).where(MetricPoint.job_id == job_id)) or 0

@@ -96,6 +96,7 @@ def child_env() -> dict[str, str]:
         PIPEBOARD_RESULT_BACKEND=st.result_backend,
         PIPEBOARD_REDIS_URL=st.redis_url,
         PIPEBOARD_RUN_GROUP="1",  # tells DbSink it may end its own process group on cancel
+        PIPEBOARD_PARENT_PID=str(os.getpid()),  # a run ends when this worker dies (app/cli/common.py)
         PYTHONUNBUFFERED="1",
         # `python -m` runs in the job's code context: the folder must not come first on sys.path,
         # where a project's `profile.py` would replace the standard library's (it goes last).
@@ -117,6 +118,7 @@ class JobRun:
 
     def __post_init__(self) -> None:
         self.attempt = 0  # the job's attempt this run is (set before the monitor starts)
+        self.abandoned: str | None = None  # why the worker gave the run up (abandon_all)
         self.stop = threading.Event()
         self.proc: subprocess.Popen | None = None
         self.lock = threading.Lock()
@@ -174,7 +176,10 @@ class JobRun:
             else:
                 self.train_job(job, workdir)
         except Stopped:
-            pass
+            if self.abandoned:  # here, in the task's thread: never queue a task from a signal handler
+                self.kill_child()
+                jobs.fail_or_retry(self.session, self.job_id, self.attempt, self.abandoned, retryable=True,
+                                   message="worker stopped")
         except PhaseFailed as exc:  # killed or lost: another attempt may resume it
             self.session.rollback()
             jobs.fail_or_retry(self.session, self.job_id, self.attempt, exc.message, retryable=exc.retryable)
@@ -309,8 +314,8 @@ class JobRun:
         time_s = (spec.get("stop") or {}).get("time_s")
         if time_s is not None:  # the training time earlier attempts had counts
             time_s = max(1.0, time_s - attempts.trained_s(self.session, job.id, self.attempt))
-        command = train_command(job.id, spec, plan_path, source, default_args,
-                                checkpoint_dir=checkpoint_dir(job.id), attempt=self.attempt)
+        command = train_command(job.id, spec, plan_path, source, default_args, checkpoint_dir=checkpoint_dir(job.id),
+                                attempt=self.attempt, recorded=attempts.recorded_step(self.session, job.id))
         timed_out = self.run_child(command, workdir / "train.log", phase="train", time_limit=time_s,
                                    cwd=self.code_dir(model_id, workdir))
         summary = self.session.scalar(select(Job.summary).where(Job.id == job.id)) or {}
@@ -379,10 +384,12 @@ def checkpoint_dir(job_id: int) -> Path:
 
 def train_command(job_id: int, spec: dict[str, Any], plan_path: Path, source: str | None = None,
                   default_args: dict[str, Any] | None = None, *, checkpoint_dir: Path | None = None,
-                  attempt: int = 1) -> list[str]:
+                  attempt: int = 1, recorded: int | None = None) -> list[str]:
     """``pipeboard train`` for the job: ``source`` is the model's task factory (a registered
     model's; default the zoo name), with its registered arguments under the job's own; with
-    ``checkpoint_dir`` it checkpoints every ``checkpoint_every`` steps and resumes from there."""
+    ``checkpoint_dir`` it checkpoints every ``checkpoint_every`` steps and resumes from the newest
+    complete checkpoint at or before ``recorded``, the last step the job has measurements of (a
+    lost run may have checkpointed steps it never reported: those are trained again)."""
     cmd = pipeboard_command() + ["train", "--model", source or spec["model"]]
     for k, v in {**(default_args or {}), **(spec.get("model_args") or {})}.items():
         cmd += ["--model-arg", f"{k}={v}"]
@@ -394,6 +401,8 @@ def train_command(job_id: int, spec: dict[str, Any], plan_path: Path, source: st
     if checkpoint_dir is not None:
         cmd += ["--checkpoint-dir", str(checkpoint_dir), "--checkpoint-every", str(attempts.checkpoint_every(spec)),
                 "--checkpoint-keep", str(get_settings().checkpoint_keep), "--resume"]
+        if recorded is not None:
+            cmd += ["--resume-at-most", str(recorded)]
     stop = spec.get("stop") or {}
     if stop.get("epochs") is not None:
         cmd += ["--epochs", str(stop["epochs"])]
@@ -428,7 +437,8 @@ def _tail(path: Path, lines: int = 15) -> str:
 
 
 def abandon_all(reason: str) -> list[int]:
-    """Fail every job this process runs (retryable) and let their runs end their groups.
+    """Give up every run of this process: each ends its group, then retries its job (or fails
+    it, out of attempts) from its own thread, which the warm shutdown waits for.
 
     Called when the worker begins to shut down: a warm shutdown would otherwise wait for runs
     of any length, and a later SIGKILL of the worker would orphan them (each run is its own
@@ -436,11 +446,8 @@ def abandon_all(reason: str) -> list[int]:
     with _active_lock:
         runs = list(_active.values())
     for run in runs:
-        run.stop.set()  # the task's thread ends the child's group and returns
-        run.kill_child()  # now, before a next attempt can start beside it
-        with get_sessionmaker()() as s:
-            jobs.fail_or_retry(s, run.job_id, run.attempt, f"{reason} ({get_settings().node_name})", retryable=True,
-                               message="worker stopped")
+        run.abandoned = f"{reason} ({get_settings().node_name})"
+        run.stop.set()
     return [run.job_id for run in runs]
 
 

@@ -67,10 +67,10 @@ def complete_steps(root: str | Path) -> list[int]:
     return sorted(steps)
 
 
-def latest(root: str | Path, layout: dict[str, Any]) -> int | None:
-    """The newest complete step whose layout matches ``layout``; a mismatch is an error naming
-    the differing field."""
-    steps = complete_steps(root)
+def latest(root: str | Path, layout: dict[str, Any], at_most: int | None = None) -> int | None:
+    """The newest complete step (at or before ``at_most``, when given) whose layout matches
+    ``layout``; a mismatch is an error naming the differing field."""
+    steps = [s for s in complete_steps(root) if at_most is None or s <= at_most]
     if not steps:
         return None
     step = steps[-1]

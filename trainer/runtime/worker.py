@@ -134,7 +134,7 @@ def train(cfg: RunConfig, env: WorkerEnv) -> None:
     ckpt_layout = {**layout.describe(), "model": cfg.model, "batch_size": cfg.batch_size, "microbatches": M}
     start = 0
     if cfg.resume:
-        found = checkpoint.latest(cfg.checkpoint_dir, ckpt_layout)
+        found = checkpoint.latest(cfg.checkpoint_dir, ckpt_layout, cfg.resume_at_most)
         if found is not None:
             state = checkpoint.load_rank(cfg.checkpoint_dir, found, rank)
             for s, st in stages.items():
