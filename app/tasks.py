@@ -14,7 +14,7 @@ from celery import signals
 from celery.exceptions import Reject
 
 from pipeboard.app.core.db import get_sessionmaker
-from pipeboard.app.services import model_checks, recovery, runner
+from pipeboard.app.services import member, model_checks, recovery, runner
 from pipeboard.app.worker import celery_app
 
 
@@ -26,6 +26,13 @@ def run_job(self, job_id: int) -> int | None:
     if _shutting_down.is_set():
         raise Reject("the worker is shutting down", requeue=True)
     return runner.run_next(self.request.id, self.request.hostname)
+
+
+@celery_app.task(name="pipeboard.join_job", bind=True, acks_late=True)
+def join_job(self, job_id: int, attempt: int) -> None:
+    """Take part in attempt ``attempt`` of a job on several hosts that another worker leads: run
+    torch's elastic agent for this host's share (sent to this worker's own queue)."""
+    member.run_member(job_id, attempt, self.request.hostname)
 
 
 @celery_app.task(name="pipeboard.validate_model", acks_late=True)

@@ -65,6 +65,9 @@ def celery_config(settings: Settings) -> dict[str, Any]:
         "result_expires": 7 * 24 * 3600,
         "worker_hijack_root_logger": False,
         "worker_pool": "threads",
+        # every worker also consumes a queue of its own (<node>.dq2): a job on several hosts sends
+        # each host it reserved its part there (app/services/multihost.py)
+        "worker_direct": True,
         "worker_concurrency": settings.worker_concurrency,
         "timezone": "UTC",
     }
@@ -121,6 +124,7 @@ class WorkerHeartbeatThread(threading.Thread):
             session.merge(WorkerHeartbeat(
                 hostname=self.hostname, pid=os.getpid(), pool=self.pool,
                 concurrency=self.concurrency, started_at=self.started_at, seen_at=now,
+                host=get_settings().node_name, address=get_settings().node_address or None,
             ))
             session.commit()
 

@@ -17,26 +17,6 @@ def fail(message: str, code: int = 2) -> NoReturn:
     raise typer.Exit(code=code)
 
 
-def die_with_parent_if_asked() -> None:
-    """Under a service worker (``$PIPEBOARD_PARENT_PID`` names it, and it is still our parent):
-    get SIGTERM when it dies (Linux PR_SET_PDEATHSIG), so a run whose worker was killed ends at
-    once instead of training on unobserved; its process group is its own, out of the worker's."""
-    import os
-    import signal
-
-    parent = os.environ.get("PIPEBOARD_PARENT_PID")
-    if not parent:
-        return
-    try:
-        import ctypes
-
-        ctypes.CDLL("libc.so.6", use_errno=True).prctl(1, signal.SIGTERM)  # PR_SET_PDEATHSIG
-    except (OSError, AttributeError):
-        return
-    if str(os.getppid()) != parent:  # the worker died before the line above
-        os.kill(os.getpid(), signal.SIGTERM)
-
-
 def parse_model_args(pairs: list[str]) -> dict[str, Any]:
     """`k=v` strings to keyword arguments; values become int, float or bool where they read so."""
     out: dict[str, Any] = {}

@@ -283,14 +283,28 @@ def announce_sign_in(settings, base: str) -> None:
 def worker(
     concurrency: int = typer.Option(0, min=0, help="Tasks at once (0: PIPEBOARD_WORKER_CONCURRENCY)."),
     pool: str = typer.Option("threads", help="Celery pool: threads or solo (both let tasks start process groups)."),
-    hostname: str = typer.Option("", help="Worker node name (default pipeboard@<host>)."),
+    hostname: str = typer.Option("", help="Celery node name (default pipeboard@<node name>)."),
+    node_name: str = typer.Option("", "--node-name", help=(
+        "This host's name for jobs and timelines, and for placing jobs on several hosts (one worker host per node): "
+        "give each host its own (default PIPEBOARD_NODE_NAME, else the machine's host name).")),
+    node_address: str = typer.Option("", "--node-address", help=(
+        "The address the other worker hosts reach this one at, for torch's rendezvous and training traffic "
+        "(default PIPEBOARD_NODE_ADDRESS, else what the node name resolves to).")),
 ) -> None:
-    """Run one Celery worker in the foreground."""
+    """Run one Celery worker in the foreground (one per host; see docs/multihost.md for several hosts)."""
     if pool not in ("threads", "solo"):
         fail(f"--pool: {pool!r} is not supported (use threads or solo)")
+    if node_name:
+        os.environ["PIPEBOARD_NODE_NAME"] = node_name
+    if node_address:
+        os.environ["PIPEBOARD_NODE_ADDRESS"] = node_address
+    from pipeboard.app.core.config import get_settings
+
+    get_settings.cache_clear()
     settings = checked_settings()
     check_reachable(settings)
-    command = worker_command(concurrency or settings.worker_concurrency, pool, hostname or "pipeboard@%h", settings.log_level)
+    command = worker_command(concurrency or settings.worker_concurrency, pool, hostname or f"pipeboard@{settings.node_name}",
+                             settings.log_level)
     os.execv(command[0], command)
 
 

@@ -20,11 +20,12 @@ torch is imported inside the command.
 from __future__ import annotations
 
 import json
+import os
 from typing import Any, Optional
 
 import typer
 
-from pipeboard.app.cli.common import RegistryHelpCommand, die_with_parent_if_asked, fail, parse_model_args
+from pipeboard.app.cli.common import RegistryHelpCommand, fail, parse_model_args
 
 
 def _plan_layout(path: str) -> tuple[list[list[str]], list[int]]:
@@ -127,12 +128,17 @@ def register(cli: typer.Typer) -> None:
         attempt: Optional[int] = typer.Option(
             None, "--attempt", help="With --job-id: the job's attempt this run is; its reports stop once the job moves on."),
         events_jsonl: Optional[str] = typer.Option(None, "--events-jsonl", help="Append every report as a JSON line."),
+        torchrun: bool = typer.Option(
+            False, "--torchrun", help="Run as one rank of a torchrun launch (rank, world and rendezvous from its "
+                                      "environment; several hosts): rank 0 reports and prints the summary."),
     ) -> None:
         """Train a model (a zoo task or your own) with a pipeline schedule, one process per stage replica."""
         from pipeboard.trainer.runtime.config import ConfigError, RunConfig
         from pipeboard.trainer.schedule import registry
 
-        if job_id is not None:
+        if job_id is not None and not torchrun:  # under torchrun the agent is the parent (app/services/node_agent.py)
+            from pipeboard.app.core.lifetime import die_with_parent_if_asked
+
             die_with_parent_if_asked()
         if plan is not None and stages is not None:
             fail("--plan and --stages: give one of them")
@@ -157,14 +163,22 @@ def register(cli: typer.Typer) -> None:
             from pipeboard.trainer.runtime.launch import run_training
             from pipeboard.trainer.runtime.sinks import JsonlSink, MultiSink
 
-            sinks: list[Any] = [ProgressSink(enabled=not as_json)]
-            if events_jsonl:
+            reports = not torchrun or os.environ.get("RANK") == "0"
+            sinks: list[Any] = [ProgressSink(enabled=not as_json and not torchrun)]
+            if events_jsonl and reports:
                 sinks.append(JsonlSink(events_jsonl))
-            if job_id is not None:
+            if job_id is not None and reports:
                 from pipeboard.app.services.run_sink import DbSink
 
                 sinks.append(DbSink(job_id, attempt=attempt))
-            summary = run_training(cfg, MultiSink(sinks))
+            if torchrun:
+                from pipeboard.trainer.runtime.torchrun_entry import run as run_rank
+
+                summary = run_rank(cfg, MultiSink(sinks))
+                if summary is None:  # not rank 0: rank 0 reports for all
+                    return
+            else:
+                summary = run_training(cfg, MultiSink(sinks))
         except (ConfigError, ValueError, KeyError) as exc:
             # a KeyError's str() quotes its message; other messages may end in a quoted value
             fail(str(exc.args[0]) if isinstance(exc, KeyError) and exc.args else str(exc))

@@ -169,3 +169,14 @@ def recorded_step(session: Session, job_id: int) -> int:
     """The last training step the job has measurements of (0: none): a next attempt resumes from a
     checkpoint at or before it, so no step between the two goes unmeasured."""
     return session.scalar(select(func.coalesce(func.max(MetricPoint.step), 0)).where(MetricPoint.job_id == job_id)) or 0
+
+
+def stale_members(session: Session, cutoff: datetime) -> list[tuple[int, int, str, str, int | None, datetime]]:
+    """(job, attempt, node, host, pgid, last heartbeat) of the joined other hosts of running
+    attempts whose heartbeat is older than ``cutoff``."""
+    rows = session.execute(
+        select(Job.id, Job.attempt, AttemptNode.node, AttemptNode.host, AttemptNode.pgid, AttemptNode.heartbeat_at)
+        .join(AttemptNode, (AttemptNode.job_id == Job.id) & (AttemptNode.attempt == Job.attempt))
+        .where(Job.status == JobStatus.RUNNING, AttemptNode.role == "member", AttemptNode.joined_at.is_not(None),
+               AttemptNode.heartbeat_at < cutoff)).all()
+    return [tuple(r) for r in rows]

@@ -133,13 +133,14 @@ def enqueue_run(job_id: int) -> None:
     send_task("pipeboard.run_job", job_id)
 
 
-def send_task(name: str, *args: Any) -> None:
-    """Queue Celery task ``name`` on the configured broker (raises when the broker cannot take it)."""
+def send_task(name: str, *args: Any, queue: Any = None) -> None:
+    """Queue Celery task ``name`` on the configured broker (raises when the broker cannot take it);
+    ``queue``: a particular one (a worker's own, `celery.utils.worker_direct(node)`), default the common one."""
     app = producer(get_settings().broker_url)
     # A connection of our own rather than kombu's global producer pool: the pool registers
     # after-fork hooks that would run (and can hang) in processes this one forks later.
     with app.connection_for_write() as connection:
-        app.send_task(name, args=list(args), connection=connection, ignore_result=True,
+        app.send_task(name, args=list(args), connection=connection, ignore_result=True, queue=queue,
                       retry_policy={"max_retries": 2, "interval_start": 0.1, "interval_step": 0.2, "interval_max": 0.5})
 
 
@@ -356,4 +357,11 @@ def reap_stale(session: Session) -> int:
         if fail_or_retry(session, job.id, job.attempt, error, retryable=True, message="worker lost"):
             reaped += 1
             log.warning("job %s: %s", job.id, error)
+    # the other hosts of jobs on several hosts: each member's worker heart-beats its own row
+    for job_id, attempt, node, host, pgid, last in attempts.stale_members(session, cutoff):
+        error = f"host {host}'s worker {node} stopped sending heartbeats (last {last.isoformat(timespec='seconds')})"
+        kill_group_if_local(pgid, host)
+        if fail_or_retry(session, job_id, attempt, error, retryable=True, message="host lost"):
+            reaped += 1
+            log.warning("job %s: %s", job_id, error)
     return reaped

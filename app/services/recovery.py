@@ -14,7 +14,7 @@ from sqlalchemy.orm import Session
 
 from pipeboard.app.core.config import get_settings
 from pipeboard.app.core.db import get_sessionmaker
-from pipeboard.app.models import Job
+from pipeboard.app.models import AttemptNode, Job
 from pipeboard.app.services import attempts, jobs
 
 log = logging.getLogger(__name__)
@@ -26,7 +26,11 @@ def node_lost(session: Session, node: str, reason: str) -> list[str]:
     lines = []
     for job_id, attempt in attempts.nodes_of_running(session, node):
         job = session.get(Job, job_id)
-        jobs.kill_group_if_local(job.pgid, job.worker_hostname)
+        part = session.get(AttemptNode, (job_id, attempt, node))
+        if part is not None and part.role == "member":  # its agent's group, on that host
+            jobs.kill_group_if_local(part.pgid, part.host)
+        else:
+            jobs.kill_group_if_local(job.pgid, job.worker_hostname)
         line = jobs.fail_or_retry(session, job_id, attempt, f"attempt {attempt} lost: {reason}", retryable=True,
                                   message="worker lost")
         if line:

@@ -30,7 +30,7 @@ from pipeboard.app.models import EventSource, Job, JobStatus, Model
 from pipeboard.app.models import Plan as PlanRow
 from pipeboard.app.models import TimelineEvent as TimelineEventRow
 from pipeboard.app.schemas import JobCreate
-from pipeboard.app.services import attempts, contexts, events, jobs, planning, profiles
+from pipeboard.app.services import attempts, contexts, events, jobs, multihost, planning, profiles
 from pipeboard.app.services.errors import PhaseFailed, ServiceError
 from pipeboard.app.services.tx import begin_write
 
@@ -96,7 +96,8 @@ def child_env() -> dict[str, str]:
         PIPEBOARD_RESULT_BACKEND=st.result_backend,
         PIPEBOARD_REDIS_URL=st.redis_url,
         PIPEBOARD_RUN_GROUP="1",  # tells DbSink it may end its own process group on cancel
-        PIPEBOARD_PARENT_PID=str(os.getpid()),  # a run ends when this worker dies (app/cli/common.py)
+        PIPEBOARD_PARENT_PID=str(os.getpid()),  # a run ends when this worker dies (app/core/lifetime.py)
+        PIPEBOARD_NODE_NAME=st.node_name,  # the host the run's workers report (timelines say it)
         PYTHONUNBUFFERED="1",
         # `python -m` runs in the job's code context: the folder must not come first on sys.path,
         # where a project's `profile.py` would replace the standard library's (it goes last).
@@ -115,6 +116,7 @@ def pipeboard_command() -> list[str]:
 @dataclass
 class JobRun:
     job_id: int
+    node: str | None = None  # the Celery worker's node name
 
     def __post_init__(self) -> None:
         self.attempt = 0  # the job's attempt this run is (set before the monitor starts)
@@ -132,12 +134,7 @@ class JobRun:
         with get_sessionmaker()() as s:
             while not self.stop.is_set():
                 try:
-                    result = s.execute(
-                        update(Job).where(Job.id == self.job_id, Job.status == JobStatus.RUNNING, Job.attempt == self.attempt)
-                        .values(heartbeat_at=now())
-                    )
-                    s.commit()
-                    if result.rowcount != 1:  # cancelled, or reaped (and retried) by someone else
+                    if not self.beat(s):  # cancelled, or reaped (and retried) by someone else
                         self.stop.set()
                         self.kill_child()
                         return
@@ -145,6 +142,19 @@ class JobRun:
                     s.rollback()
                     log.warning("job %s heartbeat failed: %s", self.job_id, exc)
                 self.stop.wait(min(period, 1.0))
+
+    def beat(self, s) -> bool:
+        """Refresh the heartbeat; False once the job no longer runs this attempt."""
+        result = s.execute(update(Job).where(Job.id == self.job_id, Job.status == JobStatus.RUNNING,
+                                             Job.attempt == self.attempt).values(heartbeat_at=now()))
+        s.commit()
+        return result.rowcount == 1
+
+    def record_group(self, pid: int) -> None:
+        """Where cancel, the reaper and a dying worker's supervisor find the run's group."""
+        begin_write(self.session)
+        self.session.execute(update(Job).where(Job.id == self.job_id).values(pid=pid, pgid=pid))
+        self.session.commit()
 
     def kill_child(self) -> None:
         with self.lock:
@@ -316,8 +326,16 @@ class JobRun:
             time_s = max(1.0, time_s - attempts.trained_s(self.session, job.id, self.attempt))
         command = train_command(job.id, spec, plan_path, source, default_args, checkpoint_dir=checkpoint_dir(job.id),
                                 attempt=self.attempt, recorded=attempts.recorded_step(self.session, job.id))
-        timed_out = self.run_child(command, workdir / "train.log", phase="train", time_limit=time_s,
-                                   cwd=self.code_dir(model_id, workdir))
+        several = attempts.nodes_of(spec) > 1
+        if several:  # torch's elastic agent here, and on the hosts reserved with this one
+            self.progress("train", f"reserving {attempts.nodes_of(spec)} hosts")
+            command = multihost.lead(self.session, job, self.attempt, command, job_workers(spec), self.stop.is_set)
+            self.progress("train", "starting torch's elastic agent on every host (c10d rendezvous)")
+        try:
+            timed_out = self.run_child(command, workdir / "train.log", phase="train", time_limit=time_s,
+                                       cwd=self.code_dir(model_id, workdir))
+        except PhaseFailed as exc:
+            raise multihost.explain(self.session, job.id, self.attempt, exc) if several else exc
         summary = self.session.scalar(select(Job.summary).where(Job.id == job.id)) or {}
         if timed_out:
             summary = {**summary, "stopped_by": "time"}
@@ -334,9 +352,7 @@ class JobRun:
                                     env=child_env(), start_new_session=True, cwd=str(cwd or log_path.parent))
         with self.lock:
             self.proc = proc
-        begin_write(self.session)
-        self.session.execute(update(Job).where(Job.id == self.job_id).values(pid=proc.pid, pgid=proc.pid))
-        self.session.commit()
+        self.record_group(proc.pid)
         started = time.monotonic()
         timed_out = False
         try:
@@ -455,5 +471,5 @@ def run_next(task_id: str | None = None, node: str | None = None) -> int | None:
     """The body of the Celery task: run the best queued job, if any; returns its id."""
     job_id = claim_next(task_id, node)
     if job_id is not None:
-        JobRun(job_id).execute()
+        JobRun(job_id, node).execute()
     return job_id

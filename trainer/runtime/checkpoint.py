@@ -86,6 +86,54 @@ def load_rank(root: str | Path, step: int, rank: int) -> dict[str, Any]:
     return torch.load(step_dir(root, step) / f"rank-{rank}.pt", weights_only=False)
 
 
+def inventory(root: str | Path, at_most: int | None = None) -> dict[int, list[int]]:
+    """{step: ranks whose files this folder holds} for its complete steps (at or before ``at_most``)."""
+    out = {}
+    for step in complete_steps(root):
+        if at_most is None or step <= at_most:
+            out[step] = sorted(int(p.stem.split("-", 1)[1]) for p in step_dir(root, step).glob("rank-*.pt"))
+    return out
+
+
+def agree(root: str | Path, layout: dict[str, Any], at_most: int | None, rank: int, world: int,
+          group: Any = None) -> tuple[int | None, dict[str, Any] | None]:
+    """Collective over ``group`` (every rank calls it): the step to resume from and this rank's
+    state at it, or (None, None) to start afresh.
+
+    Under torchrun each host keeps the files of its own ranks and marks them complete itself, and
+    a retried launch may place ranks on other hosts than before. So the ranks pool what their
+    folders hold, pick the newest step (at or before ``at_most``) whose files they hold between
+    them for every rank, and a rank whose host lacks its file receives it from one that has it.
+    On one host (every rank reading one folder) that is simply the newest complete step."""
+    import io
+
+    import torch.distributed as dist
+
+    held: list[Any] = [None] * world
+    dist.all_gather_object(held, inventory(root, at_most), group=group)
+    holder: dict[int, dict[int, int]] = {}  # step -> rank file -> the first rank whose folder has it
+    for r, steps in enumerate(held):
+        for step, files in steps.items():
+            for f in files:
+                holder.setdefault(step, {}).setdefault(f, r)
+    usable = [step for step, files in holder.items() if len(files) == world]
+    if not usable:
+        return None, None
+    step = max(usable)
+    if step in held[rank]:
+        latest(root, layout, at_most=step)  # the layout check, naming a differing field
+    state = load_rank(root, step, rank) if rank in held[rank].get(step, ()) else None
+    for f in range(world):  # the same transfers, in the same order, on every rank
+        if f in held[f].get(step, ()):
+            continue
+        src = holder[step][f]
+        payload = [(step_dir(root, step) / f"rank-{f}.pt").read_bytes() if rank == src else None]
+        dist.broadcast_object_list(payload, src=src, group=group)
+        if rank == f:
+            state = torch.load(io.BytesIO(payload[0]), weights_only=False)
+    return step, state
+
+
 def assemble_model(cfg, root: str | Path, step: int | None = None, rank_filter=None):
     """The whole model of a run, rebuilt from its checkpoint at ``step`` (default: the latest
     complete one): each stage's weights from the first rank that holds it, or from every rank

@@ -134,9 +134,8 @@ def train(cfg: RunConfig, env: WorkerEnv) -> None:
     ckpt_layout = {**layout.describe(), "model": cfg.model, "batch_size": cfg.batch_size, "microbatches": M}
     start = 0
     if cfg.resume:
-        found = checkpoint.latest(cfg.checkpoint_dir, ckpt_layout, cfg.resume_at_most)
+        found, state = checkpoint.agree(cfg.checkpoint_dir, ckpt_layout, cfg.resume_at_most, rank, world, control)
         if found is not None:
-            state = checkpoint.load_rank(cfg.checkpoint_dir, found, rank)
             for s, st in stages.items():
                 st.module.load_state_dict(state["stages"][s]["module"])
                 st.optimizer.load_state_dict(state["stages"][s]["optimizer"])
@@ -218,7 +217,7 @@ def train(cfg: RunConfig, env: WorkerEnv) -> None:
             checkpoint.save_rank(cfg.checkpoint_dir, step, rank, state)
             with blocked(heartbeat):
                 dist.barrier(group=control)
-            if rank == 0:
+            if int(os.environ.get("LOCAL_RANK", rank)) == 0:  # each host's first: its folder has its ranks' files
                 checkpoint.mark_complete(cfg.checkpoint_dir, step, ckpt_layout, cfg.checkpoint_keep)
         if stop:
             break
