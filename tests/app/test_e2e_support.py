@@ -212,12 +212,14 @@ def losses_by_attempt(messages: list[dict[str, Any]]) -> dict[int, dict[int, flo
     return out
 
 
-def check_resumed_run(dep: Deployment, job_id: int, messages: list[dict[str, Any]], total_steps: int) -> dict[str, Any]:
+def check_resumed_run(dep: Deployment, job_id: int, messages: list[dict[str, Any]], total_steps: int | None = None) -> dict[str, Any]:
     """The checks every killed-and-resumed job must pass; returns the job. `messages`: its whole
-    stream, read by one or more connections (each resumed with Last-Event-ID)."""
+    stream, read by one or more connections (each resumed with Last-Event-ID). `total_steps`:
+    default the steps the job's summary says it trained (a target rule)."""
     ids = [int(m["id"]) for m in messages if m["event"] != "open"]
     assert ids == list(range(1, len(ids) + 1)), "every event exactly once, across attempts and reconnections"
     job = dep.api("GET", f"/jobs/{job_id}")
+    total_steps = total_steps or job["summary"]["steps"]
     assert job["status"] == "succeeded" and job["attempt"] == 2, f"{job}\n{dep.logs()}"
     first, second = job["attempts"]
     assert first["status"] == "failed" and (second["trigger"], second["status"]) == ("auto", "succeeded")
