@@ -118,14 +118,17 @@ class WorkerHeartbeatThread(threading.Thread):
         from pipeboard.app.core.db import get_sessionmaker
         from pipeboard.app.models import WorkerHeartbeat, utcnow
 
+        from sqlalchemy import update
+
         now = utcnow()
         self.started_at = self.started_at or now
+        row = {"pid": os.getpid(), "pool": self.pool, "concurrency": self.concurrency, "started_at": self.started_at,
+               "seen_at": now, "host": get_settings().node_name, "address": get_settings().node_address or None}
         with get_sessionmaker()() as session:
-            session.merge(WorkerHeartbeat(
-                hostname=self.hostname, pid=os.getpid(), pool=self.pool,
-                concurrency=self.concurrency, started_at=self.started_at, seen_at=now,
-                host=get_settings().node_name, address=get_settings().node_address or None,
-            ))
+            # The write first, then an insert if there was no row: a read first (merge) would fail
+            # at once on SQLite whenever another process wrote in between (app/services/tx.py).
+            if session.execute(update(WorkerHeartbeat).where(WorkerHeartbeat.hostname == self.hostname).values(**row)).rowcount == 0:
+                session.add(WorkerHeartbeat(hostname=self.hostname, **row))
             session.commit()
 
     def run(self) -> None:

@@ -22,6 +22,7 @@ import typer
 
 SETUP_ERROR = 2  # bad configuration: nothing was started
 STOP_TIMEOUT_S = 15.0
+API_GRACE_S = 3  # seconds the API server waits for open requests (event streams) when stopped
 
 
 def register(cli: typer.Typer) -> None:
@@ -193,7 +194,10 @@ def serve(settings, host: str, port: int, workers: int, concurrency: int) -> Non
     signal.signal(signal.SIGTERM, request_stop)
     signal.signal(signal.SIGINT, request_stop)
     loglevel = settings.log_level
-    uvicorn = [sys.executable, "-m", "uvicorn", "pipeboard.app.main:app", "--host", host, "--port", str(port), "--log-level", loglevel]
+    # A server told to stop closes its event streams after a few seconds (their clients resume
+    # with Last-Event-ID) rather than live on for as long as some job's stream stays open.
+    uvicorn = [sys.executable, "-m", "uvicorn", "pipeboard.app.main:app", "--host", host, "--port", str(port), "--log-level", loglevel,
+               "--timeout-graceful-shutdown", str(API_GRACE_S)]
     # The API's Host allow-list and its AUTH=off check need the address it listens on.
     api_env = {**os.environ, "PIPEBOARD_BIND_HOST": host}
 

@@ -85,7 +85,11 @@ def auto_left(session: Session, job: Job) -> int:
 
 def clock_offset(session: Session, job_id: int, attempt: int) -> float:
     """Start the attempt's training clock: seconds since the job's first training began (0 for
-    the first attempt that trains). Recorded once; asking again returns the same offset."""
+    the first attempt that trains). Recorded once; asking again returns the same offset. The
+    caller commits; it must hold no read of its own in this transaction (SQLite: the write below
+    comes first, so it waits its turn rather than failing on a stale snapshot)."""
+    session.execute(update(JobAttempt).where(JobAttempt.job_id == job_id, JobAttempt.attempt == attempt)
+                    .values(attempt=JobAttempt.attempt))
     row = session.get(JobAttempt, (job_id, attempt))
     if row is None:  # a job that predates attempt rows, or made without the service (tests)
         open_row(session, job_id, attempt, "submit" if attempt <= 1 else "auto")
@@ -128,18 +132,24 @@ def hosts_by_attempt(session: Session, job_id: int) -> dict[int, dict[str, str]]
     return {attempt: hosts or {} for attempt, hosts in rows}
 
 
-def public(session: Session, job_id: int) -> list[AttemptPublic]:
-    rows = session.scalars(select(JobAttempt).where(JobAttempt.job_id == job_id).order_by(JobAttempt.attempt)).all()
-    nodes: dict[int, list[str]] = {}
-    for attempt, host in session.execute(select(AttemptNode.attempt, AttemptNode.host).where(AttemptNode.job_id == job_id)
-                                         .order_by(AttemptNode.attempt, AttemptNode.role, AttemptNode.host)).all():
-        nodes.setdefault(attempt, [])
-        if host not in nodes[attempt]:
-            nodes[attempt].append(host)
-    return [AttemptPublic(attempt=r.attempt, trigger=r.trigger, status=r.status.value, created_at=r.created_at,
-                          started_at=r.started_at, finished_at=r.finished_at, resume_step=r.resume_step,
-                          offset_s=r.offset_s, error=r.error, hosts=r.hosts, nodes=nodes.get(r.attempt, []))
-            for r in rows]
+def public(session: Session, job_ids: list[int]) -> dict[int, list[AttemptPublic]]:
+    """Each job's attempts, oldest first, in two queries for all of them."""
+    rows = session.scalars(select(JobAttempt).where(JobAttempt.job_id.in_(job_ids))
+                           .order_by(JobAttempt.job_id, JobAttempt.attempt)).all()
+    nodes: dict[tuple[int, int], list[str]] = {}
+    for job_id, attempt, host in session.execute(
+            select(AttemptNode.job_id, AttemptNode.attempt, AttemptNode.host).where(AttemptNode.job_id.in_(job_ids))
+            .order_by(AttemptNode.job_id, AttemptNode.attempt, AttemptNode.role, AttemptNode.host)).all():
+        hosts = nodes.setdefault((job_id, attempt), [])
+        if host not in hosts:
+            hosts.append(host)
+    out: dict[int, list[AttemptPublic]] = {job_id: [] for job_id in job_ids}
+    for r in rows:
+        out[r.job_id].append(AttemptPublic(
+            attempt=r.attempt, trigger=r.trigger, status=r.status.value, created_at=r.created_at, started_at=r.started_at,
+            finished_at=r.finished_at, resume_step=r.resume_step, offset_s=r.offset_s, error=r.error, hosts=r.hosts,
+            nodes=nodes.get((r.job_id, r.attempt), [])))
+    return out
 
 
 def nodes_of_running(session: Session, node: str) -> list[tuple[int, int]]:

@@ -188,8 +188,9 @@ def queue_position(session: Session, job: Job) -> int | None:
     return int(ahead or 0) + 1
 
 
-def to_public(session: Session, job: Job, *, position: int | None | bool = False, last_seq: int | None = None) -> JobPublic:
-    """``position``/``last_seq`` may be precomputed (lists); otherwise they are queried."""
+def to_public(session: Session, job: Job, *, position: int | None | bool = False, last_seq: int | None = None,
+              tries: list[Any] | None = None) -> JobPublic:
+    """``position``/``last_seq``/``tries`` (its attempts) may be precomputed (lists); otherwise they are queried."""
     return JobPublic(
         id=job.id,
         name=job.name,
@@ -209,19 +210,20 @@ def to_public(session: Session, job: Job, *, position: int | None | bool = False
         plan_id=job.plan_id,
         summary=job.summary,
         last_event_seq=events.last_seq(session, job.id) if last_seq is None else last_seq,
-        attempts=attempts.public(session, job.id),
+        attempts=attempts.public(session, [job.id])[job.id] if tries is None else tries,
     )
 
 
 def to_public_many(session: Session, rows: list[Job]) -> list[JobPublic]:
-    """A page of jobs with two queries for all positions and sequence numbers, not 2 per job."""
+    """A page of jobs with a few queries for all positions, sequence numbers and attempts, not some per job."""
     if not rows:
         return []
     queued = session.scalars(select(Job.id).where(Job.status == JobStatus.QUEUED).order_by(Job.priority.desc(), Job.id.asc())).all()
     positions = {job_id: i + 1 for i, job_id in enumerate(queued)}
     ids = [j.id for j in rows]
     seqs = dict(session.execute(select(JobEvent.job_id, func.max(JobEvent.seq)).where(JobEvent.job_id.in_(ids)).group_by(JobEvent.job_id)).all())
-    return [to_public(session, j, position=positions.get(j.id), last_seq=seqs.get(j.id, 0)) for j in rows]
+    tries = attempts.public(session, ids)
+    return [to_public(session, j, position=positions.get(j.id), last_seq=seqs.get(j.id, 0), tries=tries[j.id]) for j in rows]
 
 
 def finish(session: Session, job_id: int, status: JobStatus, *, expected: tuple[JobStatus, ...], error: str | None = None, message: str = "", summary: dict[str, Any] | None = None, attempt: int | None = None, **extra: Any) -> bool:
