@@ -68,7 +68,10 @@ class Watch:
         self.at: list[float] = []
         self.connections = 0  # streams opened (the first, then one per reconnection with Last-Event-ID)
 
-    def run(self, on_message: Callable[[dict[str, Any]], None] = lambda m: None, timeout: float = 600) -> None:
+    def run(self, on_message: Callable[[dict[str, Any]], None] = lambda m: None, timeout: float = 600,
+            hang_up: Callable[[dict[str, Any]], bool] = lambda m: False) -> None:
+        """Read to the end; after a message ``hang_up`` accepts, drop the connection and resume
+        with Last-Event-ID (as a browser does after a network hiccup)."""
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
             last = int(self.messages[-1]["id"]) if self.messages else 0
@@ -82,6 +85,8 @@ class Watch:
                     on_message(message)
                     if message["event"] == "end":
                         return
+                    if hang_up(message):
+                        break
             except httpx.HTTPError:
                 pass
             time.sleep(0.3)  # the API is coming back
@@ -146,6 +151,26 @@ def report(case: str, dep: Deployment, watch: Watch, killed_at: float | None, re
     print("  " + "; ".join(f"{k}: {v}" for k, v in row.items()), flush=True)
 
 
+def killed_run(dep: Deployment, spec: dict[str, Any], kill: Callable[[dict[str, Any]], None],
+               due: Callable[[dict[str, Any]], bool] = due_for_kill) -> tuple[Watch, dict[str, Any]]:
+    """Run a job of ``spec`` and call ``kill(state)`` once, at the first message ``due`` accepts;
+    ``state``: the job, its run's pids and process groups so far, then when it was killed."""
+    watch = Watch(dep, dep.api("POST", "/jobs", json=spec)["id"])
+    state: dict[str, Any] = {"killed": None, "groups": set(), "pids": {}, "job_id": watch.job_id}
+
+    def on(message: dict[str, Any]) -> None:
+        if message["event"] == "progress" and message["data"].get("phase") == "running":
+            state["pids"] = message["data"]["pids"]
+            state["groups"].add(dep.job_row(watch.job_id).pgid)
+        if state["killed"] is None and due(message):
+            state["groups"].add(dep.job_row(watch.job_id).pgid)
+            state["killed"] = time.monotonic()
+            kill(state)
+
+    watch.run(on, hang_up=attempt_started(2))  # one reconnection with Last-Event-ID, mid-job
+    return watch, state
+
+
 # --- cases -----------------------------------------------------------------------------------
 
 
@@ -158,18 +183,7 @@ def stage_case(tmp: Path, schedules: list[str]) -> None:
             for schedule in schedules:
                 spec = {**FAULT_JOB, "schedule": schedule}
                 ref = reference(dep, spec)
-                watch = Watch(dep, dep.api("POST", "/jobs", json=spec)["id"])
-                state: dict[str, Any] = {"killed": None, "groups": set()}
-
-                def on(message: dict[str, Any]) -> None:
-                    if message["event"] == "progress" and message["data"].get("phase") == "running":
-                        state["pids"] = message["data"]["pids"]
-                        state["groups"].add(dep.job_row(watch.job_id).pgid)
-                    if state["killed"] is None and due_for_kill(message):
-                        os.kill(int(state["pids"]["1"]), signal.SIGKILL)
-                        state["killed"] = time.monotonic()
-
-                watch.run(on)
+                watch, state = killed_run(dep, spec, lambda st: os.kill(int(st["pids"]["1"]), signal.SIGKILL))
                 report(f"stage SIGKILL, {schedule}", dep, watch, state["killed"], ref, state["groups"])
     finally:
         drop()
@@ -224,58 +238,33 @@ def up_cases(tmp: Path, schedules: list[str], cases: list[str]) -> None:
     try:
         refs = {s: reference(dep, {**FAULT_JOB, "schedule": s}) for s in schedules}
         for schedule in schedules if "worker" in cases else []:
-            watch = Watch(dep, dep.api("POST", "/jobs", json={**FAULT_JOB, "schedule": schedule})["id"])
-            state: dict[str, Any] = {"killed": None, "groups": set()}
-
-            def on_worker(message: dict[str, Any]) -> None:
-                if message["event"] == "progress" and message["data"].get("phase") == "running":
-                    state["groups"].add(dep.job_row(watch.job_id).pgid)
-                if state["killed"] is None and due_for_kill(message):
-                    os.kill(up.child("celery"), signal.SIGKILL)
-                    state["killed"] = time.monotonic()
-
-            watch.run(on_worker)
+            watch, state = killed_run(dep, {**FAULT_JOB, "schedule": schedule}, lambda st: os.kill(up.child("celery"), signal.SIGKILL))
             report(f"worker SIGKILL (pipeboard up), {schedule}", dep, watch, state["killed"], refs[schedule], state["groups"])
+        schedule = schedules[-1]
         if "api" in cases:
-            schedule = schedules[-1]
-            watch = Watch(dep, dep.api("POST", "/jobs", json={**FAULT_JOB, "schedule": schedule})["id"])
-            state = {"killed": None, "groups": set()}
+            def kill_api(state: dict[str, Any]) -> None:
+                os.kill(up.child("uvicorn"), signal.SIGKILL)
+                while True:  # until the restarted server answers
+                    try:
+                        httpx.get(f"{up.url}/api/v1/health", timeout=1)
+                        break
+                    except httpx.HTTPError:
+                        time.sleep(0.1)
+                state["back"] = time.monotonic()
 
-            def on_api(message: dict[str, Any]) -> None:
-                if message["event"] == "progress" and message["data"].get("phase") == "running":
-                    state["groups"].add(dep.job_row(watch.job_id).pgid)
-                if state["killed"] is None and due_for_kill(message):
-                    os.kill(up.child("uvicorn"), signal.SIGKILL)
-                    state["killed"] = time.monotonic()
-                    while True:  # until the restarted server answers
-                        try:
-                            httpx.get(f"{up.url}/api/v1/health", timeout=1)
-                            break
-                        except httpx.HTTPError:
-                            time.sleep(0.1)
-                    state["back"] = time.monotonic()
-
-            watch.run(on_api)
+            watch, state = killed_run(dep, {**FAULT_JOB, "schedule": schedule}, kill_api)
             back = re.search(r"the API server is back", up.log.read_text())
             report(f"API SIGKILL (pipeboard up), {schedule}", dep, watch, None, refs[schedule], state["groups"], attempts=1)
             print(f"    (training never stopped; the API answered again: {bool(back)}, "
                   f"{state['back'] - state['killed']:.1f} s after the kill)", flush=True)
         if "up" in cases:
-            schedule = schedules[-1]
-            watch = Watch(dep, dep.api("POST", "/jobs", json={**FAULT_JOB, "schedule": schedule})["id"])
-            state = {"killed": None, "groups": set()}
+            def kill_up(state: dict[str, Any]) -> None:
+                os.kill(up.process.pid, signal.SIGKILL)  # the supervisor and its API; its children get SIGTERM
+                up.process.wait()
+                time.sleep(2)  # its worker hands the job back
+                up.start()
 
-            def on_up(message: dict[str, Any]) -> None:
-                if message["event"] == "progress" and message["data"].get("phase") == "running":
-                    state["groups"].add(dep.job_row(watch.job_id).pgid)
-                if state["killed"] is None and due_for_kill(message):
-                    os.kill(up.process.pid, signal.SIGKILL)  # the supervisor and its API; its children get SIGTERM
-                    state["killed"] = time.monotonic()
-                    up.process.wait()
-                    time.sleep(2)  # its worker hands the job back
-                    up.start()
-
-            watch.run(on_up)
+            watch, state = killed_run(dep, {**FAULT_JOB, "schedule": schedule}, kill_up)
             report(f"pipeboard up SIGKILL + restart, {schedule}", dep, watch, state["killed"], refs[schedule], state["groups"])
     finally:
         up.stop()
@@ -304,19 +293,14 @@ def two_host_case(tmp: Path) -> None:
               f"{time.monotonic() - started:.1f} s from submit; timeline hosts {hosts_seen}", flush=True)
         ref = job_losses(dep, first.job_id)
         for victim_role in ("member", "leader"):
-            watch = Watch(dep, dep.api("POST", "/jobs", json=TWO_HOST_JOB)["id"])
-            state: dict[str, Any] = {"killed": None, "groups": set()}
+            def kill_host(state: dict[str, Any], role: str = victim_role) -> None:
+                leader = dep.job_row(state["job_id"]).worker_hostname
+                victim = leader if role == "leader" else next(n for n in hosts.names if n != leader)
+                hosts.kill(victim)
+                hosts.start(victim)  # what a supervisor does
 
-            def on(message: dict[str, Any]) -> None:
-                if state["killed"] is None and message["event"] == "metrics" and max(p["step"] for p in message["data"]["points"]) > 20:
-                    row = dep.job_row(watch.job_id)
-                    state["groups"].add(row.pgid)
-                    victim = row.worker_hostname if victim_role == "leader" else next(n for n in hosts.names if n != row.worker_hostname)
-                    hosts.kill(victim)
-                    state["killed"] = time.monotonic()
-                    hosts.start(victim)
-
-            watch.run(on)
+            watch, state = killed_run(dep, TWO_HOST_JOB, kill_host,
+                                      lambda m: m["event"] == "metrics" and max(p["step"] for p in m["data"]["points"]) > 20)
             report(f"2 hosts, {victim_role}'s worker SIGKILL", dep, watch, state["killed"], ref, state["groups"])
     finally:
         hosts.close()
