@@ -53,16 +53,16 @@ def free_port(host: str) -> int:
 
 
 def free_nodes(session: Session, exclude_hosts: set[str]) -> list[tuple[str, str]]:
-    """(node, host) of alive workers that no running attempt uses, one per host, hosts in
-    ``exclude_hosts`` left out."""
+    """(node, host) of alive workers on hosts that no running attempt uses, one per host, hosts
+    in ``exclude_hosts`` left out."""
     cutoff = jobs.utcnow().timestamp() - get_settings().stale_after_seconds
-    busy = set(session.scalars(
-        select(AttemptNode.node).join(Job, (Job.id == AttemptNode.job_id) & (Job.attempt == AttemptNode.attempt))
+    busy = set(session.scalars(  # hosts taking part in a running attempt, through any of their workers
+        select(AttemptNode.host).join(Job, (Job.id == AttemptNode.job_id) & (Job.attempt == AttemptNode.attempt))
         .where(Job.status == JobStatus.RUNNING)).all())
-    out, hosts = [], set(exclude_hosts)
+    out, hosts = [], set(exclude_hosts) | busy
     for node, host, seen in session.execute(select(WorkerHeartbeat.hostname, WorkerHeartbeat.host, WorkerHeartbeat.seen_at)
                                             .order_by(WorkerHeartbeat.host, WorkerHeartbeat.hostname)).all():
-        if host and host not in hosts and node not in busy and seen.timestamp() >= cutoff:
+        if host and host not in hosts and seen.timestamp() >= cutoff:
             out.append((node, host))
             hosts.add(host)
     return out
