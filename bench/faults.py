@@ -47,9 +47,9 @@ from tests.app.test_e2e_support import (  # noqa: E402
     losses_by_attempt,
     redis_env,
 )
+from tests.app.test_e2e_multihost import TWO_HOST_JOB  # noqa: E402
 from tests.conftest import POSTGRES_URL, REDIS_URL, postgres_schema  # noqa: E402
 
-TWO_HOST_JOB = {**FAULT_JOB, "nodes": 2, "stop": {"target": 0.9}, "checkpoint_every": 20}
 
 
 def processor() -> str:
@@ -315,7 +315,7 @@ def main() -> None:
     args = ap.parse_args()
     cases, schedules = args.cases.split(","), args.schedules.split(",")
     print(f"processor: {processor()}; load average {os.getloadavg()[0]:.1f} (shared machine: timings are noisy)")
-    print(f"job: {FAULT_JOB}")
+    print(f"job: {FAULT_JOB}; on two hosts: {TWO_HOST_JOB}")
     with tempfile.TemporaryDirectory(prefix="pipeboard-faults-") as tmp:
         if "stage" in cases:
             stage_case(Path(tmp) / "stage", schedules)

@@ -16,7 +16,7 @@ from tests.conftest import postgres_schema, require_postgres, require_redis
 
 pytestmark = [pytest.mark.slow, pytest.mark.redis, pytest.mark.postgres]
 
-TWO_HOST_JOB = {**SMALL_JOB, "nodes": 2, "batch_size": 64, "microbatches": 4, "stop": {"target": 0.9}, "checkpoint_every": 20}
+TWO_HOST_JOB = {**SMALL_JOB, "nodes": 2, "batch_size": 64, "microbatches": 2, "stop": {"target": 0.85}, "checkpoint_every": 20}
 
 
 @pytest.fixture
@@ -77,7 +77,7 @@ def test_a_two_host_job_trains_to_target_and_survives_losing_a_host_s_worker(clu
             hosts.start(killed)  # what a supervisor does; its jobs' next attempts need it
     assert killed, hosts.logs()
     job = check_resumed_run(dep, job_id, messages)
-    assert job["summary"]["reached_target"] is True and job["summary"]["final_metric"] >= 0.9
+    assert job["summary"]["reached_target"] is True and job["summary"]["final_metric"] >= 0.85
     assert f"host {killed}'s worker pipeboard@{killed}" in job["attempts"][0]["error"] or "train failed" in job["attempts"][0]["error"]
     for attempt in job["attempts"]:
         assert sorted(attempt["nodes"]) == ["host-a", "host-b"] and set(attempt["hosts"].values()) == {"host-a", "host-b"}
