@@ -238,6 +238,8 @@ class JobAttempt(Base):
     hosts: Mapped[dict[str, Any] | None]  # {rank: host}
     nodes: Mapped[int] = mapped_column(default=1)  # hosts it runs on at once
     rendezvous: Mapped[str | None] = mapped_column(String(300))  # host:port of torch's c10d rendezvous
+    # the worker asked to run it: the one whose host holds the job's checkpoints (one-host jobs)
+    prefer_node: Mapped[str | None] = mapped_column(String(255))
 
 
 class AttemptNode(Base):

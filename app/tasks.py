@@ -28,6 +28,15 @@ def run_job(self, job_id: int) -> int | None:
     return runner.run_next(self.request.id, self.request.hostname)
 
 
+@celery_app.task(name="pipeboard.resume_job", bind=True, acks_late=True)
+def resume_job(self, job_id: int, attempt: int) -> int | None:
+    """Run attempt ``attempt`` of job ``job_id`` if it is still queued: sent to this worker's own
+    queue because its host holds the job's checkpoints."""
+    if _shutting_down.is_set():
+        raise Reject("the worker is shutting down", requeue=True)
+    return runner.run_next(self.request.id, self.request.hostname, job_id, attempt)
+
+
 @celery_app.task(name="pipeboard.join_job", bind=True, acks_late=True)
 def join_job(self, job_id: int, attempt: int) -> None:
     """Take part in attempt ``attempt`` of a job on several hosts that another worker leads: run

@@ -47,7 +47,7 @@ from tests.app.test_e2e_support import (  # noqa: E402
     losses_by_attempt,
     redis_env,
 )
-from tests.app.test_e2e_multihost import TWO_HOST_JOB  # noqa: E402
+from tests.app.test_e2e_faults import TWO_HOST_JOB  # noqa: E402
 from tests.conftest import POSTGRES_URL, REDIS_URL, postgres_schema  # noqa: E402
 
 
@@ -154,18 +154,18 @@ def report(case: str, dep: Deployment, watch: Watch, killed_at: float | None, re
 def killed_run(dep: Deployment, spec: dict[str, Any], kill: Callable[[dict[str, Any]], None],
                due: Callable[[dict[str, Any]], bool] = due_for_kill) -> tuple[Watch, dict[str, Any]]:
     """Run a job of ``spec`` and call ``kill(state)`` once, at the first message ``due`` accepts;
-    ``state``: the job, its run's pids and process groups so far, then when it was killed."""
+    ``state``: the job, its run's pids, leader and process groups so far, then when it was killed."""
     watch = Watch(dep, dep.api("POST", "/jobs", json=spec)["id"])
     state: dict[str, Any] = {"killed": None, "groups": set(), "pids": {}, "job_id": watch.job_id}
 
     def on(message: dict[str, Any]) -> None:
         if message["event"] == "progress" and message["data"].get("phase") == "running":
-            state["pids"] = message["data"]["pids"]
-            state["groups"].add(dep.job_row(watch.job_id).pgid)
+            row = dep.job_row(watch.job_id)
+            state.update(pids=message["data"]["pids"], leader=row.worker_hostname)
+            state["groups"].add(row.pgid)
         if state["killed"] is None and due(message):
-            state["groups"].add(dep.job_row(watch.job_id).pgid)
             state["killed"] = time.monotonic()
-            kill(state)
+            kill(state)  # at once: every moment between the step seen and the kill is more steps
 
     watch.run(on, hang_up=attempt_started(2))  # one reconnection with Last-Event-ID, mid-job
     return watch, state
@@ -294,7 +294,7 @@ def two_host_case(tmp: Path) -> None:
         ref = job_losses(dep, first.job_id)
         for victim_role in ("member", "leader"):
             def kill_host(state: dict[str, Any], role: str = victim_role) -> None:
-                leader = dep.job_row(state["job_id"]).worker_hostname
+                leader = state["leader"]
                 victim = leader if role == "leader" else next(n for n in hosts.names if n != leader)
                 hosts.kill(victim)
                 hosts.start(victim)  # what a supervisor does

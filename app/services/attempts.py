@@ -20,9 +20,11 @@ from typing import Any
 from sqlalchemy import delete, func, select, update
 from sqlalchemy.orm import Session
 
-from pipeboard.app.models import AttemptNode, EventSource, Job, JobAttempt, JobStatus, MetricPoint
+from pipeboard.app.core.config import get_settings
+from pipeboard.app.models import AttemptNode, EventSource, Job, JobAttempt, JobStatus, MetricPoint, WorkerHeartbeat
 from pipeboard.app.models import TimelineEvent as TimelineEventRow
 from pipeboard.app.schemas import AttemptPublic, JobCreate
+from pipeboard.app.services.tx import begin_write
 
 TRIGGERS = ("submit", "auto", "manual")
 
@@ -44,9 +46,48 @@ def nodes_of(spec: dict[str, Any]) -> int:
     return int(spec.get("nodes") or 1)
 
 
-def open_row(session: Session, job_id: int, attempt: int, trigger: str, nodes: int = 1) -> None:
-    """Add attempt ``attempt`` (queued); the caller commits."""
-    session.add(JobAttempt(job_id=job_id, attempt=attempt, trigger=trigger, status=JobStatus.QUEUED, nodes=nodes))
+def open_row(session: Session, job_id: int, attempt: int, trigger: str, nodes: int = 1, prefer: str | None = None) -> None:
+    """Add attempt ``attempt`` (queued; for worker ``prefer`` when given); the caller commits."""
+    session.add(JobAttempt(job_id=job_id, attempt=attempt, trigger=trigger, status=JobStatus.QUEUED, nodes=nodes,
+                           prefer_node=prefer))
+
+
+def holder(session: Session, job: Job) -> str | None:
+    """The worker that ran the job's current attempt, if the job runs on one host and that worker
+    is alive (or was, moments ago: a supervisor restarts it under the same name): its host's data
+    folder holds the job's checkpoints, so the next attempt should run there. (On several hosts the
+    ranks fetch each other's files: any hosts do.)"""
+    if nodes_of(job.spec) > 1:
+        return None
+    node = session.scalar(select(AttemptNode.node).where(AttemptNode.job_id == job.id, AttemptNode.attempt == job.attempt,
+                                                         AttemptNode.role == "leader"))
+    seen = session.scalar(select(WorkerHeartbeat.seen_at).where(WorkerHeartbeat.hostname == node)) if node else None
+    if seen is None or (utcnow() - _aware(seen)).total_seconds() > get_settings().stale_after_seconds:
+        return None
+    return node
+
+
+def unheld(session: Session) -> list[tuple[int, int]]:
+    """(job, attempt) of queued attempts waiting for a worker that stopped heart-beating: any
+    worker may run them instead (from the start, or from checkpoints a shared folder holds)."""
+    cutoff = utcnow().timestamp() - get_settings().stale_after_seconds
+    rows = session.execute(
+        select(Job.id, Job.attempt, WorkerHeartbeat.seen_at)
+        .join(JobAttempt, (JobAttempt.job_id == Job.id) & (JobAttempt.attempt == Job.attempt))
+        .outerjoin(WorkerHeartbeat, WorkerHeartbeat.hostname == JobAttempt.prefer_node)
+        .where(Job.status == JobStatus.QUEUED, JobAttempt.prefer_node.is_not(None))).all()
+    return [(job_id, attempt) for job_id, attempt, seen in rows if seen is None or _aware(seen).timestamp() < cutoff]
+
+
+def release(session: Session, job_id: int, attempt: int) -> bool:
+    """Let any worker run a queued attempt that waited for one; True when this call did."""
+    begin_write(session)
+    current = select(Job.id).where(Job.id == job_id, Job.status == JobStatus.QUEUED, Job.attempt == attempt).exists()
+    done = session.execute(update(JobAttempt).where(JobAttempt.job_id == job_id, JobAttempt.attempt == attempt,
+                                                    JobAttempt.prefer_node.is_not(None), current)
+                           .values(prefer_node=None)).rowcount == 1
+    session.commit()
+    return done
 
 
 def close_current(session: Session, job_id: int, status: JobStatus, error: str | None = None) -> None:

@@ -117,20 +117,28 @@ def submit(session: Session, spec: JobCreate, *, kind: str = "train", enqueue: b
     return job
 
 
-def enqueue_or_fail(session: Session, job_id: int) -> None:
-    """Queue the job's task; if the broker cannot take it, the job fails (retryable) and the
-    client gets a 503 saying so, rather than a job that waits forever for a task that never comes."""
+def enqueue_or_fail(session: Session, job_id: int, *, node: str | None = None, attempt: int | None = None) -> None:
+    """Queue the job's task (for attempt ``attempt`` on worker ``node``, when given); if the broker
+    cannot take it, the job fails (retryable) and the client gets a 503 saying so, rather than a
+    job that waits forever for a task that never comes."""
     try:
-        enqueue_run(job_id)
+        enqueue_run(job_id, node, attempt)
     except Exception as exc:
         reason = f"broker: cannot queue the job ({type(exc).__name__}: {exc})"
         finish(session, job_id, JobStatus.FAILED, expected=(JobStatus.QUEUED,), error=reason, message="not queued")
         raise ServiceError(reason, status=503, field="broker") from None
 
 
-def enqueue_run(job_id: int) -> None:
-    """One Celery task per queued job; the task claims the best queued job when it starts."""
-    send_task("pipeboard.run_job", job_id)
+def enqueue_run(job_id: int, node: str | None = None, attempt: int | None = None) -> None:
+    """One Celery task per queued job; the task claims the best queued job when it starts. An
+    attempt meant for one worker (its host holds the checkpoints) goes to that worker's own queue
+    as a task for that attempt alone, and the others' tasks pass it by."""
+    if node is None:
+        send_task("pipeboard.run_job", job_id)
+    else:
+        from celery.utils import worker_direct
+
+        send_task("pipeboard.resume_job", job_id, attempt, queue=worker_direct(node))
 
 
 def send_task(name: str, *args: Any, queue: Any = None) -> None:
@@ -285,8 +293,9 @@ def requeue(session: Session, job: Job, *, trigger: str, expected: tuple[JobStat
     """Queue ``job`` again as attempt ``job.attempt + 1`` if it is still in ``expected`` on its
     current attempt; commit that with the attempt's row and a `status` event (no `end`: a stream
     follows the job into its next attempt), then send its task. False when someone else moved it."""
-    begin_write(session)
     attempt = job.attempt
+    prefer = attempts.holder(session, job)
+    begin_write(session)
     if error is not None:
         attempts.close_current(session, job.id, JobStatus.FAILED, error)
     result = session.execute(
@@ -298,14 +307,16 @@ def requeue(session: Session, job: Job, *, trigger: str, expected: tuple[JobStat
     if result.rowcount != 1:
         session.rollback()
         return False
-    attempts.open_row(session, job.id, attempt + 1, trigger, attempts.nodes_of(job.spec))
+    attempts.open_row(session, job.id, attempt + 1, trigger, attempts.nodes_of(job.spec), prefer=prefer)
     payload: dict[str, Any] = {"status": "queued", "message": message, "attempt": attempt + 1}
     if error:
         payload["error"] = error[-2000:]
+    if prefer:
+        payload["worker"] = prefer
     published = events.append(session, job.id, [("status", payload)], commit=False)
     session.commit()
     events.publish(job.id, published)
-    enqueue_or_fail(session, job.id)
+    enqueue_or_fail(session, job.id, node=prefer, attempt=attempt + 1)
     return True
 
 
@@ -359,6 +370,10 @@ def reap_stale(session: Session) -> int:
         if fail_or_retry(session, job.id, job.attempt, error, retryable=True, message="worker lost"):
             reaped += 1
             log.warning("job %s: %s", job.id, error)
+    # queued attempts waiting for a worker that is gone: any worker may take them now
+    for job_id, attempt in attempts.unheld(session):
+        if attempts.release(session, job_id, attempt):
+            enqueue_or_fail(session, job_id)
     # the other hosts of jobs on several hosts: each member's worker heart-beats its own row
     for job_id, attempt, node, host, pgid, last in attempts.stale_members(session, cutoff):
         error = f"host {host}'s worker {node} stopped sending heartbeats (last {last.isoformat(timespec='seconds')})"

@@ -22,11 +22,11 @@ from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
 
-from sqlalchemy import insert, select, update
+from sqlalchemy import insert, or_, select, update
 
 from pipeboard.app.core.config import get_settings
 from pipeboard.app.core.db import get_sessionmaker
-from pipeboard.app.models import EventSource, Job, JobStatus, Model
+from pipeboard.app.models import EventSource, Job, JobAttempt, JobStatus, Model
 from pipeboard.app.models import Plan as PlanRow
 from pipeboard.app.models import TimelineEvent as TimelineEventRow
 from pipeboard.app.schemas import JobCreate
@@ -52,15 +52,22 @@ def now() -> datetime:
     return datetime.now(timezone.utc)
 
 
-def claim_next(task_id: str | None, node: str | None = None) -> int | None:
+def claim_next(task_id: str | None, node: str | None = None, job_id: int | None = None,
+               attempt: int | None = None) -> int | None:
     """Atomically move the best queued job to running on this worker (Celery node ``node``) and
-    start its attempt; None when nothing is queued."""
+    start its attempt; None when nothing is queued. Attempts meant for another worker (whose host
+    holds their checkpoints) are passed by; with ``job_id`` and ``attempt``, only that one is taken."""
     host = get_settings().node_name
     node = node or f"pipeboard@{host}"
+    if job_id is not None:
+        which = [Job.id == job_id, Job.attempt == attempt]
+    else:
+        meant = select(JobAttempt.prefer_node).where(JobAttempt.job_id == Job.id, JobAttempt.attempt == Job.attempt)
+        which = [or_(meant.scalar_subquery().is_(None), meant.scalar_subquery() == node)]
     with get_sessionmaker()() as s:
         for _ in range(10):
             candidate = s.execute(
-                select(Job.id, Job.attempt, Job.spec).where(Job.status == JobStatus.QUEUED)
+                select(Job.id, Job.attempt, Job.spec).where(Job.status == JobStatus.QUEUED, *which)
                 .order_by(Job.priority.desc(), Job.id.asc()).limit(1)
             ).first()
             if candidate is None:
@@ -467,9 +474,11 @@ def abandon_all(reason: str) -> list[int]:
     return [run.job_id for run in runs]
 
 
-def run_next(task_id: str | None = None, node: str | None = None) -> int | None:
-    """The body of the Celery task: run the best queued job, if any; returns its id."""
-    job_id = claim_next(task_id, node)
+def run_next(task_id: str | None = None, node: str | None = None, job_id: int | None = None,
+             attempt: int | None = None) -> int | None:
+    """The body of the Celery tasks: run the best queued job (or attempt ``attempt`` of job
+    ``job_id``), if any; returns its id."""
+    job_id = claim_next(task_id, node, job_id, attempt)
     if job_id is not None:
         JobRun(job_id, node).execute()
     return job_id

@@ -37,6 +37,7 @@ def upgrade() -> None:
         sa.Column('hosts', sa.JSON(), nullable=True),
         sa.Column('nodes', sa.Integer(), nullable=False),
         sa.Column('rendezvous', sa.String(length=300), nullable=True),
+        sa.Column('prefer_node', sa.String(length=255), nullable=True),
         sa.ForeignKeyConstraint(['job_id'], ['jobs.id'], name=op.f('fk_job_attempts_job_id_jobs'), ondelete='CASCADE'),
         sa.PrimaryKeyConstraint('job_id', 'attempt', name=op.f('pk_job_attempts')),
     )

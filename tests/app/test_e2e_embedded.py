@@ -1,7 +1,7 @@
 """End to end on the embedded deployment (SQLite database and broker): a job over HTTP and the
 CLI, its SSE stream to the end, run data; cancel leaves nothing behind; a stopped worker's job
 waits for its next attempt and the next worker finishes it. (A SIGKILLed worker: tests/app/test_up.py,
-under `pipeboard up`, and tests/app/test_e2e_multihost.py, one of two hosts.)
+under `pipeboard up`, and tests/app/test_e2e_faults.py, one of two hosts.)
 
 One deployment for the module: the first job measures the model's profile, later ones reuse
 it, which keeps the module to a few small runs.

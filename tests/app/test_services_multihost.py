@@ -1,6 +1,8 @@
-"""Jobs on several hosts, in the database: the gang reservation takes alive, free hosts other than
-this one, all or none; a shortfall names what there was; an attempt whose hosts did not all join
-fails naming which did, and one that failed after training began counts as lost (retried)."""
+"""Where attempts run, in the database. Jobs on several hosts: the gang reservation takes alive,
+free hosts other than this one, all or none; a shortfall names what there was; an attempt whose
+hosts did not all join fails naming which did, and one that failed after training began counts as
+lost (retried). A job on one host: its next attempt goes to the worker whose host holds its
+checkpoints while that worker lives, to any worker once it does not."""
 
 from __future__ import annotations
 
@@ -77,3 +79,25 @@ def test_a_failed_attempt_says_which_hosts_joined_or_counts_as_lost(live_db):
         s.commit()
         lost = multihost.explain(s, job, 1, failure)  # training had begun: a host or a process was lost
         assert isinstance(lost, PhaseFailed) and lost.returncode == RUN_LOST_EXIT and lost.retryable
+
+
+def test_a_one_host_job_s_next_attempt_waits_for_the_worker_holding_its_checkpoints_while_it_lives(live_db):
+    from pipeboard.app.services import runner
+
+    workers(("w1@host-a", "host-a", 0), ("w2@host-b", "host-b", 0))
+    job = new_job("running", attempt=1, spec={"model": "mlp-digits"})
+    running_attempt(job, [("w1@host-a", "host-a", "leader", True)])
+    with get_sessionmaker()() as s:
+        assert jobs.fail_or_retry(s, job, 1, "stage 1 (rank 1) was killed by SIGKILL", retryable=True)
+        assert s.get(JobAttempt, (job, 2)).prefer_node == "w1@host-a"
+    assert runner.claim_next(None, "w2@host-b") is None  # its checkpoints are on host-a
+    assert runner.claim_next(None, "w1@host-a", job_id=job, attempt=2) == job
+    with get_sessionmaker()() as s:  # out of attempts, retried by hand; then host-a's worker stops heart-beating
+        assert "no automatic attempt left of 2" in jobs.fail_or_retry(s, job, 2, "stage 0 (rank 0) was killed", retryable=True)
+        assert jobs.retry(s, job).attempt == 3 and s.get(JobAttempt, (job, 3)).prefer_node == "w1@host-a"
+        stale = jobs.utcnow() - timedelta(seconds=get_settings().stale_after_seconds + 1)
+        s.query(WorkerHeartbeat).filter_by(hostname="w1@host-a").update({"seen_at": stale})
+        s.commit()
+        jobs.reap_stale(s)  # released: any worker may run it now
+        assert s.get(JobAttempt, (job, 3)).prefer_node is None
+    assert runner.claim_next(None, "w2@host-b") == job
