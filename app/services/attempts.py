@@ -9,7 +9,9 @@ the job's log says so, so a stream's reader drops them too: the job's metric ser
 read as one run, each step once. The new attempt's clock continues the job's: its timeline and
 metric times are shifted by the wall time since the job's first training began (``offset_s``).
 
-Policy (when to retry) lives in jobs.py; this module only keeps the rows.
+A one-host job's checkpoints are in the data folder of the host that ran it, so its next attempt
+is meant for that worker (``holder``) while it lives, and for any once it does not (``unheld``,
+``release``). Policy (when to retry) lives in jobs.py; this module keeps the rows.
 """
 
 from __future__ import annotations
@@ -25,9 +27,6 @@ from pipeboard.app.models import AttemptNode, EventSource, Job, JobAttempt, JobS
 from pipeboard.app.models import TimelineEvent as TimelineEventRow
 from pipeboard.app.schemas import AttemptPublic, JobCreate
 from pipeboard.app.services.tx import begin_write
-
-TRIGGERS = ("submit", "auto", "manual")
-
 
 def utcnow() -> datetime:
     return datetime.now(timezone.utc)
