@@ -287,6 +287,7 @@ def two_host_case(tmp: Path) -> None:
         first = Watch(dep, dep.api("POST", "/jobs", json=TWO_HOST_JOB)["id"])
         first.run()
         job = dep.api("GET", f"/jobs/{first.job_id}")
+        assert job["status"] == "succeeded", f"{job['status']}: {job['error']}\n{hosts.logs()}"
         hosts_seen = sorted({e["host"] for e in dep.api("GET", f"/jobs/{first.job_id}/timeline", params={"limit": 200000})["events"]})
         print(f"  2 hosts, uninterrupted: {job['status']}, reached target {job['summary']['reached_target']} "
               f"({job['summary']['metric_name']} {job['summary']['final_metric']:.3f}) in {job['summary']['steps']} steps, "
