@@ -127,8 +127,9 @@ def lead(session: Session, job: Job, attempt: int, train: list[str], processes: 
 
 def explain(session: Session, job_id: int, attempt: int, failure: PhaseFailed) -> ServiceError:
     """Why a multi-host attempt's agent failed: before training began, which hosts joined (their
-    agents started) and which did not (not retried: the same hosts would be missing again);
-    after, a lost host or process (retried from the checkpoint)."""
+    agents started) and which did not (not retried: the same hosts would be missing again), or,
+    all of them there, a start that failed; after, a lost host or process. The last two are lost
+    attempts (retried from the checkpoint)."""
     session.rollback()
     row = session.get(JobAttempt, (job_id, attempt))
     if row is not None and row.hosts:  # training had begun: a host or a process was lost
@@ -140,8 +141,8 @@ def explain(session: Session, job_id: int, attempt: int, failure: PhaseFailed) -
     timeout = get_settings().join_timeout_s
     text = (f"nodes: {len(joined)} of {len(members)} hosts joined torch's rendezvous within {timeout:.0f} s: "
             f"{', '.join(joined) or 'none'}; not joined: {', '.join(missing) or 'none'}")
-    if not missing:
-        text = f"nodes: all {len(members)} hosts joined, but the run did not start: {failure.message}"
+    if not missing:  # they all came; the start failed (a port taken, a process killed): worth another attempt
+        return PhaseFailed(f"all {len(members)} hosts joined, but the run did not start: {failure.message}", RUN_LOST_EXIT)
     return ServiceError(text, status=500, field="nodes")
 
 

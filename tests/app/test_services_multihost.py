@@ -101,3 +101,12 @@ def test_a_one_host_job_s_next_attempt_waits_for_the_worker_holding_its_checkpoi
         jobs.reap_stale(s)  # released: any worker may run it now
         assert s.get(JobAttempt, (job, 3)).prefer_node is None
     assert runner.claim_next(None, "w2@host-b") == job
+
+
+def test_an_attempt_whose_hosts_all_joined_but_did_not_start_counts_as_lost(live_db):
+    job = new_job("running", attempt=1, spec={"model": "mlp-digits", "nodes": 2})
+    running_attempt(job, [("pipeboard@host-a", "host-a", "leader", True), ("pipeboard@host-b", "host-b", "member", True)])
+    with get_sessionmaker()() as s:
+        told = multihost.explain(s, job, 1, PhaseFailed("train failed (exit code 1): address already in use", 1))
+    assert isinstance(told, PhaseFailed) and told.retryable
+    assert told.message == "all 2 hosts joined, but the run did not start: train failed (exit code 1): address already in use"
