@@ -215,6 +215,49 @@ class Job(Base):
     summary: Mapped[dict[str, Any] | None]
 
 
+class JobAttempt(Base):
+    """One run of a job: the first, each automatic retry of a lost attempt, each manual retry.
+
+    A resumed attempt starts from the newest complete checkpoint (``resume_step``); its timeline
+    is shifted by ``offset_s`` (the wall time since the job's first training began), so a job's
+    timeline and metrics read as one run. ``hosts`` says which host ran each worker (rank)."""
+
+    __tablename__ = "job_attempts"
+
+    job_id: Mapped[int] = mapped_column(ForeignKey("jobs.id", ondelete="CASCADE"), primary_key=True)
+    attempt: Mapped[int] = mapped_column(primary_key=True)
+    trigger: Mapped[str] = mapped_column(String(8))  # "submit" | "auto" | "manual"
+    status: Mapped[JobStatus] = mapped_column(_str_enum(JobStatus, "attempt_status"), default=JobStatus.QUEUED)
+    created_at: Mapped[datetime] = mapped_column(default=utcnow)
+    started_at: Mapped[datetime | None]
+    finished_at: Mapped[datetime | None]
+    train_started_at: Mapped[datetime | None]  # when its training processes' clock started
+    offset_s: Mapped[float | None] = mapped_column(Float)
+    resume_step: Mapped[int | None]  # the checkpoint step it continued from (0: from the start)
+    error: Mapped[str | None] = mapped_column(Text)
+    hosts: Mapped[dict[str, Any] | None]  # {rank: host}
+    nodes: Mapped[int] = mapped_column(default=1)  # hosts it runs on at once
+    rendezvous: Mapped[str | None] = mapped_column(String(300))  # host:port of torch's c10d rendezvous
+    # the worker asked to run it: the one whose host holds the job's checkpoints (one-host jobs)
+    prefer_node: Mapped[str | None] = mapped_column(String(255))
+
+
+class AttemptNode(Base):
+    """A worker host taking part in an attempt: the one that claimed it (``leader``) and, for a
+    job on several hosts, each one reserved with it (``member``), with its own heartbeat."""
+
+    __tablename__ = "attempt_nodes"
+
+    job_id: Mapped[int] = mapped_column(ForeignKey("jobs.id", ondelete="CASCADE"), primary_key=True)
+    attempt: Mapped[int] = mapped_column(primary_key=True)
+    node: Mapped[str] = mapped_column(String(255), primary_key=True)  # the Celery worker's node name
+    host: Mapped[str] = mapped_column(String(255))  # the host's name (PIPEBOARD_NODE_NAME)
+    role: Mapped[str] = mapped_column(String(8))  # "leader" | "member"
+    joined_at: Mapped[datetime | None]  # when its elastic agent started
+    heartbeat_at: Mapped[datetime | None]
+    pgid: Mapped[int | None]
+
+
 class TimelineEvent(Base):
     """One executed or predicted schedule action (`pipeboard.trainer.schedule.actions.TimelineEvent`)."""
 
@@ -231,6 +274,7 @@ class TimelineEvent(Base):
     start: Mapped[float] = mapped_column(Float)  # seconds from the run's (or simulation's) zero
     end: Mapped[float] = mapped_column(Float)
     step: Mapped[int] = mapped_column(default=0)
+    attempt: Mapped[int] = mapped_column(default=1, server_default="1")  # the job attempt that measured it
 
 
 class MetricPoint(Base):
@@ -244,6 +288,7 @@ class MetricPoint(Base):
     wall_s: Mapped[float] = mapped_column(Float)
     epoch: Mapped[float] = mapped_column(Float, default=0.0)
     values: Mapped[dict[str, Any]] = mapped_column(default=dict)
+    attempt: Mapped[int] = mapped_column(default=1, server_default="1")
 
 
 class JobEvent(Base):
@@ -287,6 +332,8 @@ class WorkerHeartbeat(Base):
 
     hostname: Mapped[str] = mapped_column(String(255), primary_key=True)
     pid: Mapped[int]
+    host: Mapped[str | None] = mapped_column(String(255))  # PIPEBOARD_NODE_NAME: jobs on several hosts reserve distinct ones
+    address: Mapped[str | None] = mapped_column(String(255))  # where other hosts reach it (PIPEBOARD_NODE_ADDRESS)
     pool: Mapped[str] = mapped_column(String(32))
     concurrency: Mapped[int]
     started_at: Mapped[datetime] = mapped_column(default=utcnow)

@@ -246,6 +246,8 @@ class SchedulePublic(BaseModel):
 
 MAX_PLAN_WORKERS = 4096  # what the inline what-if answers quickly
 MAX_JOB_WORKERS = 64  # local processes a job may start
+MAX_JOB_NODES = 16  # worker hosts one job may span
+DEFAULT_CHECKPOINT_EVERY = 20  # steps: a lost attempt redoes at most this many
 
 
 def total_workers(levels: list[Level] | None) -> int:
@@ -373,6 +375,15 @@ class JobCreate(BaseModel):
     hyperparameters: Hyperparameters = Field(default_factory=lambda: Hyperparameters())
     stop: StopRule = Field(default_factory=lambda: StopRule(steps=50))
     priority: int = Field(default=0, ge=-100, le=100, description="Higher runs first.")
+    checkpoint_every: int = Field(default=DEFAULT_CHECKPOINT_EVERY, ge=1, le=10_000_000, description=(
+        "Training steps between checkpoints (kept under the data folder, the newest few); an attempt that fails "
+        "resumes from the newest complete one."))
+    max_attempts: int = Field(default=2, ge=1, le=10, description=(
+        "Attempts in all, the first included: an attempt lost to a killed process, a dead worker or a lost host is "
+        "retried automatically from the newest checkpoint until this many have run (a manual retry starts a new count)."))
+    nodes: int = Field(default=1, ge=1, le=MAX_JOB_NODES, description=(
+        "Worker hosts the job trains on at once, reserved together: each host's worker starts torch's elastic agent "
+        "(c10d rendezvous) for an equal share of the job's worker processes."))
 
     @model_validator(mode="after")
     def _workers_or_levels(self) -> JobCreate:
@@ -382,7 +393,24 @@ class JobCreate(BaseModel):
             self.workers = 2
         if self.levels and total_workers(self.levels) > MAX_JOB_WORKERS:
             raise ValueError(f"levels: a job runs at most {MAX_JOB_WORKERS} worker processes in all")
+        processes = self.workers if self.workers is not None else total_workers(self.levels)
+        if processes % self.nodes:
+            raise ValueError(f"nodes: {self.nodes} hosts cannot share the job's {processes} worker processes evenly")
         return self
+
+
+class AttemptPublic(BaseModel):
+    attempt: int
+    trigger: Literal["submit", "auto", "manual"] = Field(description="What started it: the submit, an automatic retry of a lost attempt, a retry request.")
+    status: JobStatus
+    created_at: datetime | None = None
+    started_at: datetime | None = None
+    finished_at: datetime | None = None
+    resume_step: int | None = Field(default=None, description="The checkpoint step it continued from (0: the start); null until it trains.")
+    offset_s: float | None = Field(default=None, description="Where its training begins on the job's timeline and metric clock, in seconds.")
+    error: str | None = None
+    hosts: dict[str, str] | None = Field(default=None, description="Which host ran each worker (rank).")
+    nodes: list[str] = Field(default_factory=list, description="The worker hosts (node names) it ran on.")
 
 
 class JobPublic(BaseModel):
@@ -404,6 +432,7 @@ class JobPublic(BaseModel):
     plan_id: int | None = None
     summary: dict[str, Any] | None = None
     last_event_seq: int = 0
+    attempts: list[AttemptPublic] = Field(default_factory=list, description="Every attempt, oldest first.")
 
 
 class TimelineEventPublic(BaseModel):
@@ -415,6 +444,8 @@ class TimelineEventPublic(BaseModel):
     start: float
     end: float
     step: int
+    attempt: int = Field(default=1, description="The job attempt that measured it.")
+    host: str | None = Field(default=None, description="The host its worker ran on (measured events).")
 
 
 class TimelinePublic(BaseModel):
@@ -432,6 +463,7 @@ class MetricPointPublic(BaseModel):
     wall_s: float
     epoch: float
     values: dict[str, float]
+    attempt: int = Field(default=1, description="The job attempt that measured it.")
 
 
 class MetricsPublic(BaseModel):

@@ -65,6 +65,9 @@ def celery_config(settings: Settings) -> dict[str, Any]:
         "result_expires": 7 * 24 * 3600,
         "worker_hijack_root_logger": False,
         "worker_pool": "threads",
+        # every worker also consumes a queue of its own (<node>.dq2): a job on several hosts sends
+        # each host it reserved its part there (app/services/multihost.py)
+        "worker_direct": True,
         "worker_concurrency": settings.worker_concurrency,
         "timezone": "UTC",
     }
@@ -115,13 +118,17 @@ class WorkerHeartbeatThread(threading.Thread):
         from pipeboard.app.core.db import get_sessionmaker
         from pipeboard.app.models import WorkerHeartbeat, utcnow
 
+        from sqlalchemy import update
+
         now = utcnow()
         self.started_at = self.started_at or now
+        row = {"pid": os.getpid(), "pool": self.pool, "concurrency": self.concurrency, "started_at": self.started_at,
+               "seen_at": now, "host": get_settings().node_name, "address": get_settings().node_address or None}
         with get_sessionmaker()() as session:
-            session.merge(WorkerHeartbeat(
-                hostname=self.hostname, pid=os.getpid(), pool=self.pool,
-                concurrency=self.concurrency, started_at=self.started_at, seen_at=now,
-            ))
+            # The write first, then an insert if there was no row: a read first (merge) would fail
+            # at once on SQLite whenever another process wrote in between (app/services/tx.py).
+            if session.execute(update(WorkerHeartbeat).where(WorkerHeartbeat.hostname == self.hostname).values(**row)).rowcount == 0:
+                session.add(WorkerHeartbeat(hostname=self.hostname, **row))
             session.commit()
 
     def run(self) -> None:

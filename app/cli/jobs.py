@@ -128,6 +128,8 @@ def describe_event(message: dict[str, Any]) -> str | None:
     if kind in ("status", "progress"):
         text = data.get("status") or data.get("phase") or ""
         return f"[{kind}] {text}: {data.get('message', '')}".rstrip(": ")
+    if kind == "attempt":  # a (resumed) attempt's training begins
+        return f"[attempt] {data.get('message', '')}"
     if kind == "metrics" and data.get("points"):
         latest: dict[str, float] = {}  # a batch mixes training points and evaluations
         for point in data["points"]:
@@ -280,7 +282,7 @@ def register(cli: typer.Typer) -> None:
         url: str = URL_OPTION,
         token: Optional[str] = TOKEN_OPTION,
     ) -> None:
-        """Queue a failed or cancelled job again."""
+        """Queue a failed or cancelled job again: a new attempt, resuming from its newest checkpoint."""
         api = Api(url, token)
         job = api.call("POST", f"/jobs/{job_id}/retry")
         typer.echo(f"job {job['id']} {job['status']} (attempt {job['attempt']})")

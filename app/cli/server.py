@@ -1,8 +1,9 @@
 """`pipeboard up`, `pipeboard worker`, `pipeboard migrate`: running the service.
 
 `up` checks the configuration first and stops with ONE line naming the bad setting (exit code 2),
-migrates the database, then runs uvicorn and a Celery worker as child processes, each in its own
-process group, and stops both on Ctrl-C or SIGTERM. Authentication is on from the first start
+migrates the database, then runs uvicorn and the Celery workers as child processes, each in its own
+process group, restarts any of them that dies (with backoff, saying so; app/cli/supervise.py) and
+stops them all on Ctrl-C or SIGTERM. Authentication is on from the first start
 (Jupyter's way): when the database has no admin token that works, `up` creates one and prints it
 once, in a dashboard URL that signs in with it (`#token=`: a fragment, so it reaches no server log).
 """
@@ -21,6 +22,7 @@ import typer
 
 SETUP_ERROR = 2  # bad configuration: nothing was started
 STOP_TIMEOUT_S = 15.0
+API_GRACE_S = 3  # seconds the API server waits for open requests (event streams) when stopped
 
 
 def register(cli: typer.Typer) -> None:
@@ -147,7 +149,7 @@ def up(
     workers: int = typer.Option(1, "--workers", min=0, help="Celery worker processes to start (0: none)."),
     concurrency: int = typer.Option(0, min=0, help="Tasks per worker at once (0: PIPEBOARD_WORKER_CONCURRENCY)."),
 ) -> None:
-    """Migrate the database, then serve the API and dashboard with a Celery worker until Ctrl-C."""
+    """Migrate the database, then serve the API and dashboard with Celery workers until Ctrl-C; restart any that dies."""
     try:
         settings = checked_settings().model_copy(update={"bind_host": host})
         refusal = settings.auth_off_refusal()
@@ -178,7 +180,11 @@ def die_with_parent() -> None:
 
 
 def serve(settings, host: str, port: int, workers: int, concurrency: int) -> None:
-    """Run uvicorn and the workers, each in its own process group, until a signal or a crash."""
+    """Run uvicorn and the workers, each in its own process group, until Ctrl-C or SIGTERM; a
+    child that dies is started again (app/cli/supervise.py) while the others keep running."""
+    from pipeboard.app.cli.supervise import Child, Supervisor
+    from pipeboard.app.core.config import is_wildcard
+
     stopping = False
 
     def request_stop(signum: int, _frame: object) -> None:
@@ -188,39 +194,75 @@ def serve(settings, host: str, port: int, workers: int, concurrency: int) -> Non
     signal.signal(signal.SIGTERM, request_stop)
     signal.signal(signal.SIGINT, request_stop)
     loglevel = settings.log_level
-    uvicorn = [sys.executable, "-m", "uvicorn", "pipeboard.app.main:app", "--host", host, "--port", str(port), "--log-level", loglevel]
+    # A server told to stop closes its event streams after a few seconds (their clients resume
+    # with Last-Event-ID) rather than live on for as long as some job's stream stays open.
+    uvicorn = [sys.executable, "-m", "uvicorn", "pipeboard.app.main:app", "--host", host, "--port", str(port), "--log-level", loglevel,
+               "--timeout-graceful-shutdown", str(API_GRACE_S)]
     # The API's Host allow-list and its AUTH=off check need the address it listens on.
     api_env = {**os.environ, "PIPEBOARD_BIND_HOST": host}
-    api = subprocess.Popen(uvicorn, start_new_session=True, preexec_fn=die_with_parent, env=api_env)
+
+    def spawn(argv: list[str], env: dict[str, str] | None = None):
+        return lambda: subprocess.Popen(argv, start_new_session=True, preexec_fn=die_with_parent, env=env)
+
+    api = Child("the API server", spawn(uvicorn, api_env))
     children = [api]
     for index in range(workers):
-        command = worker_command(concurrency, "threads", f"pipeboard{index + 1}@%h", loglevel)
-        children.append(subprocess.Popen(command, start_new_session=True, preexec_fn=die_with_parent))
-    from pipeboard.app.core.config import is_wildcard
-
+        node = f"pipeboard{index + 1}@{settings.node_name}"
+        children.append(Child(f"worker {node}", spawn(worker_command(concurrency, "threads", node, loglevel)), node=node))
     # A wildcard bind answers on every address; this machine's own name for it is the one to show.
     shown_host = "localhost" if is_wildcard(host) else f"[{host}]" if ":" in host else host
     base = f"http://{shown_host}:{port}"
-    exit_code = 0
+    api_restarted = False
+
+    def on_start(child: Child) -> None:
+        nonlocal api_restarted
+        api_restarted = api_restarted or child is api
+
+    supervisor = Supervisor(children, say=lambda line: typer.echo(line, err=True), on_exit=worker_lost, on_start=on_start)
+    supervisor.start_all()
     try:
-        if wait_for_http(f"{base}/api/v1/health", api, should_stop=lambda: stopping):
+        if wait_for_http(f"{base}/api/v1/health", api.process, should_stop=lambda: stopping):
             typer.echo(f"pipeboard is up at {base}  (API docs {base}/docs; Ctrl-C stops)")
             announce_sign_in(settings, base)
         while not stopping:
-            ended = [c for c in children if c.poll() is not None]
-            if ended:
-                what = "the API server" if ended[0] is api else "a worker"
-                typer.echo(f"pipeboard: {what} exited with code {ended[0].returncode}; stopping", err=True)
-                exit_code = 1
-                break
+            supervisor.check()
+            if api_restarted and answers(f"{base}/api/v1/health"):
+                api_restarted = False
+                typer.echo(f"pipeboard: the API server is back at {base}", err=True)
             time.sleep(0.2)
     finally:
         # Celery's warm shutdown lets running tasks finish (or, past the timeout, acks_late
         # hands them back to the queue); uvicorn drains open requests meanwhile.
-        stop_groups(children)
-    if exit_code:
-        raise typer.Exit(exit_code)
+        stop_groups(supervisor.processes())
     typer.echo("pipeboard stopped")
+
+
+def answers(url: str) -> bool:
+    """Whether an HTTP server answers ``url`` at once (any status)."""
+    import urllib.error
+    import urllib.request
+
+    try:
+        with urllib.request.urlopen(url, timeout=0.5):
+            return True
+    except urllib.error.HTTPError:
+        return True
+    except OSError:
+        return False
+
+
+def worker_lost(child, code: int) -> None:
+    """A worker `up` started has died: the jobs it ran are retried now, not once their heartbeats
+    go stale (its runs are in process groups of their own, which this ends first)."""
+    if child.node is None:
+        return
+    from pipeboard.app.cli.supervise import describe_exit
+    from pipeboard.app.core.db import get_sessionmaker
+    from pipeboard.app.services import recovery
+
+    with get_sessionmaker()() as session:
+        for line in recovery.node_lost(session, child.node, f"its worker {child.node} exited with {describe_exit(code)}"):
+            typer.echo(f"pipeboard: {line}", err=True)
 
 
 def announce_sign_in(settings, base: str) -> None:
@@ -245,14 +287,28 @@ def announce_sign_in(settings, base: str) -> None:
 def worker(
     concurrency: int = typer.Option(0, min=0, help="Tasks at once (0: PIPEBOARD_WORKER_CONCURRENCY)."),
     pool: str = typer.Option("threads", help="Celery pool: threads or solo (both let tasks start process groups)."),
-    hostname: str = typer.Option("", help="Worker node name (default pipeboard@<host>)."),
+    hostname: str = typer.Option("", help="Celery node name (default pipeboard@<node name>)."),
+    node_name: str = typer.Option("", "--node-name", help=(
+        "This host's name for jobs and timelines, and for placing jobs on several hosts (one worker host per node): "
+        "give each host its own (default PIPEBOARD_NODE_NAME, else the machine's host name).")),
+    node_address: str = typer.Option("", "--node-address", help=(
+        "The address the other worker hosts reach this one at, for torch's rendezvous and training traffic "
+        "(default PIPEBOARD_NODE_ADDRESS, else what the node name resolves to).")),
 ) -> None:
-    """Run one Celery worker in the foreground."""
+    """Run one Celery worker in the foreground (one per host; see docs/multihost.md for several hosts)."""
     if pool not in ("threads", "solo"):
         fail(f"--pool: {pool!r} is not supported (use threads or solo)")
+    if node_name:
+        os.environ["PIPEBOARD_NODE_NAME"] = node_name
+    if node_address:
+        os.environ["PIPEBOARD_NODE_ADDRESS"] = node_address
+    from pipeboard.app.core.config import get_settings
+
+    get_settings.cache_clear()
     settings = checked_settings()
     check_reachable(settings)
-    command = worker_command(concurrency or settings.worker_concurrency, pool, hostname or "pipeboard@%h", settings.log_level)
+    command = worker_command(concurrency or settings.worker_concurrency, pool, hostname or f"pipeboard@{settings.node_name}",
+                             settings.log_level)
     os.execv(command[0], command)
 
 

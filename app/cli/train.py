@@ -2,7 +2,8 @@
 
     pipeboard train --model SPEC [--model-arg k=v ...] [--data PATH] [--plan plan.json | --stages P]
         --schedule NAME --batch-size B --microbatches M [--epochs E | --steps S | --target METRIC]
-        [--workers N] [--checkpoint-dir D] [--resume] [--json] [--job-id N] [--events-jsonl PATH]
+        [--workers N] [--checkpoint-dir D [--checkpoint-every N] [--checkpoint-keep K] [--resume]] [--json]
+        [--job-id N [--attempt A]] [--events-jsonl PATH]
         [--weight-grads batched|immediate] [--cpu-matmul default|onednn] [--precision fp32|bf16]
         [--loader-workers N]
 
@@ -10,13 +11,16 @@ SPEC is a zoo name or a task factory (`package.module:function`, `path/to/file.p
 returning a pipeboard.trainer.Task; the task is built and checked here, before any worker starts.
 
 Ends with a summary line (or, with --json, one JSON object with samples_per_s, final_metric,
-steps, wall_s, ...). Bad input or a failed run: one line on stderr, exit code 2 or 1.
+steps, wall_s, ...). Bad input or a failed run: one line on stderr, exit code 2 or 1; 75 when the
+run was lost (a worker process killed or hung) rather than stopped by an error it reported, so
+the same run resumed from its checkpoint could succeed.
 torch is imported inside the command.
 """
 
 from __future__ import annotations
 
 import json
+import os
 from typing import Any, Optional
 
 import typer
@@ -95,7 +99,10 @@ def register(cli: typer.Typer) -> None:
             None, "--workers", help=f"Processes ({data_parallel}: replicas; with --stages P: N/P per stage)."),
         checkpoint_dir: Optional[str] = typer.Option(None, "--checkpoint-dir"),
         checkpoint_every: int = typer.Option(0, "--checkpoint-every", help="Steps between checkpoints (0: at the end)."),
+        checkpoint_keep: int = typer.Option(2, "--checkpoint-keep", help="Complete checkpoints to keep (the newest)."),
         resume: bool = typer.Option(False, "--resume", help="Continue from the last complete checkpoint."),
+        resume_at_most: Optional[int] = typer.Option(
+            None, "--resume-at-most", help="With --resume: from the newest complete checkpoint at or before this step."),
         vertical_sync: bool = typer.Option(
             False, "--vertical-sync",
             help="{schedules vertical_sync=True}: vertical sync of weight versions."),
@@ -118,12 +125,21 @@ def register(cli: typer.Typer) -> None:
                  "some AMD processors; bench/matmul.py measures yours). Default: $PIPEBOARD_CPU_MATMUL, else default."),
         as_json: bool = typer.Option(False, "--json", help="Print the summary as one JSON object."),
         job_id: Optional[int] = typer.Option(None, "--job-id", help="Report to the service's job N (database)."),
+        attempt: Optional[int] = typer.Option(
+            None, "--attempt", help="With --job-id: the job's attempt this run is; its reports stop once the job moves on."),
         events_jsonl: Optional[str] = typer.Option(None, "--events-jsonl", help="Append every report as a JSON line."),
+        torchrun: bool = typer.Option(
+            False, "--torchrun", help="Run as one rank of a torchrun launch (rank, world and rendezvous from its "
+                                      "environment; several hosts): rank 0 reports and prints the summary."),
     ) -> None:
         """Train a model (a zoo task or your own) with a pipeline schedule, one process per stage replica."""
         from pipeboard.trainer.runtime.config import ConfigError, RunConfig
         from pipeboard.trainer.schedule import registry
 
+        if job_id is not None and not torchrun:  # under torchrun the agent is the parent (app/services/node_agent.py)
+            from pipeboard.app.core.lifetime import die_with_parent_if_asked
+
+            die_with_parent_if_asked()
         if plan is not None and stages is not None:
             fail("--plan and --stages: give one of them")
         try:
@@ -137,7 +153,9 @@ def register(cli: typer.Typer) -> None:
                 num_stages=stages, workers=workers if (workers or not replicas or not dp) else sum(replicas),
                 chunks=chunks, vertical_sync=vertical_sync, weight_grads=weight_grads, epochs=epochs, steps=steps, target=target, max_steps=max_steps, seed=seed,
                 lr=lr, optimizer=optimizer, eval_every=eval_every, checkpoint_dir=checkpoint_dir,
-                checkpoint_every=checkpoint_every, resume=resume, hang_timeout_s=hang_timeout, device=device,
+                checkpoint_every=checkpoint_every, checkpoint_keep=checkpoint_keep, resume=resume,
+                resume_at_most=resume_at_most,
+                hang_timeout_s=hang_timeout, device=device,
                 cpu_matmul=cpu_matmul)
             if dp and plan_stages is not None:
                 cfg.stages = [[n for s in plan_stages for n in s]]
@@ -145,21 +163,31 @@ def register(cli: typer.Typer) -> None:
             from pipeboard.trainer.runtime.launch import run_training
             from pipeboard.trainer.runtime.sinks import JsonlSink, MultiSink
 
-            sinks: list[Any] = [ProgressSink(enabled=not as_json)]
-            if events_jsonl:
+            reports = not torchrun or os.environ.get("RANK") == "0"
+            sinks: list[Any] = [ProgressSink(enabled=not as_json and not torchrun)]
+            if events_jsonl and reports:
                 sinks.append(JsonlSink(events_jsonl))
-            if job_id is not None:
+            if job_id is not None and reports:
                 from pipeboard.app.services.run_sink import DbSink
 
-                sinks.append(DbSink(job_id))
-            summary = run_training(cfg, MultiSink(sinks))
+                sinks.append(DbSink(job_id, attempt=attempt))
+            if torchrun:
+                from pipeboard.trainer.runtime.torchrun_entry import run as run_rank
+
+                summary = run_rank(cfg, MultiSink(sinks))
+                if summary is None:  # not rank 0: rank 0 reports for all
+                    return
+            else:
+                summary = run_training(cfg, MultiSink(sinks))
         except (ConfigError, ValueError, KeyError) as exc:
             # a KeyError's str() quotes its message; other messages may end in a quoted value
             fail(str(exc.args[0]) if isinstance(exc, KeyError) and exc.args else str(exc))
         except Exception as exc:  # RunFailed, or anything else: one line, never a traceback
+            from pipeboard.app.services.errors import RUN_LOST_EXIT
+
             if type(exc).__name__ != "RunFailed":
-                exc = f"{type(exc).__name__}: {exc}"
-            fail(str(exc), code=1)
+                fail(f"{type(exc).__name__}: {exc}", code=1)
+            fail(str(exc), code=RUN_LOST_EXIT if getattr(exc, "lost", False) else 1)
         if as_json:
             typer.echo(json.dumps(summary, default=str))
         else:

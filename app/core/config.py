@@ -70,6 +70,16 @@ class Settings(BaseSettings):
     worker_concurrency: int = Field(2, ge=1, description="Tasks one `pipeboard worker` runs at once (thread pool).")
     health_timeout_seconds: float = Field(1.0, gt=0, description="How long /health waits for the database, broker and workers.")
     log_level: str = Field("info", description="Log level of the API and the worker.")
+    join_timeout_s: float = Field(120.0, gt=0, description=(
+        "How long a job on several hosts waits for enough free worker hosts, and then for their agents to join "
+        "torch's rendezvous, before its attempt fails saying which joined."))
+    checkpoint_keep: int = Field(2, ge=1, description="Complete checkpoints kept per job (the newest); older ones are deleted.")
+    node_name: str = Field("", description=(
+        "This host's name as jobs and timelines show it, and the unit a multi-host job reserves (one worker "
+        "host per node); default the machine's host name. Give each worker host its own."))
+    node_address: str = Field("", description=(
+        "The address other worker hosts reach this one at (torch's rendezvous and the training processes); "
+        "default the address NODE_NAME resolves to."))
 
     @field_validator("data_dir")
     @classmethod
@@ -117,6 +127,10 @@ class Settings(BaseSettings):
                 self.result_backend = f"db+sqlite:///{data}/results.sqlite"
         if not self.redis_url and scheme_of(self.broker_url) in ("redis", "rediss"):
             self.redis_url = self.broker_url
+        if not self.node_name:
+            import socket
+
+            self.node_name = socket.gethostname()
         return self
 
     @property

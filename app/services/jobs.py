@@ -19,14 +19,13 @@ from datetime import datetime, timedelta, timezone
 from functools import lru_cache
 from typing import Any
 
-from sqlalchemy import and_, delete, func, or_, select, update
+from sqlalchemy import and_, func, or_, select, update
 from sqlalchemy.orm import Session
 
 from pipeboard.app.core.config import get_settings
-from pipeboard.app.models import Job, JobEvent, JobStatus, MetricPoint, Model, ModelStatus
-from pipeboard.app.models import TimelineEvent as TimelineEventRow
+from pipeboard.app.models import Job, JobEvent, JobStatus, Model, ModelStatus
 from pipeboard.app.schemas import JobCreate, JobPublic
-from pipeboard.app.services import events
+from pipeboard.app.services import attempts, events
 from pipeboard.app.services.errors import NotFound, ServiceError
 from pipeboard.app.services.tx import begin_write
 
@@ -106,9 +105,11 @@ def submit(session: Session, spec: JobCreate, *, kind: str = "train", enqueue: b
         priority=spec.priority,
         spec=spec.model_dump(mode="json"),
         submitted_by=submitted_by,
+        attempt=1,
     )
     session.add(job)
     session.flush()
+    attempts.open_row(session, job.id, 1, "submit", spec.nodes)
     events.append(session, job.id, [("status", {"status": "queued", "message": "submitted"})], commit=False)
     session.commit()
     if enqueue:
@@ -116,29 +117,38 @@ def submit(session: Session, spec: JobCreate, *, kind: str = "train", enqueue: b
     return job
 
 
-def enqueue_or_fail(session: Session, job_id: int) -> None:
-    """Queue the job's task; if the broker cannot take it, the job fails (retryable) and the
-    client gets a 503 saying so, rather than a job that waits forever for a task that never comes."""
+def enqueue_or_fail(session: Session, job_id: int, *, node: str | None = None, attempt: int | None = None) -> None:
+    """Queue the job's task (for attempt ``attempt`` on worker ``node``, when given); if the broker
+    cannot take it, the job fails (retryable) and the client gets a 503 saying so, rather than a
+    job that waits forever for a task that never comes."""
     try:
-        enqueue_run(job_id)
+        enqueue_run(job_id, node, attempt)
     except Exception as exc:
         reason = f"broker: cannot queue the job ({type(exc).__name__}: {exc})"
         finish(session, job_id, JobStatus.FAILED, expected=(JobStatus.QUEUED,), error=reason, message="not queued")
         raise ServiceError(reason, status=503, field="broker") from None
 
 
-def enqueue_run(job_id: int) -> None:
-    """One Celery task per queued job; the task claims the best queued job when it starts."""
-    send_task("pipeboard.run_job", job_id)
+def enqueue_run(job_id: int, node: str | None = None, attempt: int | None = None) -> None:
+    """One Celery task per queued job; the task claims the best queued job when it starts. An
+    attempt meant for one worker (its host holds the checkpoints) goes to that worker's own queue
+    as a task for that attempt alone, and the others' tasks pass it by."""
+    if node is None:
+        send_task("pipeboard.run_job", job_id)
+    else:
+        from celery.utils import worker_direct
+
+        send_task("pipeboard.resume_job", job_id, attempt, queue=worker_direct(node))
 
 
-def send_task(name: str, *args: Any) -> None:
-    """Queue Celery task ``name`` on the configured broker (raises when the broker cannot take it)."""
+def send_task(name: str, *args: Any, queue: Any = None) -> None:
+    """Queue Celery task ``name`` on the configured broker (raises when the broker cannot take it);
+    ``queue``: a particular one (a worker's own, `celery.utils.worker_direct(node)`), default the common one."""
     app = producer(get_settings().broker_url)
     # A connection of our own rather than kombu's global producer pool: the pool registers
     # after-fork hooks that would run (and can hang) in processes this one forks later.
     with app.connection_for_write() as connection:
-        app.send_task(name, args=list(args), connection=connection, ignore_result=True,
+        app.send_task(name, args=list(args), connection=connection, ignore_result=True, queue=queue,
                       retry_policy={"max_retries": 2, "interval_start": 0.1, "interval_step": 0.2, "interval_max": 0.5})
 
 
@@ -186,8 +196,9 @@ def queue_position(session: Session, job: Job) -> int | None:
     return int(ahead or 0) + 1
 
 
-def to_public(session: Session, job: Job, *, position: int | None | bool = False, last_seq: int | None = None) -> JobPublic:
-    """``position``/``last_seq`` may be precomputed (lists); otherwise they are queried."""
+def to_public(session: Session, job: Job, *, position: int | None | bool = False, last_seq: int | None = None,
+              tries: list[Any] | None = None) -> JobPublic:
+    """``position``/``last_seq``/``tries`` (its attempts) may be precomputed (lists); otherwise they are queried."""
     return JobPublic(
         id=job.id,
         name=job.name,
@@ -207,29 +218,34 @@ def to_public(session: Session, job: Job, *, position: int | None | bool = False
         plan_id=job.plan_id,
         summary=job.summary,
         last_event_seq=events.last_seq(session, job.id) if last_seq is None else last_seq,
+        attempts=attempts.public(session, [job.id])[job.id] if tries is None else tries,
     )
 
 
 def to_public_many(session: Session, rows: list[Job]) -> list[JobPublic]:
-    """A page of jobs with two queries for all positions and sequence numbers, not 2 per job."""
+    """A page of jobs with a few queries for all positions, sequence numbers and attempts, not some per job."""
     if not rows:
         return []
     queued = session.scalars(select(Job.id).where(Job.status == JobStatus.QUEUED).order_by(Job.priority.desc(), Job.id.asc())).all()
     positions = {job_id: i + 1 for i, job_id in enumerate(queued)}
     ids = [j.id for j in rows]
     seqs = dict(session.execute(select(JobEvent.job_id, func.max(JobEvent.seq)).where(JobEvent.job_id.in_(ids)).group_by(JobEvent.job_id)).all())
-    return [to_public(session, j, position=positions.get(j.id), last_seq=seqs.get(j.id, 0)) for j in rows]
+    tries = attempts.public(session, ids)
+    return [to_public(session, j, position=positions.get(j.id), last_seq=seqs.get(j.id, 0), tries=tries[j.id]) for j in rows]
 
 
-def finish(session: Session, job_id: int, status: JobStatus, *, expected: tuple[JobStatus, ...], error: str | None = None, message: str = "", summary: dict[str, Any] | None = None, **extra: Any) -> bool:
-    """Move a job to a final status if it is in one of ``expected``; commit it with its end event."""
+def finish(session: Session, job_id: int, status: JobStatus, *, expected: tuple[JobStatus, ...], error: str | None = None, message: str = "", summary: dict[str, Any] | None = None, attempt: int | None = None, **extra: Any) -> bool:
+    """Move a job to a final status if it is in one of ``expected`` (and on ``attempt``, when
+    given: a runner that outlived its attempt cannot end the next one); commit it with its end event."""
     begin_write(session)
     values: dict[str, Any] = {"status": status, "finished_at": utcnow(), **extra}
     if error is not None:
         values["error"] = error[-4000:]
     if summary is not None:
         values["summary"] = summary
-    result = session.execute(update(Job).where(Job.id == job_id, Job.status.in_(expected)).values(**values))
+    where = [Job.id == job_id, Job.status.in_(expected)] + ([Job.attempt == attempt] if attempt is not None else [])
+    attempts.close_current(session, job_id, status, error)  # before the job's row moves: it matches the current one
+    result = session.execute(update(Job).where(*where).values(**values))
     if result.rowcount != 1:
         session.rollback()
         return False
@@ -254,51 +270,93 @@ def cancel(session: Session, job_id: int) -> Job:
         raise ServiceError(f"status: job {job_id} is already {job.status.value}", status=409, field="status")
     session.refresh(job)
     if was_running:
-        kill_group_if_local(job, signal.SIGTERM)
+        kill_group_if_local(job.pgid, job.worker_hostname, signal.SIGTERM)
     return job
 
 
 def retry(session: Session, job_id: int) -> Job:
-    """Run a failed or cancelled job again as a new attempt (its old measurements are dropped;
-    its event log continues, so a stream sees the retry)."""
+    """Run a failed or cancelled job again as a new attempt: it resumes from the job's newest
+    complete checkpoint (from the start when there is none), and its event log, metrics and
+    timeline continue."""
     job = get(session, job_id)
     if job.status not in (JobStatus.FAILED, JobStatus.CANCELLED):
         raise ServiceError(f"status: only failed or cancelled jobs can be retried; job {job_id} is {job.status.value}", status=409, field="status")
-    begin_write(session)
-    result = session.execute(
-        update(Job)
-        .where(Job.id == job_id, Job.status.in_((JobStatus.FAILED, JobStatus.CANCELLED)))
-        .values(status=JobStatus.QUEUED, error=None, started_at=None, finished_at=None, heartbeat_at=None,
-                pid=None, pgid=None, cancel_requested=False, summary=None, attempt=Job.attempt + 1)
-    )
-    if result.rowcount != 1:
-        session.rollback()
+    if not requeue(session, job, trigger="manual", expected=(JobStatus.FAILED, JobStatus.CANCELLED),
+                   message="retry: a new attempt resumes from the newest checkpoint"):
         raise ServiceError(f"status: job {job_id} changed meanwhile; try again", status=409, field="status")
-    session.execute(delete(TimelineEventRow).where(TimelineEventRow.job_id == job_id))
-    session.execute(delete(MetricPoint).where(MetricPoint.job_id == job_id))
-    published = events.append(session, job_id, [("status", {"status": "queued", "message": "retry"})], commit=False)
-    session.commit()
-    events.publish(job_id, published)
-    enqueue_or_fail(session, job_id)
     session.refresh(job)
     return job
 
 
-def kill_group_if_local(job: Job, sig: int = signal.SIGKILL) -> bool:
+def requeue(session: Session, job: Job, *, trigger: str, expected: tuple[JobStatus, ...], message: str,
+            error: str | None = None) -> bool:
+    """Queue ``job`` again as attempt ``job.attempt + 1`` if it is still in ``expected`` on its
+    current attempt; commit that with the attempt's row and a `status` event (no `end`: a stream
+    follows the job into its next attempt), then send its task. False when someone else moved it."""
+    attempt = job.attempt
+    prefer = attempts.holder(session, job)
+    begin_write(session)
+    if error is not None:
+        attempts.close_current(session, job.id, JobStatus.FAILED, error)
+    result = session.execute(
+        update(Job)
+        .where(Job.id == job.id, Job.status.in_(expected), Job.attempt == attempt)
+        .values(status=JobStatus.QUEUED, error=None, started_at=None, finished_at=None, heartbeat_at=None,
+                cancel_requested=False, attempt=attempt + 1)
+    )
+    if result.rowcount != 1:
+        session.rollback()
+        return False
+    attempts.open_row(session, job.id, attempt + 1, trigger, attempts.nodes_of(job.spec), prefer=prefer)
+    payload: dict[str, Any] = {"status": "queued", "message": message, "attempt": attempt + 1}
+    if error:
+        payload["error"] = error[-2000:]
+    if prefer:
+        payload["worker"] = prefer
+    published = events.append(session, job.id, [("status", payload)], commit=False)
+    session.commit()
+    events.publish(job.id, published)
+    enqueue_or_fail(session, job.id, node=prefer, attempt=attempt + 1)
+    return True
+
+
+def fail_or_retry(session: Session, job_id: int, attempt: int, error: str, *, retryable: bool, message: str = "") -> str | None:
+    """End attempt ``attempt`` of a running job: queue the next attempt if the failure is
+    ``retryable`` (a process, a worker or a host lost) and the job has automatic attempts left,
+    else fail the job. Returns what happened, in words; None when the job had moved on already."""
+    job = session.get(Job, job_id)
+    if job is None or job.status != JobStatus.RUNNING or job.attempt != attempt:
+        return None
+    left = attempts.auto_left(session, job) if retryable else 0
+    if left:
+        if requeue(session, job, trigger="auto", expected=(JobStatus.RUNNING,), error=error,
+                   message=f"attempt {attempt} failed ({error.splitlines()[0] if error else message}); attempt {attempt + 1} "
+                           f"resumes from the newest checkpoint"):
+            return f"job {job_id}: attempt {attempt} failed, attempt {attempt + 1} queued ({error})"
+        return None
+    why = "" if not retryable else f" (no automatic attempt left of {attempts.max_attempts(job.spec)}; retry it to resume)"
+    if finish(session, job_id, JobStatus.FAILED, expected=(JobStatus.RUNNING,), error=error + why, message=message or "failed",
+              attempt=attempt):
+        return f"job {job_id}: failed on attempt {attempt} ({error}{why})"
+    return None
+
+
+def kill_group_if_local(pgid: int | None, node: str | None, sig: int = signal.SIGKILL) -> bool:
     """End a run's process group when it runs on this host (the worker's monitor does it anyway;
     this makes cancel immediate and covers a worker that died)."""
-    if not job.pgid or job.worker_hostname != socket.gethostname():
+    if not pgid or node != get_settings().node_name:
         return False
     try:
-        os.killpg(job.pgid, sig)
+        os.killpg(pgid, sig)
         return True
     except (ProcessLookupError, PermissionError):
         return False
 
 
 def reap_stale(session: Session) -> int:
-    """Fail running jobs whose worker stopped heart-beating (Celery will not redeliver a task
-    whose worker was SIGKILLed, so without this they would stay "running" forever)."""
+    """Retry (or fail, when it has no automatic attempt left) running jobs whose worker stopped
+    heart-beating: Celery will not redeliver a task whose worker was SIGKILLed, so without this
+    they would stay "running" forever."""
     settings = get_settings()
     cutoff = utcnow() - timedelta(seconds=settings.stale_after_seconds)
     stale = session.scalars(
@@ -307,9 +365,20 @@ def reap_stale(session: Session) -> int:
     reaped = 0
     for job in stale:
         last = job.heartbeat_at.isoformat(timespec="seconds") if job.heartbeat_at else "never"
-        error = f"worker {job.worker_hostname or '?'} stopped sending heartbeats (last {last}); the job can be retried"
-        if finish(session, job.id, JobStatus.FAILED, expected=(JobStatus.RUNNING,), error=error, message="worker lost"):
-            kill_group_if_local(job)
+        error = f"worker {job.worker_hostname or '?'} stopped sending heartbeats (last {last})"
+        kill_group_if_local(job.pgid, job.worker_hostname)  # before a next attempt can start beside it
+        if fail_or_retry(session, job.id, job.attempt, error, retryable=True, message="worker lost"):
             reaped += 1
             log.warning("job %s: %s", job.id, error)
+    # queued attempts waiting for a worker that is gone: any worker may take them now
+    for job_id, attempt in attempts.unheld(session):
+        if attempts.release(session, job_id, attempt):
+            enqueue_or_fail(session, job_id)
+    # the other hosts of jobs on several hosts: each member's worker heart-beats its own row
+    for job_id, attempt, node, host, pgid, last in attempts.stale_members(session, cutoff):
+        error = f"host {host}'s worker {node} stopped sending heartbeats (last {last.isoformat(timespec='seconds')})"
+        kill_group_if_local(pgid, host)
+        if fail_or_retry(session, job_id, attempt, error, retryable=True, message="host lost"):
+            reaped += 1
+            log.warning("job %s: %s", job_id, error)
     return reaped

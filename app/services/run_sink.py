@@ -5,9 +5,11 @@ executemany) and the job-log event announcing them commit together, then go out 
 pub/sub when the broker is Redis. Calls already arrive in batches (rank 0 gathers the others'),
 so one transaction per call keeps the write rate low.
 
-It also watches its job: when the job is no longer running (cancelled, or failed by the reaper
-because its worker died) and the run was started by the service as its own process group, it
-ends that group, so a run whose worker vanished cannot go on training unobserved.
+It also fences its attempt: every write checks, under the job row's lock, that the job still runs
+this attempt; when it does not (cancelled, or failed or retried because its worker was lost), the
+write is dropped and, for a run the service started as its own process group, the group is ended,
+so a run whose worker vanished can neither go on training unobserved nor write into the next attempt.
+Times are shifted onto the job's clock (attempts.clock_offset), so a resumed attempt continues it.
 """
 
 from __future__ import annotations
@@ -15,7 +17,7 @@ from __future__ import annotations
 import logging
 import os
 import signal
-import time
+from dataclasses import replace
 from enum import Enum
 from typing import Any, Sequence
 
@@ -24,7 +26,9 @@ from sqlalchemy import func, insert, select, update
 from pipeboard.app.core.db import get_sessionmaker
 from pipeboard.app.models import EventSource, Job, JobStatus, MetricPoint
 from pipeboard.app.models import TimelineEvent as TimelineEventRow
+from pipeboard.app.services import attempts
 from pipeboard.app.services import events as job_events
+from pipeboard.app.services.tx import begin_write
 from pipeboard.trainer.sink import MetricRecord
 from pipeboard.trainer.schedule.actions import TimelineEvent
 
@@ -33,7 +37,6 @@ log = logging.getLogger(__name__)
 # A timeline batch's events ride along in its SSE message up to this many; a bigger batch only
 # announces its seq range and the client fetches /timeline (keeps the log and the stream small).
 INLINE_EVENTS = 2000
-WATCH_INTERVAL_S = 1.0
 
 
 def compact(ev: TimelineEvent) -> list[Any]:
@@ -46,17 +49,28 @@ def _kind(kind: Any) -> str:
     return kind.value if isinstance(kind, Enum) else str(kind)
 
 
+class Superseded(RuntimeError):
+    """The job is no longer running this attempt (cancelled, failed, or retried as a next one)."""
+
+
 class DbSink:
-    def __init__(self, job_id: int, *, own_group: bool | None = None) -> None:
+    """Reports of attempt ``attempt`` (default: the job's current one) of job ``job_id``."""
+
+    def __init__(self, job_id: int, *, attempt: int | None = None, own_group: bool | None = None) -> None:
         self.job_id = int(job_id)
         self.session = get_sessionmaker()()
-        if self.session.get(Job, self.job_id) is None:
+        job = self.session.get(Job, self.job_id)
+        if job is None:
             raise ValueError(f"--job-id: job {self.job_id} does not exist in the configured database")
+        self.attempt = int(attempt if attempt is not None else job.attempt)
         self._timeline_seq = self._max_seq(TimelineEventRow.seq, TimelineEventRow.source == EventSource.MEASURED)
         self._metric_seq = self._max_seq(MetricPoint.seq)
         self._own_group = os.environ.get("PIPEBOARD_RUN_GROUP") == "1" if own_group is None else own_group
-        self._last_watch = 0.0
         self.session.commit()  # end the reads above: the first write must start a fresh transaction
+        begin_write(self.session)
+        # The attempt's clock continues the job's: its times are shifted by this much.
+        self.offset_s = attempts.clock_offset(self.session, self.job_id, self.attempt)
+        self.session.commit()
 
     def _max_seq(self, column: Any, *where: Any) -> int:
         table = column.class_
@@ -66,45 +80,54 @@ class DbSink:
 
     def on_status(self, phase: str, message: str = "", **fields: Any) -> None:
         payload = {"phase": phase, "message": message, **_jsonable(fields)}
-        self._commit_with([("progress", payload)])
+        items = [("progress", payload)]
+        if phase == "running" and "start_step" in fields:  # where this attempt's training starts
+            items.append(("attempt", attempts.resumed(self.session, self.job_id, self.attempt, int(fields["start_step"]),
+                                                      fields.get("hosts"))))
+        self._commit_with(items)
 
     def on_events(self, events: Sequence[TimelineEvent]) -> None:
         if not events:
             return
+        shift = self.offset_s
+        events = [replace(e, start=float(e.start) + shift, end=float(e.end) + shift) for e in events]
         first = self._timeline_seq + 1
         rows = [
             {"job_id": self.job_id, "source": EventSource.MEASURED, "seq": first + i, "worker": e.worker, "stage": e.stage,
-             "replica": e.replica, "microbatch": e.microbatch, "kind": _kind(e.kind), "start": float(e.start), "end": float(e.end), "step": e.step}
+             "replica": e.replica, "microbatch": e.microbatch, "kind": _kind(e.kind), "start": e.start, "end": e.end,
+             "step": e.step, "attempt": self.attempt}
             for i, e in enumerate(events)
         ]
         self.session.execute(insert(TimelineEventRow), rows)
-        self._timeline_seq = first + len(rows) - 1
         payload: dict[str, Any] = {
             "first_seq": first,
-            "last_seq": self._timeline_seq,
+            "last_seq": first + len(rows) - 1,
             "count": len(rows),
             "steps": [min(e.step for e in events), max(e.step for e in events)],
+            "attempt": self.attempt,
         }
         if len(events) <= INLINE_EVENTS:
             payload["events"] = [compact(e) for e in events]
         self._commit_with([("timeline", payload)])
+        self._timeline_seq = first + len(rows) - 1
 
     def on_metrics(self, records: Sequence[MetricRecord]) -> None:
         if not records:
             return
         first = self._metric_seq + 1
         rows = [
-            {"job_id": self.job_id, "seq": first + i, "step": r.step, "wall_s": float(r.wall_s), "epoch": float(r.epoch),
-             "values": {k: float(v) for k, v in r.values.items()}}
+            {"job_id": self.job_id, "seq": first + i, "step": r.step, "wall_s": float(r.wall_s) + self.offset_s,
+             "epoch": float(r.epoch), "values": {k: float(v) for k, v in r.values.items()}, "attempt": self.attempt}
             for i, r in enumerate(records)
         ]
         self.session.execute(insert(MetricPoint), rows)
-        self._metric_seq = first + len(rows) - 1
-        points = [{"seq": row["seq"], "step": row["step"], "wall_s": row["wall_s"], "epoch": row["epoch"], "values": row["values"]} for row in rows]
+        points = [{"seq": row["seq"], "step": row["step"], "wall_s": row["wall_s"], "epoch": row["epoch"], "values": row["values"],
+                   "attempt": self.attempt} for row in rows]
         self._commit_with([("metrics", {"points": points})])
+        self._metric_seq = first + len(rows) - 1
 
     def on_summary(self, summary: dict[str, Any]) -> None:
-        clean = _jsonable(summary)
+        clean = {**_jsonable(summary), "attempt": self.attempt}
         self.session.execute(update(Job).where(Job.id == self.job_id).values(summary=clean))
         self._commit_with([("summary", clean)])
 
@@ -114,25 +137,28 @@ class DbSink:
     # --- internals ------------------------------------------------------------------------
 
     def _commit_with(self, items: list[tuple[str, dict[str, Any]]]) -> None:
+        """Commit the pending rows with their log events, if the job still runs this attempt:
+        the check happens under the job row's lock (taken by the append), so a run that outlived
+        its attempt (its worker was lost and the job moved on) can never write into the next."""
         try:
             published = job_events.append(self.session, self.job_id, items, commit=False)
+            status, attempt = self.session.execute(select(Job.status, Job.attempt).where(Job.id == self.job_id)).one()
+            if status != JobStatus.RUNNING or attempt != self.attempt:
+                self.session.rollback()
+                self._superseded(status, attempt)
             self.session.commit()
         except Exception:
             self.session.rollback()
             raise
         job_events.publish(self.job_id, published)
-        self._watch()
 
-    def _watch(self) -> None:
-        now = time.monotonic()
-        if now - self._last_watch < WATCH_INTERVAL_S:
-            return
-        self._last_watch = now
-        status = self.session.scalar(select(Job.status).where(Job.id == self.job_id))
-        self.session.commit()
-        if status in (JobStatus.CANCELLED, JobStatus.FAILED) and self._own_group:
-            log.warning("job %s is %s; ending this run's process group", self.job_id, status.value)
+    def _superseded(self, status: JobStatus, attempt: int) -> None:
+        what = f"is {status.value}" if attempt == self.attempt else f"moved on to attempt {attempt}"
+        message = f"job {self.job_id} {what}; attempt {self.attempt}'s run stops"
+        log.warning(message)
+        if self._own_group:
             os.killpg(os.getpgrp(), signal.SIGTERM)
+        raise Superseded(message)
 
 
 def _jsonable(value: Any) -> Any:

@@ -10,6 +10,7 @@ from sqlalchemy.orm import Session
 from pipeboard.app.models import EventSource, MetricPoint
 from pipeboard.app.models import TimelineEvent as TimelineEventRow
 from pipeboard.app.schemas import MetricPointPublic, MetricsPublic, TimelineEventPublic, TimelinePublic
+from pipeboard.app.services import attempts
 from pipeboard.app.services.downsample import evenly, pick_steps
 
 T = TimelineEventRow
@@ -58,10 +59,13 @@ def timeline(
             keep.discard(min(keep))
         where.append(T.step.in_(sorted(keep)))
     rows = session.scalars(select(T).where(*where).order_by(T.seq)).all()
+    # which host ran each worker, per attempt (a retried attempt may place ranks elsewhere)
+    hosts = attempts.hosts_by_attempt(session, job_id) if src is EventSource.MEASURED else {}
     return TimelinePublic(
         source=src.value,
         events=[
-            TimelineEventPublic(worker=r.worker, stage=r.stage, replica=r.replica, microbatch=r.microbatch, kind=r.kind, start=r.start, end=r.end, step=r.step)
+            TimelineEventPublic(worker=r.worker, stage=r.stage, replica=r.replica, microbatch=r.microbatch, kind=r.kind, start=r.start,
+                                end=r.end, step=r.step, attempt=r.attempt, host=hosts.get(r.attempt, {}).get(str(r.worker)))
             for r in rows
         ],
         total=total,
@@ -77,7 +81,8 @@ def metrics(session: Session, job_id: int, *, step_from: int | None = None, step
     rows = session.scalars(select(M).where(*where).order_by(M.seq)).all()
     kept = evenly(rows, limit)
     return MetricsPublic(
-        points=[MetricPointPublic(seq=r.seq, step=r.step, wall_s=r.wall_s, epoch=r.epoch, values=dict(r.values or {})) for r in kept],
+        points=[MetricPointPublic(seq=r.seq, step=r.step, wall_s=r.wall_s, epoch=r.epoch, values=dict(r.values or {}), attempt=r.attempt)
+                for r in kept],
         total=len(rows),
         downsampled=len(kept) < len(rows),
     )

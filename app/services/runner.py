@@ -13,7 +13,6 @@ import json
 import logging
 import os
 import signal
-import socket
 import subprocess
 import sys
 import threading
@@ -23,16 +22,16 @@ from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
 
-from sqlalchemy import insert, select, update
+from sqlalchemy import insert, or_, select, update
 
 from pipeboard.app.core.config import get_settings
 from pipeboard.app.core.db import get_sessionmaker
-from pipeboard.app.models import EventSource, Job, JobStatus, Model
+from pipeboard.app.models import EventSource, Job, JobAttempt, JobStatus, Model
 from pipeboard.app.models import Plan as PlanRow
 from pipeboard.app.models import TimelineEvent as TimelineEventRow
 from pipeboard.app.schemas import JobCreate
-from pipeboard.app.services import contexts, events, jobs, planning, profiles
-from pipeboard.app.services.errors import ServiceError
+from pipeboard.app.services import attempts, contexts, events, jobs, multihost, planning, profiles
+from pipeboard.app.services.errors import PhaseFailed, ServiceError
 from pipeboard.app.services.tx import begin_write
 
 log = logging.getLogger(__name__)
@@ -53,25 +52,39 @@ def now() -> datetime:
     return datetime.now(timezone.utc)
 
 
-def claim_next(task_id: str | None) -> int | None:
-    """Atomically move the best queued job to running; None when nothing is queued."""
+def claim_next(task_id: str | None, node: str | None = None, job_id: int | None = None,
+               attempt: int | None = None) -> int | None:
+    """Atomically move the best queued job to running on this worker (Celery node ``node``) and
+    start its attempt; None when nothing is queued. Attempts meant for another worker (whose host
+    holds their checkpoints) are passed by; with ``job_id`` and ``attempt``, only that one is taken."""
+    host = get_settings().node_name
+    node = node or f"pipeboard@{host}"
+    if job_id is not None:
+        which = [Job.id == job_id, Job.attempt == attempt]
+    else:
+        meant = select(JobAttempt.prefer_node).where(JobAttempt.job_id == Job.id, JobAttempt.attempt == Job.attempt)
+        which = [or_(meant.scalar_subquery().is_(None), meant.scalar_subquery() == node)]
     with get_sessionmaker()() as s:
         for _ in range(10):
-            candidate = s.scalar(
-                select(Job.id).where(Job.status == JobStatus.QUEUED).order_by(Job.priority.desc(), Job.id.asc()).limit(1)
-            )
+            candidate = s.execute(
+                select(Job.id, Job.attempt, Job.spec).where(Job.status == JobStatus.QUEUED, *which)
+                .order_by(Job.priority.desc(), Job.id.asc()).limit(1)
+            ).first()
             if candidate is None:
                 return None
+            candidate, attempt, spec = candidate
             begin_write(s)
             t = now()
             result = s.execute(
                 update(Job)
-                .where(Job.id == candidate, Job.status == JobStatus.QUEUED)
+                .where(Job.id == candidate, Job.status == JobStatus.QUEUED, Job.attempt == attempt)
                 .values(status=JobStatus.RUNNING, started_at=t, heartbeat_at=t, celery_task_id=task_id,
-                        worker_hostname=socket.gethostname(), pid=None, pgid=None)
+                        worker_hostname=host, pid=None, pgid=None)
             )
             if result.rowcount == 1:
-                published = events.append(s, candidate, [("status", {"status": "running", "message": f"claimed by {socket.gethostname()}"})], commit=False)
+                attempts.claimed(s, candidate, attempt, node, host, attempts.nodes_of(spec))
+                published = events.append(s, candidate, [("status", {"status": "running", "attempt": attempt,
+                                                                     "message": f"attempt {attempt} claimed by {node}"})], commit=False)
                 s.commit()
                 events.publish(candidate, published)
                 return candidate
@@ -90,6 +103,8 @@ def child_env() -> dict[str, str]:
         PIPEBOARD_RESULT_BACKEND=st.result_backend,
         PIPEBOARD_REDIS_URL=st.redis_url,
         PIPEBOARD_RUN_GROUP="1",  # tells DbSink it may end its own process group on cancel
+        PIPEBOARD_PARENT_PID=str(os.getpid()),  # a run ends when this worker dies (app/core/lifetime.py)
+        PIPEBOARD_NODE_NAME=st.node_name,  # the host the run's workers report (timelines say it)
         PYTHONUNBUFFERED="1",
         # `python -m` runs in the job's code context: the folder must not come first on sys.path,
         # where a project's `profile.py` would replace the standard library's (it goes last).
@@ -108,8 +123,11 @@ def pipeboard_command() -> list[str]:
 @dataclass
 class JobRun:
     job_id: int
+    node: str | None = None  # the Celery worker's node name
 
     def __post_init__(self) -> None:
+        self.attempt = 0  # the job's attempt this run is (set before the monitor starts)
+        self.abandoned: str | None = None  # why the worker gave the run up (abandon_all)
         self.stop = threading.Event()
         self.proc: subprocess.Popen | None = None
         self.lock = threading.Lock()
@@ -123,11 +141,7 @@ class JobRun:
         with get_sessionmaker()() as s:
             while not self.stop.is_set():
                 try:
-                    result = s.execute(
-                        update(Job).where(Job.id == self.job_id, Job.status == JobStatus.RUNNING).values(heartbeat_at=now())
-                    )
-                    s.commit()
-                    if result.rowcount != 1:  # cancelled or reaped by someone else
+                    if not self.beat(s):  # cancelled, or reaped (and retried) by someone else
                         self.stop.set()
                         self.kill_child()
                         return
@@ -135,6 +149,19 @@ class JobRun:
                     s.rollback()
                     log.warning("job %s heartbeat failed: %s", self.job_id, exc)
                 self.stop.wait(min(period, 1.0))
+
+    def beat(self, s) -> bool:
+        """Refresh the heartbeat; False once the job no longer runs this attempt."""
+        result = s.execute(update(Job).where(Job.id == self.job_id, Job.status == JobStatus.RUNNING,
+                                             Job.attempt == self.attempt).values(heartbeat_at=now()))
+        s.commit()
+        return result.rowcount == 1
+
+    def record_group(self, pid: int) -> None:
+        """Where cancel, the reaper and a dying worker's supervisor find the run's group."""
+        begin_write(self.session)
+        self.session.execute(update(Job).where(Job.id == self.job_id).values(pid=pid, pgid=pid))
+        self.session.commit()
 
     def kill_child(self) -> None:
         with self.lock:
@@ -150,6 +177,8 @@ class JobRun:
     # --- phases ---------------------------------------------------------------------------
 
     def execute(self) -> None:
+        self.attempt = self.session.scalar(select(Job.attempt).where(Job.id == self.job_id))
+        self.session.commit()
         monitor = threading.Thread(target=self._monitor, name=f"job-{self.job_id}-monitor", daemon=True)
         monitor.start()
         with _active_lock:
@@ -164,7 +193,13 @@ class JobRun:
             else:
                 self.train_job(job, workdir)
         except Stopped:
-            pass
+            if self.abandoned:  # here, in the task's thread: never queue a task from a signal handler
+                self.kill_child()
+                jobs.fail_or_retry(self.session, self.job_id, self.attempt, self.abandoned, retryable=True,
+                                   message="worker stopped")
+        except PhaseFailed as exc:  # killed or lost: another attempt may resume it
+            self.session.rollback()
+            jobs.fail_or_retry(self.session, self.job_id, self.attempt, exc.message, retryable=exc.retryable)
         except ServiceError as exc:
             self.done(JobStatus.FAILED, error=exc.message)
         except Exception as exc:
@@ -185,7 +220,8 @@ class JobRun:
         self.session.rollback()
         if summary is None and status == JobStatus.SUCCEEDED:
             summary = self.session.scalar(select(Job.summary).where(Job.id == self.job_id))
-        jobs.finish(self.session, self.job_id, status, expected=(JobStatus.RUNNING,), error=error, summary=summary)
+        jobs.finish(self.session, self.job_id, status, expected=(JobStatus.RUNNING,), error=error, summary=summary,
+                    attempt=self.attempt)
 
     def check(self) -> None:
         if self.stop.is_set():
@@ -246,6 +282,8 @@ class JobRun:
 
     def train_job(self, job: Job, workdir: Path) -> None:
         spec = job.spec
+        if job.plan_id is not None and self.attempt > 1:  # a resumed attempt: the checkpoints' plan
+            return self.train_phase(job, workdir, self.stored_plan(job, workdir))
         profile_id = self.profile_phase(job, workdir)
         self.check()
         prof = profiles.get(self.session, profile_id)
@@ -276,11 +314,35 @@ class JobRun:
         self.check()
         plan_path = workdir / "plan.json"
         plan_path.write_text(json.dumps(plan_obj.to_dict()))
-        self.progress("train", "starting training")
+        self.train_phase(job, workdir, plan_path)
+
+    def stored_plan(self, job: Job, workdir: Path) -> Path:
+        """The plan the job's earlier attempts trained (and checkpointed) with, as a file."""
+        plan_path = workdir / "plan.json"
+        plan_path.write_text(json.dumps(self.session.get(PlanRow, job.plan_id).data))
+        self.progress("plan", f"attempt {self.attempt}: plan {job.plan_id}, as before", plan_id=job.plan_id)
+        return plan_path
+
+    def train_phase(self, job: Job, workdir: Path, plan_path: Path) -> None:
+        spec = job.spec
+        self.progress("train", "starting training" if self.attempt <= 1 else
+                      f"attempt {self.attempt}: resuming training from the newest checkpoint")
         source, _, default_args, model_id = profiles.resolve_model(self.session, spec["model"], check_zoo=False)
-        timed_out = self.run_child(train_command(job.id, spec, plan_path, source, default_args),
-                                   workdir / "train.log", phase="train", time_limit=(spec.get("stop") or {}).get("time_s"),
-                                   cwd=self.code_dir(model_id, workdir))
+        time_s = (spec.get("stop") or {}).get("time_s")
+        if time_s is not None:  # the training time earlier attempts had counts
+            time_s = max(1.0, time_s - attempts.trained_s(self.session, job.id, self.attempt))
+        command = train_command(job.id, spec, plan_path, source, default_args, checkpoint_dir=checkpoint_dir(job.id),
+                                attempt=self.attempt, recorded=attempts.recorded_step(self.session, job.id))
+        several = attempts.nodes_of(spec) > 1
+        if several:  # torch's elastic agent here, and on the hosts reserved with this one
+            self.progress("train", f"reserving {attempts.nodes_of(spec)} hosts")
+            command = multihost.lead(self.session, job, self.attempt, command, job_workers(spec), self.stop.is_set)
+            self.progress("train", "starting torch's elastic agent on every host (c10d rendezvous)")
+        try:
+            timed_out = self.run_child(command, workdir / "train.log", phase="train", time_limit=time_s,
+                                       cwd=self.code_dir(model_id, workdir))
+        except PhaseFailed as exc:
+            raise multihost.explain(self.session, job.id, self.attempt, exc) if several else exc
         summary = self.session.scalar(select(Job.summary).where(Job.id == job.id)) or {}
         if timed_out:
             summary = {**summary, "stopped_by": "time"}
@@ -297,9 +359,7 @@ class JobRun:
                                     env=child_env(), start_new_session=True, cwd=str(cwd or log_path.parent))
         with self.lock:
             self.proc = proc
-        begin_write(self.session)
-        self.session.execute(update(Job).where(Job.id == self.job_id).values(pid=proc.pid, pgid=proc.pid))
-        self.session.commit()
+        self.record_group(proc.pid)
         started = time.monotonic()
         timed_out = False
         try:
@@ -324,7 +384,7 @@ class JobRun:
         if self.stop.is_set():
             raise Stopped()
         if proc.returncode != 0 and not timed_out:
-            raise ServiceError(f"{phase} failed (exit code {proc.returncode}): {_tail(log_path)}", status=500)
+            raise PhaseFailed(f"{phase} failed (exit code {proc.returncode}): {_tail(log_path)}", proc.returncode)
         return timed_out
 
 
@@ -340,10 +400,19 @@ def job_workers(spec: dict[str, Any]) -> int:
     return total_workers(planning.levels_of(spec.get("levels"), spec.get("workers")))
 
 
+def checkpoint_dir(job_id: int) -> Path:
+    """Where a job's checkpoints live, across its attempts: under the data folder."""
+    return get_settings().data_dir / "jobs" / str(job_id) / "checkpoints"
+
+
 def train_command(job_id: int, spec: dict[str, Any], plan_path: Path, source: str | None = None,
-                  default_args: dict[str, Any] | None = None) -> list[str]:
+                  default_args: dict[str, Any] | None = None, *, checkpoint_dir: Path | None = None,
+                  attempt: int = 1, recorded: int | None = None) -> list[str]:
     """``pipeboard train`` for the job: ``source`` is the model's task factory (a registered
-    model's; default the zoo name), with its registered arguments under the job's own."""
+    model's; default the zoo name), with its registered arguments under the job's own; with
+    ``checkpoint_dir`` it checkpoints every ``checkpoint_every`` steps and resumes from the newest
+    complete checkpoint at or before ``recorded``, the last step the job has measurements of (a
+    lost run may have checkpointed steps it never reported: those are trained again)."""
     cmd = pipeboard_command() + ["train", "--model", source or spec["model"]]
     for k, v in {**(default_args or {}), **(spec.get("model_args") or {})}.items():
         cmd += ["--model-arg", f"{k}={v}"]
@@ -351,7 +420,12 @@ def train_command(job_id: int, spec: dict[str, Any], plan_path: Path, source: st
         cmd += ["--data", spec["data"]]
     cmd += ["--plan", str(plan_path), "--schedule", spec["schedule"], "--batch-size", str(spec["batch_size"]),
             "--microbatches", str(spec["microbatches"]), "--weight-grads", weight_grads_of(spec),
-            "--job-id", str(job_id), "--json"]
+            "--job-id", str(job_id), "--attempt", str(attempt), "--json"]
+    if checkpoint_dir is not None:
+        cmd += ["--checkpoint-dir", str(checkpoint_dir), "--checkpoint-every", str(attempts.checkpoint_every(spec)),
+                "--checkpoint-keep", str(get_settings().checkpoint_keep), "--resume"]
+        if recorded is not None:
+            cmd += ["--resume-at-most", str(recorded)]
     stop = spec.get("stop") or {}
     if stop.get("epochs") is not None:
         cmd += ["--epochs", str(stop["epochs"])]
@@ -386,7 +460,8 @@ def _tail(path: Path, lines: int = 15) -> str:
 
 
 def abandon_all(reason: str) -> list[int]:
-    """Fail every job this process runs (retryable) and let their runs end their groups.
+    """Give up every run of this process: each ends its group, then retries its job (or fails
+    it, out of attempts) from its own thread, which the warm shutdown waits for.
 
     Called when the worker begins to shut down: a warm shutdown would otherwise wait for runs
     of any length, and a later SIGKILL of the worker would orphan them (each run is its own
@@ -394,16 +469,16 @@ def abandon_all(reason: str) -> list[int]:
     with _active_lock:
         runs = list(_active.values())
     for run in runs:
-        with get_sessionmaker()() as s:
-            jobs.finish(s, run.job_id, JobStatus.FAILED, expected=(JobStatus.RUNNING,),
-                        error=f"{reason} ({socket.gethostname()}); the job can be retried", message="worker stopped")
-        run.stop.set()  # the task's thread ends the child's group and returns
+        run.abandoned = f"{reason} ({get_settings().node_name})"
+        run.stop.set()
     return [run.job_id for run in runs]
 
 
-def run_next(task_id: str | None = None) -> int | None:
-    """The body of the Celery task: run the best queued job, if any; returns its id."""
-    job_id = claim_next(task_id)
+def run_next(task_id: str | None = None, node: str | None = None, job_id: int | None = None,
+             attempt: int | None = None) -> int | None:
+    """The body of the Celery tasks: run the best queued job (or attempt ``attempt`` of job
+    ``job_id``), if any; returns its id."""
+    job_id = claim_next(task_id, node, job_id, attempt)
     if job_id is not None:
-        JobRun(job_id).execute()
+        JobRun(job_id, node).execute()
     return job_id

@@ -2,13 +2,20 @@
 
 import { baseLayout, PLOT_CONFIG, stageColor, STAGE_COLORS } from './util.js';
 
-/** Values of `key` over wall time from metric points [{wall_s, values}], skipping gaps. */
+/** Values of `key` over wall time from metric points [{wall_s, values, attempt}], skipping
+ * missing values; the line breaks (a null) where a job's next attempt takes over. */
 export function series(points, key) {
   const x = [];
   const y = [];
+  let attempt = null;
   for (const p of points) {
     const v = p.values?.[key];
     if (v === undefined || v === null || !Number.isFinite(v)) continue;
+    if (attempt !== null && (p.attempt ?? 1) !== attempt) {
+      x.push(p.wall_s);
+      y.push(null);
+    }
+    attempt = p.attempt ?? 1;
     x.push(p.wall_s);
     y.push(v);
   }
@@ -22,9 +29,19 @@ export function keysWithPrefix(points, prefix) {
   return [...keys].sort((a, b) => Number(a.slice(prefix.length)) - Number(b.slice(prefix.length)) || a.localeCompare(b));
 }
 
-export function lineChart(div, traces, { title, xTitle = '', xSuffix = 's', yTitle = '', yRange, empty = 'no points yet' } = {}) {
+/** Where each attempt after the first begins on the job's clock: [{x, text}] for `lineChart`'s marks. */
+export function attemptMarks(attempts = []) {
+  return attempts.filter((a) => a.attempt > 1 && a.offset_s != null)
+    .map((a) => ({ x: a.offset_s, text: `attempt ${a.attempt}${a.resume_step ? ` · from step ${a.resume_step}` : ' · from the start'}` }));
+}
+
+export function lineChart(div, traces, { title, xTitle = '', xSuffix = 's', yTitle = '', yRange, empty = 'no points yet', marks = [] } = {}) {
   // x is wall time by default: ticks say "2s", leaving room below them for a legend.
   const has = traces.some((t) => t.x.length);
+  // A dashed line where each later attempt begins (the gap before it is the time the fault cost).
+  const shown = has ? marks : [];
+  const shapes = shown.map((m) => ({ type: 'line', xref: 'x', yref: 'paper', x0: m.x, x1: m.x, y0: 0, y1: 1, line: { color: '#9a6700', width: 1, dash: 'dash' } }));
+  const markNotes = shown.map((m) => ({ text: m.text, x: m.x, xref: 'x', yref: 'paper', y: 1, yanchor: 'bottom', xanchor: 'left', showarrow: false, font: { size: 10, color: '#9a6700' } }));
   const layout = baseLayout({
     title: { text: title, x: 0, font: { size: 14 } },
     height: 260,
@@ -33,7 +50,8 @@ export function lineChart(div, traces, { title, xTitle = '', xSuffix = 's', yTit
     yaxis: { title: { text: yTitle }, range: yRange, zeroline: false, visible: has },
     showlegend: traces.length > 1,
     legend: { orientation: 'h', x: 0, y: -0.12, yanchor: 'top' },
-    annotations: has ? [] : [{ text: empty, showarrow: false, xref: 'paper', yref: 'paper', x: 0.5, y: 0.5, font: { color: '#52606d' } }],
+    annotations: has ? markNotes : [{ text: empty, showarrow: false, xref: 'paper', yref: 'paper', x: 0.5, y: 0.5, font: { color: '#52606d' } }],
+    shapes,
   });
   return window.Plotly.react(div, traces.map((t) => ({ type: 'scatter', mode: t.x.length > 60 ? 'lines' : 'lines+markers', ...t })), layout, PLOT_CONFIG);
 }

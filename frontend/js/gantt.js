@@ -29,19 +29,21 @@ export const OTHER_KIND = { kind: 'other', label: 'other', color: '#999999', lan
 export const KIND_INDEX = new Map(KINDS.map((k, i) => [k.kind, i]));
 const LANES = { compute: { offset: -0.4, width: 0.58 }, comm: { offset: 0.2, width: 0.22 } };
 
-/** Rows of the chart: one per worker, labelled with the stage(s) it holds and its replica. */
+/** Rows of the chart: one per worker, labelled with the stage(s) it holds, its replica and the
+ * host(s) it ran on (measured events say; a retried attempt may place a worker elsewhere). */
 export function workerRows(events) {
   const byWorker = new Map();
   for (const e of events) {
     let row = byWorker.get(e.worker);
-    if (!row) { row = { worker: e.worker, stages: new Set(), replica: e.replica ?? 0 }; byWorker.set(e.worker, row); }
+    if (!row) { row = { worker: e.worker, stages: new Set(), replica: e.replica ?? 0, hosts: new Set() }; byWorker.set(e.worker, row); }
     row.stages.add(e.stage);
+    if (e.host) row.hosts.add(e.host);
   }
   const rows = [...byWorker.values()].sort((a, b) => a.worker - b.worker);
   rows.forEach((row, index) => {
     row.index = index;
     const stages = [...row.stages].sort((a, b) => a - b).join(',');
-    row.label = `w${row.worker} · s${stages} r${row.replica}`;
+    row.label = `w${row.worker} · s${stages} r${row.replica}${row.hosts.size ? ` · ${[...row.hosts].join('/')}` : ''}`;
   });
   return rows;
 }

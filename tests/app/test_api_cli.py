@@ -113,6 +113,6 @@ def test_jobs_commands_against_a_server(tmp_path: Path):
         assert f"job {job_id} cancelled" in run("jobs", "cancel", job_id, env=env).stdout
         again = run("jobs", "cancel", job_id, env=env)
         assert again.returncode == 2 and "already cancelled" in again.stderr
-        assert "queued (attempt 1)" in run("jobs", "retry", job_id, env=env).stdout
+        assert "queued (attempt 2)" in run("jobs", "retry", job_id, env=env).stdout
     finally:
         dep.close()

@@ -53,7 +53,9 @@ def test_cancel_queued_then_retry(client, session):
     again = client.post(f"/api/v1/jobs/{job['id']}/cancel")
     assert again.status_code == 409 and "already cancelled" in again.json()["detail"]
     retried = client.post(f"/api/v1/jobs/{job['id']}/retry").json()
-    assert retried["status"] == "queued" and retried["attempt"] == 1
+    assert retried["status"] == "queued" and retried["attempt"] == 2
+    assert [(a["attempt"], a["trigger"], a["status"]) for a in retried["attempts"]] == [(1, "submit", "cancelled"),
+                                                                                        (2, "manual", "queued")]
     assert client.post(f"/api/v1/jobs/{job['id']}/retry").status_code == 409
 
 
@@ -68,20 +70,37 @@ def test_errors_name_the_field(client):
     assert bad_schedule.status_code == 422 and "schedule" in bad_schedule.json()["detail"]
     two_rules = client.post("/api/v1/jobs", json={**JOB, "stop": {"steps": 3, "epochs": 1}})
     assert two_rules.status_code == 422 and "stop" in two_rules.json()["detail"]
+    uneven = client.post("/api/v1/jobs", json={**JOB, "workers": 3, "nodes": 2})
+    assert uneven.status_code == 422 and "nodes: 2 hosts cannot share the job's 3 worker processes" in uneven.json()["detail"]
+    assert client.post("/api/v1/jobs", json={**JOB, "max_attempts": 0}).status_code == 422
     both = client.post("/api/v1/jobs", json={**JOB, "levels": [{"workers": 2, "bandwidth": 1e9}]})
     assert both.status_code == 422 and "levels" in both.json()["detail"]
     assert client.get("/api/v1/jobs/999999").status_code == 404
     assert client.get("/api/v1/jobs/99999999999999").status_code == 422
 
 
-def test_reaper_fails_a_job_whose_heartbeat_is_stale(client, session):
-    job = submit(client)
-    stale = jobs.utcnow() - timedelta(hours=1)
-    session.execute(update(Job).where(Job.id == job["id"]).values(status=JobStatus.RUNNING, started_at=stale, heartbeat_at=stale, worker_hostname="gone-host", pgid=None))
-    session.commit()
-    got = client.get(f"/api/v1/jobs/{job['id']}").json()
-    assert got["status"] == "failed" and "heartbeat" in got["error"] and "retried" in got["error"]
-    assert client.post(f"/api/v1/jobs/{job['id']}/retry").json()["status"] == "queued"
+def test_reaper_retries_a_job_whose_heartbeat_is_stale_then_fails_it_out_of_attempts(client, session):
+    job = submit(client)  # max_attempts 2 by default
+
+    def lose_its_worker() -> dict:
+        stale = jobs.utcnow() - timedelta(hours=1)
+        session.execute(update(Job).where(Job.id == job["id"]).values(status=JobStatus.RUNNING, started_at=stale, heartbeat_at=stale,
+                                                                      worker_hostname="gone-host", pgid=None))
+        session.commit()
+        return client.get(f"/api/v1/jobs/{job['id']}").json()
+
+    retried = lose_its_worker()
+    assert retried["status"] == "queued" and retried["attempt"] == 2 and retried["error"] is None
+    first, second = retried["attempts"]
+    assert first["status"] == "failed" and "gone-host stopped sending heartbeats" in first["error"]
+    assert (second["trigger"], second["status"]) == ("auto", "queued")
+    log = session.scalars(select(JobEvent.payload).where(JobEvent.job_id == job["id"], JobEvent.kind == "status")).all()
+    assert "attempt 2 resumes from the newest checkpoint" in log[-1]["message"]
+    failed = lose_its_worker()
+    assert failed["status"] == "failed" and "heartbeat" in failed["error"] and "no automatic attempt left of 2" in failed["error"]
+    again = client.post(f"/api/v1/jobs/{job['id']}/retry").json()  # a manual retry: a new count
+    assert again["status"] == "queued" and again["attempt"] == 3 and again["attempts"][-1]["trigger"] == "manual"
+    assert lose_its_worker()["status"] == "queued"
 
 
 def test_empty_run_data(client):

@@ -185,3 +185,63 @@ def embedded_env(tmp: Path) -> dict[str, str]:
 
 def redis_env(tmp: Path, redis_url: str) -> dict[str, str]:
     return deployment_env(tmp, redis_url)
+
+
+# A job long enough to be killed mid-run, with checkpoints far enough apart that the kill (made on
+# seeing a step in the first 70 after a checkpoint) lands before the next one: attempt 2 then
+# redoes steps attempt 1 has already reported, and their losses can be compared.
+FAULT_JOB = {**SMALL_JOB, "batch_size": 64, "microbatches": 4, "stop": {"steps": 400}, "checkpoint_every": 100}
+
+
+def due_for_kill(message: dict[str, Any], every: int = 100) -> bool:
+    """A `metrics` message past the first checkpoint and early in a checkpoint interval."""
+    if message["event"] != "metrics":
+        return False
+    step = max(p["step"] for p in message["data"]["points"])
+    return step > every and step % every <= 70
+
+
+def losses_by_attempt(messages: list[dict[str, Any]]) -> dict[int, dict[int, float]]:
+    """{attempt: {step: loss}} from a stream's `metrics` messages (including points dropped later)."""
+    out: dict[int, dict[int, float]] = {}
+    for m in messages:
+        if m["event"] == "metrics":
+            for p in m["data"]["points"]:
+                if "loss" in p["values"]:
+                    out.setdefault(p.get("attempt", 1), {})[p["step"]] = p["values"]["loss"]
+    return out
+
+
+def check_resumed_run(dep: Deployment, job_id: int, messages: list[dict[str, Any]], total_steps: int | None = None) -> dict[str, Any]:
+    """The checks every killed-and-resumed job must pass; returns the job. `messages`: its whole
+    stream, read by one or more connections (each resumed with Last-Event-ID). `total_steps`:
+    default the steps the job's summary says it trained (a target rule)."""
+    ids = [int(m["id"]) for m in messages if m["event"] != "open"]
+    assert ids == list(range(1, len(ids) + 1)), "every event exactly once, across attempts and reconnections"
+    job = dep.api("GET", f"/jobs/{job_id}")
+    total_steps = total_steps or job["summary"]["steps"]
+    assert job["status"] == "succeeded" and job["attempt"] == 2, f"{job}\n{dep.logs()}"
+    first, second = job["attempts"]
+    assert first["status"] == "failed" and (second["trigger"], second["status"]) == ("auto", "succeeded")
+    resume = second["resume_step"]
+    every = job["spec"]["checkpoint_every"]
+    assert resume > 0 and resume % every == 0, "attempt 2 continues from a checkpoint, not from step 0"
+    marks = [m["data"] for m in messages if m["event"] == "attempt"]
+    assert [(m["attempt"], m["resume_step"]) for m in marks] == [(1, 0), (2, resume)]
+    # The job's series: every step once, attempt 1's up to the checkpoint, attempt 2's after it.
+    points = dep.api("GET", f"/jobs/{job_id}/metrics", params={"limit": 100000})["points"]
+    steps = [(p["step"], p["attempt"]) for p in points if "loss" in p["values"]]
+    assert sorted(s for s, _ in steps) == list(range(1, total_steps + 1))
+    assert all((a == 1) == (s <= resume) for s, a in steps)
+    assert min(p["wall_s"] for p in points if p["attempt"] == 2) > max(p["wall_s"] for p in points if p["attempt"] == 1)
+    # The steps attempt 1 reported after the checkpoint, trained again by attempt 2: same losses
+    # (weights, optimizer state, RNG state and data order all restored).
+    losses = losses_by_attempt(messages)
+    redone = sorted(set(losses[1]) & set(losses[2]))
+    assert redone and redone[0] == resume + 1, (resume, sorted(losses[1])[-3:])
+    for step in redone:
+        assert abs(losses[2][step] - losses[1][step]) <= 1e-6 * max(1.0, abs(losses[1][step])), step
+    timeline = dep.api("GET", f"/jobs/{job_id}/timeline", params={"limit": 200000})
+    assert {(e["attempt"], e["step"] >= resume) for e in timeline["events"]} == {(1, False), (2, True)}
+    assert all(e["host"] for e in timeline["events"])
+    return job

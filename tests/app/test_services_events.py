@@ -7,13 +7,14 @@ import json
 import threading
 import time
 
+import pytest
 from sqlalchemy import select
 
 from pipeboard.app.core.db import get_sessionmaker
 from pipeboard.app.models import Job, JobStatus, MetricPoint
 from pipeboard.app.models import TimelineEvent as TimelineEventRow
-from pipeboard.app.services import events, jobs, stream
-from pipeboard.app.services.run_sink import DbSink
+from pipeboard.app.services import events, jobs, rundata, stream
+from pipeboard.app.services.run_sink import DbSink, Superseded
 from pipeboard.app.services.sse import frame, parse_stream
 from tests.app.test_services_support import live_db, new_job  # noqa: F401  (fixture)
 from pipeboard.trainer.schedule.actions import Kind, TimelineEvent
@@ -71,14 +72,44 @@ def test_dbsink_writes_rows_and_announces_them(live_db):
         rows = s.scalars(select(TimelineEventRow).where(TimelineEventRow.job_id == job_id).order_by(TimelineEventRow.seq)).all()
         assert [r.seq for r in rows] == [1, 2, 3, 4, 5] and rows[-1].kind == "B"
         assert s.scalar(select(MetricPoint.values).where(MetricPoint.job_id == job_id)) == {"loss": 2.0, "samples_per_s": 100.0}
-        assert s.get(Job, job_id).summary == {"samples_per_s": 123.0, "final_metric": None}
+        job = s.get(Job, job_id)
+        assert job.summary == {"samples_per_s": 123.0, "final_metric": None, "attempt": job.attempt}
         log = events.since(s, job_id, 0)
     assert [e["event"] for e in log] == ["progress", "timeline", "timeline", "metrics", "summary"]
     assert log[1]["data"]["events"][3] == [0, 0, 0, 3, "F", 0.3, 0.35, 0] and log[2]["data"]["first_seq"] == 5
-    # a second sink for the same job (a resumed run) continues the sequence
-    DbSink(job_id, own_group=False).on_events([TimelineEvent(0, 0, 0, 0, "F", 1.0, 1.1, step=2)])
+
+
+def test_a_resumed_attempt_continues_the_data_and_the_old_one_is_fenced_off(live_db):
+    job_id = new_job("running")
+    first = DbSink(job_id, own_group=False)
+    first.on_status("running", start_step=0, hosts={0: "a", 1: "b"})
+    first.on_events([TimelineEvent(w, w, 0, 0, "F", 0.1 * k, 0.1 * k + 0.05, step=k) for k in range(3) for w in (0, 1)])
+    first.on_metrics([MetricRecord(step=k + 1, wall_s=0.1 * k + 0.1, values={"loss": 3.0 - k}) for k in range(3)])
+    with get_sessionmaker()() as s:  # its worker is lost: the job moves on to the next attempt
+        job = s.get(Job, job_id)
+        assert jobs.fail_or_retry(s, job_id, job.attempt, "lost", retryable=True)
+        s.execute(Job.__table__.update().where(Job.id == job_id).values(status=JobStatus.RUNNING))
+        s.commit()
+        attempt = s.get(Job, job_id).attempt
+    with pytest.raises(Superseded, match=f"moved on to attempt {attempt}"):
+        first.on_metrics([MetricRecord(step=4, wall_s=0.4, values={"loss": 0.5})])
+    resumed = DbSink(job_id, own_group=False)  # resumes from the checkpoint at step 1
+    assert resumed.attempt == attempt and resumed.offset_s >= 0
+    resumed.on_status("running", start_step=1, hosts={0: "b", 1: "a"})
+    resumed.on_events([TimelineEvent(0, 0, 0, 0, "F", 0.0, 0.05, step=1)])
+    resumed.on_metrics([MetricRecord(step=2, wall_s=0.1, values={"loss": 2.0})])
     with get_sessionmaker()() as s:
-        assert s.scalar(select(TimelineEventRow.seq).order_by(TimelineEventRow.seq.desc()).limit(1)) == 6
+        points = s.execute(select(MetricPoint.step, MetricPoint.attempt).where(MetricPoint.job_id == job_id)
+                           .order_by(MetricPoint.step)).all()
+        assert [tuple(p) for p in points] == [(1, attempt - 1), (2, attempt)]  # step 2 once, step 4 never
+        timeline = rundata.timeline(s, job_id)
+        log = events.since(s, job_id, 0)
+    assert [(e.step, e.attempt, e.worker, e.host) for e in timeline.events] == [(0, attempt - 1, 0, "a"), (0, attempt - 1, 1, "b"),
+                                                                                (1, attempt, 0, "b")]
+    assert timeline.events[-1].start == pytest.approx(resumed.offset_s)  # on the job's clock
+    marks = [e["data"] for e in log if e["event"] == "attempt"]
+    assert [(m["attempt"], m["resume_step"]) for m in marks] == [(attempt - 1, 0), (attempt, 1)]
+    assert marks[-1]["message"] == f"attempt {attempt} trains from the checkpoint at step 1 on a, b"
 
 
 def test_stream_catches_up_follows_and_ends(live_db):

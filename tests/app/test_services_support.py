@@ -40,7 +40,7 @@ def new_job(status: str = "queued", **values) -> int:
     from pipeboard.app.models import JobStatus
 
     with get_sessionmaker()() as s:
-        job = Job(name="t", spec={"model": "mlp-digits"}, status=JobStatus(status), **values)
+        job = Job(name="t", status=JobStatus(status), **{"spec": {"model": "mlp-digits"}, **values})
         s.add(job)
         s.commit()
         return job.id

@@ -174,3 +174,111 @@ def test_up_prints_an_admin_token_once_on_the_first_start(tmp_path: Path) -> Non
     _, later = run_up(tmp_path, "later", workers=0, until="pipeboard token create")
     assert "#token=" not in later and "pb_" not in later
     assert "sign in with an API token: `pipeboard token create NAME --scope write`" in later
+
+
+def children_of(pid: int) -> dict[int, str]:
+    """Live child processes of ``pid``: {pid: command line}."""
+    found = {}
+    for task in Path(f"/proc/{pid}/task").glob("*"):
+        try:
+            found |= {int(c): "" for c in (task / "children").read_text().split()}
+        except OSError:
+            continue
+    for child in list(found):
+        try:
+            found[child] = Path(f"/proc/{child}/cmdline").read_bytes().replace(b"\0", b" ").decode()
+        except OSError:
+            del found[child]
+    return found
+
+
+def wait_for(predicate, timeout: float, what: str, log_path: Path):
+    deadline = time.monotonic() + timeout
+    while True:
+        value = predicate()
+        if value:
+            return value
+        if time.monotonic() > deadline:
+            pytest.fail(f"timed out after {timeout} s waiting for {what}\n{log_path.read_text()}")
+        time.sleep(0.2)
+
+
+def child_pid(up: subprocess.Popen, marker: str, other_than: int | None = None) -> int | None:
+    pids = [p for p, cmd in children_of(up.pid).items() if marker in cmd and p != other_than]
+    return pids[0] if pids else None
+
+
+@pytest.mark.slow
+def test_up_keeps_the_service_and_a_job_going_through_a_killed_worker_and_a_killed_api(tmp_path: Path) -> None:
+    """SIGKILL the worker while a job trains: the API stays up, `up` restarts the worker, the job
+    resumes on attempt 2 from its checkpoint; SIGKILL the API during attempt 2: `up` restarts it
+    and a client resuming with Last-Event-ID sees every event once. SIGTERM still stops it all."""
+    import httpx
+
+    from tests.app.test_e2e_support import FAULT_JOB, Deployment, check_resumed_run, due_for_kill, group_alive
+
+    port = free_port()
+    url = f"http://127.0.0.1:{port}"
+    data = {"PIPEBOARD_DATA_DIR": str(tmp_path / "data"), "PIPEBOARD_HEARTBEAT_SECONDS": "0.5"}
+    log_path = tmp_path / "up.log"
+    with open(log_path, "w") as log:
+        up = subprocess.Popen([sys.executable, "-c", "from pipeboard.app.cli import main; main()", "up", "--port", str(port),
+                               "--workers", "1"], cwd=ROOT, env={**os.environ, **data}, stdout=log, stderr=subprocess.STDOUT,
+                              text=True)
+    dep = None
+    try:
+        wait_for(lambda: "pipeboard is up at" in log_path.read_text(), 60, "the start", log_path)
+        wait_for(lambda: get_json(f"{url}/api/v1/health")["workers"] == 1, 60, "the worker", log_path)
+        dep = Deployment(dict(data), tmp_path)  # a client of it (the database is `up`'s, migrated)
+        dep.url = url
+        job_id = dep.api("POST", "/jobs", json=FAULT_JOB)["id"]
+        worker, api = child_pid(up, "celery"), child_pid(up, "uvicorn")
+        messages, groups = [], set()
+        try:
+            for message in dep.events(job_id, timeout=300):
+                messages.append(message)
+                if message["event"] == "progress" and message["data"].get("phase") == "running":
+                    groups.add(dep.job_row(job_id).pgid)
+                if due_for_kill(message) and child_pid(up, "celery") == worker:
+                    os.kill(worker, signal.SIGKILL)
+                    assert get_json(f"{url}/api/v1/health")["database"] == "ok"  # the API stays up
+                if message["event"] == "attempt" and message["data"]["attempt"] == 2:
+                    os.kill(api, signal.SIGKILL)  # the stream breaks here
+        except httpx.HTTPError:
+            pass
+        assert messages[-1]["event"] == "attempt" and messages[-1]["data"]["attempt"] == 2, messages[-1]
+        wait_for(lambda: "the API server is back at" in log_path.read_text(), 60, "the API to come back", log_path)
+        rest = list(dep.events(job_id, last_id=int(messages[-1]["id"]), timeout=300))
+        check_resumed_run(dep, job_id, messages + rest[1:], FAULT_JOB["stop"]["steps"])
+        output = log_path.read_text()
+        node = re.search(r"worker (pipeboard1@\S+) exited with code -9 \(SIGKILL\) after [\d.]+ s; restarting it in 0\.5 s "
+                         r"\(restart 1\)", output)
+        assert node, output
+        assert f"job {job_id}: attempt 1 failed, attempt 2 queued (attempt 1 lost: its worker {node.group(1)} exited" in output
+        assert "the API server exited with code -9 (SIGKILL)" in output
+        new_worker = child_pid(up, "celery")
+        assert new_worker not in (None, worker) and child_pid(up, "uvicorn") not in (None, api)
+        assert get_json(f"{url}/api/v1/health") == {"database": "ok", "broker": "ok", "workers": 1, "version": ANY_VERSION}
+        groups.add(dep.job_row(job_id).pgid)
+        survivors = list(children_of(up.pid))
+        up.send_signal(signal.SIGTERM)
+        assert up.wait(timeout=40) == 0, log_path.read_text()
+    finally:
+        if dep is not None:
+            dep.close()
+        if up.poll() is None:
+            up.kill()
+            up.wait()
+    output = log_path.read_text()
+    assert "pipeboard stopped" in output and "Traceback" not in output
+    time.sleep(0.2)
+    assert not [p for p in survivors if Path(f"/proc/{p}").exists() and Path(f"/proc/{p}/stat").read_text().rsplit(")", 1)[1].split()[0] != "Z"]
+    assert not any(group_alive(g) for g in groups)
+
+
+class _AnyVersion:
+    def __eq__(self, other: object) -> bool:
+        return isinstance(other, str) and bool(other)
+
+
+ANY_VERSION = _AnyVersion()

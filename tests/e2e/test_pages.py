@@ -269,3 +269,65 @@ def test_sign_in_when_the_api_answers_401(server, write_token, page, shoot) -> N
     shoot(page, "signed-in")
     assert page.evaluate("() => localStorage.getItem('pipeboard.token')") == token
     assert all("401" in e for e in page.errors)
+
+
+# A job whose first attempt was lost and whose second resumed from step 2 on another host, made
+# through the service's own code (claim, the run's sink, the retry policy) in a process of the
+# server's deployment: the page must show the attempts and mark the second on the charts.
+RESUMED_JOB = """
+import sys
+from pipeboard.app.core.db import get_sessionmaker
+from pipeboard.app.models import JobStatus
+from pipeboard.app.services import jobs, runner
+from pipeboard.app.services.run_sink import DbSink
+from pipeboard.trainer.schedule.actions import TimelineEvent
+from pipeboard.trainer.sink import MetricRecord
+
+job_id = int(sys.argv[1])
+
+def train(start, stop, hosts):
+    sink = DbSink(job_id, own_group=False)
+    sink.on_status("running", start_step=start, hosts=hosts)
+    sink.on_events([TimelineEvent(w, w, 0, 0, "F", 0.01 * k + 0.002 * w, 0.01 * k + 0.006, step=k)
+                    for k in range(start, stop) for w in (0, 1)])
+    sink.on_metrics([MetricRecord(step=k + 1, wall_s=0.01 * (k + 1), values={"loss": 2.0 / (k + 1)}) for k in range(start, stop)])
+
+assert runner.claim_next(None, "seed@a") == job_id
+train(0, 3, {0: "host-a", 1: "host-a"})
+with get_sessionmaker()() as s:
+    assert jobs.fail_or_retry(s, job_id, 1, "stage 1 (rank 1) was killed by SIGKILL", retryable=True)
+assert runner.claim_next(None, "seed@b") == job_id
+train(2, 5, {0: "host-b", 1: "host-a"})
+with get_sessionmaker()() as s:
+    assert jobs.finish(s, job_id, JobStatus.SUCCEEDED, expected=(JobStatus.RUNNING,))
+"""
+
+
+def test_a_resumed_job_lists_its_attempts_and_marks_them_on_the_charts(server, page, shoot) -> None:
+    import subprocess
+    import sys
+
+    job = server.api("POST", "/jobs", {**SPEC, "name": "resumed", "priority": 100})  # claimed before the queued others
+    seeded = subprocess.run([sys.executable, "-c", RESUMED_JOB, str(job["id"])], env=server.env, capture_output=True, text=True,
+                            timeout=120)
+    assert seeded.returncode == 0, seeded.stderr
+    offset = server.api("GET", f"/jobs/{job['id']}")["attempts"][1]["offset_s"]
+    page.goto(f"{server.url}/#/jobs/{job['id']}")
+    page.locator(".badge", has_text="succeeded").wait_for()
+    attempts = page.locator("#job-attempts")
+    attempts.locator("[data-attempt='2']").wait_for()
+    text = attempts.inner_text()
+    assert "1 failed, from the start" in text and "stage 1 (rank 1) was killed by SIGKILL" in text
+    assert "2 (automatic retry) succeeded, from step 2" in text
+    page.wait_for_function("() => document.getElementById('chart-loss').data?.[0]?.x.length === 6")
+    loss = page.evaluate("""() => { const c = document.getElementById('chart-loss');
+        return {x: Array.from(c.data[0].x), y: Array.from(c.data[0].y), shapes: c.layout.shapes.map((s) => s.x0),
+                notes: c.layout.annotations.map((a) => a.text)}; }""")
+    assert loss["shapes"] == [pytest.approx(offset)] and loss["notes"] == ["attempt 2 · from step 2"]
+    # attempt 1's steps 1 and 2, a break, attempt 2's steps 3 to 5 (attempt 1's step 3 was measured again)
+    assert loss["x"][:2] == pytest.approx([0.01, 0.02]) and loss["y"][2] is None and loss["x"][3] > offset
+    assert loss["y"][3:] == pytest.approx([2 / 3, 2 / 4, 2 / 5])
+    rows = page.evaluate("() => document.getElementById('gantt-live').layout.yaxis.ticktext")
+    assert rows == ["w0 · s0 r0 · host-a/host-b", "w1 · s1 r0 · host-a"]
+    shoot(page, "job-resumed")
+    assert page.errors == []

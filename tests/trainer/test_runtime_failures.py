@@ -79,17 +79,18 @@ def test_hung_stage_is_detected_and_named():
     assert not any(alive(pid) for pid in pids.values())
 
 
-@pytest.mark.parametrize("schedule", ["1f1b", "pipedream"])
-def test_resume_continues_the_same_loss_trajectory(tmp_path, schedule):
+@pytest.mark.parametrize(("schedule", "mode"), [("1f1b", "exit"), ("pipedream", "exit"), ("gpipe", "kill")])
+def test_resume_continues_the_same_loss_trajectory(tmp_path, schedule, mode):
     full = ListSink()
     run_training(cfg(schedule=schedule, steps=8, checkpoint_dir=str(tmp_path / "a"), checkpoint_every=4), full)
     losses = {r.step: r.values["loss"] for r in full.metrics if "loss" in r.values}
     assert len(losses) == 8
 
     crashed = tmp_path / "b"
-    with pytest.raises(RunFailed, match="exited with code 3"):
+    with pytest.raises(RunFailed, match="exited with code 3" if mode == "exit" else "killed by SIGKILL") as err:
         run_training(cfg(schedule=schedule, steps=8, checkpoint_dir=str(crashed), checkpoint_every=4,
-                         fail_at={"rank": 1, "step": 5, "mode": "exit"}))
+                         fail_at={"rank": 1, "step": 5, "mode": mode}))
+    assert err.value.lost == (mode == "kill")  # killed: the service would retry it; an exit code of its own: not
     assert complete_steps(crashed) == [4]
     resumed = ListSink()
     summary = run_training(cfg(schedule=schedule, steps=8, checkpoint_dir=str(crashed), checkpoint_every=4,

@@ -5,7 +5,8 @@ written to a temporary name and renamed (atomic on POSIX), holding the stage wei
 state, step and RNG state. After a barrier, rank 0 writes ``COMPLETE`` (also by rename) with the
 layout it belongs to; resuming picks the newest step directory that has it, so a run killed
 halfway through writing a checkpoint resumes from the previous complete one. Older complete
-checkpoints beyond the newest ``KEEP`` are deleted.
+checkpoints beyond the newest ``keep`` (default ``KEEP``) are deleted, and with them any
+incomplete ones older than the newest complete one (left by a run killed while writing).
 """
 
 from __future__ import annotations
@@ -37,13 +38,19 @@ def save_rank(root: str | Path, step: int, rank: int, state: dict[str, Any]) -> 
     _atomic_write(d / f"rank-{rank}.pt", lambda p: torch.save(state, p))
 
 
-def mark_complete(root: str | Path, step: int, layout: dict[str, Any]) -> None:
+def mark_complete(root: str | Path, step: int, layout: dict[str, Any], keep: int = KEEP) -> None:
     """Called by rank 0 once every rank has saved ``step``."""
     d = step_dir(root, step)
     _atomic_write(d / "COMPLETE", lambda p: p.write_text(json.dumps({"step": step, **layout})))
-    complete = sorted(complete_steps(root))
-    for old in complete[:-KEEP]:
-        shutil.rmtree(step_dir(root, old), ignore_errors=True)
+    complete = complete_steps(root)
+    kept = set(complete[-keep:])
+    for old in Path(root).glob("step-*"):
+        try:
+            number = int(old.name.split("-", 1)[1])
+        except ValueError:
+            continue
+        if number not in kept and number < complete[-1]:
+            shutil.rmtree(old, ignore_errors=True)
 
 
 def complete_steps(root: str | Path) -> list[int]:
@@ -60,10 +67,10 @@ def complete_steps(root: str | Path) -> list[int]:
     return sorted(steps)
 
 
-def latest(root: str | Path, layout: dict[str, Any]) -> int | None:
-    """The newest complete step whose layout matches ``layout``; a mismatch is an error naming
-    the differing field."""
-    steps = complete_steps(root)
+def latest(root: str | Path, layout: dict[str, Any], at_most: int | None = None) -> int | None:
+    """The newest complete step (at or before ``at_most``, when given) whose layout matches
+    ``layout``; a mismatch is an error naming the differing field."""
+    steps = [s for s in complete_steps(root) if at_most is None or s <= at_most]
     if not steps:
         return None
     step = steps[-1]
@@ -77,6 +84,54 @@ def latest(root: str | Path, layout: dict[str, Any]) -> int | None:
 
 def load_rank(root: str | Path, step: int, rank: int) -> dict[str, Any]:
     return torch.load(step_dir(root, step) / f"rank-{rank}.pt", weights_only=False)
+
+
+def inventory(root: str | Path, at_most: int | None = None) -> dict[int, list[int]]:
+    """{step: ranks whose files this folder holds} for its complete steps (at or before ``at_most``)."""
+    out = {}
+    for step in complete_steps(root):
+        if at_most is None or step <= at_most:
+            out[step] = sorted(int(p.stem.split("-", 1)[1]) for p in step_dir(root, step).glob("rank-*.pt"))
+    return out
+
+
+def agree(root: str | Path, layout: dict[str, Any], at_most: int | None, rank: int, world: int,
+          group: Any = None) -> tuple[int | None, dict[str, Any] | None]:
+    """Collective over ``group`` (every rank calls it): the step to resume from and this rank's
+    state at it, or (None, None) to start afresh.
+
+    Under torchrun each host keeps the files of its own ranks and marks them complete itself, and
+    a retried launch may place ranks on other hosts than before. So the ranks pool what their
+    folders hold, pick the newest step (at or before ``at_most``) whose files they hold between
+    them for every rank, and a rank whose host lacks its file receives it from one that has it.
+    On one host (every rank reading one folder) that is simply the newest complete step."""
+    import io
+
+    import torch.distributed as dist
+
+    held: list[Any] = [None] * world
+    dist.all_gather_object(held, inventory(root, at_most), group=group)
+    holder: dict[int, dict[int, int]] = {}  # step -> rank file -> the first rank whose folder has it
+    for r, steps in enumerate(held):
+        for step, files in steps.items():
+            for f in files:
+                holder.setdefault(step, {}).setdefault(f, r)
+    usable = [step for step, files in holder.items() if len(files) == world]
+    if not usable:
+        return None, None
+    step = max(usable)
+    if step in held[rank]:
+        latest(root, layout, at_most=step)  # the layout check, naming a differing field
+    state = load_rank(root, step, rank) if rank in held[rank].get(step, ()) else None
+    for f in range(world):  # the same transfers, in the same order, on every rank
+        if f in held[f].get(step, ()):
+            continue
+        src = holder[step][f]
+        payload = [(step_dir(root, step) / f"rank-{f}.pt").read_bytes() if rank == src else None]
+        dist.broadcast_object_list(payload, src=src, group=group)
+        if rank == f:
+            state = torch.load(io.BytesIO(payload[0]), weights_only=False)
+    return step, state
 
 
 def assemble_model(cfg, root: str | Path, step: int | None = None, rank_filter=None):

@@ -184,14 +184,20 @@ def p2p_mode(configured: str | None) -> str:
     return mode
 
 
+def node_name() -> str:
+    """This host's name as reports show it: ``$PIPEBOARD_NODE_NAME`` (what the service calls the
+    host; two worker hosts on one machine have different ones), else the host name."""
+    return os.environ.get("PIPEBOARD_NODE_NAME") or socket.gethostname()
+
+
 def host_id() -> str:
-    """Same value on workers that share /dev/shm: hostname and boot."""
+    """Same value on workers that share /dev/shm: host (node) name and boot."""
     try:
         with open("/proc/sys/kernel/random/boot_id") as f:
             boot = f.read().strip()
     except OSError:
         boot = ""
-    return f"{socket.gethostname()}/{boot}"
+    return f"{node_name()}/{boot}"
 
 
 def open_channels(mode: str, rank: int, world: int, pairs: set[tuple[int, int]], specs: list[BoundarySpec],

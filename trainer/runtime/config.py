@@ -64,7 +64,12 @@ class RunConfig:
     # Checkpoints
     checkpoint_dir: str | None = None
     checkpoint_every: int = 0  # steps; 0 = only at the end when a directory is given
+    checkpoint_keep: int = 2  # complete checkpoints kept (the newest); older ones are deleted
     resume: bool = False
+    # Resume from the newest complete checkpoint at or before this step (None: the newest): a
+    # caller whose records of the run end at step S (a run lost before it reported its last
+    # steps) continues from a checkpoint it has every step up to.
+    resume_at_most: int | None = None
     # Machinery
     device: str = "cpu"
     threads: int | None = None  # torch threads per worker; default: the usable cores / workers (>= 1)
@@ -79,7 +84,7 @@ class RunConfig:
     cpu_matmul: str | None = None
     start_method: str | None = None  # default: fork on CPU (no re-import of torch), spawn on CUDA
     master_port: int | None = None  # default: a free port
-    fail_at: dict[str, int] | None = None  # testing aid: {"rank": r, "step": s} makes rank r exit
+    fail_at: dict[str, Any] | None = None  # testing aid: {"rank": r, "step": s[, "mode": "exit"|"kill"|"hang"]}
 
     def with_(self, **changes: Any) -> RunConfig:
         return replace(self, **changes)
@@ -136,6 +141,10 @@ class RunConfig:
             raise ConfigError(f"eval_every: must be >= 1, got {self.eval_every}")
         if self.checkpoint_every < 0:
             raise ConfigError(f"checkpoint_every: must be >= 0, got {self.checkpoint_every}")
+        if self.checkpoint_keep < 1:
+            raise ConfigError(f"checkpoint_keep: must be >= 1, got {self.checkpoint_keep}")
+        if self.resume_at_most is not None and self.resume_at_most < 0:
+            raise ConfigError(f"resume_at_most: must be >= 0, got {self.resume_at_most}")
         if self.resume and not self.checkpoint_dir:
             raise ConfigError("resume: needs --checkpoint-dir")
         if self.optimizer is not None and self.optimizer not in OPTIMIZERS:

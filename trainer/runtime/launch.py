@@ -34,12 +34,15 @@ COMM_ERROR_HINTS = ("connection closed", "connection reset", "broken pipe", "soc
 
 
 class RunFailed(RuntimeError):
-    """The run ended because a worker died, raised, or hung; the message names stage and rank."""
+    """The run ended because a worker died, raised, or hung; the message names stage and rank.
+    ``lost``: a worker was killed, hung or vanished without a word (the same run again could
+    succeed from a checkpoint), rather than stopped by an error it reported."""
 
-    def __init__(self, message: str, rank: int | None = None, stages: list[int] | None = None) -> None:
+    def __init__(self, message: str, rank: int | None = None, stages: list[int] | None = None, lost: bool = False) -> None:
         super().__init__(message)
         self.rank = rank
         self.stages = stages or []
+        self.lost = lost
 
 
 def free_port() -> int:
@@ -156,13 +159,13 @@ def _watch(cfg, procs, channel, heartbeat, reporter: Reporter, layout) -> None:
         if hung is not None:
             rank, silent = hung
             raise RunFailed(f"{_who(layout, rank, procs)} made no progress for {silent:.1f} s (hung); run stopped",
-                            rank, list(layout.stages_of(rank)))
+                            rank, list(layout.stages_of(rank)), lost=True)
         if failed_at is not None and (now - failed_at > FAILURE_GRACE_S or all(p.exitcode is not None for p in procs)):
             raise _diagnose(reporter, procs, layout)
         if all(p.exitcode == 0 for p in procs):
             return
         if not any(p.is_alive() for p in procs) and failed_at is None:
-            raise RunFailed("workers ended without reporting")
+            raise RunFailed("workers ended without reporting", lost=True)
 
 
 def _hung(reporter: Reporter, heartbeat, world: int, timeout: float, now: float) -> tuple[int, float] | None:
@@ -195,7 +198,8 @@ def _diagnose(reporter: Reporter, procs, layout) -> RunFailed:
         code = p.exitcode
         if code not in (None, 0) and rank not in reported:
             how = f"was killed by {signal.Signals(-code).name}" if code < 0 else f"exited with code {code}"
-            return RunFailed(f"{_who(layout, rank, procs)} {how}; run stopped", rank, list(layout.stages_of(rank)))
+            return RunFailed(f"{_who(layout, rank, procs)} {how}; run stopped", rank, list(layout.stages_of(rank)),
+                             lost=code < 0)
     errors = sorted(reporter.errors, key=lambda e: any(h in e[2].lower() for h in COMM_ERROR_HINTS))
     rank, stages, message, _tb = errors[0]
     return RunFailed(f"{_who(layout, rank, procs)} failed: {message}", rank, stages)

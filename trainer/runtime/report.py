@@ -46,13 +46,14 @@ class Reporter:
     def handle(self, msg: tuple) -> None:
         kind, rank = msg[0], msg[1]
         if kind == "ready":
-            _, _, stages, replica, pid, start, total, spe, matmul = msg
-            self.workers[rank] = {"stages": stages, "replica": replica, "pid": pid, "cpu_matmul": matmul}
+            _, _, stages, replica, pid, start, total, spe, matmul, host = msg
+            self.workers[rank] = {"stages": stages, "replica": replica, "pid": pid, "cpu_matmul": matmul, "host": host}
             self.start_step, self.total_steps, self.steps_per_epoch = start, total, spe
             if len(self.workers) == self.world:
                 pids = {r: w["pid"] for r, w in sorted(self.workers.items())}
+                hosts = {r: w["host"] for r, w in sorted(self.workers.items())}
                 self.sink.on_status("running", f"{self.world} workers running from step {start} of {total}",
-                                    pids=pids, start_step=start, total_steps=total)
+                                    pids=pids, hosts=hosts, start_step=start, total_steps=total)
         elif kind == "step":
             self._on_step(rank, *msg[2:])
         elif kind == "eval":

@@ -2,7 +2,8 @@
 
     torchrun --nnodes N --nproc-per-node K ... -m pipeboard.trainer.runtime.torchrun_entry run.json [--events-jsonl PATH]
 
-``run.json`` holds ``RunConfig`` fields. torchrun supplies RANK, WORLD_SIZE, MASTER_ADDR and
+``run.json`` holds ``RunConfig`` fields (``pipeboard train --torchrun`` builds the same from its
+options and calls ``run`` with its sinks: that is how the service runs a job on several hosts). torchrun supplies RANK, WORLD_SIZE, MASTER_ADDR and
 MASTER_PORT; the world size must equal the layout's worker count. Workers' reports reach rank 0
 through a TCPStore mailbox on MASTER_PORT + 1 (kept apart from the training process group, so
 reporting never waits on a pipeline transfer); rank 0 feeds them to a Reporter and prints the
@@ -24,12 +25,12 @@ from datetime import timedelta
 import torch.distributed as dist
 
 from pipeboard.trainer.runtime import model as model_mod
-from pipeboard.trainer.runtime.config import RunConfig
+from pipeboard.trainer.runtime.config import ConfigError, RunConfig
 from pipeboard.trainer.runtime.layout import resolve
 from pipeboard.trainer.runtime.report import Reporter
 from pipeboard.trainer.runtime.sinks import JsonlSink
 from pipeboard.trainer.runtime.worker import WorkerEnv, worker_main
-from pipeboard.trainer.sink import NullSink
+from pipeboard.trainer.sink import NullSink, Sink
 
 
 class StoreChannel:
@@ -60,27 +61,25 @@ def drain(store, world: int, reporter: Reporter, stop: threading.Event) -> None:
             time.sleep(0.05)
 
 
-def main(argv: list[str] | None = None) -> None:
-    ap = argparse.ArgumentParser(prog="pipeboard.trainer.runtime.torchrun_entry")
-    ap.add_argument("config")
-    ap.add_argument("--events-jsonl")
-    args = ap.parse_args(argv)
+def run(cfg: RunConfig, sink: Sink | None = None) -> dict | None:
+    """This process's rank of a torchrun launch of ``cfg``; rank 0 reports to ``sink`` (the
+    others' reports reach it through the store) and returns the summary, the others None."""
     rank, world = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
-    with open(args.config) as f:
-        cfg = RunConfig(**json.load(f))
     cfg.validate()
     task = model_mod.load_task(cfg)
     layout = resolve(cfg)
     cfg = cfg.with_(stages=model_mod.stage_layers(cfg, task, layout.virtual_stages), num_stages=None)
-    if resolve(cfg).world != world:
-        raise SystemExit(f"error: the layout needs {resolve(cfg).world} workers, torchrun started {world}")
+    layout = resolve(cfg)
+    if layout.world != world:
+        raise ConfigError(f"workers: the layout needs {layout.world} workers, torchrun started {world}")
     store = dist.TCPStore(os.environ["MASTER_ADDR"], int(os.environ["MASTER_PORT"]) + 1, world, rank == 0,
                           timeout=timedelta(seconds=cfg.hang_timeout_s + 60))
     channel = StoreChannel(store, rank)
     reporter = thread = None
     stop = threading.Event()
     if rank == 0:
-        sink = JsonlSink(args.events_jsonl) if args.events_jsonl else NullSink()
+        sink = sink or NullSink()
+        sink.on_status("starting", f"{world} workers over torchrun, schedule {cfg.schedule}", workers=world, **layout.describe())
         reporter = Reporter(sink, world, cfg.batch_size, task.metric_name)
         thread = threading.Thread(target=drain, args=(store, world, reporter, stop), daemon=True)
         thread.start()
@@ -92,9 +91,26 @@ def main(argv: list[str] | None = None) -> None:
             stop.set()
             thread.join(10)
             reporter.maybe_flush(force=True)
-    if rank == 0:
-        summary = reporter.summary(cfg.target, task.metric_higher_is_better, time.monotonic() - wall0)
-        reporter.sink.on_summary(summary)
+    if rank != 0:
+        return None
+    summary = reporter.summary(cfg.target, task.metric_higher_is_better, time.monotonic() - wall0)
+    summary.update({"schedule": cfg.schedule, "model": cfg.model, "workers": world, "precision": cfg.precision,
+                    "batch_size": cfg.batch_size, "microbatches": cfg.microbatches, **layout.describe()})
+    reporter.sink.on_summary(summary)
+    reporter.sink.on_status("done", f"{summary['steps']} steps over torchrun")
+    return summary
+
+
+def main(argv: list[str] | None = None) -> None:
+    ap = argparse.ArgumentParser(prog="pipeboard.trainer.runtime.torchrun_entry")
+    ap.add_argument("config")
+    ap.add_argument("--events-jsonl")
+    args = ap.parse_args(argv)
+    with open(args.config) as f:
+        cfg = RunConfig(**json.load(f))
+    sink = JsonlSink(args.events_jsonl) if args.events_jsonl and int(os.environ["RANK"]) == 0 else None
+    summary = run(cfg, sink)
+    if summary is not None:
         print(json.dumps(summary, default=str), flush=True)
 
 

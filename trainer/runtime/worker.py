@@ -22,7 +22,7 @@ from pipeboard.trainer import cpu_matmul
 from pipeboard.trainer.allocator import keep_freed_memory
 from pipeboard.trainer.precision import autocast
 from pipeboard.trainer.runtime import checkpoint, model as model_mod, tied
-from pipeboard.trainer.runtime.comm import P2P, open_channels, p2p_mode
+from pipeboard.trainer.runtime.comm import P2P, node_name, open_channels, p2p_mode
 from pipeboard.trainer.runtime.config import RunConfig
 from pipeboard.trainer.runtime.data import TrainStream, ValStream
 from pipeboard.trainer.runtime.executor import Executor
@@ -134,9 +134,8 @@ def train(cfg: RunConfig, env: WorkerEnv) -> None:
     ckpt_layout = {**layout.describe(), "model": cfg.model, "batch_size": cfg.batch_size, "microbatches": M}
     start = 0
     if cfg.resume:
-        found = checkpoint.latest(cfg.checkpoint_dir, ckpt_layout)
+        found, state = checkpoint.agree(cfg.checkpoint_dir, ckpt_layout, cfg.resume_at_most, rank, world, control)
         if found is not None:
-            state = checkpoint.load_rank(cfg.checkpoint_dir, found, rank)
             for s, st in stages.items():
                 st.module.load_state_dict(state["stages"][s]["module"])
                 st.optimizer.load_state_dict(state["stages"][s]["optimizer"])
@@ -159,7 +158,7 @@ def train(cfg: RunConfig, env: WorkerEnv) -> None:
     last_stage = stages.get(S - 1)
     is_reporter = last_stage is not None and rank_of(S - 1, 0) == rank
     env.channel.put(("ready", rank, list(me.stages), me.replica, os.getpid(), start, total, stream.steps_per_epoch,
-                     cpu_matmul.active() if device.type == "cpu" else None))
+                     cpu_matmul.active() if device.type == "cpu" else None, node_name()))
     heartbeat.beat()
 
     def on_step_done(k: int) -> None:
@@ -172,6 +171,8 @@ def train(cfg: RunConfig, env: WorkerEnv) -> None:
             if cfg.fail_at.get("mode") == "hang":
                 while True:
                     time.sleep(1)
+            if cfg.fail_at.get("mode") == "kill":  # as if killed from outside
+                os.kill(os.getpid(), 9)
             os._exit(3)
 
     # ---- the training loop ------------------------------------------------------------------
@@ -216,8 +217,8 @@ def train(cfg: RunConfig, env: WorkerEnv) -> None:
             checkpoint.save_rank(cfg.checkpoint_dir, step, rank, state)
             with blocked(heartbeat):
                 dist.barrier(group=control)
-            if rank == 0:
-                checkpoint.mark_complete(cfg.checkpoint_dir, step, ckpt_layout)
+            if int(os.environ.get("LOCAL_RANK", rank)) == 0:  # each host's first: its folder has its ranks' files
+                checkpoint.mark_complete(cfg.checkpoint_dir, step, ckpt_layout, cfg.checkpoint_keep)
         if stop:
             break
     env.channel.put(("finished", rank, step, recorder.now(), metric,

@@ -77,7 +77,10 @@ def cancel_job(job_id: JobId, session: SessionDep, _: WriteAccess) -> JobPublic:
     "/{job_id}/retry",
     response_model=JobPublic,
     summary="Retry a job",
-    description="Queues a failed or cancelled job again as a new attempt; its previous measurements are dropped.",
+    description=(
+        "Queues a failed or cancelled job again as a new attempt: it resumes from the job's newest complete checkpoint "
+        "(from the start when there is none), and its metrics, timeline and event log continue. (An attempt lost to a "
+        "killed process, a dead worker or a lost host is retried automatically, up to the job's `max_attempts`.)"),
     responses={**NOT_FOUND, **CONFLICT},
 )
 def retry_job(job_id: JobId, session: SessionDep, _: WriteAccess) -> JobPublic:

@@ -61,7 +61,7 @@ export async function render(container, { ids = '' }) {
 }
 
 function median(values) {
-  if (!values.length) return null;
-  const sorted = [...values].sort((a, b) => a - b);
+  const sorted = values.filter((v) => v !== null).sort((a, b) => a - b); // null: a break between attempts
+  if (!sorted.length) return null;
   return sorted[Math.floor(sorted.length / 2)];
 }

@@ -1,13 +1,15 @@
 // Job detail: live pipeline Gantt (following the newest steps, with pause and zoom), predicted
 // Gantt beside it with the prediction error, utilisation, samples/s, loss and metric over wall
-// time, the error of a failed run, Chrome trace download and "Open in Perfetto".
+// time, the error of a failed run, Chrome trace download and "Open in Perfetto". A job retried
+// after a fault shows its attempts; the charts mark where each later attempt begins, and the
+// steps it trains again replace the earlier attempt's (its `attempt` event says from which step).
 //
 // A queued or running job replays its event log from the start over SSE (so nothing is missed
 // between a snapshot and the stream) and then follows it; a finished job is read from the
 // timeline and metrics routes. Redraws happen once per batch of messages, never per message.
 
 import { cancelJob, eventsUrl, fetchTrace, getJob, getMetrics, getPlan, getTimeline, normalizeMetric, retryJob } from '../api.js';
-import { lineChart, series, utilisationFromMetrics, utilisationFromTimeline } from '../charts.js';
+import { attemptMarks, lineChart, series, utilisationFromMetrics, utilisationFromTimeline } from '../charts.js';
 import { GanttChart, medianStepTime } from '../gantt.js';
 import { openInPerfetto, saveBytes } from '../perfetto.js';
 import { openStream } from '../sse.js';
@@ -16,10 +18,10 @@ import { clear, durationBetween, fmtNumber, fmtPercent, fmtSeconds, h, notice, s
 const FINAL = new Set(['succeeded', 'failed', 'cancelled']);
 const WINDOWS = [[1, 'last step'], [3, 'last 3 steps'], [10, 'last 10 steps'], [0, 'all']];
 
-const fromCompact = (r) => ({ worker: r[0], stage: r[1], replica: r[2], microbatch: r[3], kind: r[4], start: r[5], end: r[6], step: r[7] });
+const fromCompact = (r, attempt = 1, hosts = {}) => ({ worker: r[0], stage: r[1], replica: r[2], microbatch: r[3], kind: r[4], start: r[5], end: r[6], step: r[7], attempt, host: hosts[r[0]] });
 
 export async function render(container, { id }) {
-  const state = { job: null, metrics: [], metricSeqs: new Set(), predicted: [], predictedTried: 0, stream: null, closed: false };
+  const state = { job: null, metrics: [], metricSeqs: new Set(), predicted: [], predictedTried: 0, stream: null, closed: false, hosts: {} };
   let job;
   try {
     job = await getJob(id);
@@ -31,6 +33,7 @@ export async function render(container, { id }) {
   const header = h('div', { class: 'toolbar' });
   const errorBox = h('div', { id: 'job-error' });
   const stats = h('div', { class: 'stats', id: 'job-stats' });
+  const attemptsBox = h('p', { class: 'small', id: 'job-attempts' });
   const progress = h('p', { class: 'muted small', id: 'job-progress', 'aria-live': 'polite' });
   const liveDiv = h('div', { class: 'chart', id: 'gantt-live' });
   const predDiv = h('div', { class: 'chart', id: 'gantt-predicted' });
@@ -51,7 +54,7 @@ export async function render(container, { id }) {
   windowSelect.addEventListener('change', () => live.setWindow(Number(windowSelect.value)));
   const predicted = new GanttChart(predDiv, {});
 
-  container.append(header, errorBox, stats, progress,
+  container.append(header, errorBox, stats, attemptsBox, progress,
     h('div', { class: 'grid2' },
       h('section', { class: 'panel', 'aria-labelledby': 'h-live' },
         h('div', { class: 'toolbar' }, h('h2', { id: 'h-live', style: 'margin:0' }, 'Measured pipeline'), h('span', { class: 'spacer' }), followBtn, windowSelect),
@@ -93,6 +96,28 @@ export async function render(container, { id }) {
       ['duration', fmtSeconds(durationBetween(j.started_at, j.finished_at))],
       ['attempt', j.attempt ?? 0],
     ].map(([label, value]) => h('div', { class: 'stat' }, h('div', { class: 'value' }, value), h('div', { class: 'label' }, label))));
+    drawAttempts();
+  }
+
+  /** One line per attempt once there is more than one: how it started, where from, on which hosts, how it ended. */
+  function drawAttempts() {
+    const list = state.job.attempts || [];
+    clear(attemptsBox);
+    if (list.length < 2) return;
+    attemptsBox.append(h('strong', {}, 'Attempts: '), ...list.map((a, i) => h('span', { class: 'attempt', 'data-attempt': a.attempt },
+      `${i ? ' · ' : ''}${a.attempt} ${a.trigger === 'auto' ? '(automatic retry) ' : a.trigger === 'manual' ? '(retry) ' : ''}${a.status}`
+      + (a.resume_step ? `, from step ${a.resume_step}` : a.resume_step === 0 ? ', from the start' : '')
+      + (a.nodes?.length ? ` on ${a.nodes.join(', ')}` : '')
+      + (a.error ? `: ${a.error.split('\n')[0]}` : ''))));
+  }
+
+  /** A new attempt trains from `resume_step`: what earlier attempts measured after it is measured again. */
+  function startAttempt(d) {
+    state.hosts[d.attempt] = d.hosts || {};
+    const superseded = (step, attempt, firstStep) => (attempt ?? 1) < d.attempt && step >= firstStep;
+    state.metrics = state.metrics.filter((p) => !superseded(p.step, p.attempt, d.resume_step + 1));
+    const kept = live.events.filter((e) => !superseded(e.step, e.attempt, d.resume_step));
+    if (kept.length !== live.events.length) live.setEvents(kept);
   }
 
   async function act(fn) {
@@ -111,10 +136,11 @@ export async function render(container, { id }) {
 
   function drawCharts() {
     const util = utilisationFromMetrics(state.metrics);
-    lineChart(utilDiv, util.length ? util : utilisationFromTimeline(live.events), { title: 'Utilisation per stage', yTitle: 'busy fraction', yRange: [0, 1.05] });
-    lineChart(speedDiv, [{ name: 'samples/s', ...series(state.metrics, 'samples_per_s') }], { title: 'Samples per second', yTitle: 'samples/s' });
-    lineChart(lossDiv, [{ name: 'loss', ...series(state.metrics, 'loss') }], { title: 'Loss', yTitle: 'loss' });
-    lineChart(metricDiv, [{ name: state.job.metricName || 'metric', ...series(state.metrics, 'metric') }], { title: `${state.job.metricName || 'Metric'} over time (time to accuracy)`, yTitle: state.job.metricName || 'metric' });
+    const marks = attemptMarks(state.job.attempts);
+    lineChart(utilDiv, util.length ? util : utilisationFromTimeline(live.events), { title: 'Utilisation per stage', yTitle: 'busy fraction', yRange: [0, 1.05], marks });
+    lineChart(speedDiv, [{ name: 'samples/s', ...series(state.metrics, 'samples_per_s') }], { title: 'Samples per second', yTitle: 'samples/s', marks });
+    lineChart(lossDiv, [{ name: 'loss', ...series(state.metrics, 'loss') }], { title: 'Loss', yTitle: 'loss', marks });
+    lineChart(metricDiv, [{ name: state.job.metricName || 'metric', ...series(state.metrics, 'metric') }], { title: `${state.job.metricName || 'Metric'} over time (time to accuracy)`, yTitle: state.job.metricName || 'metric', marks });
     drawPredictionError();
   }
 
@@ -158,7 +184,7 @@ export async function render(container, { id }) {
     for (const m of messages) {
       const d = m.data || {};
       if (m.type === 'timeline') {
-        if (Array.isArray(d.events)) events.push(...d.events.map(fromCompact));
+        if (Array.isArray(d.events)) events.push(...d.events.map((r) => fromCompact(r, d.attempt ?? 1, state.hosts[d.attempt ?? 1])));
         else if (d.first_seq) {
           // Too big to ride along in the message: fetch exactly that range.
           getTimeline(id, { after_seq: d.first_seq - 1, limit: Math.min(200000, d.count || 20000) })
@@ -167,6 +193,11 @@ export async function render(container, { id }) {
       } else if (m.type === 'metrics') {
         addMetrics(d.points || []);
         metricsChanged = true;
+      } else if (m.type === 'attempt') {
+        if (events.length) { live.add(events.splice(0)); }
+        startAttempt(d);
+        progress.textContent = d.message || `attempt ${d.attempt}`;
+        statusChanged = true;
       } else if (m.type === 'status' || m.type === 'summary' || m.type === 'end') {
         statusChanged = true;
       } else if (m.type === 'progress') {
