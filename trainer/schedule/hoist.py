@@ -28,33 +28,15 @@ if TYPE_CHECKING:
     from pipeboard.trainer.schedule.placement import Placement
 
 
-def _receives(placed: Placement, receives: list[int]) -> tuple[list[list[int]], list[bytearray], list[dict[int, int]]]:
-    """Per worker: at each RECV the index of the compute that uses its data (-1 elsewhere), 1 at
-    each RECV_GRAD, and where each RECV_ACT moves: RECV_ACT index -> the index it should be
-    listed before (the compute before its consumer's; only where that is above it)."""
-    consumer, grads, moves = [], [], []
-    for w, acts in enumerate(placed.actions):
-        n = len(acts)
-        uses = [-1] * n
-        before: dict[int, int] = {}
-        for got, c, prev in placed.uses[w]:  # the last compute that uses a datum counts
-            uses[got] = c
-            before[got] = prev
-        if len(before) != receives[w]:
+def _targets(placed: Placement, receives: list[int]) -> list[dict[int, int]]:
+    """Per worker: RECV_ACT index -> the index it should be listed before (the compute before its
+    consumer's, or the top), where that is above it."""
+    moves = []
+    for w, before in enumerate(placed.before_consumer):
+        if len(placed.consumer[w]) != receives[w]:
             raise ScheduleError(f"worker {w} receives data that none of its computes uses")
-        gradient = bytearray(n)
-        for i in placed.gradients[w]:
-            gradient[i] = 1
-        mine = {}
-        for got, prev in before.items():
-            if not gradient[got]:
-                target = prev if prev > 0 else 0
-                if target < got:
-                    mine[got] = target
-        consumer.append(uses)
-        grads.append(gradient)
-        moves.append(mine)
-    return consumer, grads, moves
+        moves.append({i: (c if c > 0 else 0) for i, c in before.items() if c < i})
+    return moves
 
 
 def _apply(sizes: list[int], moves: list[dict[int, int]]) -> list[list[int]]:
@@ -100,7 +82,7 @@ def _partners(placed: Placement):
 
 
 def _settle(orders: list[list[int]], peer: list[list[int]], peer_at: list[list[int]], groups: dict,
-            consumer: list[list[int]], grads: list[bytearray]) -> list[int]:
+            consumer: list[dict[int, int]], grads: list[set[int]]) -> list[int]:
     """Replay with every send, receive and all-reduce blocking, repairing ``orders`` in place.
 
     Returns the workers it is stuck at where no receive can sink (see the module docstring), or [].
@@ -131,11 +113,11 @@ def _settle(orders: list[list[int]], peer: list[list[int]], peer_at: list[list[i
         It passes other receives as a block, but never one from the same peer: messages between
         two workers stay in order (the blocking model matches them in order)."""
         x, uses = at[w], consumer[w]
-        if x < 0 or uses[x] < 0:
+        if x < 0 or x not in uses:
             return None
         o, j, size, peers = orders[w], pc[w] + 1, lens[w], peer[w]
         sender = peers[x]
-        while j < size and uses[o[j]] >= 0:
+        while j < size and o[j] in uses:
             if peers[o[j]] == sender:
                 return None
             j += 1
@@ -148,7 +130,7 @@ def _settle(orders: list[list[int]], peer: list[list[int]], peer_at: list[list[i
             if j is None:
                 continue
             # passing a send (loses no overlap) first, then a gradient's receive, then the lower rank
-            key = (peer[w][orders[w][j]] == NOBODY, not grads[w][at[w]], w)
+            key = (peer[w][orders[w][j]] == NOBODY, at[w] not in grads[w], w)
             if best_key is None or key < best_key:
                 best, best_key, best_j = w, key, j
         if best < 0:
@@ -169,11 +151,15 @@ def _settle(orders: list[list[int]], peer: list[list[int]], peer_at: list[list[i
             while x >= 0:
                 q = peers[x]
                 if q >= 0:  # a transfer: both ends must be there
-                    if at[q] != peers_at[x]:
+                    y = at[q]
+                    if y != peers_at[x]:
                         pc[w], at[w], blocked[w] = k, x, True
-                        # two workers waiting for each other: sink one right away
-                        if blocked[q] and meets(q, w) and sink_one([w, q]):
-                            queue.append(q)
+                        # two workers waiting for each other: sink one right away (``meets(q, w)``,
+                        # inline where q waits for a transfer)
+                        if blocked[q] and y >= 0:
+                            r = peer[q][y]
+                            if (r == w or (r == GROUP and meets(q, w))) and sink_one([w, q]):
+                                queue.append(q)
                         break
                     j = pc[q] + 1
                     pc[q] = j
@@ -207,11 +193,11 @@ def hoist_receives(placed: Placement) -> list[list[Action]]:
     """The placed lists with their activation receives moved up and settled (module docstring)."""
     actions = placed.actions
     peer, peer_at, groups, receives = _partners(placed)
-    consumer, grads, moves = _receives(placed, receives)
+    moves = _targets(placed, receives)
     sizes = [len(acts) for acts in actions]
     for _ in range(4):  # where no sinking helps, the stuck workers keep their receives in place
         orders = _apply(sizes, moves)
-        stuck = set(_settle(orders, peer, peer_at, groups, consumer, grads))
+        stuck = set(_settle(orders, peer, peer_at, groups, placed.consumer, placed.gradients))
         if not stuck:
             return [list(map(acts.__getitem__, order)) for acts, order in zip(actions, orders)]
         moves = [{} if w in stuck else mine for w, mine in enumerate(moves)]

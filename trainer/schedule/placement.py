@@ -40,17 +40,18 @@ class Placement:
     - ``pairs``: the transfers, four integers each: sender, index of its SEND, receiver, index of
       its RECV;
     - ``groups``: each all-reduce, its members' (worker, index of their ALLREDUCE);
-    - ``uses[w]``: per RECV on ``w`` (in the order its data was used), ``(index of the RECV,
-      index of the compute that uses the data, index of the compute listed before that one or
-      -1)``;
+    - ``consumer[w]``: index of a RECV on ``w`` -> index of the compute that uses its data;
+    - ``before_consumer[w]``: index of a RECV_ACT on ``w`` -> index of the compute listed right
+      before its consumer (-1: none);
     - ``gradients[w]``: the indices of ``w``'s RECV_GRADs.
     """
 
     actions: list[list[Action]]
     pairs: list[int]
     groups: list[tuple[tuple[int, int], ...]]
-    uses: list[list[tuple[int, int, int]]]
-    gradients: list[list[int]]
+    consumer: list[dict[int, int]]
+    before_consumer: list[dict[int, int]]
+    gradients: list[set[int]]
 
 
 def place(topo: Topology, programs: list[list[Action]]) -> Placement:
@@ -75,8 +76,9 @@ def place(topo: Topology, programs: list[list[Action]]) -> Placement:
     n = topo.num_workers
     out: list[list[Action]] = [[] for _ in range(n)]
     have: list[dict[int, int]] = [{} for _ in range(n)]  # datum -> index of its RECV, -1 if made here
-    uses: list[list[tuple[int, int, int]]] = [[] for _ in range(n)]
-    gradients: list[list[int]] = [[] for _ in range(n)]
+    consumer: list[dict[int, int]] = [{} for _ in range(n)]
+    before_consumer: list[dict[int, int]] = [{} for _ in range(n)]
+    gradients: list[set[int]] = [set() for _ in range(n)]
     last_compute = [-1] * n  # index of the latest compute in each list
     nxt = [0] * n  # each worker's next action in its program
     sizes = [len(p) for p in programs]
@@ -143,8 +145,10 @@ def place(topo: Topology, programs: list[list[Action]]) -> Placement:
             kind = a.kind
             if kind is forward or kind is backward or kind is backward_input:
                 got = input_at[w]
-                if got >= 0:
-                    uses[w].append((got, index, last_compute[w]))
+                if got >= 0:  # the last compute that uses a datum counts
+                    consumer[w][got] = index
+                    if kind is forward:
+                        before_consumer[w][got] = last_compute[w]
                 last_compute[w] = index
                 s, mb = a.stage, a.microbatch
                 if kind is forward:
@@ -172,7 +176,7 @@ def place(topo: Topology, programs: list[list[Action]]) -> Placement:
                     pairs += (w, index + 1, dst, received)
                     have[dst][key] = received
                     if key & 1:
-                        gradients[dst].append(received)
+                        gradients[dst].add(received)
                     if waiting[dst]:
                         start(dst, now)
             elif kind is weight:
@@ -193,4 +197,4 @@ def place(topo: Topology, programs: list[list[Action]]) -> Placement:
         raise ScheduleError(
             f"compute order cannot complete: workers {stuck[:8]} wait for inputs that never arrive"
         )
-    return Placement(out, pairs, groups, uses, gradients)
+    return Placement(out, pairs, groups, consumer, before_consumer, gradients)
