@@ -83,6 +83,7 @@ def place(topo: Topology, programs: list[list[Action]]) -> Placement:
     nxt = [0] * n  # each worker's next action in its program
     sizes = [len(p) for p in programs]
     waiting = [False] * n  # for an input, with actions left
+    awaiting = [-1] * n  # the datum a waiting worker waits for
     running: list[Action | None] = [None] * n  # the action each busy worker has started
     input_at = [-1] * n  # index of the RECV whose data the running action uses, or -1
     pairs: list[int] = []
@@ -104,15 +105,17 @@ def place(topo: Topology, programs: list[list[Action]]) -> Placement:
         got = -1
         if kind is forward:
             if a.stage != 0:
-                got = have[w].get((a.microbatch * num_stages + a.stage) * 2)
+                key = (a.microbatch * num_stages + a.stage) * 2
+                got = have[w].get(key)
                 if got is None:
-                    waiting[w] = True
+                    waiting[w], awaiting[w] = True, key
                     return
         elif kind is backward or kind is backward_input:
             if a.stage != last:
-                got = have[w].get((a.microbatch * num_stages + a.stage) * 2 + 1)
+                key = (a.microbatch * num_stages + a.stage) * 2 + 1
+                got = have[w].get(key)
                 if got is None:
-                    waiting[w] = True
+                    waiting[w], awaiting[w] = True, key
                     return
         nxt[w] = i + 1
         waiting[w] = False
@@ -177,8 +180,13 @@ def place(topo: Topology, programs: list[list[Action]]) -> Placement:
                     have[dst][key] = received
                     if key & 1:
                         gradients[dst].add(received)
-                    if waiting[dst]:
-                        start(dst, now)
+                    if waiting[dst] and awaiting[dst] == key:  # start(dst, now), knowing its input is here
+                        i = nxt[dst]
+                        nxt[dst] = i + 1
+                        waiting[dst] = False
+                        b = running[dst] = programs[dst][i]
+                        input_at[dst] = received
+                        due[now + ticks.get(id(b.kind), 0)].append(dst)
             elif kind is weight:
                 last_compute[w] = index
             elif kind is allreduce:
