@@ -4,7 +4,9 @@ schedules' help (from the schedule registry)."""
 from __future__ import annotations
 
 import ast
+import os
 import re
+import sys
 from typing import Any, NoReturn
 
 import typer
@@ -37,6 +39,29 @@ def parse_model_args(pairs: list[str]) -> dict[str, Any]:
         out[key.strip()] = value
     return out
 
+
+
+def without_blas_threads() -> None:
+    """For a command that uses NumPy but no linear algebra (`plan` on a profile file, `simulate`):
+    NumPy's OpenBLAS starts a thread per core as NumPy is imported, and they spin for a while
+    (about 0.09 s of CPU on the machine of docs/planner.md, as much as the import itself). One
+    thread, unless the environment says otherwise; it is read when NumPy is first imported, so
+    this acts only before that."""
+    if "numpy" not in sys.modules:
+        os.environ.setdefault("OPENBLAS_NUM_THREADS", "1")
+
+
+def text_table(title: str, header: list[str], rows: list[list[str]], left: set[str] = frozenset()) -> list[str]:
+    """A table as lines of plain text: the title, then the header and the rows in columns as wide
+    as their widest cell, right-aligned but for the columns named in ``left``. (Printed with rich,
+    the plan's tables took 0.08 s to import and render, a third of `pipeboard plan`'s run, and
+    were cut to the terminal's width, or 80 columns in a pipe.)"""
+    widths = [max(len(cell) for cell in column) for column in zip(header, *rows)]
+    lines = [title]
+    for cells in [header, *rows]:
+        lines.append("  ".join(cell.ljust(w) if name in left else cell.rjust(w)
+                               for cell, w, name in zip(cells, widths, header)).rstrip())
+    return lines
 
 
 def schedule_names(conj: str = "or", **capabilities: Any) -> str:

@@ -19,7 +19,7 @@ from pathlib import Path
 
 import typer
 
-from pipeboard.app.cli.common import fail
+from pipeboard.app.cli.common import fail, text_table, without_blas_threads
 from typer.core import TyperCommand
 
 # Options that take several values, as in `--workers 4 4`.
@@ -79,43 +79,42 @@ def _fmt_s(seconds: float) -> str:
     return f"{seconds * 1000:.3f} ms"
 
 
-def _print_plan(plan, console) -> None:
-    from rich.table import Table
-
+def _print_plan(plan) -> None:
     exactness = "exact antichain states" if plan.exact else "linearised topological order (states exceeded the limit)"
-    console.print(
-        f"[bold]{plan.model or 'model'}[/bold] · method {plan.method} · {plan.states} states, {exactness}\n"
+    lines = [
+        f"{plan.model or 'model'} · method {plan.method} · {plan.states} states, {exactness}",
         f"cluster {' x '.join(str(w) for w, _ in plan.cluster)} = {plan.total_workers} workers "
-        f"({plan.workers_used} used), NOAM {plan.noam}\n"
+        f"({plan.workers_used} used), NOAM {plan.noam}",
         f"time per minibatch: pipeline {_fmt_s(plan.predicted_time_s)}, single worker "
-        f"{_fmt_s(plan.single_worker_time_s)}, data parallel {_fmt_s(plan.data_parallel_time_s)}\n"
-        f"speedup: {plan.speedup_vs_single:.3f}x vs one worker, {plan.speedup_vs_data_parallel:.3f}x vs data parallel"
-    )
-    table = Table(title="stages (times in ms per minibatch)")
-    for col in ("#", "layers", "states", "x", "workers", "compute", "allreduce", "send", "time", "mem GB"):
-        table.add_column(col, justify="left" if col in ("layers", "workers") else "right")
+        f"{_fmt_s(plan.single_worker_time_s)}, data parallel {_fmt_s(plan.data_parallel_time_s)}",
+        f"speedup: {plan.speedup_vs_single:.3f}x vs one worker, {plan.speedup_vs_data_parallel:.3f}x vs data parallel",
+        "",
+    ]
+    rows = []
     for st in plan.stages:
         layers = f"{len(st.layers)}: {st.layers[0]}.." if st.layers else "-"
         workers = ",".join(map(str, st.workers)) if len(st.workers) <= 4 else f"{st.workers[0]}..{st.workers[-1]}"
-        table.add_row(str(st.index), layers, f"{st.start_state}-{st.end_state}", str(st.replicas), workers,
-                      f"{st.compute_s * 1e3:.2f}", f"{st.allreduce_s * 1e3:.2f}", f"{st.send_s * 1e3:.2f}",
-                      f"{st.time_s * 1e3:.2f}", f"{st.memory_bytes / 1e9:.2f}")
-    console.print(table)
+        rows.append([str(st.index), layers, f"{st.start_state}-{st.end_state}", str(st.replicas), workers,
+                     f"{st.compute_s * 1e3:.2f}", f"{st.allreduce_s * 1e3:.2f}", f"{st.send_s * 1e3:.2f}",
+                     f"{st.time_s * 1e3:.2f}", f"{st.memory_bytes / 1e9:.2f}"])
+    lines += text_table("stages (times in ms per minibatch)",
+                        ["#", "layers", "states", "x", "workers", "compute", "allreduce", "send", "time", "mem GB"],
+                        rows, left={"layers", "workers"})
+    lines.append("")
     for level in sorted(plan.levels, key=lambda lv: -lv.level):
         ranges = " ".join(f"[{s.start},{s.end})x{s.replicas}" for s in level.stages)
-        console.print(f"level {level.level} ({level.workers} @ {level.bandwidth / 1e9:g} GB/s): {ranges}")
+        lines.append(f"level {level.level} ({level.workers} @ {level.bandwidth / 1e9:g} GB/s): {ranges}")
+    sys.stdout.write("\n".join(lines) + "\n")
 
 
-def _print_comparison(plans, console) -> None:
-    from rich.table import Table
-
-    table = Table(title="predicted throughput per method")
-    for col in ("method", "stages", "workers", "ms/minibatch", "minibatch/s", "vs 1 worker", "vs DP"):
-        table.add_column(col, justify="left" if col == "method" else "right")
-    for p in plans:
-        table.add_row(p.method, str(len(p.stages)), str(p.workers_used), f"{p.predicted_time_s * 1e3:.3f}",
-                      f"{p.throughput_per_s:.2f}", f"{p.speedup_vs_single:.3f}x", f"{p.speedup_vs_data_parallel:.3f}x")
-    console.print(table)
+def _print_comparison(plans) -> None:
+    rows = [[p.method, str(len(p.stages)), str(p.workers_used), f"{p.predicted_time_s * 1e3:.3f}",
+             f"{p.throughput_per_s:.2f}", f"{p.speedup_vs_single:.3f}x", f"{p.speedup_vs_data_parallel:.3f}x"]
+            for p in plans]
+    lines = text_table("predicted throughput per method",
+                       ["method", "stages", "workers", "ms/minibatch", "minibatch/s", "vs 1 worker", "vs DP"],
+                       rows, left={"method"})
+    sys.stdout.write("\n" + "\n".join(lines) + "\n")
 
 
 def _is_zoo_name(name: str) -> bool:
@@ -153,7 +152,9 @@ def plan_command(
     from pipeboard.trainer.profile.schema import ProfileError
 
     prof = None
-    if not profile.is_file():
+    if profile.is_file():
+        without_blas_threads()
+    else:
         spec = str(profile)
         if ":" not in spec and not _is_zoo_name(spec):
             fail(f"PROFILE: no such file {spec!r} (nor a zoo name or a task factory module:function)")
@@ -196,12 +197,9 @@ def plan_command(
             ]
         sys.stdout.write(json.dumps(data) + "\n")
         return
-    from rich.console import Console
-
-    console = Console()
-    _print_plan(result, console)
+    _print_plan(result)
     if compare:
-        _print_comparison(plans, console)
+        _print_comparison(plans)
 
 
 def register(cli: typer.Typer) -> None:

@@ -17,7 +17,7 @@ from typing import Any, Optional
 
 import typer
 
-from pipeboard.app.cli.common import RegistryHelpCommand
+from pipeboard.app.cli.common import RegistryHelpCommand, without_blas_threads
 
 
 class UsageError(ValueError):
@@ -223,6 +223,7 @@ def register(cli: typer.Typer) -> None:
         # A one-shot command that builds up to millions of acyclic objects (actions, columns):
         # the cyclic collector would only rescan them (docs/schedules.md, "Building fast").
         gc.disable()
+        without_blas_threads()
         from pipeboard.trainer.schedule.actions import ScheduleError
 
         try:

@@ -8,6 +8,7 @@ import pytest
 from typer.testing import CliRunner
 
 from pipeboard.app.cli import cli
+from pipeboard.app.cli.common import text_table
 from pipeboard.app.cli.plan import spread_multi_values
 from tests.shared_data import graph_txt
 from pipeboard.trainer.plan import Plan
@@ -45,12 +46,31 @@ def test_json_output_for_two_levels(run, tmp_path):
     assert Plan.load(out).to_dict() == data
 
 
-def test_rich_table_says_which_state_graph(run):
+def test_table_says_which_state_graph(run):
     result = run(str(graph_txt("inception_v3")), "--workers", "4", "--bandwidth", "1e9", "--max-states", "300")
     assert result.exit_code == 0, result.output
     assert "linearised topological order" in result.output and "stages" in result.output
     result = run(str(graph_txt("resnet18")), "-n", "4", "-b", "1e9", "--straight")
     assert result.exit_code == 0 and "exact antichain states" in result.output
+    lines = result.output.splitlines()
+    header = lines.index("stages (times in ms per minibatch)") + 1
+    assert lines[header].split() == ["#", "layers", "states", "x", "workers", "compute", "allreduce", "send", "time",
+                                     "mem", "GB"]
+    rows = lines[header + 1:header + 5]  # a straight pipeline on 4 workers: 4 stages, one worker each
+    assert [row.split()[0] for row in rows] == ["0", "1", "2", "3"]
+    assert [row.split()[-7:-5] for row in rows] == [["1", "0"], ["1", "1"], ["1", "2"], ["1", "3"]]  # x, workers
+    # numbers right-aligned under their headings: each row as long as the header's line
+    assert {len(row) for row in rows} == {len(lines[header])}
+    assert lines[header + 5] == "" and lines[header + 6].startswith("level 1 (4 @ 1 GB/s): [0,")
+
+
+def test_text_table_pads_columns_to_their_widest_cell():
+    assert text_table("t", ["name", "n"], [["a", "1"], ["bbb", "22"]], left={"name"}) == [
+        "t",
+        "name   n",
+        "a      1",
+        "bbb   22",
+    ]
 
 
 def test_options_reach_the_planner(run):

@@ -262,3 +262,22 @@ def test_pipedream_per_update_is_one_build_path(kw):
         assert len(steps) == 12 // max(per_update, r)
     assert build("pipedream", 3, 12).meta["per_update"] == 1  # PipeDream's original by default
     assert "per_update" not in build("1f1b", 3, 12).meta  # a sync iteration is the update
+
+
+def test_a_receive_that_no_compute_uses_is_a_schedule_error():
+    """Worker 1 never runs microbatch 1, which worker 0 still sends it: one line naming the worker."""
+    from pipeboard.trainer.schedule import registry
+
+    def programs(ctx):
+        return [
+            [Action(Kind.FORWARD, 0, 0), Action(Kind.FORWARD, 0, 1), Action(Kind.BACKWARD, 0, 0),
+             Action(Kind.STEP, 0, -1, 1)],
+            [Action(Kind.FORWARD, 1, 0), Action(Kind.BACKWARD, 1, 0), Action(Kind.STEP, 1, -1, 1)],
+        ]
+
+    registry.register("tmp-lossy", programs, description="Drops microbatch 1 on stage 1.")
+    try:
+        with pytest.raises(ScheduleError, match="worker 1 receives data that none of its computes uses"):
+            build("tmp-lossy", 2, 2)
+    finally:
+        registry.unregister("tmp-lossy")

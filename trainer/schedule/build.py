@@ -89,7 +89,7 @@ def build(
             raise ScheduleError(f"{name}: the builder wrote {len(programs)} programs for {topo.num_workers} workers")
         if batch:
             programs = [batch_weights(p) for p in programs]
-        actions = hoist_receives(*place(topo, programs))
+        actions = hoist_receives(place(topo, programs))
     meta = {
         "sync": spec.synchronous,
         "physical_stages": physical,

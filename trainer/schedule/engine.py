@@ -55,8 +55,7 @@ class Program:
     codes: list[int]
     keys: list[int]  # transfer: its datum; compute: the remote input it waits for, or -1; ALLREDUCE: group size
     durs: list[float]
-    stages: list[int]
-    mbs: list[int]
+    stages: list[int]  # (microbatches: read from ``mb`` where a transfer takes time; most take none)
 
 
 @dataclass
@@ -104,7 +103,7 @@ def compile_programs(schedule: Schedule, cols: list[tuple], dur: np.ndarray) -> 
         for i, n in batched_weight_counts(code, stage, mb).items():
             d[i] = n * dur[stage[i], WB]
         progs.append(
-            Program(code, stage, mb, d, code.tolist(), key.tolist(), d.tolist(), stage.tolist(), mb.tolist())
+            Program(code, stage, mb, d, code.tolist(), key.tolist(), d.tolist(), stage.tolist())
         )
     return progs
 
@@ -195,7 +194,7 @@ def run(schedule: Schedule, progs: list[Program], links: SharedLinks | None = No
                     begin = links.book(src, receiver[key], begin, d)
                 arrival[key] = begin + d
                 if d > 0:
-                    transfers.append((src, code, s, p.mbs[i], begin, begin + d))
+                    transfers.append((src, code, s, int(p.mb[i]), begin, begin + d))
                 if parked[key] >= 0:
                     ready.append(parked[key])
                     parked[key] = -1

@@ -23,11 +23,16 @@ if TYPE_CHECKING:
     from pipeboard.trainer.schedule.registry import BuildContext
 
 
+# Looking a member up on an Enum class is a Python-level call (a quarter of a microsecond); the
+# builders that run once per microbatch and stage use these names.
+_BACKWARD, _BACKWARD_INPUT, _BACKWARD_WEIGHT = Kind.BACKWARD, Kind.BACKWARD_INPUT, Kind.BACKWARD_WEIGHT
+
+
 def backward_ops(stage: int, mb: int, version: int, split: bool) -> list[Action]:
     """A full backward, or its input half followed at once by its weight half."""
     if split:
-        return [Action(Kind.BACKWARD_INPUT, stage, mb, version), Action(Kind.BACKWARD_WEIGHT, stage, mb, version)]
-    return [Action(Kind.BACKWARD, stage, mb, version)]
+        return [Action(_BACKWARD_INPUT, stage, mb, version), Action(_BACKWARD_WEIGHT, stage, mb, version)]
+    return [Action(_BACKWARD, stage, mb, version)]
 
 
 def update_ops(topo: Topology, stage: int, version: int) -> list[Action]:
@@ -49,21 +54,23 @@ def gpipe_ops(topo: Topology, rank: int, stage: int, m: int, split: bool) -> lis
 
 def one_f_one_b_order(mbs: list[int], warmup: int) -> list[tuple[Kind, int]]:
     """``warmup`` forwards, then alternate one backward and one forward, then drain backwards."""
+    forward, backward = Kind.FORWARD, Kind.BACKWARD
     k = min(warmup, len(mbs))
-    order = [(Kind.FORWARD, i) for i in mbs[:k]]
+    order = [(forward, i) for i in mbs[:k]]
     for j, i in enumerate(mbs):
-        order.append((Kind.BACKWARD, i))
+        order.append((backward, i))
         if k + j < len(mbs):
-            order.append((Kind.FORWARD, mbs[k + j]))
+            order.append((forward, mbs[k + j]))
     return order
 
 
 def one_f_one_b_ops(topo: Topology, rank: int, stage: int, m: int, split: bool) -> list[Action]:
     mbs = topo.microbatches_of(rank, stage, m)
+    forward = Kind.FORWARD
     ops: list[Action] = []
     for kind, i in one_f_one_b_order(mbs, topo.noam(stage)):
-        if kind is Kind.FORWARD:
-            ops.append(Action(Kind.FORWARD, stage, i, 0))
+        if kind is forward:
+            ops.append(Action(forward, stage, i, 0))
         else:
             ops += backward_ops(stage, i, 0, split)
     return ops + update_ops(topo, stage, 1)
@@ -84,20 +91,23 @@ def batch_weight_grads(program: list[Action]) -> list[Action]:
     since its last update, one ``W(-1)``: the weight gradients of all those microbatches. It names
     the version the stage holds then (the one the update replaces). BIs left at the end of the
     program (a program without a final update) get their ``W(-1)`` there."""
+    backward, backward_input, weight = _BACKWARD, _BACKWARD_INPUT, _BACKWARD_WEIGHT
+    allreduce, step = Kind.ALLREDUCE, Kind.STEP
     out: list[Action] = []
     pending: set[int] = set()
     held: dict[int, int] = {}
     for a in program:
-        if a.kind is Kind.BACKWARD:
-            out.append(Action(Kind.BACKWARD_INPUT, a.stage, a.microbatch, a.version))
+        kind = a.kind
+        if kind is backward:
+            out.append(Action(backward_input, a.stage, a.microbatch, a.version))
             pending.add(a.stage)
             continue
-        if a.kind in (Kind.ALLREDUCE, Kind.STEP) and a.stage in pending:
+        if (kind is allreduce or kind is step) and a.stage in pending:
             pending.discard(a.stage)
-            out.append(Action(Kind.BACKWARD_WEIGHT, a.stage, -1, held.get(a.stage, 0)))
-        if a.kind is Kind.STEP:
+            out.append(Action(weight, a.stage, -1, held.get(a.stage, 0)))
+        if kind is step:
             held[a.stage] = a.version
         out.append(a)
     for stage in sorted(pending):
-        out.append(Action(Kind.BACKWARD_WEIGHT, stage, -1, held.get(stage, 0)))
+        out.append(Action(weight, stage, -1, held.get(stage, 0)))
     return out

@@ -15,122 +15,194 @@ Because all lists are appended in one global order, that order is itself an exec
 every SEND meets its RECV (and every ALLREDUCE all its members) at the same point. So the lists
 run without deadlock even when every send, receive and all-reduce blocks (rendezvous), which is
 the strict model ``validate`` checks.
+
+While it writes, it notes what hoisting the receives needs (hoist.py): who meets whom, and which
+compute uses each receive's data, so that no later pass reads the lists again.
 """
 
 from __future__ import annotations
 
-import heapq
+from dataclasses import dataclass
 
 from pipeboard.trainer.schedule.actions import Action, Kind, ScheduleError
 from pipeboard.trainer.schedule.topology import Topology
 
-# The nominal clock: only the order of events matters, not real stage times.
-NOMINAL = {Kind.FORWARD: 1.0, Kind.BACKWARD: 2.0, Kind.BACKWARD_INPUT: 1.0, Kind.BACKWARD_WEIGHT: 1.0}
+# The nominal clock: only the order of events matters, not real stage times. Whole numbers, so
+# that the events of one tick can be kept in one list (see ``place``).
+NOMINAL = {Kind.FORWARD: 1, Kind.BACKWARD: 2, Kind.BACKWARD_INPUT: 1, Kind.BACKWARD_WEIGHT: 1}
 
 
-def place(topo: Topology, programs: list[list[Action]]) -> tuple[list[list[Action]], list[tuple]]:
-    """The action lists of ``programs`` (each worker's compute order), and the log of
-    synchronising events in the order they happened: ("pair", sender, index, receiver, index) and
-    ("all", worker, index, group size).
+@dataclass
+class Placement:
+    """The placed action lists, and what the hoisting needs to know of them.
 
-    A worker starts its next action as soon as that action's input is there: data a worker has is
-    keyed (0, stage, microbatch) for the activation that is the input of ``stage``, (1, stage,
-    microbatch) for the gradient w.r.t. the output of ``stage``. (Written for speed: hundreds of
-    thousands of actions at 64 stages x 1,024 microbatches; kinds are compared by identity.)"""
-    forward, backward, backward_input = Kind.FORWARD, Kind.BACKWARD, Kind.BACKWARD_INPUT
+    - ``actions[w]``: worker ``w``'s list;
+    - ``pairs``: the transfers, four integers each: sender, index of its SEND, receiver, index of
+      its RECV;
+    - ``groups``: each all-reduce, its members' (worker, index of their ALLREDUCE);
+    - ``consumer[w]``: index of a RECV on ``w`` -> index of the compute that uses its data;
+    - ``before_consumer[w]``: index of a RECV_ACT on ``w`` -> index of the compute listed right
+      before its consumer (-1: none);
+    - ``gradients[w]``: the indices of ``w``'s RECV_GRADs.
+    """
+
+    actions: list[list[Action]]
+    pairs: list[int]
+    groups: list[tuple[tuple[int, int], ...]]
+    consumer: list[dict[int, int]]
+    before_consumer: list[dict[int, int]]
+    gradients: list[set[int]]
+
+
+def place(topo: Topology, programs: list[list[Action]]) -> Placement:
+    """The action lists of ``programs`` (each worker's compute order), in the order the nominal
+    clock runs them.
+
+    A worker starts its next action as soon as that action's input is there. A datum is numbered
+    ``(microbatch * stages + stage) * 2`` for the activation that is the input of ``stage``, that
+    plus 1 for the gradient w.r.t. the output of ``stage``. The clock's times are whole, so the
+    events due at one time are one list, in the order they were started (what a heap ordered by
+    (time, start order) would give). Written for speed: hundreds of thousands of actions at 64
+    stages x 1,024 microbatches; kinds are compared by identity (an Enum's attribute lookup and
+    hash are Python-level calls).
+    """
+    forward, backward, backward_input, weight = Kind.FORWARD, Kind.BACKWARD, Kind.BACKWARD_INPUT, Kind.BACKWARD_WEIGHT
     allreduce, send_act, recv_act, send_grad, recv_grad = (Kind.ALLREDUCE, Kind.SEND_ACT, Kind.RECV_ACT,
                                                            Kind.SEND_GRAD, Kind.RECV_GRAD)
-    durations = {id(k): v for k, v in NOMINAL.items()}
-    last = topo.num_stages - 1
+    ticks = {id(k): v for k, v in NOMINAL.items()}
+    num_stages = topo.num_stages
+    last = num_stages - 1
+    stage_ranks = topo.stage_ranks  # topo.rank_of(s, mb), inline: ranks[mb % replicas]
     n = topo.num_workers
     out: list[list[Action]] = [[] for _ in range(n)]
-    have: list[set] = [set() for _ in range(n)]
+    have: list[dict[int, int]] = [{} for _ in range(n)]  # datum -> index of its RECV, -1 if made here
+    consumer: list[dict[int, int]] = [{} for _ in range(n)]
+    before_consumer: list[dict[int, int]] = [{} for _ in range(n)]
+    gradients: list[set[int]] = [set() for _ in range(n)]
+    last_compute = [-1] * n  # index of the latest compute in each list
     nxt = [0] * n  # each worker's next action in its program
     sizes = [len(p) for p in programs]
     waiting = [False] * n  # for an input, with actions left
-    heap: list[tuple[float, int, int, Action]] = []
-    push, pop = heapq.heappush, heapq.heappop
-    seq = 0
+    awaiting = [-1] * n  # the datum a waiting worker waits for
+    running: list[Action | None] = [None] * n  # the action each busy worker has started
+    input_at = [-1] * n  # index of the RECV whose data the running action uses, or -1
+    pairs: list[int] = []
+    groups: list[tuple[tuple[int, int], ...]] = []
+    forming: list[tuple[int, int]] = []  # members of the all-reduce being written (they end together)
     # collective rendezvous: (stage, occurrence) -> members arrived so far
     entered: dict[tuple[int, int], list[int]] = {}
     ar_count: dict[tuple[int, int], int] = {}
-    log: list[tuple] = []
+    due: list[list[int]] = [[], [], []]  # due[t]: the workers whose action ends at time t, in start order
 
-    def dispatch(w: int, now: float) -> None:
+    def start(w: int, now: int) -> None:
         """Start worker ``w``'s next action if its input is there; else it waits."""
-        nonlocal seq
         i = nxt[w]
         if i == sizes[w]:
             waiting[w] = False
             return
         a = programs[w][i]
         kind = a.kind
+        got = -1
         if kind is forward:
-            if a.stage != 0 and (0, a.stage, a.microbatch) not in have[w]:
-                waiting[w] = True
-                return
+            if a.stage != 0:
+                key = (a.microbatch * num_stages + a.stage) * 2
+                got = have[w].get(key)
+                if got is None:
+                    waiting[w], awaiting[w] = True, key
+                    return
         elif kind is backward or kind is backward_input:
-            if a.stage != last and (1, a.stage, a.microbatch) not in have[w]:
-                waiting[w] = True
-                return
+            if a.stage != last:
+                key = (a.microbatch * num_stages + a.stage) * 2 + 1
+                got = have[w].get(key)
+                if got is None:
+                    waiting[w], awaiting[w] = True, key
+                    return
         nxt[w] = i + 1
         waiting[w] = False
         if kind is allreduce:
-            occ = (a.stage, ar_count.get((w, a.stage), 0))
-            ar_count[(w, a.stage)] = occ[1] + 1
-            members = entered.setdefault(occ, [])
+            stage = a.stage
+            occ = ar_count.get((w, stage), 0)
+            ar_count[(w, stage)] = occ + 1
+            members = entered.setdefault((stage, occ), [])
             members.append(w)
             if len(members) == len(a.group or ()):
-                del entered[occ]
+                del entered[(stage, occ)]
                 for m in sorted(members):
-                    seq += 1
-                    push(heap, (now, seq, m, a))
+                    running[m] = a
+                    input_at[m] = -1
+                    due[now].append(m)
             return
-        seq += 1
-        push(heap, (now + durations.get(id(kind), 0.0), seq, w, a))
+        running[w] = a
+        input_at[w] = got
+        due[now + ticks.get(id(kind), 0)].append(w)
 
-    stage_ranks = topo.stage_ranks  # topo.rank_of(s, mb), inline: ranks[mb % replicas]
     for w in range(n):
-        dispatch(w, 0.0)
-    while heap:
-        now, _, w, a = pop(heap)
-        mine = out[w]
-        mine.append(a)
-        kind = a.kind
-        key = None  # the datum this action produces for another stage
-        if kind is allreduce:
-            log.append(("all", w, len(mine) - 1, len(a.group or ())))
-        elif kind is forward:
-            s, mb = a.stage, a.microbatch
-            if s < last:
-                ranks = stage_ranks[s + 1]
-                dst, key = ranks[mb % len(ranks)], (0, s + 1, mb)
-                if dst != w:
-                    send = Action(send_act, s, mb, a.version, peer=dst)
-                    recv = Action(recv_act, s + 1, mb, a.version, peer=w)
-        elif kind is backward or kind is backward_input:
-            s, mb = a.stage, a.microbatch
-            if s > 0:
-                ranks = stage_ranks[s - 1]
-                dst, key = ranks[mb % len(ranks)], (1, s - 1, mb)
-                if dst != w:
-                    send = Action(send_grad, s, mb, a.version, peer=dst)
-                    recv = Action(recv_grad, s - 1, mb, a.version, peer=w)
-        if key is not None:
-            if dst == w:  # the next stage is on this very worker (interleaved chunks)
-                have[w].add(key)
-            else:  # written on both sides now
-                theirs = out[dst]
-                mine.append(send)
-                theirs.append(recv)
-                log.append(("pair", w, len(mine) - 1, dst, len(theirs) - 1))
-                have[dst].add(key)
-                if waiting[dst]:
-                    dispatch(dst, now)
-        dispatch(w, now)
+        start(w, 0)
+    now = 0
+    while True:
+        for w in due[now]:  # grows while it is read: an action of no duration ends at once
+            a = running[w]
+            mine = out[w]
+            index = len(mine)
+            mine.append(a)
+            kind = a.kind
+            if kind is forward or kind is backward or kind is backward_input:
+                got = input_at[w]
+                if got >= 0:  # the last compute that uses a datum counts
+                    consumer[w][got] = index
+                    if kind is forward:
+                        before_consumer[w][got] = last_compute[w]
+                last_compute[w] = index
+                s, mb = a.stage, a.microbatch
+                if kind is forward:
+                    if s == last:
+                        start(w, now)
+                        continue
+                    ranks = stage_ranks[s + 1]
+                    key = (mb * num_stages + s + 1) * 2
+                    sending, receiving, there = send_act, recv_act, s + 1
+                else:
+                    if s == 0:
+                        start(w, now)
+                        continue
+                    ranks = stage_ranks[s - 1]
+                    key = (mb * num_stages + s - 1) * 2 + 1
+                    sending, receiving, there = send_grad, recv_grad, s - 1
+                dst = ranks[mb % len(ranks)]
+                if dst == w:  # the next stage is on this very worker (interleaved chunks)
+                    have[w][key] = -1
+                else:  # written on both sides now
+                    theirs = out[dst]
+                    received = len(theirs)
+                    mine.append(Action(sending, s, mb, a.version, dst))
+                    theirs.append(Action(receiving, there, mb, a.version, w))
+                    pairs += (w, index + 1, dst, received)
+                    have[dst][key] = received
+                    if key & 1:
+                        gradients[dst].add(received)
+                    if waiting[dst] and awaiting[dst] == key:  # start(dst, now), knowing its input is here
+                        i = nxt[dst]
+                        nxt[dst] = i + 1
+                        waiting[dst] = False
+                        b = running[dst] = programs[dst][i]
+                        input_at[dst] = received
+                        due[now + ticks.get(id(b.kind), 0)].append(dst)
+            elif kind is weight:
+                last_compute[w] = index
+            elif kind is allreduce:
+                forming.append((w, index))
+                if len(forming) == len(a.group or ()):
+                    groups.append(tuple(forming))
+                    forming = []
+            start(w, now)
+        if not due[now + 1] and not due[now + 2]:
+            break
+        due[now] = []
+        due.append([])
+        now += 1
     stuck = [w for w in range(n) if nxt[w] < sizes[w]]
     if stuck:
         raise ScheduleError(
             f"compute order cannot complete: workers {stuck[:8]} wait for inputs that never arrive"
         )
-    return out, log
+    return Placement(out, pairs, groups, consumer, before_consumer, gradients)

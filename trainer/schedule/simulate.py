@@ -126,8 +126,9 @@ def _timeline(schedule: Schedule, progs: list[Program], trace: Trace) -> list[Ti
     for w, (p, idx, starts) in enumerate(zip(progs, trace.index, trace.start)):
         replica = schedule.workers[w].replica
         step = 0
+        mbs = p.mb.tolist()
         for i, start in zip(idx, starts):
-            mb = p.mbs[i]
+            mb = mbs[i]
             if mb >= 0:
                 step = step_of(mb)
             kind = NAME[p.codes[i]]
