@@ -14,6 +14,7 @@ from collections import defaultdict
 from typing import Any
 
 from pipeboard.trainer.schedule.actions import TimelineEvent
+from pipeboard.trainer.schedule.measured import steady_step_s
 from pipeboard.trainer.sink import MetricRecord, Sink
 
 
@@ -119,15 +120,9 @@ class Reporter:
             self.sink.on_metrics(records)
 
     def steady_samples_per_s(self) -> float | None:
-        """Samples/s over the steady state: the run's steps after the first tenth (at least one)
-        are dropped as warm-up (pipeline fill, first allocations)."""
-        steps = sorted(self.step_time)
-        if len(steps) < 2:
-            return None
-        skip = max(1, len(steps) // 10)
-        first, last = steps[skip - 1], steps[-1]
-        span = self.step_time[last] - self.step_time[first]
-        return self.batch_size * (last - first) / span if span > 0 else None
+        """Samples/s in the steady state: the batch over the measured time per step."""
+        step_s = steady_step_s(self.step_time)
+        return self.batch_size / step_s if step_s else None
 
     def _onednn_products(self) -> int | None:
         counts = [f[3] for f in self.finished.values() if f[3] is not None]
@@ -146,6 +141,7 @@ class Reporter:
         best_metric = (max if higher_is_better else min)(metrics) if metrics else None
         return {
             "samples_per_s": self.steady_samples_per_s(),
+            "step_s": steady_step_s(self.step_time),
             "final_metric": final_metric,
             "metric_name": self.metric_name,
             "higher_is_better": higher_is_better,
