@@ -25,8 +25,13 @@ install: $(INSTALLED)
 up: $(INSTALLED)
 	$(BIN)/pipeboard up --host $(HOST) --port $(PORT) --workers $(WORKERS)
 
+# Two pytest processes (pytest-xdist), a test file each at a time: much of the suite waits on
+# servers, workers and browsers it starts, and each file's fixtures (a deployment, a browser) stay
+# in one process. Tests keep to their own database schemas, Redis key prefixes and ports already.
+TEST_PROCESSES ?= 2
+
 test: $(INSTALLED)
-	$(BIN)/pytest $(PYTEST_ARGS)
+	$(BIN)/pytest --numprocesses $(TEST_PROCESSES) --dist loadfile $(PYTEST_ARGS)
 
 migrate: $(INSTALLED)
 	$(BIN)/pipeboard migrate
