@@ -163,11 +163,16 @@ def browser_context(browser: Any) -> Iterator[Any]:
     context.close()
 
 
+PAGE_TIMEOUT_MS = 60_000
+
+
 @pytest.fixture
 def page(browser_context: Any) -> Iterator[Any]:
     new_page = browser_context.new_page()
     new_page.errors = collect_errors(new_page)
-    new_page.set_default_timeout(20000)
+    # A wait that succeeds returns at once; the bound only matters when two test processes and a
+    # training run share two cores (make test), where a page's first render can take 20 s.
+    new_page.set_default_timeout(PAGE_TIMEOUT_MS)
     yield new_page
     new_page.close()
 
@@ -219,7 +224,7 @@ def _blank_page(browser: Any, static_server: str) -> Iterator[Any]:
     context = browser.new_context(viewport=VIEWPORT)
     shared = context.new_page()
     shared.errors = collect_errors(shared)
-    shared.set_default_timeout(20000)
+    shared.set_default_timeout(PAGE_TIMEOUT_MS)
     shared.route(f"{static_server}/blank", lambda route: route.fulfill(content_type="text/html", body=BLANK_HTML.format(plotly=plotly_path())))
     shared.goto(f"{static_server}/blank")
     shared.wait_for_function("() => !!window.Plotly")
