@@ -19,7 +19,7 @@ the strict model ``validate`` checks.
 While it writes, it notes what hoisting the receives needs (hoist.py): who meets whom, and which
 compute uses each receive's data, so that no later pass reads the lists again. It writes columns,
 not ``Action`` objects (see ``Placement.written``): the builder's own actions are kept, and a
-transfer is five numbers until someone reads the schedule's lists (actions.ActionColumns).
+transfer is six numbers until someone reads the schedule's lists (actions.ActionColumns).
 """
 
 from __future__ import annotations
@@ -84,7 +84,7 @@ def place(topo: Topology, programs: list[list[Action]]) -> Placement:
     n = topo.num_workers
     out: list[list] = [[] for _ in range(n)]  # Placement.written
     count = [0] * n  # actions written to each list
-    code_of = CODES
+    code_of = CODES  # kind -> the code the columns hold (stash.CODES)
     have: list[dict[int, int]] = [{} for _ in range(n)]  # datum -> index of its RECV, -1 if made here
     consumer: list[dict[int, int]] = [{} for _ in range(n)]
     before_consumer: list[dict[int, int]] = [{} for _ in range(n)]
