@@ -110,13 +110,60 @@ class WorkerSpec:
 
 
 @dataclass
+class ActionColumns:
+    """One worker's actions as columns, as ``build`` writes them (placement.py, hoist.py).
+
+    The simulator reads these columns; making an ``Action`` for each of the hundreds of thousands
+    of transfers only to read its fields back cost more than simulating them. ``code`` numbers
+    kinds as ``KINDS``; ``source[i]`` is the builder's own Action where the program has one (a
+    compute, all-reduce or step: kept as it is, group included), None for a transfer the placement
+    wrote (its peer worker in ``peer``, -1 on the others).
+    """
+
+    code: list[int]
+    stage: list[int]
+    microbatch: list[int]
+    version: list[int]
+    peer: list[int]
+    source: list[Action | None]
+
+    def actions(self) -> list[Action]:
+        kinds = KINDS
+        return [
+            a if a is not None else Action(kinds[c], s, m, v, p)
+            for a, c, s, m, v, p in zip(self.source, self.code, self.stage, self.microbatch, self.version, self.peer)
+        ]
+
+
+KINDS = tuple(Kind)  # ActionColumns.code -> Kind (the simulator's codes, stash.CODES, number them alike)
+
+
+@dataclass
 class Schedule:
+    """The workers' action lists, and what they were built with.
+
+    ``build`` makes a schedule from columns (``from_columns``): its ``actions`` are made on first
+    read, and from then on ``columns()`` is None, since the lists handed out may be changed; so
+    the simulator reads the columns of a schedule that nobody has read, the lists otherwise.
+    """
+
     name: str
     num_stages: int  # virtual stages (= physical stages x chunks when interleaved)
     microbatches: int  # per iteration (sync) or minibatches in total (async)
     workers: list[WorkerSpec]
     actions: list[list[Action]]  # actions[w] runs on worker w, in order
     meta: dict[str, Any] = field(default_factory=dict)
+
+    @classmethod
+    def from_columns(cls, name: str, num_stages: int, microbatches: int, workers: list[WorkerSpec],
+                     table: list[ActionColumns], meta: dict[str, Any]) -> Schedule:
+        schedule = cls(name, num_stages, microbatches, workers, [], meta)
+        schedule.__dict__["_table"] = table
+        return schedule
+
+    def columns(self) -> list[ActionColumns] | None:
+        """The columns built with it, while ``actions`` has not been read (else None)."""
+        return self.__dict__.get("_table")
 
     def to_dict(self) -> dict[str, Any]:
         return {
@@ -138,6 +185,23 @@ class Schedule:
             actions=[[Action.from_dict(a) for a in acts] for acts in d["actions"]],
             meta=d.get("meta", {}),
         )
+
+
+def _read_actions(schedule: Schedule) -> list[list[Action]]:
+    table = schedule.__dict__.pop("_table", None)
+    if table is not None:
+        schedule.__dict__["_actions"] = [t.actions() for t in table]
+    return schedule.__dict__["_actions"]
+
+
+def _write_actions(schedule: Schedule, actions: list[list[Action]]) -> None:
+    schedule.__dict__.pop("_table", None)
+    schedule.__dict__["_actions"] = actions
+
+
+# A property over the dataclass field (``__init__``, ``==``, ``asdict`` and ``replace`` go through
+# it): the lists of a schedule built from columns are made when first read.
+Schedule.actions = property(_read_actions, _write_actions, doc="actions[w]: worker w's actions, in order")  # type: ignore[assignment]
 
 
 @dataclass(frozen=True, slots=True)

@@ -89,7 +89,7 @@ def build(
             raise ScheduleError(f"{name}: the builder wrote {len(programs)} programs for {topo.num_workers} workers")
         if batch:
             programs = [batch_weights(p) for p in programs]
-        actions = hoist_receives(place(topo, programs))
+        table = hoist_receives(place(topo, programs))
     meta = {
         "sync": spec.synchronous,
         "physical_stages": physical,
@@ -102,7 +102,7 @@ def build(
     }
     if not spec.synchronous:
         meta["per_update"] = per_update
-    return Schedule(name, topo.num_stages, microbatches, list(topo.workers), actions, meta)
+    return Schedule.from_columns(name, topo.num_stages, microbatches, list(topo.workers), table, meta)
 
 
 def _topology(spec: ScheduleSpec, num_stages: int, replicas: list[int] | None, chunks: int) -> topo_mod.Topology:

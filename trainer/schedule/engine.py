@@ -79,7 +79,9 @@ def durations(costs) -> np.ndarray:
     return table
 
 
-def compile_programs(schedule: Schedule, cols: list[tuple], dur: np.ndarray) -> list[Program]:
+def compile_programs(schedule: Schedule, cols: list[tuple], sources: list, dur: np.ndarray) -> list[Program]:
+    """The loop's programs from ``cols`` (stash.schedule_columns); ``sources[w][i]`` is worker w's
+    Action at index i wherever that is an ALLREDUCE (its group's size is read)."""
     import numpy as np
     S = schedule.num_stages
     # a compute waits for a transfer iff its input is received somewhere (on its own worker,
@@ -88,7 +90,7 @@ def compile_programs(schedule: Schedule, cols: list[tuple], dur: np.ndarray) -> 
     for code, stage, mb, _ in cols:
         received[((mb * S + stage) * 2 + (code == RG))[(code == RA) | (code == RG)]] = True
     progs = []
-    for acts, (code, stage, mb, _) in zip(schedule.actions, cols):
+    for acts, (code, stage, mb, _) in zip(sources, cols):
         base = (mb * S + stage) * 2
         key = np.select(
             [code == RA, code == RG, code == SA, code == SG, code == F, (code == B) | (code == BI)],
@@ -180,7 +182,7 @@ def run(schedule: Schedule, progs: list[Program], links: SharedLinks | None = No
                     if other is None:
                         i += 1
                         continue
-                    d, src, code, s = xfer[key], sender[key], c - 1, p.stages[i] + (1 if c == RG else -1)
+                    d = xfer[key]
                 else:
                     d = durs[i]
                     send_post[key], sender[key], xfer[key] = t, w, d
@@ -188,13 +190,16 @@ def run(schedule: Schedule, progs: list[Program], links: SharedLinks | None = No
                     if other is None:
                         i += 1
                         continue
-                    src, code, s = w, c, p.stages[i]
                 begin = t if t > other else other
-                if links is not None and d > 0:
-                    begin = links.book(src, receiver[key], begin, d)
-                arrival[key] = begin + d
-                if d > 0:
+                if d > 0:  # listed in the timeline as the sender's (most transfers take no time)
+                    if c & 1:
+                        src, code, s = sender[key], c - 1, p.stages[i] + (1 if c == RG else -1)
+                    else:
+                        src, code, s = w, c, p.stages[i]
+                    if links is not None:
+                        begin = links.book(src, receiver[key], begin, d)
                     transfers.append((src, code, s, int(p.mb[i]), begin, begin + d))
+                arrival[key] = begin + d
                 if parked[key] >= 0:
                     ready.append(parked[key])
                     parked[key] = -1

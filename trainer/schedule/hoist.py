@@ -21,10 +21,11 @@ from __future__ import annotations
 from collections import deque
 from typing import TYPE_CHECKING
 
-from pipeboard.trainer.schedule.actions import ScheduleError
+from pipeboard.trainer.schedule.actions import ActionColumns, Kind, ScheduleError
+from pipeboard.trainer.schedule.placement import NO_PEER, WIDTH
+from pipeboard.trainer.schedule.stash import CODES
 
 if TYPE_CHECKING:
-    from pipeboard.trainer.schedule.actions import Action
     from pipeboard.trainer.schedule.placement import Placement
 
 
@@ -59,30 +60,31 @@ def _apply(sizes: list[int], moves: list[dict[int, int]]) -> list[list[int]]:
     return orders
 
 
-NOBODY, GROUP = -1, -2  # an action that meets no one; an all-reduce (its members in ``groups``)
+NOBODY, GROUP = NO_PEER, -2  # an action that meets no one; an all-reduce (its members in ``groups``)
+RECV_GRAD = CODES[Kind.RECV_GRAD]
+_RECEIVES = (CODES[Kind.RECV_ACT], RECV_GRAD)
 
 
 def _partners(placed: Placement):
     """Who each action meets: per worker and action index, the peer worker of a transfer (its
     other end) and that end's index, NOBODY, or GROUP for an all-reduce, whose other members
-    (worker, index) are in ``groups[(worker, index)]``; and how many receives each worker has."""
-    peer = [[NOBODY] * len(acts) for acts in placed.actions]
-    peer_at = [[0] * len(acts) for acts in placed.actions]
-    receives = [0] * len(peer)
+    (worker, index) are in ``groups[(worker, index)]``; how many receives each worker has; and
+    each action's kind code (stash.CODES)."""
+    written = placed.written
+    peer = [mine[4::WIDTH] for mine in written]  # the placement wrote both ends of each transfer
+    peer_at = [mine[5::WIDTH] for mine in written]
+    codes = [mine[0::WIDTH] for mine in written]
+    receives = [sum(map(code.count, _RECEIVES)) for code in codes]
     groups: dict[tuple[int, int], tuple] = {}
-    flat = iter(placed.pairs)
-    for a, ia, b, ib in zip(flat, flat, flat, flat):
-        peer[a][ia], peer_at[a][ia], peer[b][ib], peer_at[b][ib] = b, ib, a, ia
-        receives[b] += 1
     for members in placed.groups:
         for m in members:
             peer[m[0]][m[1]] = GROUP
             groups[m] = tuple(x for x in members if x != m)
-    return peer, peer_at, groups, receives
+    return peer, peer_at, groups, receives, codes
 
 
 def _settle(orders: list[list[int]], peer: list[list[int]], peer_at: list[list[int]], groups: dict,
-            consumer: list[dict[int, int]], grads: list[set[int]]) -> list[int]:
+            consumer: list[dict[int, int]], codes: list[list[int]]) -> list[int]:
     """Replay with every send, receive and all-reduce blocking, repairing ``orders`` in place.
 
     Returns the workers it is stuck at where no receive can sink (see the module docstring), or [].
@@ -130,7 +132,7 @@ def _settle(orders: list[list[int]], peer: list[list[int]], peer_at: list[list[i
             if j is None:
                 continue
             # passing a send (loses no overlap) first, then a gradient's receive, then the lower rank
-            key = (peer[w][orders[w][j]] == NOBODY, at[w] not in grads[w], w)
+            key = (peer[w][orders[w][j]] == NOBODY, codes[w][at[w]] != RECV_GRAD, w)
             if best_key is None or key < best_key:
                 best, best_key, best_j = w, key, j
         if best < 0:
@@ -189,16 +191,20 @@ def _settle(orders: list[list[int]], peer: list[list[int]], peer_at: list[list[i
             return stuck
 
 
-def hoist_receives(placed: Placement) -> list[list[Action]]:
+def hoist_receives(placed: Placement) -> list[ActionColumns]:
     """The placed lists with their activation receives moved up and settled (module docstring)."""
-    actions = placed.actions
-    peer, peer_at, groups, receives = _partners(placed)
+    peer, peer_at, groups, receives, codes = _partners(placed)
     moves = _targets(placed, receives)
-    sizes = [len(acts) for acts in actions]
+    sizes = placed.sizes
     for _ in range(4):  # where no sinking helps, the stuck workers keep their receives in place
         orders = _apply(sizes, moves)
-        stuck = set(_settle(orders, peer, peer_at, groups, placed.consumer, placed.gradients))
+        stuck = set(_settle(orders, peer, peer_at, groups, placed.consumer, codes))
         if not stuck:
-            return [list(map(acts.__getitem__, order)) for acts, order in zip(actions, orders)]
+            return [_columns(written, order) for written, order in zip(placed.written, orders)]
         moves = [{} if w in stuck else mine for w, mine in enumerate(moves)]
-    return actions
+    return [_columns(written, range(size)) for written, size in zip(placed.written, sizes)]
+
+
+def _columns(written: list, order) -> ActionColumns:
+    """One worker's written values (``Placement.written``) as columns, in ``order``."""
+    return ActionColumns(*(list(map(written[k::WIDTH].__getitem__, order)) for k in (0, 1, 2, 3, 4, 6)))

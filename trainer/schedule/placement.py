@@ -17,7 +17,9 @@ run without deadlock even when every send, receive and all-reduce blocks (rendez
 the strict model ``validate`` checks.
 
 While it writes, it notes what hoisting the receives needs (hoist.py): who meets whom, and which
-compute uses each receive's data, so that no later pass reads the lists again.
+compute uses each receive's data, so that no later pass reads the lists again. It writes columns,
+not ``Action`` objects (see ``Placement.written``): the builder's own actions are kept, and a
+transfer is six numbers until someone reads the schedule's lists (actions.ActionColumns).
 """
 
 from __future__ import annotations
@@ -25,7 +27,11 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from pipeboard.trainer.schedule.actions import Action, Kind, ScheduleError
+from pipeboard.trainer.schedule.stash import CODES
 from pipeboard.trainer.schedule.topology import Topology
+
+WIDTH = 7  # values per action in ``Placement.written``
+NO_PEER = -1  # the peer (and its index) written for an action that is not a transfer
 
 # The nominal clock: only the order of events matters, not real stage times. Whole numbers, so
 # that the events of one tick can be kept in one list (see ``place``).
@@ -36,22 +42,23 @@ NOMINAL = {Kind.FORWARD: 1, Kind.BACKWARD: 2, Kind.BACKWARD_INPUT: 1, Kind.BACKW
 class Placement:
     """The placed action lists, and what the hoisting needs to know of them.
 
-    - ``actions[w]``: worker ``w``'s list;
-    - ``pairs``: the transfers, four integers each: sender, index of its SEND, receiver, index of
-      its RECV;
+    - ``written[w]``: worker ``w``'s list as ``WIDTH`` values per action, in order: kind code
+      (stash.CODES), stage, microbatch, version, the peer worker and the index of the other end
+      in its list (both ``NO_PEER`` unless a transfer), and the builder's Action (None for a
+      transfer written here); one flat list, extended once per action, and cut into columns once
+      (hoist.py);
+    - ``sizes[w]``: the number of actions in it;
     - ``groups``: each all-reduce, its members' (worker, index of their ALLREDUCE);
     - ``consumer[w]``: index of a RECV on ``w`` -> index of the compute that uses its data;
     - ``before_consumer[w]``: index of a RECV_ACT on ``w`` -> index of the compute listed right
       before its consumer (-1: none);
-    - ``gradients[w]``: the indices of ``w``'s RECV_GRADs.
     """
 
-    actions: list[list[Action]]
-    pairs: list[int]
+    written: list[list]
+    sizes: list[int]
     groups: list[tuple[tuple[int, int], ...]]
     consumer: list[dict[int, int]]
     before_consumer: list[dict[int, int]]
-    gradients: list[set[int]]
 
 
 def place(topo: Topology, programs: list[list[Action]]) -> Placement:
@@ -63,22 +70,24 @@ def place(topo: Topology, programs: list[list[Action]]) -> Placement:
     plus 1 for the gradient w.r.t. the output of ``stage``. The clock's times are whole, so the
     events due at one time are one list, in the order they were started (what a heap ordered by
     (time, start order) would give). Written for speed: hundreds of thousands of actions at 64
-    stages x 1,024 microbatches; kinds are compared by identity (an Enum's attribute lookup and
-    hash are Python-level calls).
+    stages x 1,024 microbatches; kinds are compared by identity (looking a member up on the Enum
+    class is a Python-level call) and key dictionaries directly (``Kind`` is a str Enum: it
+    hashes as its str, in C).
     """
     forward, backward, backward_input, weight = Kind.FORWARD, Kind.BACKWARD, Kind.BACKWARD_INPUT, Kind.BACKWARD_WEIGHT
     allreduce, send_act, recv_act, send_grad, recv_grad = (Kind.ALLREDUCE, Kind.SEND_ACT, Kind.RECV_ACT,
                                                            Kind.SEND_GRAD, Kind.RECV_GRAD)
-    ticks = {id(k): v for k, v in NOMINAL.items()}
+    ticks = NOMINAL  # keyed by Kind: a str Enum hashes as its str, in C
     num_stages = topo.num_stages
     last = num_stages - 1
     stage_ranks = topo.stage_ranks  # topo.rank_of(s, mb), inline: ranks[mb % replicas]
     n = topo.num_workers
-    out: list[list[Action]] = [[] for _ in range(n)]
+    out: list[list] = [[] for _ in range(n)]  # Placement.written
+    count = [0] * n  # actions written to each list
+    code_of = CODES  # kind -> the code the columns hold (stash.CODES)
     have: list[dict[int, int]] = [{} for _ in range(n)]  # datum -> index of its RECV, -1 if made here
     consumer: list[dict[int, int]] = [{} for _ in range(n)]
     before_consumer: list[dict[int, int]] = [{} for _ in range(n)]
-    gradients: list[set[int]] = [set() for _ in range(n)]
     last_compute = [-1] * n  # index of the latest compute in each list
     nxt = [0] * n  # each worker's next action in its program
     sizes = [len(p) for p in programs]
@@ -86,7 +95,6 @@ def place(topo: Topology, programs: list[list[Action]]) -> Placement:
     awaiting = [-1] * n  # the datum a waiting worker waits for
     running: list[Action | None] = [None] * n  # the action each busy worker has started
     input_at = [-1] * n  # index of the RECV whose data the running action uses, or -1
-    pairs: list[int] = []
     groups: list[tuple[tuple[int, int], ...]] = []
     forming: list[tuple[int, int]] = []  # members of the all-reduce being written (they end together)
     # collective rendezvous: (stage, occurrence) -> members arrived so far
@@ -134,7 +142,7 @@ def place(topo: Topology, programs: list[list[Action]]) -> Placement:
             return
         running[w] = a
         input_at[w] = got
-        due[now + ticks.get(id(kind), 0)].append(w)
+        due[now + ticks.get(kind, 0)].append(w)
 
     for w in range(n):
         start(w, 0)
@@ -143,9 +151,10 @@ def place(topo: Topology, programs: list[list[Action]]) -> Placement:
         for w in due[now]:  # grows while it is read: an action of no duration ends at once
             a = running[w]
             mine = out[w]
-            index = len(mine)
-            mine.append(a)
+            index = count[w]
+            count[w] = index + 1
             kind = a.kind
+            mine += (code_of[kind], a.stage, a.microbatch, a.version, -1, -1, a)
             if kind is forward or kind is backward or kind is backward_input:
                 got = input_at[w]
                 if got >= 0:  # the last compute that uses a datum counts
@@ -172,21 +181,19 @@ def place(topo: Topology, programs: list[list[Action]]) -> Placement:
                 if dst == w:  # the next stage is on this very worker (interleaved chunks)
                     have[w][key] = -1
                 else:  # written on both sides now
-                    theirs = out[dst]
-                    received = len(theirs)
-                    mine.append(Action(sending, s, mb, a.version, dst))
-                    theirs.append(Action(receiving, there, mb, a.version, w))
-                    pairs += (w, index + 1, dst, received)
+                    count[w] = index + 2
+                    received = count[dst]
+                    count[dst] = received + 1
+                    mine += (code_of[sending], s, mb, a.version, dst, received, None)
+                    out[dst] += (code_of[receiving], there, mb, a.version, w, index + 1, None)
                     have[dst][key] = received
-                    if key & 1:
-                        gradients[dst].add(received)
                     if waiting[dst] and awaiting[dst] == key:  # start(dst, now), knowing its input is here
                         i = nxt[dst]
                         nxt[dst] = i + 1
                         waiting[dst] = False
                         b = running[dst] = programs[dst][i]
                         input_at[dst] = received
-                        due[now + ticks.get(id(b.kind), 0)].append(dst)
+                        due[now + ticks.get(b.kind, 0)].append(dst)
             elif kind is weight:
                 last_compute[w] = index
             elif kind is allreduce:
@@ -205,4 +212,4 @@ def place(topo: Topology, programs: list[list[Action]]) -> Placement:
         raise ScheduleError(
             f"compute order cannot complete: workers {stuck[:8]} wait for inputs that never arrive"
         )
-    return Placement(out, pairs, groups, consumer, before_consumer, gradients)
+    return Placement(out, count, groups, consumer, before_consumer)

@@ -29,7 +29,7 @@ from pipeboard.trainer.schedule.engine import (
     run,
     worker_stats,
 )
-from pipeboard.trainer.schedule.stash import CODES, columns, memory_profile
+from pipeboard.trainer.schedule.stash import CODES, memory_profile, schedule_columns
 
 NAME = {code: kind.value for kind, code in CODES.items()}
 
@@ -87,8 +87,8 @@ def simulate(
     """Predict the timeline of ``schedule`` under per-stage ``costs``."""
     per_stage = stage_costs(schedule, costs)
     with gc_paused():
-        cols = [columns(acts) for acts in schedule.actions]
-        progs = compile_programs(schedule, cols, durations(per_stage))
+        cols, sources = schedule_columns(schedule)
+        progs = compile_programs(schedule, cols, sources, durations(per_stage))
         trace = run(schedule, progs, SharedLinks() if shared_links else None)
         stats = worker_stats(progs, trace)
         activations, versions = memory_profile(schedule, cols)

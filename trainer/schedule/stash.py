@@ -37,6 +37,18 @@ def columns(acts: list[Action]) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.
     return (code, *rest)  # type: ignore[return-value]
 
 
+def schedule_columns(schedule: Schedule) -> tuple[list[tuple], list]:
+    """Per worker, ``columns`` of its actions, and what holds the Action at each index where the
+    simulator needs one (an all-reduce's group): the build's columns while the schedule's lists
+    have not been read (``Schedule.columns``), else the lists."""
+    table = schedule.columns()
+    if table is None:
+        return [columns(acts) for acts in schedule.actions], schedule.actions
+    import numpy as np
+    cols = [tuple(np.array(c, np.int64) for c in (t.code, t.stage, t.microbatch, t.version)) for t in table]
+    return cols, [t.source for t in table]
+
+
 def peak_in_flight(code: np.ndarray, stage: np.ndarray | None = None, mb: np.ndarray | None = None) -> int:
     import numpy as np
     delta = (code == F).astype(np.int64) - ((code == B) | (code == W))
