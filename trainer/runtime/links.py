@@ -34,7 +34,7 @@ import torch
 from pipeboard.trainer.profile.schema import Link
 
 DEFAULT_SIZES = (4096, 65536, 1 << 20, 4 << 20)
-ALLREDUCE_SIZES = (4096, 1 << 20)
+ALLREDUCE_SIZES = (4096, 1 << 20, 4 << 20)
 
 
 def _spin(seconds: float) -> None:
