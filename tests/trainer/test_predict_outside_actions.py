@@ -78,13 +78,29 @@ def test_the_first_stage_loads_inputs_the_last_targets_a_middle_one_nothing():
     assert profile_overhead(unmeasured, [["l0"]])[0].per_step_s * 1e3 == pytest.approx(0.3)
 
 
+def test_w_pays_per_microbatch_for_each_layer_that_is_not_a_plain_linear():
+    prof = calibrated(2)
+    prof.overhead.generic_weight_ms = 0.1
+    prof.layers[0].desc, prof.layers[1].desc = "Conv2d(1, 4, kernel_size=(3, 3))", "Linear(in_features=4)"
+    o = profile_overhead(prof, [["l0"], ["l1"]])
+    assert o[0].weight_per_microbatch_s == pytest.approx(0.1e-3) and o[1].weight_per_microbatch_s == 0.0
+    for layer in prof.layers:
+        layer.weight_batched_ms = 4.0  # at the profile's weight batch: 4 microbatches of 4
+    prof.weight_batch_size = 16
+    c0, c1 = stage_costs(prof, [["l0"], ["l1"]], microbatches=4, overhead=o)
+    # per microbatch: the batched part 1 ms, the walk 0.02 ms shared by the call's 4, and the conv's 0.1 ms
+    assert c0.w_batched_s == pytest.approx((1.0 + 0.02 / 4 + 0.1) * 1e-3)
+    assert c1.w_batched_s == pytest.approx((1.0 + 0.02 / 4) * 1e-3)
+    assert c0.w_s - c1.w_s == pytest.approx(0.1e-3)  # a split W per microbatch pays it too
+
+
 def test_the_new_fields_round_trip_and_bad_ones_are_refused():
     prof = calibrated(2)
     prof.link = Link(latency_ms=0.01, bytes_per_ms=1e6, allreduce_latency_ms=0.2, allreduce_bytes_per_ms=1e5)
     back = Profile.from_json(prof.to_json())
     assert back.overhead == prof.overhead and back.link == prof.link
     older = json.loads(prof.to_json())  # a calibration made before these fields: zero, unmeasured
-    for key in ("executor_action_ms", "executor_step_ms", "load_first_ms", "load_last_ms"):
+    for key in ("executor_action_ms", "executor_step_ms", "generic_weight_ms", "load_first_ms", "load_last_ms"):
         del older["overhead"][key]
     del older["link"]["allreduce_latency_ms"], older["link"]["allreduce_bytes_per_ms"]
     old = Profile.from_dict(older)
@@ -107,6 +123,9 @@ def test_the_executor_overhead_measured_for_real():
     assert 0 <= per_action < 0.01 and 0 < per_step < 0.1
     with pytest.raises(ValueError, match="two different"):
         measure_executor_overhead(microbatches=(4, 4))
+    from pipeboard.trainer.runtime.overhead import measure_generic_weight_overhead
+
+    assert 0 < measure_generic_weight_overhead(layers=2, microbatches=2, rounds=20) < 0.01
     first, last = measure_data_load(get("mlp", depth=1, width=8, samples=64), 16, 4, steps=3)
     assert 0 < first < 1 and 0 < last < 1
 

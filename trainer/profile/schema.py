@@ -129,6 +129,9 @@ class Overhead:
     # executor's walk per action, and per step its set-up and the worker's step report.
     executor_action_ms: float = 0.0
     executor_step_ms: float = 0.0
+    # W per parameterised layer that is not a plain Linear, per microbatch (computed one layer and
+    # one microbatch at a time: measure_generic_weight_overhead)
+    generic_weight_ms: float = 0.0
     # Getting one batch's microbatches from the task's data, per step (measure_data_load): the
     # first stage (inputs and targets) and the last stage (targets); None: not measured.
     load_first_ms: float | None = None
@@ -176,7 +179,7 @@ class Overhead:
             if extra:
                 raise ProfileError(f"{where} has unknown field(s) {sorted(extra)}")
         per_run = {}
-        for key in ("executor_action_ms", "executor_step_ms", "load_first_ms", "load_last_ms"):
+        for key in ("executor_action_ms", "executor_step_ms", "generic_weight_ms", "load_first_ms", "load_last_ms"):
             value = raw.get(key)
             if value is None and key.startswith("load_"):
                 continue

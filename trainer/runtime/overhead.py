@@ -10,6 +10,7 @@ weight-gradient bookkeeping of BI and W(-1).
 ``measure_executor_overhead()`` measures what the runtime spends outside the spans it records:
 the ``Executor``'s walk per action, and per step its set-up and the worker's step report.
 ``measure_data_load(task, ...)`` times a task's own data loading per step, first and last stage.
+``measure_generic_weight_overhead()`` what W adds per non-Linear parameterised layer and microbatch.
 
 ``calibrate()`` measures a few stage shapes (layer counts, last or not) and the executor into the
 profile's ``overhead`` field (``pipeboard.trainer.profile.schema.Overhead``), which
@@ -97,6 +98,51 @@ def measure_action_overhead(layers: int, last: bool, microbatches: int = 8, roun
                           backward_input_s=max(0.0, m["BI"] - m["pBI"]),
                           weight_call_s=max(0.0, m["W"] - (m["pB"] - m["pBI"])),
                           step_s=max(0.0, m["step"] - m["pstep"]))
+
+
+def measure_generic_weight_overhead(layers: int = 4, microbatches: int = 4, rounds: int = 30) -> float:
+    """Seconds the runtime's W adds per parameterised layer that is not a plain Linear, per
+    microbatch: W computes those one microbatch and one layer at a time (an ``autograd.grad``
+    from the layer's output to its parameters, ``weightgrad._generic_weights``), where a Linear's
+    is one matmul over all the microbatches. Measured on a stage of ``layers`` LayerNorm(4)
+    layers: its W(-1) over ``microbatches`` microbatches, minus the plain module's weight-gradient
+    part of the backward (full minus input-only) as often, per layer and microbatch."""
+    if layers < 1 or microbatches < 1 or rounds < 5:
+        raise ValueError(f"layers, microbatches >= 1 and rounds >= 5, got {layers}, {microbatches}, {rounds}")
+
+    def tiny():
+        torch.manual_seed(0)
+        return torch.nn.Sequential(*[torch.nn.LayerNorm(4) for _ in range(layers)])
+
+    mod = tiny()
+    stage = Stage(1, mod, torch.optim.SGD(mod.parameters(), lr=1e-4), is_first=False, is_last=False,
+                  loss_fn=None, stash=False, loss_scale=1.0, layer_calls=True)
+    plain = tiny()
+    x, g = torch.randn(1, 4), torch.ones(1, 4)
+    clock = time.perf_counter
+    w, pb, pbi = [], [], []
+    for r in range(rounds + 3):  # three rounds first to warm up, not kept
+        for j in range(microbatches):
+            stage.forward(j, 0, [x.clone()], None)
+            stage.backward(j, [g], weights=False)
+        t0 = clock()
+        stage.backward_weight(-1)
+        if r >= 3:
+            w.append(clock() - t0)
+        stage.step(0, False)
+        for frozen in (False, True):
+            for p in plain.parameters():
+                p.requires_grad_(not frozen)
+            xi = x.clone().requires_grad_(True)
+            out = plain(xi)
+            t0 = clock()
+            out.backward(g)
+            if r >= 3:
+                (pbi if frozen else pb).append(clock() - t0)
+        for p in plain.parameters():
+            p.grad = None
+    compute = max(0.0, _median_s(pb) - _median_s(pbi)) * microbatches
+    return max(0.0, _median_s(w) - compute) / (layers * microbatches)
 
 
 class _NoTransfers:
@@ -195,7 +241,8 @@ def calibrate(layer_counts: tuple[int, ...] = CALIBRATION_LAYERS, microbatches: 
                                 "backward_ms": o.backward_s * 1e3, "backward_input_ms": o.backward_input_s * 1e3,
                                 "weight_call_ms": o.weight_call_s * 1e3, "step_ms": o.step_s * 1e3})
         per_action, per_step = measure_executor_overhead()
+        generic = measure_generic_weight_overhead()
     finally:
         torch.set_num_threads(threads)
     return Overhead(samples=samples, microbatches=microbatches, executor_action_ms=per_action * 1e3,
-                    executor_step_ms=per_step * 1e3)
+                    executor_step_ms=per_step * 1e3, generic_weight_ms=generic * 1e3)

@@ -25,8 +25,9 @@ which must be the microbatch size here):
   the profile measures (its Python bookkeeping, the loss on the last stage), measured by the
   caller, e.g. ``bench/predict.py``'s tiny-stage measurement, or ``profile_overhead`` from the
   profile's own ``overhead`` calibration (``pipeboard.trainer.runtime.overhead.calibrate``); and
-  outside the actions: the executor's walk past each action (charged to every compute action,
-  send and step) and, once per step on the step,
+  W's own cost per microbatch for each parameterised layer that is not a plain Linear (W takes
+  those one layer and one microbatch at a time); outside the actions: the executor's walk past
+  each action (charged to every compute action, send and step) and, once per step on the step,
   the executor's set-up, the step report and the stage's data loading.
 
 A missing measurement (an old profile) counts as zero, except ``backward_input_ms``, which then
@@ -62,6 +63,7 @@ class ActionOverhead:
     weight_call_s: float = 0.0  # one W(-1) call, whatever the number of microbatches it covers
     step_s: float = 0.0
     executor_s: float = 0.0  # the executor's walk past each action it runs (sends included)
+    weight_per_microbatch_s: float = 0.0  # W's own cost per microbatch beyond one call (non-Linear layers)
     per_step_s: float = 0.0  # once per step: the executor's set-up, the step report, loading data
 
 
@@ -82,14 +84,18 @@ def profile_overhead(profile: Profile, stages: list[list[str]]) -> list[ActionOv
     o = profile.overhead
     out = []
     for k, stage in enumerate(stages):
-        n = max(1, sum(1 for layer in _layers(profile, stage, k) if layer.parameter_bytes > 0))
+        layers = _layers(profile, stage, k)
+        n = max(1, sum(1 for layer in layers if layer.parameter_bytes > 0))
+        # W computes these one layer and one microbatch at a time (a Linear: one matmul for all)
+        generic = sum(1 for layer in layers if layer.parameter_bytes > 0 and not layer.desc.startswith("Linear("))
         ms = o.at(n, k == len(stages) - 1)
         # the first stage loads inputs and targets (all of a one-stage model's data), the last targets
         load = (o.load_first_ms if k == 0 else o.load_last_ms if k == len(stages) - 1 else 0.0) or 0.0
         out.append(ActionOverhead(forward_s=ms["forward_ms"] / 1e3, backward_s=ms["backward_ms"] / 1e3,
                                   backward_input_s=ms["backward_input_ms"] / 1e3,
                                   weight_call_s=ms["weight_call_ms"] / 1e3, step_s=ms["step_ms"] / 1e3,
-                                  executor_s=o.executor_action_ms / 1e3, per_step_s=(o.executor_step_ms + load) / 1e3))
+                                  executor_s=o.executor_action_ms / 1e3, per_step_s=(o.executor_step_ms + load) / 1e3,
+                                  weight_per_microbatch_s=generic * o.generic_weight_ms / 1e3))
     return out
 
 
@@ -173,10 +179,10 @@ def stage_costs(
             if bi is not None:
                 bi += o.backward_input_s * 1e3 + ex + sends_grad
                 # B = BI + W in compute; a split W is an action of its own, walked once more
-                w = w + max(0.0, o.backward_s - o.backward_input_s) * 1e3 + ex
+                w = w + max(0.0, o.backward_s - o.backward_input_s) * 1e3 + ex + o.weight_per_microbatch_s * 1e3
             bwd += o.backward_s * 1e3 + ex + sends_grad
             if w_batched is not None:
-                w_batched += (o.weight_call_s * 1e3 + ex) / microbatches
+                w_batched += (o.weight_call_s * 1e3 + ex) / microbatches + o.weight_per_microbatch_s * 1e3
             if allreduce:
                 allreduce += ex
         costs.append(StageCosts(
