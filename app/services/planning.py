@@ -175,9 +175,12 @@ def simulate(plan_obj: Any, schedule: str, microbatches: int, *, samples_per_mic
 
             # The runtime runs step after step, the next step's first forwards overlapping this
             # one's drain: its time per step (batch_size / samples_per_s) is the steady state.
+            # the profiled machine's cores (profile_run records them): the run's workers share them
+            cores = (profile_data.get("meta") or {}).get("cores")
             sim.steady_step_s = steady_step_s(costs, schedule, microbatches,
                                               batch_weight_grads=bool(sched.meta.get("batch_weight_grads")),
-                                              replicas=stage_replicas(plan_obj))
+                                              replicas=stage_replicas(plan_obj),
+                                              cores=cores if isinstance(cores, int) else None)
         return sched, sim
     except (ConfigError, ScheduleError, ValueError) as exc:
         raise ServiceError(f"schedule: {schedule!r} cannot run this plan: {exc}", status=422, field="schedule") from None

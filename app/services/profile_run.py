@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import sys
 from typing import Any
 
@@ -66,6 +67,8 @@ def profile(source: str, model_args: dict[str, Any], batch_size: int, device: st
                          **load)
     if not prof.model:
         prof.model = source
+    # the cores a local run's workers will share (more workers than cores take turns on them)
+    prof.meta["cores"] = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
     if weight_batch_size is not None and weight_batch_size != batch_size:
         big_example = task.example_input(weight_batch_size)
         big = profile_model(model, big_example, batch_size=weight_batch_size, device=device, warmup=2,

@@ -156,3 +156,16 @@ def test_step_reports_go_in_batches_and_read_as_single_ones():
         for report in m[2]:
             single.handle(("step", 0, *report))
     assert batched.step_time == single.step_time and len(batched.step_time) == 5
+
+
+def test_more_workers_than_cores_share_them():
+    """Four one-stage replicas on two cores: each step's work, 4 x (F + B) + steps, spread over
+    two cores, not the one-core-each simulation; with enough cores the simulation stands."""
+    from pipeboard.trainer.schedule.costs import StageCosts
+    from pipeboard.trainer.schedule.predict import steady_step_s
+
+    costs = [StageCosts(fwd_s=1e-3, bwd_s=2e-3, step_s=0.5e-3)]
+    alone = steady_step_s(costs, "gpipe", 4, replicas=[4])
+    assert alone == pytest.approx(3.5e-3)  # one microbatch per replica, then its step
+    assert steady_step_s(costs, "gpipe", 4, replicas=[4], cores=4) == pytest.approx(alone)
+    assert steady_step_s(costs, "gpipe", 4, replicas=[4], cores=2) == pytest.approx(4 * 3.5e-3 / 2)

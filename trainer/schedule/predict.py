@@ -248,10 +248,20 @@ def predict_step_s(
 
 
 def steady_step_s(costs: list[StageCosts], schedule: str, microbatches: int, *, batch_weight_grads: bool = False,
-                  replicas: list[int] | None = None, chunks: int = 1) -> float:
+                  replicas: list[int] | None = None, chunks: int = 1, cores: int | None = None) -> float:
     """The simulator's steady-state seconds per step of ``schedule`` under ``costs`` (one per
-    physical stage, or per virtual stage for interleaved-1f1b); see the module docstring."""
+    physical stage, or per virtual stage for interleaved-1f1b); see the module docstring.
+    ``cores``: the cores the workers share; with more workers than cores a step takes at least
+    every worker's busy time per step spread over the cores (the simulator gives each worker a
+    core of its own)."""
     p = len(costs) // chunks
     one = simulate(_schedule(schedule, p, microbatches, 1, replicas, batch_weight_grads, chunks), costs)
     more = simulate(_schedule(schedule, p, microbatches, STEADY_ITERATIONS, replicas, batch_weight_grads, chunks), costs)
-    return (more.iteration_time_s - one.iteration_time_s) / (STEADY_ITERATIONS - 1)
+    step = (more.iteration_time_s - one.iteration_time_s) / (STEADY_ITERATIONS - 1)
+    workers = more.extra["workers"]
+    if cores is not None and 0 < cores < workers:
+        def busy(r):  # every worker's time in actions, summed
+            return (1.0 - r.bubble_fraction) * r.iteration_time_s * workers
+
+        step = max(step, (busy(more) - busy(one)) / (STEADY_ITERATIONS - 1) / cores)
+    return step
