@@ -123,9 +123,16 @@ def test_the_executor_overhead_measured_for_real():
     assert 0 <= per_action < 0.01 and 0 < per_step < 0.1
     with pytest.raises(ValueError, match="two different"):
         measure_executor_overhead(microbatches=(4, 4))
+    import torch
+
     from pipeboard.trainer.runtime.overhead import measure_generic_weight_overhead
 
-    assert 0 < measure_generic_weight_overhead(layers=2, microbatches=2, rounds=20) < 0.01
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)  # as calibrate() and the workers
+    try:
+        assert 0 < measure_generic_weight_overhead(layers=2, microbatches=2, rounds=20) < 0.01
+    finally:
+        torch.set_num_threads(threads)
     first, last = measure_data_load(get("mlp", depth=1, width=8, samples=64), 16, 4, steps=3)
     assert 0 < first < 1 and 0 < last < 1
 
