@@ -51,8 +51,8 @@ def make_plan(profile_data: dict[str, Any], levels: list[tuple[int, float]], *, 
 def ranked_candidates(profile_data: dict[str, Any], levels: list[tuple[int, float]], planned: Any, schedule: str,
                       microbatches: int, *, weight_grads: str = "batched", chunks: int = 1) -> list[tuple[float, Any]]:
     """(predicted steady seconds per step, plan) of PipeDream's plan (``planned``) and each
-    baseline's distinct one (even splits by layers, time or parameters; data parallel), fastest
-    first, as ``simulate`` predicts them for ``schedule`` (the profile cost model); PipeDream's
+    baseline's distinct one (even splits by layers, time or parameters; data parallel) whose
+    every stage has parameters, fastest first, as ``simulate`` predicts them for ``schedule`` (the profile cost model); PipeDream's
     first among equals. Empty when the profile lacks what that model needs (then the planner's
     own objective stands) or no candidate can run the schedule."""
     from pipeboard.trainer.plan import METHODS, PlanError, plan
@@ -61,6 +61,7 @@ def ranked_candidates(profile_data: dict[str, Any], levels: list[tuple[int, floa
     if registry.is_data_parallel(schedule) or chunks > 1:  # the runtime's own layout, not the plan's stages
         return []
     profile = Profile.from_dict(profile_data)
+    weighted = {layer.name for layer in profile.layers if layer.parameter_bytes > 0}
     candidates, seen = [], set()
     for method in METHODS:
         try:
@@ -69,7 +70,8 @@ def ranked_candidates(profile_data: dict[str, Any], levels: list[tuple[int, floa
             continue
         d = cand.to_dict()
         key = tuple((tuple(st.get("layers") or []), int(st.get("replicas") or 1)) for st in d.get("stages") or [])
-        if key in seen:
+        # a stage without parameters cannot train (its optimizer would have none to step)
+        if key in seen or any(not weighted.intersection(layers) for layers, _ in key):
             continue
         seen.add(key)
         try:
