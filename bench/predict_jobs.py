@@ -2,6 +2,7 @@
 
     .venv/bin/python bench/predict_jobs.py [--models mlp-digits,cnn-digits,...] [--schedules gpipe,1f1b,pipedream]
                                            [--workers 2[,4]] [--steps 30] [--runs 1] [--checkpoints] [--keep DIR]
+                                           [--rank SCHEDULE]
 
 For each model (the zoo models of issue 19, each at its job configuration) and worker count it does
 what a train job's runner does, step by step: profiles the model in a child process with the
@@ -13,7 +14,11 @@ gradients at the whole batch, the link and the runtime's overhead), plans it
 steps and reads the summary's ``step_s`` (``pipeboard.trainer.schedule.measured``). It prints one
 row per run: predicted, measured, error; then the median and worst |error|, the processor and
 the load average (other processes on a shared machine slow runs down: compare rows measured
-under similar load). ``--checkpoints`` checkpoints every 20 steps, as a job does.
+under similar load). ``--checkpoints`` checkpoints every 20 steps, as a job does. ``--rank
+SCHEDULE`` also runs the three candidates the planner ranks first under SCHEDULE
+(``planning.ranked_candidates``) and says whether the predicted order is the measured one.
+On a machine other sessions load, docs/runtime.md ("Predicting a run's time per step") says how
+its figures were taken.
 """
 
 from __future__ import annotations
