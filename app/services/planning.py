@@ -20,8 +20,13 @@ def levels_of(levels: Sequence[Any] | None, workers: int | None) -> list[tuple[i
     return [(int(workers or 1), LOCAL_BANDWIDTH)]
 
 
-def make_plan(profile_data: dict[str, Any], levels: list[tuple[int, float]], *, memory_bytes: float | None, method: str) -> Any:
-    """A pipeboard.trainer.plan.Plan; planner errors become 422 naming the field they concern."""
+def make_plan(profile_data: dict[str, Any], levels: list[tuple[int, float]], *, memory_bytes: float | None, method: str,
+              schedule: str | None = None, microbatches: int | None = None, weight_grads: str = "batched",
+              chunks: int = 1) -> Any:
+    """A pipeboard.trainer.plan.Plan; planner errors become 422 naming the field they concern.
+    With ``schedule`` and ``microbatches`` (what the job runs), method ``pipedream`` and a profile
+    that carries the measurements ``profile_costs`` needs, the plan is the fastest of the
+    candidates (``ranked_candidates``) under the same cost model the job's prediction uses."""
     from pipeboard.trainer.plan import PlanError, plan
     from pipeboard.trainer.profile.schema import Profile, ProfileError
 
@@ -30,11 +35,53 @@ def make_plan(profile_data: dict[str, Any], levels: list[tuple[int, float]], *, 
     except ProfileError as exc:
         raise ServiceError(f"profile_id: stored profile is invalid: {exc}", status=422, field="profile_id") from None
     try:
-        return plan(profile, levels=levels, memory_bytes=memory_bytes, memory_constraint=memory_bytes is not None, method=method)
+        chosen = plan(profile, levels=levels, memory_bytes=memory_bytes, memory_constraint=memory_bytes is not None,
+                      method=method)
     except PlanError as exc:
         text = str(exc)
         field = "memory_bytes" if "memory" in text.lower() else "levels"
         raise ServiceError(f"{field}: {text}", status=422, field=field) from None
+    if method != "pipedream" or schedule is None or microbatches is None:
+        return chosen
+    ranked = ranked_candidates(profile_data, levels, chosen, schedule, microbatches, weight_grads=weight_grads,
+                               chunks=chunks)
+    return ranked[0][1] if ranked else chosen
+
+
+def ranked_candidates(profile_data: dict[str, Any], levels: list[tuple[int, float]], planned: Any, schedule: str,
+                      microbatches: int, *, weight_grads: str = "batched", chunks: int = 1) -> list[tuple[float, Any]]:
+    """(predicted steady seconds per step, plan) of PipeDream's plan (``planned``) and each
+    baseline's distinct one (even splits by layers, time or parameters; data parallel) whose
+    every stage has parameters, fastest first, as ``simulate`` predicts them for ``schedule`` (the profile cost model); PipeDream's
+    first among equals. Empty when the profile lacks what that model needs (then the planner's
+    own objective stands) or no candidate can run the schedule."""
+    from pipeboard.trainer.plan import METHODS, PlanError, plan
+    from pipeboard.trainer.profile.schema import Profile
+
+    if registry.is_data_parallel(schedule) or chunks > 1:  # the runtime's own layout, not the plan's stages
+        return []
+    profile = Profile.from_dict(profile_data)
+    weighted = {layer.name for layer in profile.layers if layer.parameter_bytes > 0}
+    candidates, seen = [], set()
+    for method in METHODS:
+        try:
+            cand = planned if method == "pipedream" else plan(profile, levels=levels, method=method)
+        except PlanError:
+            continue
+        d = cand.to_dict()
+        key = tuple((tuple(st.get("layers") or []), int(st.get("replicas") or 1)) for st in d.get("stages") or [])
+        # a stage without parameters cannot train (its optimizer would have none to step)
+        if key in seen or any(not weighted.intersection(layers) for layers, _ in key):
+            continue
+        seen.add(key)
+        try:
+            _, sim = simulate(cand, schedule, microbatches, weight_grads=weight_grads, profile_data=profile_data)
+        except ServiceError:
+            continue
+        if sim.steady_step_s is None:
+            return []
+        candidates.append((sim.steady_step_s, len(candidates), cand))
+    return [(t, cand) for t, _, cand in sorted(candidates, key=lambda c: (c[0], c[1]))]
 
 
 def stage_replicas(plan_obj: Any) -> list[int]:
@@ -130,9 +177,12 @@ def simulate(plan_obj: Any, schedule: str, microbatches: int, *, samples_per_mic
 
             # The runtime runs step after step, the next step's first forwards overlapping this
             # one's drain: its time per step (batch_size / samples_per_s) is the steady state.
+            # the profiled machine's cores (profile_run records them): the run's workers share them
+            cores = (profile_data.get("meta") or {}).get("cores")
             sim.steady_step_s = steady_step_s(costs, schedule, microbatches,
                                               batch_weight_grads=bool(sched.meta.get("batch_weight_grads")),
-                                              replicas=stage_replicas(plan_obj))
+                                              replicas=stage_replicas(plan_obj),
+                                              cores=cores if isinstance(cores, int) else None)
         return sched, sim
     except (ConfigError, ScheduleError, ValueError) as exc:
         raise ServiceError(f"schedule: {schedule!r} cannot run this plan: {exc}", status=422, field="schedule") from None

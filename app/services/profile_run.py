@@ -14,13 +14,20 @@ same profile JSON:
   part at N kept; other layers' it computes one microbatch at a time: M times their part at the
   microbatch size;
 - ``--calibrate``: the link between two worker processes (``pipeboard.trainer.runtime.links.measure_link``)
-  and the runtime's per-action overhead (``pipeboard.trainer.runtime.overhead.calibrate``), a few seconds.
+  and the runtime's per-action overhead (``pipeboard.trainer.runtime.overhead.calibrate``: in the
+  actions, and outside them, the executor's walk and its per-step set-up and report), a few
+  seconds; with ``--run-batch-size N``, also what loading a batch of N samples from the task's
+  data costs the first and the last stage per step;
+- ``--concurrent K``: K processes train the model on the profiled microbatch meanwhile, as a
+  run's other workers do on the other cores (shared caches and memory bandwidth slow each
+  layer; ``pipeboard.trainer.profile.conditions.ConcurrentLoad``).
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import os
 import sys
 from typing import Any
 
@@ -43,9 +50,10 @@ def _batched_by_runtime(desc: str) -> bool:
 
 def profile(source: str, model_args: dict[str, Any], batch_size: int, device: str = "cpu", repeats: int = 5,
             *, optimizer: str | None = None, weight_batch_size: int | None = None,
-            calibrate: bool = False, data: str | None = None) -> dict[str, Any]:
+            calibrate: bool = False, data: str | None = None, concurrent: int = 0,
+            run_batch_size: int | None = None) -> dict[str, Any]:
     """The profile JSON of the model at ``batch_size``; see the module docstring for
-    ``weight_batch_size`` and ``calibrate``."""
+    ``weight_batch_size``, ``calibrate``, ``concurrent`` and ``run_batch_size``."""
     from pipeboard.trainer.profile.profiler import profile_model
 
     task = load_task(source, model_args, batch_size, data)
@@ -53,13 +61,18 @@ def profile(source: str, model_args: dict[str, Any], batch_size: int, device: st
     if optimizer is None and task.optimizer_name != "custom":
         optimizer = task.optimizer_name  # what the runtime will step
     opt = optimizer or "adam"
-    prof = profile_model(model, example, batch_size=batch_size, device=device, warmup=2, repeats=repeats, optimizer=opt)
+    # the other workers' processes train on microbatches meanwhile, as in the run
+    load = dict(concurrent=concurrent, load_input=example) if concurrent else {}
+    prof = profile_model(model, example, batch_size=batch_size, device=device, warmup=2, repeats=repeats, optimizer=opt,
+                         **load)
     if not prof.model:
         prof.model = source
+    # the cores a local run's workers will share (more workers than cores take turns on them)
+    prof.meta["cores"] = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
     if weight_batch_size is not None and weight_batch_size != batch_size:
         big_example = task.example_input(weight_batch_size)
         big = profile_model(model, big_example, batch_size=weight_batch_size, device=device, warmup=2,
-                            repeats=repeats, optimizer=opt, optimizer_steps=False)
+                            repeats=repeats, optimizer=opt, optimizer_steps=False, **load)
         weights = {layer.name: layer.backward_weight_ms for layer in big.layers}
         per_batch = weight_batch_size / batch_size
         for layer in prof.layers:
@@ -80,6 +93,11 @@ def profile(source: str, model_args: dict[str, Any], batch_size: int, device: st
 
         prof.link = measure_link()
         prof.overhead = calibrate_overhead()
+        if run_batch_size is not None and run_batch_size >= batch_size:
+            from pipeboard.trainer.runtime.overhead import measure_data_load
+
+            first, last = measure_data_load(task, run_batch_size, max(1, run_batch_size // batch_size))
+            prof.overhead.load_first_ms, prof.overhead.load_last_ms = first * 1e3, last * 1e3
     return prof.to_dict()
 
 
@@ -97,6 +115,10 @@ def main(argv: list[str] | None = None) -> int:
                         help="also time each layer's weight gradients at this many samples (batched W(-1))")
     parser.add_argument("--calibrate", action="store_true",
                         help="also measure the link between two processes and the runtime's per-action overhead")
+    parser.add_argument("--concurrent", type=int, default=0,
+                        help="processes training the model on the profiled batch meanwhile (a run's other workers)")
+    parser.add_argument("--run-batch-size", type=int, default=None,
+                        help="with --calibrate: the run's batch (samples per step); time loading it from the task's data")
     parser.add_argument("--data", default=None, help="data location, passed to the task factory as data=")
     parser.add_argument("-o", "--output", required=True)
     args = parser.parse_args(argv)
@@ -121,7 +143,7 @@ def main(argv: list[str] | None = None) -> int:
     try:
         data = profile(args.source, json.loads(args.model_args), args.batch_size, args.device, args.repeats,
                        optimizer=args.optimizer, weight_batch_size=args.weight_batch_size, calibrate=args.calibrate,
-                       data=args.data)
+                       data=args.data, concurrent=args.concurrent, run_batch_size=args.run_batch_size)
     except Exception as exc:  # one line for the job's error, not a traceback
         print(f"profiling {args.source} failed: {type(exc).__name__}: {exc}", file=sys.stderr)
         return 1

@@ -47,12 +47,24 @@ def worker_threads(workers: int) -> int:
     return max(1, cores // max(1, workers))
 
 
+def concurrent_workers(workers: int) -> int:
+    """Processes that train beside the profiled one in a run of ``workers`` local workers: the
+    other workers, as many as there are other cores for them."""
+    try:
+        cores = len(os.sched_getaffinity(0))
+    except AttributeError:
+        cores = os.cpu_count() or 1
+    return max(0, min(workers, cores) - 1)
+
+
 def calibration_args(workers: int, batch_size: int, weight_grads: str, optimizer: str | None = None) -> list[str]:
     """profile_run's flags that calibrate a profile for runs on ``workers`` local processes of
     ``batch_size`` samples per step: the link and the runtime's per-action overhead, the torch
-    threads each worker will have, and (batched weight gradients) the layers' weight gradients
-    at the whole batch."""
-    args = ["--calibrate", "--threads", str(worker_threads(workers))]
+    threads each worker will have, loading a batch, the other workers training meanwhile
+    (``concurrent_workers``), and (batched weight gradients) the layers' weight gradients at the
+    whole batch."""
+    args = ["--calibrate", "--threads", str(worker_threads(workers)), "--run-batch-size", str(batch_size),
+            "--concurrent", str(concurrent_workers(workers))]
     if weight_grads == "batched":
         args += ["--weight-batch-size", str(batch_size)]
     if optimizer:

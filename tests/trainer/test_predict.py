@@ -161,6 +161,9 @@ def test_measure_link_times_real_transfers_between_two_processes(transport, monk
     assert [s[0] for s in link.samples] == [4096.0, float(1 << 20)]
     assert all(s[1] > 0 and s[2] >= 0 for s in link.samples)
     assert link.bytes_per_ms > 0 and link.transfer_ms(1 << 20) > 0
+    # the busy two-process all-reduce, a line of its own
+    assert link.allreduce_latency_ms is not None and link.allreduce_bytes_per_ms > 0
+    assert link.allreduce_ms(1 << 20, 2) > link.allreduce_latency_ms
     with pytest.raises(ValueError, match="two different sizes"):
         measure_link(sizes=(4096, 4096))
     with pytest.raises(ValueError, match="transport"):

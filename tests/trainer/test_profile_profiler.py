@@ -259,3 +259,27 @@ def test_profiles_run_with_the_workers_heap_so_backwards_take_no_page_faults():
         faults[mode] = float(out.stdout.strip().splitlines()[-1])
     assert faults["plain"] > 500, faults  # the control: fresh gradients fault without the setting
     assert faults["profiled"] < 50, faults
+
+
+def test_input_gradients_above_an_embedding_of_integer_inputs_are_timed():
+    """Token inputs need no gradient; the runtime's BI still carries the chain down to the
+    embedding's output, so the layers above it have an input-gradient backward (it measured 0 in
+    every layer of a language model while the frozen pass had no leaf needing a gradient)."""
+    import torch
+    from torch import nn
+
+    from pipeboard.trainer.profile.profiler import profile_model
+
+    class TokenModel(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.emb, self.a, self.b = nn.Embedding(50, 64), nn.Linear(64, 64), nn.Linear(64, 50)
+
+        def forward(self, t):
+            return self.b(torch.relu(self.a(self.emb(t))))
+
+    prof = profile_model(TokenModel(), torch.randint(0, 50, (8, 16)), batch_size=8, warmup=1, repeats=3)
+    by = {layer.name: layer for layer in prof.layers}
+    assert by["emb"].backward_input_ms == 0.0  # fed by the tokens alone: no input gradient
+    assert all(by[n].backward_input_ms > 0 for n in ("a", "relu", "b"))
+    assert all(by[n].backward_input_ms <= by[n].backward_ms * 1.5 for n in ("a", "b"))

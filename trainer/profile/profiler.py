@@ -19,7 +19,11 @@ and go with the allocator's history: a 1024x1024 Linear's backward measured 1.4 
 With ``split_backward`` further instrumented steps run with the parameters frozen and the
 model inputs requiring gradients: autograd then computes input gradients only, and each layer's
 time is its ``backward_input_ms`` (zero for a layer fed only by model inputs: the first stage
-computes no input gradient). ``optimizer_ms`` and the ``concurrent`` load: see conditions.py.
+computes no input gradient). A layer output that would then need no gradient (computed from
+integer inputs alone, e.g. a token embedding's) is made a leaf that does, so the chain above it
+is timed as the runtime's BI runs it (it carries the gradient down to every parameterised
+layer's output); without it a language model's input-gradient backward measured 0 in every
+layer. ``optimizer_ms`` and the ``concurrent`` load: see conditions.py.
 
 Self-check: the sum of all per-layer medians is compared with a measured whole training step
 (forward and backward of the unsplit model) and the ratio is stored in ``profile.meta``.
@@ -132,9 +136,13 @@ class _LayerClock(fx.Interpreter):
     """Runs the traced graph once, charging each node's forward time to its layer and hooking
     each layer output so the backward can be split among layers."""
 
-    def __init__(self, lg: LayerGraph, owner: dict[str, str], clock: _Clock):
+    def __init__(self, lg: LayerGraph, owner: dict[str, str], clock: _Clock, float_leaves: bool = False):
         super().__init__(lg.gm)
         self.owner = owner
+        # the input-gradient pass: a layer's floating-point output that needs no gradient (one
+        # computed from integer inputs alone, e.g. an embedding's, with parameters frozen)
+        # becomes a leaf that does, as the runtime's BI carries the chain down to such outputs
+        self.float_leaves = float_leaves
         self.layer_names = {layer.name for layer in lg.layers if layer.kind == "layer"}
         self.clock = clock
         self.forward_marks: list[tuple[str, Any, Any]] = []  # (layer, start, end)
@@ -152,6 +160,8 @@ class _LayerClock(fx.Interpreter):
         end = self.clock.mark()
         if n.name in self.owner:  # a dead helper (an unused shape item) has no layer
             self.forward_marks.append((self.owner[n.name], start, end))
+        if self.float_leaves and n.name in self.layer_names:
+            value = _as_leaves(value)
         if n.name in self.layer_names:
             for t in value if isinstance(value, (tuple, list)) else (value,):
                 if isinstance(t, torch.Tensor) and t.requires_grad:
@@ -163,6 +173,17 @@ class _LayerClock(fx.Interpreter):
             self.backward_marks.append((name, self.clock.mark()))
 
         return hook
+
+
+def _as_leaves(value: Any) -> Any:
+    """``value`` with each floating-point tensor that needs no gradient made a leaf that does."""
+    if isinstance(value, torch.Tensor):
+        if value.is_floating_point() and not value.requires_grad:
+            return value.detach().requires_grad_(True)
+        return value
+    if isinstance(value, (tuple, list)) and not hasattr(value, "_fields"):
+        return type(value)(_as_leaves(v) for v in value)
+    return value
 
 
 def _owners(lg: LayerGraph) -> dict[str, str]:
@@ -188,11 +209,11 @@ def _backward(outputs: Any) -> None:
 
 def _instrumented_step(lg: LayerGraph, owner: dict[str, str], clock: _Clock, inputs: tuple,
                        params: Sequence[torch.Tensor], accumulate: bool,
-                       precision: str = "fp32") -> tuple[dict[str, float], dict[str, float]]:
+                       precision: str = "fp32", float_leaves: bool = False) -> tuple[dict[str, float], dict[str, float]]:
     """One forward+backward of the traced model: per-layer forward and backward milliseconds."""
     if not accumulate:
         _zero_grads(params)
-    runner = _LayerClock(lg, owner, clock)
+    runner = _LayerClock(lg, owner, clock, float_leaves)
     with autocast(clock.device.type, precision):
         out = runner.run(*inputs)
     try:
@@ -221,7 +242,8 @@ def _input_grad_step(lg: LayerGraph, owner: dict[str, str], clock: _Clock, input
     try:
         for p in params:
             p.requires_grad_(False)
-        return _instrumented_step(lg, owner, clock, leaves, params, accumulate=True, precision=precision)[1]
+        return _instrumented_step(lg, owner, clock, leaves, params, accumulate=True, precision=precision,
+                                  float_leaves=True)[1]
     finally:
         for p, flag in zip(params, flags):
             p.requires_grad_(flag)

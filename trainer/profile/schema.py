@@ -80,6 +80,20 @@ class Link:
     post_ms: float = 0.0
     backend: str = "gloo"
     samples: list[list[float]] = field(default_factory=list)  # [bytes, one-way ms, post ms] as measured
+    # a gloo all-reduce between two processes: latency_ms + bytes / bytes_per_ms (None: not measured)
+    allreduce_latency_ms: float | None = None
+    allreduce_bytes_per_ms: float | None = None
+
+    def allreduce_ms(self, nbytes: float, replicas: int) -> float:
+        """A ring all-reduce of ``nbytes`` over ``replicas`` processes: 2 (r - 1) steps of
+        nbytes / r each; from the measured two-process all-reduce where there is one (its latency
+        spread over its 2 steps), else from the point-to-point line."""
+        r = replicas
+        if r < 2:
+            return 0.0
+        if self.allreduce_latency_ms is not None and self.allreduce_bytes_per_ms:
+            return (r - 1) * self.allreduce_latency_ms + 2 * (r - 1) / r * nbytes / self.allreduce_bytes_per_ms
+        return 2 * (r - 1) * (nbytes / r / self.bytes_per_ms + self.latency_ms)
 
     def transfer_ms(self, nbytes: float) -> float:
         return self.latency_ms + nbytes / self.bytes_per_ms if nbytes > 0 else 0.0
@@ -88,8 +102,8 @@ class Link:
     def from_dict(cls, raw: Any) -> Link:
         if not isinstance(raw, dict):
             raise ProfileError("profile JSON: field 'link' must be an object or null")
-        for key in ("latency_ms", "bytes_per_ms", "post_ms"):
-            if key in raw and not _is_size(raw[key]):
+        for key in ("latency_ms", "bytes_per_ms", "post_ms", "allreduce_latency_ms", "allreduce_bytes_per_ms"):
+            if raw.get(key) is not None and not _is_size(raw[key]):
                 raise ProfileError(f"profile JSON: link.{key} must be a finite number >= 0, got {raw[key]!r}")
         if "latency_ms" not in raw or not raw.get("bytes_per_ms"):
             raise ProfileError("profile JSON: link needs 'latency_ms' and a positive 'bytes_per_ms'")
@@ -111,6 +125,17 @@ class Overhead:
 
     samples: list[dict[str, Any]]
     microbatches: int = 8  # microbatches per measured round (one W(-1) covers them all)
+    # Outside the actions (pipeboard.trainer.runtime.overhead.measure_executor_overhead): the
+    # executor's walk per action, and per step its set-up and the worker's step report.
+    executor_action_ms: float = 0.0
+    executor_step_ms: float = 0.0
+    # W per parameterised layer that is not a plain Linear, per microbatch (computed one layer and
+    # one microbatch at a time: measure_generic_weight_overhead)
+    generic_weight_ms: float = 0.0
+    # Getting one batch's microbatches from the task's data, per step (measure_data_load): the
+    # first stage (inputs and targets) and the last stage (targets); None: not measured.
+    load_first_ms: float | None = None
+    load_last_ms: float | None = None
 
     def at(self, layers: int, last: bool) -> dict[str, float]:
         """Milliseconds per action for a stage of ``layers`` parameterised layers: linear in the
@@ -153,7 +178,16 @@ class Overhead:
             extra = set(s) - {"layers", "last", *OVERHEAD_FIELDS}
             if extra:
                 raise ProfileError(f"{where} has unknown field(s) {sorted(extra)}")
-        return cls(samples=[dict(s) for s in raw["samples"]], microbatches=mbs)
+        per_run = {}
+        for key in ("executor_action_ms", "executor_step_ms", "generic_weight_ms", "load_first_ms", "load_last_ms"):
+            value = raw.get(key)
+            if value is None and key.startswith("load_"):
+                continue
+            if key in raw and not _is_size(value):
+                raise ProfileError(f"profile JSON: overhead.{key} must be a finite number >= 0, got {value!r}")
+            if key in raw:
+                per_run[key] = float(value)
+        return cls(samples=[dict(s) for s in raw["samples"]], microbatches=mbs, **per_run)
 
 
 def find_cycle(names: list[str], edges: list[tuple[str, str]]) -> list[str] | None:

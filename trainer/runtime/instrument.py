@@ -60,6 +60,36 @@ class Heartbeat:
             self.array[self.i + 1] = 1.0 if flag else 0.0
 
 
+class StepReports:
+    """A worker's step reports to the launcher, put on ``channel`` in batches, at most every
+    ``every_s`` seconds and on ``flush``: each put wakes the channel's feeder thread, which then
+    competes with training for the GIL and the cores, a cost every step paid while each step's
+    report went alone (docs/runtime.md, "Instrumentation"). Batching delays what the launcher
+    sees by at most ``every_s``; each report's time is taken when its step ends."""
+
+    def __init__(self, channel, rank: int, every_s: float = 0.25) -> None:
+        self.channel, self.rank, self.every_s = channel, rank, every_s
+        self.pending: list[tuple] = []
+        self.last = time.perf_counter()
+
+    def step_done(self, k: int, recorder: Recorder, last_stage=None, now: bool = False) -> None:
+        """Report step ``k``: the recorder's events and busy time since the last report, the last
+        stage's losses, this process's memory; put at once with ``now``."""
+        events, busy = recorder.take()
+        losses = []
+        if last_stage is not None:
+            losses, last_stage.losses = last_stage.losses, []
+        self.pending.append((k, recorder.now(), busy, losses, resident_bytes(), events))
+        if now or time.perf_counter() - self.last >= self.every_s:
+            self.flush()
+
+    def flush(self) -> None:
+        if self.pending:
+            self.channel.put(("steps", self.rank, self.pending))
+            self.pending = []
+        self.last = time.perf_counter()
+
+
 def resident_bytes() -> int:
     """This process's resident memory (Linux), 0 where unknown."""
     try:

@@ -7,7 +7,9 @@ directly, without ``dist``'s per-call Python checks), or a shared-memory channel
 the situation the runtime's transfers meet: the receiver has posted its receive and waits for the
 data while the sender computes, posts the send and computes on. Per message: a handshake (not
 timed), the sender spins ``busy_ms``, posts the send (timed: what posting costs the sender),
-spins again, then waits for the send; the receiver notes when its ``wait`` returns.
+spins again, then waits for the send; the receiver notes when its ``wait`` returns. A gloo
+all-reduce between the two (``allreduce_latency_ms``, ``allreduce_bytes_per_ms``) is timed the
+same way: both spin ``busy_ms``, then all-reduce, as a replicated stage's workers do.
 ``perf_counter`` is the system-wide monotonic clock, so arrival minus post is one transfer, from
 the send being posted to the data being usable at the receiver. (A ping-pong, where both
 processes sit blocked between messages, measures the idle cores' wake-up instead, which a busy
@@ -32,6 +34,7 @@ import torch
 from pipeboard.trainer.profile.schema import Link
 
 DEFAULT_SIZES = (4096, 65536, 1 << 20, 4 << 20)
+ALLREDUCE_SIZES = (4096, 1 << 20, 4 << 20)
 
 
 def _spin(seconds: float) -> None:
@@ -87,6 +90,18 @@ def _one_way(rank: int, port: int, sizes: tuple[int, ...], repeats: int, busy_s:
             if channel:
                 channel.close()
             out.put((rank, size, marks[3:]))
+        for size in ALLREDUCE_SIZES:  # what a replicated stage's gradient all-reduce costs (gloo)
+            buf = torch.ones(max(1, size // 4), dtype=torch.float32)
+            spans = []
+            dist.barrier()
+            for _ in range(repeats + 3):
+                # both computed since the last one ended, as replicas do between all-reduces (an
+                # all-reduce straight after a barrier, idle processes, takes a fraction of it)
+                _spin(busy_s)
+                t0 = time.perf_counter()
+                dist.all_reduce(buf)
+                spans.append(time.perf_counter() - t0)
+            out.put((rank, -size, [(t, 0.0) for t in spans[3:]]))
         dist.barrier()
     finally:
         dist.destroy_process_group()
@@ -139,7 +154,11 @@ def measure_link(sizes: tuple[int, ...] = DEFAULT_SIZES, repeats: int = 20, busy
         raise ValueError(f"measure_link: transport must be 'gloo' or 'shm', got {transport!r}")
     rows = [_measure_round(tuple(sizes), repeats, busy_ms, timeout_s, transport) for _ in range(rounds)]
     best = [[per_size[0][0], min(r[1] for r in per_size), min(r[2] for r in per_size)] for per_size in zip(*rows)]
-    return fit_link(best, backend=transport)
+    link = fit_link([b for b in best if b[0] > 0], backend=transport)
+    # a two-process gloo all-reduce, as a line through its sizes (negative in the rows)
+    reduce = fit_link([[-b[0], b[1], 0.0] for b in best if b[0] < 0])
+    link.allreduce_latency_ms, link.allreduce_bytes_per_ms = reduce.latency_ms, reduce.bytes_per_ms
+    return link
 
 
 def _measure_round(sizes: tuple[int, ...], repeats: int, busy_ms: float, timeout_s: float,
@@ -157,7 +176,7 @@ def _measure_round(sizes: tuple[int, ...], repeats: int, busy_ms: float, timeout
         p.start()
     try:
         got = {}
-        for _ in range(2 * len(sizes)):
+        for _ in range(2 * (len(sizes) + len(ALLREDUCE_SIZES))):
             rank, size, marks = q.get(timeout=timeout_s)
             got[(rank, size)] = marks
     finally:
@@ -170,4 +189,7 @@ def _measure_round(sizes: tuple[int, ...], repeats: int, busy_ms: float, timeout
         sent, arrived = got[(0, size)], got[(1, size)]
         one_way = [(a - s) * 1e3 for (s, _), (a, _) in zip(sent, arrived)]
         rows.append([float(max(1, size // 4) * 4), statistics.median(one_way), statistics.median(p * 1e3 for _, p in sent)])
+    for size in ALLREDUCE_SIZES:  # the slower rank's time: both wait for the collective to end
+        spans = [max(a, b) * 1e3 for (a, _), (b, _) in zip(got[(0, -size)], got[(1, -size)])]
+        rows.append([-float(max(1, size // 4) * 4), statistics.median(spans), 0.0])
     return rows

@@ -1,7 +1,7 @@
 """The launcher's side of reporting: worker messages in, batched sink calls out.
 
-Workers send small tuples (``ready``, ``step``, ``eval``, ``finished``, ``exit``, ``error``); this
-class turns them into ``TimelineEvent`` batches, one ``MetricRecord`` per completed step (loss,
+Workers send small tuples (``ready``, ``step`` or several steps' at once, ``steps``, ``eval``,
+``finished``, ``exit``, ``error``); this class turns them into ``TimelineEvent`` batches, one ``MetricRecord`` per completed step (loss,
 samples/s, per-stage utilisation and memory), evaluation records for time-to-accuracy, and the
 final summary. Sink calls are batched (at most every ``flush_s``) so a slow sink cannot slow the
 run: workers never wait for it.
@@ -57,6 +57,9 @@ class Reporter:
                                     pids=pids, hosts=hosts, start_step=start, total_steps=total)
         elif kind == "step":
             self._on_step(rank, *msg[2:])
+        elif kind == "steps":  # a worker's batch of step reports (worker.StepReports)
+            for report in msg[2]:
+                self._on_step(rank, *report)
         elif kind == "eval":
             _, _, step, wall, metric = msg
             if metric is not None:

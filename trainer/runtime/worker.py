@@ -26,7 +26,7 @@ from pipeboard.trainer.runtime.comm import P2P, node_name, open_channels, p2p_mo
 from pipeboard.trainer.runtime.config import RunConfig
 from pipeboard.trainer.runtime.data import TrainStream, ValStream
 from pipeboard.trainer.runtime.executor import Executor
-from pipeboard.trainer.runtime.instrument import Heartbeat, Recorder, resident_bytes
+from pipeboard.trainer.runtime.instrument import Heartbeat, Recorder, StepReports
 from pipeboard.trainer.runtime.layout import Layout, resolve
 from pipeboard.trainer.runtime.plan_steps import eval_actions, segment_ends, total_steps
 from pipeboard.trainer.runtime.stage import Stage
@@ -161,13 +161,12 @@ def train(cfg: RunConfig, env: WorkerEnv) -> None:
                      cpu_matmul.active() if device.type == "cpu" else None, node_name()))
     heartbeat.beat()
 
+    reports = StepReports(env.channel, rank)
+
     def on_step_done(k: int) -> None:
-        events, busy = recorder.take()
-        losses = []
-        if last_stage is not None:
-            losses, last_stage.losses = last_stage.losses, []
-        env.channel.put(("step", rank, k, recorder.now(), busy, losses, resident_bytes(), events))
-        if cfg.fail_at and cfg.fail_at.get("rank") == rank and k == cfg.fail_at.get("step"):
+        failing = bool(cfg.fail_at) and cfg.fail_at.get("rank") == rank and k == cfg.fail_at.get("step")
+        reports.step_done(k, recorder, last_stage, now=failing)
+        if failing:
             if cfg.fail_at.get("mode") == "hang":
                 while True:
                     time.sleep(1)
@@ -200,6 +199,7 @@ def train(cfg: RunConfig, env: WorkerEnv) -> None:
                              step_of=lambda mb, k=k: k, on_step_done=on_step_done, ddp_sync=sync,
                              event_mb=lambda mb, k=k: k * M + mb)
         step = seg_end
+        reports.flush()  # what evaluation, checkpoints and the end report follows every step's report
         due_eval = val is not None and ((cfg.target is not None and _due(step, cfg.eval_every or stream.steps_per_epoch))
                                         or step == total)
         if due_eval:

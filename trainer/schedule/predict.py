@@ -17,13 +17,18 @@ which must be the microbatch size here):
   activation (and, backwards, its gradient, of the same size) takes ``latency + bytes /
   bandwidth``; posting a send occupies the sender for ``post_ms``, charged to the compute that
   precedes every send (F before SEND_ACT; BI, or B, before SEND_GRAD);
-- ``allreduce_s`` (replicas > 1): a ring all-reduce of the stage's parameters over the link,
-  2 (r - 1) / r of their bytes each way plus 2 (r - 1) latencies.
+- ``allreduce_s`` (replicas > 1): a ring all-reduce of the stage's parameters (``Link.allreduce_ms``:
+  from the link's measured two-process all-reduce where it has one, else 2 (r - 1) / r of their
+  bytes each way plus 2 (r - 1) point-to-point latencies).
 
 - ``overhead`` (optional, per stage): what the runtime adds to each action beyond the compute
   the profile measures (its Python bookkeeping, the loss on the last stage), measured by the
   caller, e.g. ``bench/predict.py``'s tiny-stage measurement, or ``profile_overhead`` from the
-  profile's own ``overhead`` calibration (``pipeboard.trainer.runtime.overhead.calibrate``).
+  profile's own ``overhead`` calibration (``pipeboard.trainer.runtime.overhead.calibrate``); and
+  W's own cost per microbatch for each parameterised layer that is not a plain Linear (W takes
+  those one layer and one microbatch at a time); outside the actions: the executor's walk past
+  each action (charged to every compute action, send and step) and, once per step on the step,
+  the executor's set-up, the step report and the stage's data loading.
 
 A missing measurement (an old profile) counts as zero, except ``backward_input_ms``, which then
 takes the simulator's default (half the backward).
@@ -57,6 +62,9 @@ class ActionOverhead:
     backward_input_s: float = 0.0  # BI
     weight_call_s: float = 0.0  # one W(-1) call, whatever the number of microbatches it covers
     step_s: float = 0.0
+    executor_s: float = 0.0  # the executor's walk past each action it runs (sends included)
+    weight_per_microbatch_s: float = 0.0  # W's own cost per microbatch beyond one call (non-Linear layers)
+    per_step_s: float = 0.0  # once per step: the executor's set-up, the step report, loading data
 
 
 def _layers(profile: Profile, stage: list[str], k: int):
@@ -73,13 +81,21 @@ def profile_overhead(profile: Profile, stages: list[list[str]]) -> list[ActionOv
     stage with the loss."""
     if profile.overhead is None:
         return None
+    o = profile.overhead
     out = []
     for k, stage in enumerate(stages):
-        n = max(1, sum(1 for layer in _layers(profile, stage, k) if layer.parameter_bytes > 0))
-        ms = profile.overhead.at(n, k == len(stages) - 1)
+        layers = _layers(profile, stage, k)
+        n = max(1, sum(1 for layer in layers if layer.parameter_bytes > 0))
+        # W computes these one layer and one microbatch at a time (a Linear: one matmul for all)
+        generic = sum(1 for layer in layers if layer.parameter_bytes > 0 and not layer.desc.startswith("Linear("))
+        ms = o.at(n, k == len(stages) - 1)
+        # the first stage loads inputs and targets (all of a one-stage model's data), the last targets
+        load = (o.load_first_ms if k == 0 else o.load_last_ms if k == len(stages) - 1 else 0.0) or 0.0
         out.append(ActionOverhead(forward_s=ms["forward_ms"] / 1e3, backward_s=ms["backward_ms"] / 1e3,
                                   backward_input_s=ms["backward_input_ms"] / 1e3,
-                                  weight_call_s=ms["weight_call_ms"] / 1e3, step_s=ms["step_ms"] / 1e3))
+                                  weight_call_s=ms["weight_call_ms"] / 1e3, step_s=ms["step_ms"] / 1e3,
+                                  executor_s=o.executor_action_ms / 1e3, per_step_s=(o.executor_step_ms + load) / 1e3,
+                                  weight_per_microbatch_s=generic * o.generic_weight_ms / 1e3))
     return out
 
 
@@ -150,21 +166,25 @@ def stage_costs(
                 send_grad = link.transfer_ms(out_bytes[k - 1])
                 bwd += link.post_ms
                 bi = None if bi is None else bi + link.post_ms
-            r = replicas[k]
-            if r > 1:
-                nbytes = sum(layer.parameter_bytes for layer in layers)
-                allreduce = 2 * (r - 1) * (nbytes / r / link.bytes_per_ms + link.latency_ms)
+            allreduce = link.allreduce_ms(sum(layer.parameter_bytes for layer in layers), replicas[k])
         w = None if bi is None else max(0.0, bwd - bi)
         if overhead is not None:
             o = overhead[k]
-            fwd += o.forward_s * 1e3
-            step += o.step_s * 1e3
+            ex = o.executor_s * 1e3
+            # each compute action, the sends after it (F then SEND_ACT, B or BI then SEND_GRAD) and
+            # the step are one executor walk each; a W(-1) is one call for all the microbatches
+            sends_act, sends_grad = ex * (k < last), ex * (k > 0)
+            fwd += o.forward_s * 1e3 + ex + sends_act
+            step += o.step_s * 1e3 + ex + o.per_step_s * 1e3
             if bi is not None:
-                bi += o.backward_input_s * 1e3
-                w = w + max(0.0, o.backward_s - o.backward_input_s) * 1e3  # keeps B = BI + W
-            bwd += o.backward_s * 1e3
+                bi += o.backward_input_s * 1e3 + ex + sends_grad
+                # B = BI + W in compute; a split W is an action of its own, walked once more
+                w = w + max(0.0, o.backward_s - o.backward_input_s) * 1e3 + ex + o.weight_per_microbatch_s * 1e3
+            bwd += o.backward_s * 1e3 + ex + sends_grad
             if w_batched is not None:
-                w_batched += o.weight_call_s * 1e3 / microbatches
+                w_batched += (o.weight_call_s * 1e3 + ex) / microbatches + o.weight_per_microbatch_s * 1e3
+            if allreduce:
+                allreduce += ex
         costs.append(StageCosts(
             fwd_s=fwd / 1e3, bwd_s=bwd / 1e3,
             bwd_input_s=None if bi is None else bi / 1e3,
@@ -228,10 +248,20 @@ def predict_step_s(
 
 
 def steady_step_s(costs: list[StageCosts], schedule: str, microbatches: int, *, batch_weight_grads: bool = False,
-                  replicas: list[int] | None = None, chunks: int = 1) -> float:
+                  replicas: list[int] | None = None, chunks: int = 1, cores: int | None = None) -> float:
     """The simulator's steady-state seconds per step of ``schedule`` under ``costs`` (one per
-    physical stage, or per virtual stage for interleaved-1f1b); see the module docstring."""
+    physical stage, or per virtual stage for interleaved-1f1b); see the module docstring.
+    ``cores``: the cores the workers share; with more workers than cores a step takes at least
+    every worker's busy time per step spread over the cores (the simulator gives each worker a
+    core of its own)."""
     p = len(costs) // chunks
     one = simulate(_schedule(schedule, p, microbatches, 1, replicas, batch_weight_grads, chunks), costs)
     more = simulate(_schedule(schedule, p, microbatches, STEADY_ITERATIONS, replicas, batch_weight_grads, chunks), costs)
-    return (more.iteration_time_s - one.iteration_time_s) / (STEADY_ITERATIONS - 1)
+    step = (more.iteration_time_s - one.iteration_time_s) / (STEADY_ITERATIONS - 1)
+    workers = more.extra["workers"]
+    if cores is not None and 0 < cores < workers:
+        def busy(r):  # every worker's time in actions, summed
+            return (1.0 - r.bubble_fraction) * r.iteration_time_s * workers
+
+        step = max(step, (busy(more) - busy(one)) / (STEADY_ITERATIONS - 1) / cores)
+    return step

@@ -1,0 +1,62 @@
+"""The planner's candidates ranked by the job's predicted step time (planning.ranked_candidates)."""
+
+from __future__ import annotations
+
+from pipeboard.app.services import planning
+from pipeboard.trainer.profile.schema import Layer, Link, Overhead, Profile
+
+SAMPLE = {"layers": 1, "last": False, "forward_ms": 0.0, "backward_ms": 0.0, "backward_input_ms": 0.0,
+          "weight_call_ms": 0.0, "step_ms": 0.0}
+
+
+def calibrated_chain() -> dict:
+    """Linear, ReLU, Linear, ReLU, Linear, ReLU: each Linear F 1 ms, B 2 ms (BI 1), optimizer 0.1 ms;
+    a ReLU 0.01 ms each way and no parameters; a measured link and runtime overhead."""
+    layers = []
+    for i in range(6):
+        linear = i % 2 == 0
+        layers.append(Layer(name=f"l{i}", desc="Linear(in_features=8)" if linear else "ReLU()",
+                            forward_ms=1.0 if linear else 0.01, backward_ms=2.0 if linear else 0.01,
+                            backward_input_ms=1.0 if linear else 0.01, optimizer_ms=0.1 if linear else 0.0,
+                            weight_batched_ms=1.0 if linear else 0.0, activation_bytes=256.0,
+                            parameter_bytes=4096.0 if linear else 0.0))
+    prof = Profile(layers=layers, edges=[(f"l{i}", f"l{i + 1}") for i in range(5)], model="chain", batch_size=4,
+                   link=Link(latency_ms=0.05, bytes_per_ms=1e6, allreduce_latency_ms=0.2, allreduce_bytes_per_ms=1e5),
+                   overhead=Overhead(samples=[dict(SAMPLE)], executor_action_ms=0.01, executor_step_ms=0.1))
+    prof.weight_batch_size = 16
+    return prof.to_dict()
+
+
+def test_candidates_are_ranked_by_the_prediction_and_each_can_train():
+    data = calibrated_chain()
+    levels = planning.levels_of(None, 2)
+    planned = planning.make_plan(data, levels, memory_bytes=None, method="pipedream")
+    ranked = planning.ranked_candidates(data, levels, planned, "1f1b", 4)
+    assert len(ranked) >= 2
+    times = [t for t, _ in ranked]
+    assert times == sorted(times)
+    for t, cand in ranked:  # each one's time is what simulate predicts for it
+        assert planning.simulate(cand, "1f1b", 4, profile_data=data)[1].steady_step_s == t
+        weighted = {layer["name"] for layer in data["layers"] if layer["parameter_bytes"] > 0}
+        assert all(weighted.intersection(st["layers"]) for st in cand.to_dict()["stages"])
+    chosen = planning.make_plan(data, levels, memory_bytes=None, method="pipedream", schedule="1f1b", microbatches=4)
+    assert chosen.to_dict() == ranked[0][1].to_dict()
+    # without the calibration the planner's own plan stands
+    plain = {**data, "overhead": None, "link": None}
+    assert planning.ranked_candidates(plain, levels, planned, "1f1b", 4) == []
+    assert planning.make_plan(plain, levels, memory_bytes=None, method="pipedream", schedule="1f1b",
+                              microbatches=4).to_dict() == planned.to_dict()
+
+
+def test_splits_that_leave_a_stage_without_parameters_are_not_candidates():
+    data = calibrated_chain()
+    levels = planning.levels_of(None, 4)  # even splits of 6 layers over 4 put a ReLU alone on a stage
+    planned = planning.make_plan(data, levels, memory_bytes=None, method="pipedream")
+    weighted = {layer["name"] for layer in data["layers"] if layer["parameter_bytes"] > 0}
+    for _, cand in planning.ranked_candidates(data, levels, planned, "1f1b", 4):
+        assert all(weighted.intersection(st["layers"]) for st in cand.to_dict()["stages"])
+    from pipeboard.trainer.plan import plan
+    from pipeboard.trainer.profile.schema import Profile
+
+    uniform = plan(Profile.from_dict(data), levels=levels, method="uniform").to_dict()
+    assert any(not weighted.intersection(st["layers"]) for st in uniform["stages"])  # what was left out
