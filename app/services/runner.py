@@ -30,7 +30,7 @@ from pipeboard.app.models import EventSource, Job, JobAttempt, JobStatus, Model
 from pipeboard.app.models import Plan as PlanRow
 from pipeboard.app.models import TimelineEvent as TimelineEventRow
 from pipeboard.app.schemas import JobCreate
-from pipeboard.app.services import attempts, contexts, events, jobs, multihost, planning, profiles
+from pipeboard.app.services import attempts, contexts, events, fidelity, jobs, multihost, planning, profiles
 from pipeboard.app.services.errors import PhaseFailed, ServiceError
 from pipeboard.app.services.tx import begin_write
 
@@ -132,6 +132,7 @@ class JobRun:
         self.proc: subprocess.Popen | None = None
         self.lock = threading.Lock()
         self.session = get_sessionmaker()()
+        self.watch: fidelity.Watch | None = None  # live prediction figures while it trains
 
     # --- monitor --------------------------------------------------------------------------
 
@@ -145,6 +146,8 @@ class JobRun:
                         self.stop.set()
                         self.kill_child()
                         return
+                    if self.watch is not None:
+                        self.watch.poll(s)
                 except Exception as exc:  # a database hiccup must not kill the monitor
                     s.rollback()
                     log.warning("job %s heartbeat failed: %s", self.job_id, exc)
@@ -338,14 +341,18 @@ class JobRun:
             self.progress("train", f"reserving {attempts.nodes_of(spec)} hosts")
             command = multihost.lead(self.session, job, self.attempt, command, job_workers(spec), self.stop.is_set)
             self.progress("train", "starting torch's elastic agent on every host (c10d rendezvous)")
+        self.watch = fidelity.Watch(job.id, self.attempt)
         try:
             timed_out = self.run_child(command, workdir / "train.log", phase="train", time_limit=time_s,
                                        cwd=self.code_dir(model_id, workdir))
         except PhaseFailed as exc:
             raise multihost.explain(self.session, job.id, self.attempt, exc) if several else exc
+        finally:
+            self.watch = None
         summary = self.session.scalar(select(Job.summary).where(Job.id == job.id)) or {}
         if timed_out:
             summary = {**summary, "stopped_by": "time"}
+        summary = {**summary, "fidelity": fidelity.final(self.session, job.id, summary)}
         self.done(JobStatus.SUCCEEDED, summary=summary)
 
     def run_child(self, cmd: list[str], log_path: Path, *, phase: str, time_limit: float | None = None,
