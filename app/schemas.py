@@ -435,7 +435,7 @@ class Fidelity(BaseModel):
     error: float | None = Field(description="measured_step_s / predicted_step_s - 1.")
     live: bool = Field(description="True while the job runs (the figures change as steps complete).")
     corrected_step_s: float | None = Field(default=None, description=(
-        "The prediction re-fitted to the first steps: each predicted per-action cost replaced by the median the run "
+        "The prediction re-fitted to the first steps: each predicted per-action cost replaced by the mean the run "
         "measured, the steady step simulated again (pipeboard.trainer.schedule.refit)."))
     corrected_after_step: int | None = Field(default=None, description="The step after which it was re-fitted.")
     corrected_error: float | None = Field(default=None, description="measured_step_s / corrected_step_s - 1.")
