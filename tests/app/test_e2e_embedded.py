@@ -114,6 +114,18 @@ def test_a_train_jobs_summary_carries_its_prediction_fidelity(deployment):
     assert all(t["measured_s"] > 0 for name, t in f["terms"].items() if name != "gaps")
 
 
+def test_a_running_job_streams_its_live_and_corrected_fidelity(deployment):
+    job = deployment.api("POST", "/jobs", json={**SMALL_JOB, "name": "live fidelity", "stop": {"time_s": 6}})
+    messages = list(deployment.events(job["id"]))
+    assert messages[-1]["data"]["status"] == "succeeded", deployment.logs()
+    live = [m["data"] for m in messages if m["event"] == "fidelity"]
+    assert live and all(f["live"] for f in live)
+    assert live[-1]["corrected_after_step"] == 5 and live[-1]["measured_steps"] > 5
+    final = deployment.api("GET", f"/jobs/{job['id']}")["fidelity"]
+    # stopped by its time limit: measured from the completion times the run reported
+    assert not final["live"] and final["measured_step_s"] > 0 and final["measured_steps"] >= live[-1]["measured_steps"]
+
+
 def test_failing_job_exits_nonzero_with_its_error(deployment, tmp_path):
     spec = tmp_path / "bad.yaml"  # data parallel replicas cannot run an interleaved schedule
     spec.write_text(yaml.safe_dump({**SMALL_JOB, "method": "dp", "schedule": "interleaved-1f1b"}))
