@@ -14,14 +14,15 @@ The figures (docs/api.md, "Prediction fidelity"):
   ``corrected_after_step``, ``corrected_error``, and ``terms``: per cost term, predicted and
   measured seconds per action, their factor and whether it moved.
 
-While a job trains, the worker's monitor thread calls ``Watch.poll`` about once a second; it
-appends a ``fidelity`` event to the job's log (the SSE stream) at most every ``LIVE_EVERY_S``
-and when the correction is made. The final figures go into the summary when the job succeeds.
+While a job trains, a ``Watch`` thread of the worker (its own, so that a slow correction never
+delays the job's heartbeat) looks about once a second; it appends a ``fidelity`` event to the
+job's log (the SSE stream) at most every ``LIVE_EVERY_S`` and when the correction is made. The final figures go into the summary when the job succeeds.
 """
 
 from __future__ import annotations
 
 import logging
+import threading
 import time
 from typing import Any
 
@@ -171,15 +172,32 @@ def latest(session: Session, job: Job) -> dict[str, Any] | None:
                           .order_by(JobEvent.seq.desc()).limit(1))
 
 
-class Watch:
-    """Live figures of a training attempt, polled from the worker's monitor thread."""
+class Watch(threading.Thread):
+    """Live figures of a training attempt, from a thread of the worker with its own session."""
 
-    def __init__(self, job_id: int, attempt: int) -> None:
-        self.job_id, self.attempt = job_id, attempt
+    def __init__(self, job_id: int, attempt: int, period_s: float = 1.0) -> None:
+        super().__init__(name=f"job-{job_id}-fidelity", daemon=True)
+        self.job_id, self.attempt, self.period_s = job_id, attempt, period_s
+        self.stopped = threading.Event()
         self.corrected: dict[str, Any] | None = None
         self.failed = False  # the correction could not be made (said once in the log)
         self._last_sent = 0.0
         self._last_steps = -1
+
+    def run(self) -> None:
+        from pipeboard.app.core.db import get_sessionmaker
+
+        with get_sessionmaker()() as session:
+            while not self.stopped.wait(self.period_s):
+                try:
+                    self.poll(session)
+                except Exception as exc:  # a database hiccup must not end the watch
+                    session.rollback()
+                    log.warning("job %s: live fidelity failed: %s", self.job_id, exc)
+
+    def stop(self) -> None:
+        self.stopped.set()
+        self.join(timeout=10)
 
     def poll(self, session: Session) -> None:
         due = time.monotonic() - self._last_sent >= LIVE_EVERY_S

@@ -44,6 +44,11 @@ _active: dict[int, "JobRun"] = {}
 _active_lock = threading.Lock()
 
 
+def running() -> int:
+    """Jobs this process runs now."""
+    return len(_active)
+
+
 class Stopped(Exception):
     """The job was cancelled or reaped while this worker ran it."""
 
@@ -132,7 +137,6 @@ class JobRun:
         self.proc: subprocess.Popen | None = None
         self.lock = threading.Lock()
         self.session = get_sessionmaker()()
-        self.watch: fidelity.Watch | None = None  # live prediction figures while it trains
 
     # --- monitor --------------------------------------------------------------------------
 
@@ -146,8 +150,6 @@ class JobRun:
                         self.stop.set()
                         self.kill_child()
                         return
-                    if self.watch is not None:
-                        self.watch.poll(s)
                 except Exception as exc:  # a database hiccup must not kill the monitor
                     s.rollback()
                     log.warning("job %s heartbeat failed: %s", self.job_id, exc)
@@ -341,14 +343,15 @@ class JobRun:
             self.progress("train", f"reserving {attempts.nodes_of(spec)} hosts")
             command = multihost.lead(self.session, job, self.attempt, command, job_workers(spec), self.stop.is_set)
             self.progress("train", "starting torch's elastic agent on every host (c10d rendezvous)")
-        self.watch = fidelity.Watch(job.id, self.attempt)
+        watch = fidelity.Watch(job.id, self.attempt)  # live prediction figures while it trains
+        watch.start()
         try:
             timed_out = self.run_child(command, workdir / "train.log", phase="train", time_limit=time_s,
                                        cwd=self.code_dir(model_id, workdir))
         except PhaseFailed as exc:
             raise multihost.explain(self.session, job.id, self.attempt, exc) if several else exc
         finally:
-            self.watch = None
+            watch.stop()
         summary = self.session.scalar(select(Job.summary).where(Job.id == job.id)) or {}
         if timed_out:
             summary = {**summary, "stopped_by": "time"}

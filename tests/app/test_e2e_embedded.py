@@ -115,15 +115,17 @@ def test_a_train_jobs_summary_carries_its_prediction_fidelity(deployment):
 
 
 def test_a_running_job_streams_its_live_and_corrected_fidelity(deployment):
-    job = deployment.api("POST", "/jobs", json={**SMALL_JOB, "name": "live fidelity", "stop": {"time_s": 6}})
+    job = deployment.api("POST", "/jobs", json={**SMALL_JOB, "name": "live fidelity", "stop": {"steps": 400}})
     messages = list(deployment.events(job["id"]))
     assert messages[-1]["data"]["status"] == "succeeded", deployment.logs()
     live = [m["data"] for m in messages if m["event"] == "fidelity"]
     assert live and all(f["live"] for f in live)
-    assert live[-1]["corrected_after_step"] == 5 and live[-1]["measured_steps"] > 5
+    corrected = [f for f in live if f["corrected_step_s"] is not None]
+    assert corrected and corrected[0]["corrected_after_step"] == 5 and corrected[0]["measured_steps"] >= 5
     final = deployment.api("GET", f"/jobs/{job['id']}")["fidelity"]
-    # stopped by its time limit: measured from the completion times the run reported
-    assert not final["live"] and final["measured_step_s"] > 0 and final["measured_steps"] >= live[-1]["measured_steps"]
+    # the final figures re-fit the same first steps: the same correction as the one streamed
+    assert not final["live"] and final["corrected_step_s"] == corrected[0]["corrected_step_s"]
+    assert final["measured_steps"] == 400
 
 
 def test_failing_job_exits_nonzero_with_its_error(deployment, tmp_path):
