@@ -24,6 +24,7 @@ from typing import Any
 
 from sqlalchemy import insert, or_, select, update
 
+from pipeboard.app.core import polling
 from pipeboard.app.core.config import get_settings
 from pipeboard.app.core.db import get_sessionmaker
 from pipeboard.app.models import EventSource, Job, JobAttempt, JobStatus, Model
@@ -42,11 +43,6 @@ POLL_S = 0.2
 # Runs in progress in this process, so a stopping worker can end them (see abandon_all).
 _active: dict[int, "JobRun"] = {}
 _active_lock = threading.Lock()
-
-
-def running() -> int:
-    """Jobs this process runs now."""
-    return len(_active)
 
 
 class Stopped(Exception):
@@ -188,6 +184,7 @@ class JobRun:
         monitor.start()
         with _active_lock:
             _active[self.job_id] = self
+        polling.run_started()
         try:
             job = self.session.get(Job, self.job_id)
             workdir = get_settings().data_dir / "jobs" / str(job.id) / f"attempt-{job.attempt}"
@@ -213,6 +210,7 @@ class JobRun:
         finally:
             with _active_lock:
                 _active.pop(self.job_id, None)
+            polling.run_ended()
             self.stop.set()
             self.kill_child()
             monitor.join(timeout=5)
