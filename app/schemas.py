@@ -413,6 +413,37 @@ class AttemptPublic(BaseModel):
     nodes: list[str] = Field(default_factory=list, description="The worker hosts (node names) it ran on.")
 
 
+class FidelityTerm(BaseModel):
+    factor: float | None = Field(description="Measured over predicted seconds per action (median over stages); null where the prediction was 0.")
+    predicted_s: float = Field(description="Predicted seconds per action (median over stages).")
+    measured_s: float = Field(description="Measured seconds per action (median over stages).")
+    moved: bool = Field(description="Whether any stage's factor is more than 5% away from 1 (or a term predicted 0 was measured).")
+    stages: list[dict[str, Any]] = Field(description="Per stage: name, stage, predicted_s, measured_s, factor, moved, samples.")
+
+
+class Fidelity(BaseModel):
+    """A train job's predicted against measured time per step (docs/api.md, "Prediction fidelity")."""
+
+    predicted_step_s: float | None = Field(description="The plan's predicted seconds per step (see `basis`).")
+    basis: Literal["steady_step_s", "iteration_time_s"] | None = Field(
+        description="`steady_step_s`: the simulator's steady state under the profile's costs; `iteration_time_s`: one "
+                    "simulated iteration, fill and drain included (plans without the profile's measurements).")
+    measured_step_s: float | None = Field(
+        description="Steady-state seconds per step: the least-squares slope of step completion times over the second "
+                    "half of the steps (pipeboard.trainer.schedule.measured); the run's summary `step_s` once it ends.")
+    measured_steps: int | None = Field(default=None, description="Steps the measured value is from.")
+    error: float | None = Field(description="measured_step_s / predicted_step_s - 1.")
+    live: bool = Field(description="True while the job runs (the figures change as steps complete).")
+    corrected_step_s: float | None = Field(default=None, description=(
+        "The prediction re-fitted to the first steps: each predicted per-action cost replaced by the mean the run "
+        "measured, the steady step simulated again (pipeboard.trainer.schedule.refit)."))
+    corrected_after_step: int | None = Field(default=None, description="The step after which it was re-fitted.")
+    corrected_error: float | None = Field(default=None, description="measured_step_s / corrected_step_s - 1.")
+    terms: dict[str, FidelityTerm] | None = Field(default=None, description=(
+        "Per cost term (forward, backward, backward_input, weight, weight_batched, step, allreduce, transfer_act, "
+        "transfer_grad, gaps): what the re-fit changed."))
+
+
 class JobPublic(BaseModel):
     id: int
     name: str
@@ -430,7 +461,11 @@ class JobPublic(BaseModel):
     submitted_by: str | None = Field(default=None, description="Name of the API token that submitted the job.")
     profile_id: int | None = None
     plan_id: int | None = None
-    summary: dict[str, Any] | None = None
+    summary: dict[str, Any] | None = Field(default=None, description=(
+        "The run's summary (samples_per_s, step_s, final metric, ...); a train job's carries `fidelity` when it succeeds."))
+    fidelity: Fidelity | None = Field(default=None, description=(
+        "Predicted against measured time per step: `summary.fidelity` once the job has succeeded, the live figures "
+        "(also sent as `fidelity` events on the stream) while it trains; null before there are any."))
     last_event_seq: int = 0
     attempts: list[AttemptPublic] = Field(default_factory=list, description="Every attempt, oldest first.")
 

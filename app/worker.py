@@ -19,14 +19,16 @@ from typing import Any
 import kombu.transport.sqlalchemy
 from celery import Celery, signals
 
+from pipeboard.app.core import polling
 from pipeboard.app.core.config import Settings, get_settings, scheme_of
 
 logger = logging.getLogger(__name__)
 
 # Kombu's SQLAlchemy transport hands every broker_transport_options key to create_engine(), so
 # the polling interval cannot go there; as a class attribute it stops each task from waiting
-# about a second (the default) before an idle worker looks again.
-kombu.transport.sqlalchemy.Transport.polling_interval = 0.1
+# about a second (the default) before an idle worker looks again (and app/core/polling.py
+# makes it a second again while this worker trains a job).
+kombu.transport.sqlalchemy.Transport.polling_interval = property(polling.interval)
 
 # Long training runs are acknowledged late; Redis would redeliver any task still unacknowledged
 # after its visibility timeout (default one hour), so make that longer than any run.

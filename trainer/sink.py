@@ -80,3 +80,87 @@ class ListSink(NullSink):
 
     def on_summary(self, summary: dict[str, Any]) -> None:
         self.summary = dict(summary)
+
+
+class BackgroundSink:
+    """Hands ``events`` and ``metrics`` batches to ``inner`` from a writer thread of low CPU
+    priority, merged into one call of each per ``period_s``: a sink that does I/O (a database)
+    then costs the run's processes one short wake-up a period instead of a transaction per batch,
+    and yields the CPU to them. ``on_status`` and ``on_summary`` first hand over what is pending,
+    then go through at once (in order). An error the writer met is raised by the next call;
+    ``close`` hands over the rest and stops the thread."""
+
+    def __init__(self, inner: Any, period_s: float = 1.0, niceness: int = 10) -> None:
+        import threading
+
+        self.inner = inner
+        self.period_s = period_s
+        self.niceness = niceness
+        self._events: list[TimelineEvent] = []
+        self._metrics: list[MetricRecord] = []
+        self._pending = threading.Lock()  # the buffers
+        self._writing = threading.Lock()  # calls into inner, one at a time, in order
+        self._error: BaseException | None = None
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._loop, name="sink-writer", daemon=True)
+        self._thread.start()
+
+    def _loop(self) -> None:
+        import os
+        import threading
+
+        try:  # this thread only: Linux gives each thread its own nice value
+            os.setpriority(os.PRIO_PROCESS, threading.get_native_id(), self.niceness)
+        except (AttributeError, OSError):
+            pass
+        while not self._stop.wait(self.period_s):
+            try:
+                self._hand_over()
+            except BaseException as exc:  # kept for the caller's next call
+                self._error = exc
+                return
+
+    def _hand_over(self) -> None:
+        with self._writing:
+            with self._pending:
+                events, self._events = self._events, []
+                metrics, self._metrics = self._metrics, []
+            if events:
+                self.inner.on_events(events)
+            if metrics:
+                self.inner.on_metrics(metrics)
+
+    def _raise_pending_error(self) -> None:
+        if self._error is not None:
+            error, self._error = self._error, None
+            raise error
+
+    def on_events(self, events: Sequence[TimelineEvent]) -> None:
+        self._raise_pending_error()
+        with self._pending:
+            self._events.extend(events)
+
+    def on_metrics(self, records: Sequence[MetricRecord]) -> None:
+        self._raise_pending_error()
+        with self._pending:
+            self._metrics.extend(records)
+
+    def on_status(self, phase: str, message: str = "", **fields: Any) -> None:
+        self._raise_pending_error()
+        self._hand_over()
+        with self._writing:
+            self.inner.on_status(phase, message, **fields)
+
+    def on_summary(self, summary: dict[str, Any]) -> None:
+        self._raise_pending_error()
+        self._hand_over()
+        with self._writing:
+            self.inner.on_summary(summary)
+
+    def close(self) -> None:
+        self._stop.set()
+        self._thread.join()
+        self._raise_pending_error()
+        self._hand_over()
+        if hasattr(self.inner, "close"):
+            self.inner.close()

@@ -167,18 +167,27 @@ def register(cli: typer.Typer) -> None:
             sinks: list[Any] = [ProgressSink(enabled=not as_json and not torchrun)]
             if events_jsonl and reports:
                 sinks.append(JsonlSink(events_jsonl))
+            background = None
             if job_id is not None and reports:
                 from pipeboard.app.services.run_sink import DbSink
+                from pipeboard.trainer.sink import BackgroundSink
 
-                sinks.append(DbSink(job_id, attempt=attempt))
-            if torchrun:
-                from pipeboard.trainer.runtime.torchrun_entry import run as run_rank
+                # the database writes leave the run's path: merged once a second, from a thread
+                # that yields the CPU to the training processes
+                background = BackgroundSink(DbSink(job_id, attempt=attempt))
+                sinks.append(background)
+            try:
+                if torchrun:
+                    from pipeboard.trainer.runtime.torchrun_entry import run as run_rank
 
-                summary = run_rank(cfg, MultiSink(sinks))
-                if summary is None:  # not rank 0: rank 0 reports for all
-                    return
-            else:
-                summary = run_training(cfg, MultiSink(sinks))
+                    summary = run_rank(cfg, MultiSink(sinks))
+                    if summary is None:  # not rank 0: rank 0 reports for all
+                        return
+                else:
+                    summary = run_training(cfg, MultiSink(sinks))
+            finally:
+                if background is not None:  # what it holds reaches the database, a failed run's too
+                    background.close()
         except (ConfigError, ValueError, KeyError) as exc:
             # a KeyError's str() quotes its message; other messages may end in a quoted value
             fail(str(exc.args[0]) if isinstance(exc, KeyError) and exc.args else str(exc))

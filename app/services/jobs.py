@@ -25,7 +25,7 @@ from sqlalchemy.orm import Session
 from pipeboard.app.core.config import get_settings
 from pipeboard.app.models import Job, JobEvent, JobStatus, Model, ModelStatus
 from pipeboard.app.schemas import JobCreate, JobPublic
-from pipeboard.app.services import attempts, events
+from pipeboard.app.services import attempts, events, fidelity
 from pipeboard.app.services.errors import NotFound, ServiceError
 from pipeboard.app.services.tx import begin_write
 
@@ -217,6 +217,7 @@ def to_public(session: Session, job: Job, *, position: int | None | bool = False
         profile_id=job.profile_id,
         plan_id=job.plan_id,
         summary=job.summary,
+        fidelity=fidelity.latest(session, job),
         last_event_seq=events.last_seq(session, job.id) if last_seq is None else last_seq,
         attempts=attempts.public(session, [job.id])[job.id] if tries is None else tries,
     )

@@ -24,13 +24,14 @@ from typing import Any
 
 from sqlalchemy import insert, or_, select, update
 
+from pipeboard.app.core import polling
 from pipeboard.app.core.config import get_settings
 from pipeboard.app.core.db import get_sessionmaker
 from pipeboard.app.models import EventSource, Job, JobAttempt, JobStatus, Model
 from pipeboard.app.models import Plan as PlanRow
 from pipeboard.app.models import TimelineEvent as TimelineEventRow
 from pipeboard.app.schemas import JobCreate
-from pipeboard.app.services import attempts, contexts, events, jobs, multihost, planning, profiles
+from pipeboard.app.services import attempts, contexts, events, fidelity, jobs, multihost, planning, profiles
 from pipeboard.app.services.errors import PhaseFailed, ServiceError
 from pipeboard.app.services.tx import begin_write
 
@@ -183,6 +184,7 @@ class JobRun:
         monitor.start()
         with _active_lock:
             _active[self.job_id] = self
+        polling.run_started()
         try:
             job = self.session.get(Job, self.job_id)
             workdir = get_settings().data_dir / "jobs" / str(job.id) / f"attempt-{job.attempt}"
@@ -208,6 +210,7 @@ class JobRun:
         finally:
             with _active_lock:
                 _active.pop(self.job_id, None)
+            polling.run_ended()
             self.stop.set()
             self.kill_child()
             monitor.join(timeout=5)
@@ -338,14 +341,19 @@ class JobRun:
             self.progress("train", f"reserving {attempts.nodes_of(spec)} hosts")
             command = multihost.lead(self.session, job, self.attempt, command, job_workers(spec), self.stop.is_set)
             self.progress("train", "starting torch's elastic agent on every host (c10d rendezvous)")
+        watch = fidelity.Watch(job.id, self.attempt)  # live prediction figures while it trains
+        watch.start()
         try:
             timed_out = self.run_child(command, workdir / "train.log", phase="train", time_limit=time_s,
                                        cwd=self.code_dir(model_id, workdir))
         except PhaseFailed as exc:
             raise multihost.explain(self.session, job.id, self.attempt, exc) if several else exc
+        finally:
+            watch.stop()
         summary = self.session.scalar(select(Job.summary).where(Job.id == job.id)) or {}
         if timed_out:
             summary = {**summary, "stopped_by": "time"}
+        summary = {**summary, "fidelity": fidelity.final(self.session, job.id, summary)}
         self.done(JobStatus.SUCCEEDED, summary=summary)
 
     def run_child(self, cmd: list[str], log_path: Path, *, phase: str, time_limit: float | None = None,

@@ -9,7 +9,7 @@
 import { authHeaders, getToken } from './api.js';
 
 // Event names the service may send; unnamed events arrive as "message".
-export const EVENT_TYPES = ['message', 'status', 'progress', 'timeline', 'events', 'metrics', 'summary', 'attempt', 'error', 'end', 'done', 'heartbeat'];
+export const EVENT_TYPES = ['message', 'status', 'progress', 'timeline', 'events', 'metrics', 'summary', 'attempt', 'fidelity', 'error', 'end', 'done', 'heartbeat'];
 
 function parseData(text) {
   try { return JSON.parse(text); } catch { return text; }

@@ -95,6 +95,39 @@ def test_cli_submit_wait_succeeds_and_run_data_is_there(deployment, tmp_path):
     assert resumed == ids[3:]
 
 
+def test_a_train_jobs_summary_carries_its_prediction_fidelity(deployment):
+    job = deployment.api("POST", "/jobs", json={**SMALL_JOB, "name": "fidelity", "stop": {"steps": 12}})
+    ends = [m for m in deployment.events(job["id"]) if m["event"] == "end"]
+    assert ends[0]["data"]["status"] == "succeeded", deployment.logs()
+    job = deployment.api("GET", f"/jobs/{job['id']}")
+    f = job["summary"]["fidelity"]
+    assert job["fidelity"] == f and f["live"] is False
+    plan = deployment.api("GET", f"/plans/{job['plan_id']}")
+    # the prediction is the plan's; the measurement the run's own step_s (the one definition)
+    assert f["basis"] == "steady_step_s" and f["predicted_step_s"] == plan["predicted"]["steady_step_s"]
+    assert f["measured_step_s"] == job["summary"]["step_s"] > 0
+    assert f["error"] == pytest.approx(f["measured_step_s"] / f["predicted_step_s"] - 1)
+    # re-fitted after the first five steps from what they measured: F, BI and the batched W(-1)
+    assert f["corrected_after_step"] == 5 and f["corrected_step_s"] > 0
+    assert f["corrected_error"] == pytest.approx(f["measured_step_s"] / f["corrected_step_s"] - 1)
+    assert {"forward", "backward_input", "weight_batched", "step", "gaps"} <= set(f["terms"])
+    assert all(t["measured_s"] > 0 for name, t in f["terms"].items() if name != "gaps")
+
+
+def test_a_running_job_streams_its_live_and_corrected_fidelity(deployment):
+    job = deployment.api("POST", "/jobs", json={**SMALL_JOB, "name": "live fidelity", "stop": {"steps": 400}})
+    messages = list(deployment.events(job["id"]))
+    assert messages[-1]["data"]["status"] == "succeeded", deployment.logs()
+    live = [m["data"] for m in messages if m["event"] == "fidelity"]
+    assert live and all(f["live"] for f in live)
+    corrected = [f for f in live if f["corrected_step_s"] is not None]
+    assert corrected and corrected[0]["corrected_after_step"] == 5 and corrected[0]["measured_steps"] >= 5
+    final = deployment.api("GET", f"/jobs/{job['id']}")["fidelity"]
+    # the final figures re-fit the same first steps: the same correction as the one streamed
+    assert not final["live"] and final["corrected_step_s"] == corrected[0]["corrected_step_s"]
+    assert final["measured_steps"] == 400
+
+
 def test_failing_job_exits_nonzero_with_its_error(deployment, tmp_path):
     spec = tmp_path / "bad.yaml"  # data parallel replicas cannot run an interleaved schedule
     spec.write_text(yaml.safe_dump({**SMALL_JOB, "method": "dp", "schedule": "interleaved-1f1b"}))

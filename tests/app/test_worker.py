@@ -16,8 +16,17 @@ from pipeboard.app.models import WorkerHeartbeat
 from pipeboard.app.worker import REDIS_VISIBILITY_TIMEOUT_S, broker_supports_broadcast, celery_app, celery_config
 
 
-def test_sqlite_transport_polls_every_tenth_of_a_second() -> None:
-    assert kombu.transport.sqlalchemy.Transport.polling_interval == 0.1
+def test_sqlite_transport_polls_every_tenth_of_a_second_and_every_second_while_it_trains() -> None:
+    from pipeboard.app.core import polling
+
+    transport = kombu.transport.sqlalchemy.Transport.__new__(kombu.transport.sqlalchemy.Transport)
+    assert transport.polling_interval == 0.1
+    polling.run_started()
+    try:
+        assert transport.polling_interval == 1.0
+    finally:
+        polling.run_ended()
+    assert transport.polling_interval == 0.1
     assert celery_app.conf.worker_prefetch_multiplier == 1
     assert celery_app.conf.task_acks_late is True
     assert celery_app.conf.worker_pool == "threads"

@@ -75,6 +75,12 @@ def test_submit_through_the_form_and_watch_it_succeed(start_server, page, shoot)
     predicted = page.evaluate(GANTT_ROWS, "gantt-predicted")
     assert len(predicted["labels"]) == WORKERS
     assert "prediction error" in page.inner_text("#prediction-error")
+    # the page shows the server's figures, not its own: the same error, and the correction
+    fidelity = server.api("GET", f"/jobs/{job_id}")["fidelity"]
+    sign = "+" if fidelity["error"] >= 0 else ""
+    assert f"prediction error {sign}{fidelity['error'] * 100:.1f}%" in page.inner_text("#fidelity-apriori")
+    if fidelity["corrected_step_s"] is not None:  # a run past its fifth step
+        assert f"Corrected after step {fidelity['corrected_after_step']}" in page.inner_text("#fidelity-corrected")
     assert max(page.evaluate(POINTS, "chart-metric")) >= 2  # accuracy at several evaluations
     assert max(page.evaluate(POINTS, "chart-loss")) >= 5
     assert max(page.evaluate(POINTS, "chart-throughput")) >= 1

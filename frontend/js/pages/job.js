@@ -1,5 +1,6 @@
 // Job detail: live pipeline Gantt (following the newest steps, with pause and zoom), predicted
-// Gantt beside it with the prediction error, utilisation, samples/s, loss and metric over wall
+// Gantt beside it with the prediction's fidelity (the server's `fidelity`: predicted, measured and
+// corrected time per step, the terms the correction moved), utilisation, samples/s, loss and metric over wall
 // time, the error of a failed run, Chrome trace download and "Open in Perfetto". A job retried
 // after a fault shows its attempts; the charts mark where each later attempt begins, and the
 // steps it trains again replace the earlier attempt's (its `attempt` event says from which step).
@@ -10,7 +11,7 @@
 
 import { cancelJob, eventsUrl, fetchTrace, getJob, getMetrics, getPlan, getTimeline, normalizeMetric, retryJob } from '../api.js';
 import { attemptMarks, lineChart, series, utilisationFromMetrics, utilisationFromTimeline } from '../charts.js';
-import { GanttChart, medianStepTime } from '../gantt.js';
+import { GanttChart } from '../gantt.js';
 import { openInPerfetto, saveBytes } from '../perfetto.js';
 import { openStream } from '../sse.js';
 import { clear, durationBetween, fmtNumber, fmtPercent, fmtSeconds, h, notice, statusBadge } from '../util.js';
@@ -21,7 +22,7 @@ const WINDOWS = [[1, 'last step'], [3, 'last 3 steps'], [10, 'last 10 steps'], [
 const fromCompact = (r, attempt = 1, hosts = {}) => ({ worker: r[0], stage: r[1], replica: r[2], microbatch: r[3], kind: r[4], start: r[5], end: r[6], step: r[7], attempt, host: hosts[r[0]] });
 
 export async function render(container, { id }) {
-  const state = { job: null, metrics: [], metricSeqs: new Set(), predicted: [], predictedTried: 0, stream: null, closed: false, hosts: {} };
+  const state = { job: null, metrics: [], metricSeqs: new Set(), predicted: [], predictedTried: 0, stream: null, closed: false, hosts: {}, fidelity: null };
   let job;
   try {
     job = await getJob(id);
@@ -144,18 +145,34 @@ export async function render(container, { id }) {
     drawPredictionError();
   }
 
-  /** Measured against predicted time per iteration (median over the measured steps). */
+  /** The server's figures (job.fidelity, or the newest `fidelity` event while it runs): the plan's
+   * predicted time per step, the measured steady-state time per step (the slope of step completion
+   * times over the second half of the steps, computed by the server), their error, and the
+   * prediction re-fitted after the first steps with the terms it moved. Nothing is computed here. */
   function drawPredictionError() {
-    const measured = medianStepTime(live.events);
-    const expected = state.predictedIteration || medianStepTime(state.predicted);
-    if (!measured || !expected) {
-      if (state.predicted.length) predNote.textContent = 'Prediction error: waiting for measured steps.';
-      else predNote.textContent = FINAL.has(state.job.status) ? 'No predicted timeline for this job.' : 'The prediction appears once the job has been planned.';
+    const f = state.fidelity || state.job.fidelity;
+    clear(predNote);
+    if (!f || f.predicted_step_s == null) {
+      predNote.textContent = FINAL.has(state.job.status) ? 'No prediction for this job.' : 'The prediction appears once the job has been planned.';
       return;
     }
-    const err = (measured - expected) / expected;
-    predNote.textContent = `Predicted ${fmtSeconds(expected)} per iteration, measured ${fmtSeconds(measured)} (median over steps): `
-      + `prediction error ${err >= 0 ? '+' : ''}${fmtPercent(err)}${Math.abs(err) > 1 ? `, the run takes ${fmtNumber(measured / expected)}× the predicted time` : ''}.`;
+    const pct = (e) => `${e >= 0 ? '+' : ''}${fmtPercent(e)}`;
+    const basis = f.basis === 'steady_step_s' ? 'steady state' : 'one iteration, fill and drain included';
+    const line = [`Predicted ${fmtSeconds(f.predicted_step_s)} per step (${basis})`];
+    if (f.measured_step_s == null) line.push('measured: waiting for steps');
+    else {
+      line.push(`measured ${fmtSeconds(f.measured_step_s)}${f.live ? ' so far' : ''} (steady state over ${f.measured_steps ?? '?'} steps)`);
+      line.push(`prediction error ${pct(f.error)}`);
+    }
+    predNote.append(h('span', { id: 'fidelity-apriori' }, `${line.join(', ')}.`));
+    if (f.corrected_step_s != null) {
+      const moved = Object.entries(f.terms || {}).filter(([, t]) => t.moved)
+        .map(([name, t]) => (t.factor != null ? `${name} ×${fmtNumber(t.factor, 2)}` : `${name} +${fmtSeconds(t.measured_s)} per action`));
+      predNote.append(h('br'), h('span', { id: 'fidelity-corrected' },
+        `Corrected after step ${f.corrected_after_step}: ${fmtSeconds(f.corrected_step_s)} per step`
+        + (f.corrected_error != null ? `, error ${pct(f.corrected_error)}` : '')
+        + (moved.length ? `; moved: ${moved.join(', ')}.` : '; no term moved.')));
+    }
   }
 
   function addMetrics(points) {
@@ -171,6 +188,7 @@ export async function render(container, { id }) {
   async function refreshJob() {
     try {
       state.job = await getJob(id);
+      if (state.job.fidelity && !state.job.fidelity.live) state.fidelity = state.job.fidelity;
       drawHeader();
     } catch (err) {
       errorBox.prepend(notice('error', `Could not refresh the job: ${err.message}`));
@@ -200,6 +218,8 @@ export async function render(container, { id }) {
         statusChanged = true;
       } else if (m.type === 'status' || m.type === 'summary' || m.type === 'end') {
         statusChanged = true;
+      } else if (m.type === 'fidelity') {
+        state.fidelity = d;
       } else if (m.type === 'progress') {
         progress.textContent = [d.phase, d.message].filter(Boolean).join(': ');
       }
@@ -231,7 +251,6 @@ export async function render(container, { id }) {
       let rows = await getTimeline(id, { source: 'predicted', limit: 20000 });
       if (state.job.plan_id) {
         const plan = await getPlan(state.job.plan_id);
-        state.predictedIteration = plan.predicted?.iteration_time_s || null;
         if (!rows.length) rows = plan.predicted?.timeline || [];
       }
       state.predicted = rows;
