@@ -281,3 +281,15 @@ def test_a_receive_that_no_compute_uses_is_a_schedule_error():
             build("tmp-lossy", 2, 2)
     finally:
         registry.unregister("tmp-lossy")
+
+
+@pytest.mark.parametrize("program", [[], [Action(Kind.STEP, 0, -1, 1)]])
+def test_a_worker_with_fewer_than_two_actions_keeps_its_list(program):
+    """The hoisting picks each column out with one itemgetter, which takes a list of two or more."""
+    from pipeboard.trainer.schedule import registry
+
+    registry.register("tmp-short", lambda ctx: [list(program)], description="One worker, at most one action.")
+    try:
+        assert build("tmp-short", 1, 1).actions == [program]
+    finally:
+        registry.unregister("tmp-short")

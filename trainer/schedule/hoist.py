@@ -19,6 +19,7 @@ which always run, are kept.
 from __future__ import annotations
 
 from collections import deque
+from operator import itemgetter
 from typing import TYPE_CHECKING
 
 from pipeboard.trainer.schedule.actions import ActionColumns, Kind, ScheduleError
@@ -206,5 +207,12 @@ def hoist_receives(placed: Placement) -> list[ActionColumns]:
 
 
 def _columns(written: list, order) -> ActionColumns:
-    """One worker's written values (``Placement.written``) as columns, in ``order``."""
-    return ActionColumns(*(list(map(written[k::WIDTH].__getitem__, order)) for k in (0, 1, 2, 3, 4, 6)))
+    """One worker's written values (``Placement.written``) as columns, in ``order``.
+
+    One itemgetter of the whole order picks each column in C, without a Python-level call per
+    value (as ``map(column.__getitem__, order)`` makes); it returns a bare value, not a tuple,
+    for a single index, so short lists take the plain way."""
+    if len(order) < 2:
+        return ActionColumns(*([written[k::WIDTH][i] for i in order] for k in (0, 1, 2, 3, 4, 6)))
+    pick = itemgetter(*order)
+    return ActionColumns(*(list(pick(written[k::WIDTH])) for k in (0, 1, 2, 3, 4, 6)))
