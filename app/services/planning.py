@@ -41,7 +41,8 @@ def make_plan(profile_data: dict[str, Any], levels: list[tuple[int, float]], *, 
         text = str(exc)
         field = "memory_bytes" if "memory" in text.lower() else "levels"
         raise ServiceError(f"{field}: {text}", status=422, field=field) from None
-    if method != "pipedream" or schedule is None or microbatches is None:
+    # the baselines do not plan under a memory cap: with one, PipeDream's plan stands
+    if method != "pipedream" or schedule is None or microbatches is None or memory_bytes is not None:
         return chosen
     ranked = ranked_candidates(profile_data, levels, chosen, schedule, microbatches, weight_grads=weight_grads,
                                chunks=chunks)

@@ -72,7 +72,9 @@ def create(session: Session, body: PlanCreate) -> PlanRow:
 
         prof = profile_for_model(session, body.model, body.model_args, max(1, body.batch_size // body.microbatches),
                                  profiles.calibration_args(total_workers(levels), body.batch_size, body.weight_grads))
-    plan_obj = planning.make_plan(prof.data, levels, memory_bytes=body.memory_bytes, method=body.method)
+    plan_obj = planning.make_plan(prof.data, levels, memory_bytes=body.memory_bytes, method=body.method,
+                                  schedule=body.schedule, microbatches=body.microbatches,
+                                  weight_grads=body.weight_grads, chunks=body.chunks)
     sched, sim = planning.simulate(plan_obj, body.schedule, body.microbatches, samples_per_microbatch=prof.batch_size,
                                    chunks=body.chunks, weight_grads=body.weight_grads, profile_data=prof.data)
     predicted = planning.predicted_summary(plan_obj, sched, sim, body.microbatches, body.timeline_limit)

@@ -291,9 +291,12 @@ class JobRun:
         self.check()
         prof = profiles.get(self.session, profile_id)
         levels = planning.levels_of(spec.get("levels"), spec.get("workers"))
-        plan_obj = planning.make_plan(prof.data, levels, memory_bytes=spec.get("memory_bytes"), method=spec["method"])
-        micro = max(1, int(spec["batch_size"]) // int(spec["microbatches"]))
         hyper = spec.get("hyperparameters") or {}
+        # the plan the job's own schedule runs fastest under the cost model that predicts it
+        plan_obj = planning.make_plan(prof.data, levels, memory_bytes=spec.get("memory_bytes"), method=spec["method"],
+                                      schedule=spec["schedule"], microbatches=int(spec["microbatches"]),
+                                      weight_grads=weight_grads_of(spec), chunks=int(hyper.get("chunks") or 1))
+        micro = max(1, int(spec["batch_size"]) // int(spec["microbatches"]))
         sched, sim = planning.simulate(plan_obj, spec["schedule"], int(spec["microbatches"]), samples_per_microbatch=micro,
                                        chunks=int(hyper.get("chunks") or 1), vertical_sync=bool(hyper.get("vertical_sync")),
                                        weight_grads=weight_grads_of(spec), profile_data=prof.data)
