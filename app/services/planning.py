@@ -12,6 +12,8 @@ from pipeboard.trainer.schedule import registry
 # Bandwidth assumed between local worker processes when a job gives `workers` rather than
 # cluster levels (shared memory through gloo: a few GB/s).
 LOCAL_BANDWIDTH = 5e9
+# The planner method (PipeDream's dynamic program), not the schedule of the same name.
+PIPEDREAM_PLANNER = "pipedream"
 
 
 def levels_of(levels: Sequence[Any] | None, workers: int | None) -> list[tuple[int, float]]:
@@ -42,7 +44,7 @@ def make_plan(profile_data: dict[str, Any], levels: list[tuple[int, float]], *, 
         field = "memory_bytes" if "memory" in text.lower() else "levels"
         raise ServiceError(f"{field}: {text}", status=422, field=field) from None
     # the baselines do not plan under a memory cap: with one, PipeDream's plan stands
-    if method != "pipedream" or schedule is None or microbatches is None or memory_bytes is not None:
+    if method != PIPEDREAM_PLANNER or schedule is None or microbatches is None or memory_bytes is not None:
         return chosen
     ranked = ranked_candidates(profile_data, levels, chosen, schedule, microbatches, weight_grads=weight_grads,
                                chunks=chunks)
@@ -66,7 +68,7 @@ def ranked_candidates(profile_data: dict[str, Any], levels: list[tuple[int, floa
     candidates, seen = [], set()
     for method in METHODS:
         try:
-            cand = planned if method == "pipedream" else plan(profile, levels=levels, method=method)
+            cand = planned if method == PIPEDREAM_PLANNER else plan(profile, levels=levels, method=method)
         except PlanError:
             continue
         d = cand.to_dict()

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+from concurrent.futures import ThreadPoolExecutor
 import json
 import threading
 import time
@@ -31,7 +32,10 @@ def collect(job_id: int, last: int) -> list[str]:
     async def run() -> list[str]:
         return [chunk async for chunk in stream.stream(job_id, last)]
 
-    return asyncio.run(run())
+    # in a thread of its own: a test process that ran the browser tests before this file (make
+    # test's processes take files in any order) keeps playwright's event loop running here
+    with ThreadPoolExecutor(1) as pool:
+        return pool.submit(asyncio.run, run()).result()
 
 
 def test_frame_round_trips_through_the_parser():
