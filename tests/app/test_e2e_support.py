@@ -195,12 +195,13 @@ FAULT_JOB = {**SMALL_JOB, "batch_size": 64, "microbatches": 4, "stop": {"steps":
 
 
 def due_for_kill(message: dict[str, Any], every: int = 100) -> bool:
-    """The first `metrics` message past the first checkpoint. Not later: the run writes its
+    """The first `metrics` message well past the first checkpoint. Not later: the run writes its
     metrics once a second, so the stream shows a step well after the run took it, and a kill
     that waited for a step early in a later interval could come after the last step."""
     if message["event"] != "metrics":
         return False
-    return max(p["step"] for p in message["data"]["points"]) > every
+    # half an interval past it: the checkpoint of step `every` is complete on disk by then
+    return max(p["step"] for p in message["data"]["points"]) > every + every // 2
 
 
 def losses_by_attempt(messages: list[dict[str, Any]]) -> dict[int, dict[int, float]]:

@@ -157,9 +157,11 @@ def train(cfg: RunConfig, env: WorkerEnv) -> None:
     executor = Executor(rank, stages, S, p2p, rank_of, groups, recorder, heartbeat)
     last_stage = stages.get(S - 1)
     is_reporter = last_stage is not None and rank_of(S - 1, 0) == rank
+    # beat before saying ready: the launcher starts watching for silence once every worker is
+    # ready, and a heartbeat still at 0 would read as silent since the machine started
+    heartbeat.beat()
     env.channel.put(("ready", rank, list(me.stages), me.replica, os.getpid(), start, total, stream.steps_per_epoch,
                      cpu_matmul.active() if device.type == "cpu" else None, node_name()))
-    heartbeat.beat()
 
     reports = StepReports(env.channel, rank)
 
