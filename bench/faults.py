@@ -38,6 +38,7 @@ import httpx  # noqa: E402
 
 from tests.app.hosts import WorkerHosts  # noqa: E402
 from tests.app.test_e2e_support import (  # noqa: E402
+    start_up,
     FAULT_JOB,
     Deployment,
     check_resumed_run,
@@ -203,19 +204,7 @@ class Up:
         self.start()
 
     def start(self) -> None:
-        with open(self.log, "a") as log:
-            self.process = subprocess.Popen([sys.executable, "-c", "from pipeboard.app.cli import main; main()", "up", "--port",
-                                             str(self.port), "--workers", "1"], cwd=ROOT, env={**os.environ, **self.env},
-                                            stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
-        deadline = time.monotonic() + 120
-        while True:
-            try:
-                if httpx.get(f"{self.url}/api/v1/health", timeout=2).json().get("workers") == 1:
-                    break
-            except (httpx.HTTPError, ValueError):
-                pass
-            assert time.monotonic() < deadline and self.process.poll() is None, self.log.read_text()[-3000:]
-            time.sleep(0.3)
+        self.process = start_up(self.port, self.env, ROOT, self.log)
         if self.client is None:
             self.client = Deployment(dict(self.env), self.tmp)
             self.client.url = self.url

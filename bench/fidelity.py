@@ -28,16 +28,14 @@ import statistics
 import subprocess
 import sys
 import tempfile
-import time
 from pathlib import Path
 from typing import Any
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-import httpx  # noqa: E402
 
-from tests.app.test_e2e_support import Deployment, free_port  # noqa: E402
+from tests.app.test_e2e_support import Deployment, free_port, start_up  # noqa: E402
 
 # name -> (zoo model, model args, batch size, microbatches): the matrix
 MODELS = {
@@ -69,21 +67,7 @@ class Up:
         self.url = f"http://127.0.0.1:{free_port()}"
         self.env = {"PIPEBOARD_DATA_DIR": str(tmp / "data")}
         self.log = tmp / "up.log"
-        with open(self.log, "ab") as log:
-            self.process = subprocess.Popen(
-                [sys.executable, "-c", "from pipeboard.app.cli import main; main()", "up", "--port",
-                 self.url.rsplit(":", 1)[1], "--workers", "1"], cwd=tmp, env={**os.environ, **self.env},
-                stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
-        deadline = time.monotonic() + 180
-        while True:
-            try:
-                if httpx.get(f"{self.url}/api/v1/health", timeout=2).json().get("workers") == 1:
-                    break
-            except (httpx.HTTPError, ValueError):
-                pass
-            if time.monotonic() > deadline or self.process.poll() is not None:
-                raise RuntimeError(f"pipeboard up did not start:\n{self.log.read_text()[-3000:]}")
-            time.sleep(0.3)
+        self.process = start_up(int(self.url.rsplit(":", 1)[1]), self.env, tmp, self.log, timeout=180)
         self.client = Deployment(dict(self.env), tmp)  # an admin token in the deployment's database
         self.client.url = self.url
 

@@ -40,6 +40,26 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
+def start_up(port: int, env: dict[str, str], cwd: Path, log: Path, timeout: float = 120) -> subprocess.Popen:
+    """`pipeboard up --workers 1` on ``port`` with ``env`` over this environment, its output
+    appended to ``log``; returned once /health counts its worker (RuntimeError with the log's
+    tail if it exits or is not ready within ``timeout``)."""
+    with open(log, "ab") as out:
+        process = subprocess.Popen([sys.executable, "-c", "from pipeboard.app.cli import main; main()", "up", "--port",
+                                    str(port), "--workers", "1"], cwd=cwd, env={**os.environ, **env},
+                                   stdout=out, stderr=subprocess.STDOUT, start_new_session=True)
+    deadline = time.monotonic() + timeout
+    while True:
+        try:
+            if httpx.get(f"http://127.0.0.1:{port}/api/v1/health", timeout=2).json().get("workers") == 1:
+                return process
+        except (httpx.HTTPError, ValueError):
+            pass
+        if time.monotonic() > deadline or process.poll() is not None:
+            raise RuntimeError(f"pipeboard up did not start:\n{log.read_text()[-3000:]}")
+        time.sleep(0.3)
+
+
 def group_alive(pgid: int) -> bool:
     """Whether any live process is in group ``pgid``. Zombies do not count: they have ended and
     only wait for a parent to reap them (orphans' parent here, PID 1, may never do so)."""
