@@ -217,10 +217,6 @@ def test_up_keeps_the_service_and_a_job_going_through_a_killed_worker_and_a_kill
 
     from tests.app.test_e2e_support import FAULT_JOB, Deployment, check_resumed_run, due_for_kill, group_alive
 
-    # 400 steps: a killed Celery worker takes the run with it at once, and with 1,000 steps its
-    # second attempt resumed from step 0 (under investigation; see the closing note of 2026-12-02)
-    UP_FAULT_JOB = {**FAULT_JOB, "stop": {"steps": 400}}
-
     port = free_port()
     url = f"http://127.0.0.1:{port}"
     data = {"PIPEBOARD_DATA_DIR": str(tmp_path / "data"), "PIPEBOARD_HEARTBEAT_SECONDS": "0.5"}
@@ -235,7 +231,7 @@ def test_up_keeps_the_service_and_a_job_going_through_a_killed_worker_and_a_kill
         wait_for(lambda: get_json(f"{url}/api/v1/health")["workers"] == 1, 60, "the worker", log_path)
         dep = Deployment(dict(data), tmp_path)  # a client of it (the database is `up`'s, migrated)
         dep.url = url
-        job_id = dep.api("POST", "/jobs", json=UP_FAULT_JOB)["id"]
+        job_id = dep.api("POST", "/jobs", json=FAULT_JOB)["id"]
         worker, api = child_pid(up, "celery"), child_pid(up, "uvicorn")
         messages, groups = [], set()
         try:
@@ -254,7 +250,7 @@ def test_up_keeps_the_service_and_a_job_going_through_a_killed_worker_and_a_kill
         assert any(m["event"] == "attempt" and m["data"]["attempt"] == 2 for m in messages), messages[-3:]
         wait_for(lambda: "the API server is back at" in log_path.read_text(), 60, "the API to come back", log_path)
         rest = list(dep.events(job_id, last_id=int(messages[-1]["id"]), timeout=300))
-        check_resumed_run(dep, job_id, messages + rest[1:], UP_FAULT_JOB["stop"]["steps"])
+        check_resumed_run(dep, job_id, messages + rest[1:], FAULT_JOB["stop"]["steps"])
         output = log_path.read_text()
         node = re.search(r"worker (pipeboard1@\S+) exited with code -9 \(SIGKILL\) after [\d.]+ s; restarting it in 0\.5 s "
                          r"\(restart 1\)", output)

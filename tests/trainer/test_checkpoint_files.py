@@ -15,14 +15,35 @@ LAYOUT = {"stages": 2}
 def test_mark_complete_keeps_the_newest_k_and_drops_abandoned_partial_ones(tmp_path):
     for step in (10, 20, 30):
         checkpoint.save_rank(tmp_path, step, 0, {"step": step})
-        checkpoint.mark_complete(tmp_path, step, LAYOUT, keep=3)
+        checkpoint.mark_complete(tmp_path, step, LAYOUT, keep=3, settle_s=0)
     checkpoint.save_rank(tmp_path, 35, 0, {"step": 35})  # killed before COMPLETE
     checkpoint.save_rank(tmp_path, 40, 0, {"step": 40})
-    checkpoint.mark_complete(tmp_path, 40, LAYOUT, keep=2)
+    checkpoint.mark_complete(tmp_path, 40, LAYOUT, keep=2, settle_s=0)
     checkpoint.save_rank(tmp_path, 50, 0, {"step": 50})  # being written now by a later step
     assert checkpoint.complete_steps(tmp_path) == [30, 40]
     assert sorted(p.name for p in tmp_path.iterdir()) == ["step-00000030", "step-00000040", "step-00000050"]
     assert checkpoint.latest(tmp_path, LAYOUT) == 40 and checkpoint.latest(tmp_path, LAYOUT, at_most=39) == 30
+
+
+def test_an_old_checkpoint_stays_until_a_newer_one_has_settled(tmp_path):
+    """A run resumes from a checkpoint at or before the last step the service recorded, which lags
+    the run: however many checkpoints a fast run completes meanwhile, one that old is kept."""
+    import os
+
+    def complete(step: int, age_s: float) -> None:
+        checkpoint.save_rank(tmp_path, step, 0, {"step": step})
+        checkpoint.mark_complete(tmp_path, step, LAYOUT, keep=2, settle_s=5)
+        marker = checkpoint.step_dir(tmp_path, step) / "COMPLETE"
+        os.utime(marker, (marker.stat().st_atime, marker.stat().st_mtime - age_s))
+
+    complete(100, age_s=9)
+    complete(200, age_s=8)
+    complete(300, age_s=1)
+    complete(400, age_s=0)
+    # 200 settled (8 s > 5 s): 100 goes, 200 to 400 stay though keep=2
+    assert checkpoint.complete_steps(tmp_path) == [200, 300, 400]
+    complete(500, age_s=0)
+    assert checkpoint.complete_steps(tmp_path) == [200, 300, 400, 500]
 
 
 def _agree(rank: int, world: int, store_path: str, folders: list[str], out: dict) -> None:

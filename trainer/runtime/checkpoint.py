@@ -5,8 +5,9 @@ written to a temporary name and renamed (atomic on POSIX), holding the stage wei
 state, step and RNG state. After a barrier, rank 0 writes ``COMPLETE`` (also by rename) with the
 layout it belongs to; resuming picks the newest step directory that has it, so a run killed
 halfway through writing a checkpoint resumes from the previous complete one. Older complete
-checkpoints beyond the newest ``keep`` (default ``KEEP``) are deleted, and with them any
-incomplete ones older than the newest complete one (left by a run killed while writing).
+checkpoints beyond the newest ``keep`` (default ``KEEP``) are deleted once a newer one has
+settled (completed ``SETTLE_S`` ago), and with them any incomplete ones older than the newest
+complete one (left by a run killed while writing).
 """
 
 from __future__ import annotations
@@ -14,12 +15,20 @@ from __future__ import annotations
 import json
 import os
 import shutil
+import time
 from pathlib import Path
 from typing import Any
 
 import torch
 
 KEEP = 2
+# A service run resumes from a checkpoint at or before the last step the service has recorded,
+# and it records steps about a second after the run takes them (trainer/sink.py writes once a
+# second, the workers report every quarter second). A fast model checkpoints several times in that
+# second, so keeping only the newest two could keep none that old (a 5 ms step, 100 steps apart:
+# measured 2026-12-03, a run killed at step ~430 had recorded 273 and kept 300 and 400). So an
+# old checkpoint goes only once a newer one is this old; ten times the lag, for a loaded machine.
+SETTLE_S = 10.0
 
 
 def step_dir(root: str | Path, step: int) -> Path:
@@ -38,12 +47,17 @@ def save_rank(root: str | Path, step: int, rank: int, state: dict[str, Any]) -> 
     _atomic_write(d / f"rank-{rank}.pt", lambda p: torch.save(state, p))
 
 
-def mark_complete(root: str | Path, step: int, layout: dict[str, Any], keep: int = KEEP) -> None:
+def mark_complete(root: str | Path, step: int, layout: dict[str, Any], keep: int = KEEP,
+                  settle_s: float = SETTLE_S) -> None:
     """Called by rank 0 once every rank has saved ``step``."""
     d = step_dir(root, step)
     _atomic_write(d / "COMPLETE", lambda p: p.write_text(json.dumps({"step": step, **layout})))
     complete = complete_steps(root)
     kept = set(complete[-keep:])
+    now = time.time()
+    settled = [s for s in complete if now - (step_dir(root, s) / "COMPLETE").stat().st_mtime >= settle_s]
+    # every checkpoint at or after the newest settled one stays
+    kept.update(s for s in complete if s >= (settled[-1] if settled else 0))
     for old in Path(root).glob("step-*"):
         try:
             number = int(old.name.split("-", 1)[1])
