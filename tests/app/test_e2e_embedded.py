@@ -86,7 +86,7 @@ def test_cli_submit_wait_succeeds_and_run_data_is_there(deployment, tmp_path):
     assert task["status"] == "queued"
     ends = [m for m in deployment.events(task["id"], timeout=60) if m["event"] == "end"]
     assert ends[0]["data"]["status"] == "succeeded"
-    assert deployment.api("GET", f"/jobs/{task['id']}")["summary"] == {"profile_id": job["profile_id"]}
+    assert deployment.api("GET", f"/jobs/{task['id']}")["summary"] == {"profile_id": job["profile_id"]}, (deployment.api("GET", "/profiles"), deployment.logs())
     rows = deployment.api("GET", f"/profiles/{job['profile_id']}")["layers"]
     assert rows and all(r["forward_ms"] >= 0 for r in rows)
 
