@@ -29,10 +29,11 @@ def cache_key(model: str, model_args: dict[str, Any], batch_size: int, device: s
     which the profiling child and the runs read; trainer/cpu_matmul.py) says so too: its layer
     times differ (up to 2x on some AMD processors)."""
     args = json.dumps(model_args, sort_keys=True, separators=(",", ":")) if model_args else ""
-    named = [a.lstrip("-") for a in calibration or [] if a != "--calibrate"]
+    named = []
     matmul = os.environ.get(cpu_matmul.ENV) or "default"
-    if device == "cpu" and matmul != "default":
+    if device == "cpu" and matmul != "default":  # before the calibration: `cached` matches on the start
         named.append(f"matmul={matmul}")
+    named += [a.lstrip("-") for a in calibration or [] if a != "--calibrate"]
     extra = (" " + " ".join(named)) if named else ""
     return f"{model}{args} bs={batch_size} {device}{extra}"[:200]
 

@@ -179,4 +179,6 @@ def test_profiles_measured_with_other_matmul_kernels_are_not_reused(monkeypatch)
     monkeypatch.setenv(cpu_matmul.ENV, "onednn")
     fast = cache_key("mlp", {"depth": 2}, 16, "cpu", ["--threads", "1"])
     assert fast != plain and "matmul=onednn" in fast
+    # a profiling task (no calibration) reuses a job's calibrated profile: its key starts the job's
+    assert fast.startswith(cache_key("mlp", {"depth": 2}, 16, "cpu") + " ")
     assert "matmul" not in cache_key("mlp", {"depth": 2}, 16, "cuda")

@@ -182,7 +182,10 @@ def test_the_launcher_s_setting_reaches_every_worker(tmp_path, monkeypatch):
 
 
 def test_use_with_children_sets_the_variable_for_started_processes(monkeypatch):
-    monkeypatch.delenv(cpu_matmul.ENV, raising=False)
+    # setenv first, so that the variable use_with_children writes is undone after the test (a
+    # delenv of an unset variable records nothing: it leaked onednn into later tests' servers)
+    monkeypatch.setenv(cpu_matmul.ENV, "default")
+    monkeypatch.delenv(cpu_matmul.ENV)
     try:
         assert cpu_matmul.use_with_children("onednn") == "onednn"
         assert os.environ[cpu_matmul.ENV] == "onednn" and cpu_matmul.active() == "onednn"
