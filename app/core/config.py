@@ -9,6 +9,7 @@ all under `DATA_DIR`. Point `DATABASE_URL` at `postgresql+psycopg://...` and `BR
 from __future__ import annotations
 
 import ipaddress
+import os
 from functools import lru_cache
 from importlib import metadata
 from pathlib import Path
@@ -30,6 +31,10 @@ RESULT_SCHEMES = ("db+sqlite", "db+postgresql", "db+postgresql+psycopg", "redis"
 DATABASE_SCHEMES = ("sqlite", "postgresql", "postgresql+psycopg")
 # Addresses only this machine can reach: the one place authentication may be switched off.
 LOOPBACK_HOSTS = ("127.0.0.1", "::1", "localhost")
+
+
+def _user_cache() -> Path:
+    return Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "pipeboard"
 
 
 class Settings(BaseSettings):
@@ -73,7 +78,14 @@ class Settings(BaseSettings):
     join_timeout_s: float = Field(120.0, gt=0, description=(
         "How long a job on several hosts waits for enough free worker hosts, and then for their agents to join "
         "torch's rendezvous, before its attempt fails saying which joined."))
-    checkpoint_keep: int = Field(2, ge=1, description="Complete checkpoints kept per job (the newest); older ones are deleted.")
+    checkpoint_keep: int = Field(2, ge=1, description=(
+        "Complete checkpoints kept per job (the newest); an older one goes once a newer one is 10 s old."))
+    calibration_dir: Path = Field(default_factory=lambda: _user_cache() / "calibration", description=(
+        "Where a calibrated profile keeps this machine's figures (the link between worker processes, the "
+        "runtime's per-action overhead), shared by every profile measured here; default ~/.cache/pipeboard."))
+    calibration_max_age_s: float = Field(86400.0, ge=0, description=(
+        "Seconds this machine's kept calibration figures are used before they are measured again (0: every "
+        "calibrated profile measures them)."))
     node_name: str = Field("", description=(
         "This host's name as jobs and timelines show it, and the unit a multi-host job reserves (one worker "
         "host per node); default the machine's host name. Give each worker host its own."))

@@ -46,7 +46,7 @@ def profile_for_model(session: Session, model: str, model_args: dict, batch_size
             out = Path(tmp) / "profile.json"
             cmd = [sys.executable, "-m", "pipeboard.app.services.profile_run", "--source", source,
                    "--model-args", json.dumps(args), "--batch-size", str(batch_size), "-o", str(out),
-                   *(calibration or [])]
+                   *(calibration or []), *profiles.machine_cache_args(calibration or [])]
             try:
                 done = subprocess.run(cmd, capture_output=True, text=True, timeout=PROFILE_TIMEOUT_S, start_new_session=True)
             except subprocess.TimeoutExpired:

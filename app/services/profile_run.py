@@ -51,7 +51,8 @@ def _batched_by_runtime(desc: str) -> bool:
 def profile(source: str, model_args: dict[str, Any], batch_size: int, device: str = "cpu", repeats: int = 5,
             *, optimizer: str | None = None, weight_batch_size: int | None = None,
             calibrate: bool = False, data: str | None = None, concurrent: int = 0,
-            run_batch_size: int | None = None) -> dict[str, Any]:
+            run_batch_size: int | None = None, machine_cache: str | None = None,
+            machine_max_age_s: float = 0.0) -> dict[str, Any]:
     """The profile JSON of the model at ``batch_size``; see the module docstring for
     ``weight_batch_size``, ``calibrate``, ``concurrent`` and ``run_batch_size``."""
     from pipeboard.trainer.profile.profiler import profile_model
@@ -88,11 +89,10 @@ def profile(source: str, model_args: dict[str, Any], batch_size: int, device: st
             layer.weight_batched_ms = layer.backward_weight_ms
         prof.weight_batch_size = batch_size
     if calibrate:
-        from pipeboard.trainer.runtime.links import measure_link
-        from pipeboard.trainer.runtime.overhead import calibrate as calibrate_overhead
+        from pipeboard.trainer.runtime import machine
 
-        prof.link = measure_link()
-        prof.overhead = calibrate_overhead()
+        # the machine's figures, kept for a while (trainer/runtime/machine.py); the model's, below
+        prof.link, prof.overhead, prof.meta["machine_calibration"] = machine.calibration(machine_cache, machine_max_age_s)
         if run_batch_size is not None and run_batch_size >= batch_size:
             from pipeboard.trainer.runtime.overhead import measure_data_load
 
@@ -120,6 +120,10 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--run-batch-size", type=int, default=None,
                         help="with --calibrate: the run's batch (samples per step); time loading it from the task's data")
     parser.add_argument("--data", default=None, help="data location, passed to the task factory as data=")
+    parser.add_argument("--machine-cache", default=None,
+                        help="with --calibrate: folder keeping this machine's link and overhead figures")
+    parser.add_argument("--machine-max-age", type=float, default=0.0,
+                        help="with --machine-cache: seconds kept figures are used (0: measure them now)")
     parser.add_argument("-o", "--output", required=True)
     args = parser.parse_args(argv)
     # As `pipeboard train` runs (trainer/allocator.py); before torch loads, which happens below.
@@ -143,7 +147,8 @@ def main(argv: list[str] | None = None) -> int:
     try:
         data = profile(args.source, json.loads(args.model_args), args.batch_size, args.device, args.repeats,
                        optimizer=args.optimizer, weight_batch_size=args.weight_batch_size, calibrate=args.calibrate,
-                       data=args.data, concurrent=args.concurrent, run_batch_size=args.run_batch_size)
+                       data=args.data, concurrent=args.concurrent, run_batch_size=args.run_batch_size,
+                       machine_cache=args.machine_cache, machine_max_age_s=args.machine_max_age)
     except Exception as exc:  # one line for the job's error, not a traceback
         print(f"profiling {args.source} failed: {type(exc).__name__}: {exc}", file=sys.stderr)
         return 1

@@ -73,6 +73,18 @@ def calibration_args(workers: int, batch_size: int, weight_grads: str, optimizer
     return args
 
 
+def machine_cache_args(calibration: list[str]) -> list[str]:
+    """With ``calibration`` (calibration_args): profile_run's flags that reuse this machine's kept
+    link and overhead figures (settings CALIBRATION_DIR, CALIBRATION_MAX_AGE_S). Not part of the
+    cache key: where the machine's figures come from does not change what they are."""
+    if "--calibrate" not in calibration:
+        return []
+    from pipeboard.app.core.config import get_settings
+
+    settings = get_settings()
+    return ["--machine-cache", str(settings.calibration_dir), "--machine-max-age", str(settings.calibration_max_age_s)]
+
+
 def cached(session: Session, key: str, *, calibrated_too: bool = False) -> Profile | None:
     """The newest profiled profile named ``key``; ``calibrated_too``: or one of the same model,
     arguments, batch size and device that a job also calibrated (its name is ``key`` and the

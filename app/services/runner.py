@@ -271,7 +271,8 @@ class JobRun:
             out = workdir / "profile.json"
             cmd = [sys.executable, "-m", "pipeboard.app.services.profile_run", "--source", source,
                    "--model-args", json.dumps(args), "--batch-size", str(batch), "--device", device,
-                   "--repeats", str(spec.get("repeats", 5)), "-o", str(out), *calibration]
+                   "--repeats", str(spec.get("repeats", 5)), "-o", str(out), *calibration,
+                   *profiles.machine_cache_args(calibration)]
             if spec.get("data"):
                 cmd += ["--data", spec["data"]]
             self.run_child(cmd, workdir / "profile.log", phase="profile", cwd=code_dir)
