@@ -136,13 +136,18 @@ def register(cli: typer.Typer) -> None:
         from pipeboard.trainer.runtime.config import ConfigError, RunConfig
         from pipeboard.trainer.schedule import registry
 
-        if job_id is not None and not torchrun:  # under torchrun the agent is the parent (app/services/node_agent.py)
-            from pipeboard.app.core.lifetime import die_with_parent_if_asked
+        from pipeboard.app.core.lifetime import Terminated
 
-            die_with_parent_if_asked()
         if plan is not None and stages is not None:
             fail("--plan and --stages: give one of them")
         try:
+            if job_id is not None and not torchrun:  # under torchrun the agent is the parent (app/services/node_agent.py)
+                from pipeboard.app.core.lifetime import die_with_parent_if_asked, raise_on_sigterm
+
+                # a lost worker's run still reports the steps its stages took (a next attempt
+                # resumes from a checkpoint at or before the last step the service has)
+                raise_on_sigterm()
+                die_with_parent_if_asked()
             plan_stages, replicas = _plan_layout(plan) if plan else (None, None)
             # data parallel: the plan's layers all on one stage, its workers all replicas of it
             dp = registry.known(schedule) and registry.is_data_parallel(schedule)
@@ -188,6 +193,8 @@ def register(cli: typer.Typer) -> None:
             finally:
                 if background is not None:  # what it holds reaches the database, a failed run's too
                     background.close()
+        except Terminated as exc:
+            fail(str(exc), code=143)  # as a process ended by SIGTERM (128 + 15)
         except (ConfigError, ValueError, KeyError) as exc:
             # a KeyError's str() quotes its message; other messages may end in a quoted value
             fail(str(exc.args[0]) if isinstance(exc, KeyError) and exc.args else str(exc))

@@ -1,4 +1,5 @@
-"""A process the service starts ends with the worker that started it."""
+"""A process the service starts ends with the worker that started it, and says what it measured
+on the way out."""
 
 from __future__ import annotations
 
@@ -21,3 +22,21 @@ def die_with_parent_if_asked() -> None:
         return
     if str(os.getppid()) != parent:  # the worker died before the line above
         os.kill(os.getpid(), signal.SIGTERM)
+
+
+class Terminated(BaseException):
+    """SIGTERM arrived: the worker that started this run died (see above) or stopped the job.
+    Raised in the main thread, not an Exception, so that the run stops its stage processes and
+    hands what they reported to its sink (launch.run_training's cleanup) before it exits."""
+
+
+def raise_on_sigterm() -> None:
+    """The next SIGTERM raises ``Terminated``; later ones are ignored while it hands over (the
+    worker's death and its supervisor's SIGTERM to the run's group both send one; SIGKILL, after
+    the supervisor's grace, is the hard stop)."""
+
+    def handler(signum, frame) -> None:
+        signal.signal(signal.SIGTERM, signal.SIG_IGN)
+        raise Terminated("stopped by SIGTERM (its service worker ended, or the job was stopped)")
+
+    signal.signal(signal.SIGTERM, handler)

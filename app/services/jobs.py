@@ -15,8 +15,10 @@ import logging
 import os
 import signal
 import socket
+import time
 from datetime import datetime, timedelta, timezone
 from functools import lru_cache
+from pathlib import Path
 from typing import Any
 
 from sqlalchemy import and_, func, or_, select, update
@@ -352,6 +354,33 @@ def kill_group_if_local(pgid: int | None, node: str | None, sig: int = signal.SI
         return True
     except (ProcessLookupError, PermissionError):
         return False
+
+
+def end_group_if_local(pgid: int | None, node: str | None, grace_s: float = 5.0) -> bool:
+    """End a lost run's process group when it runs on this host, letting it hand over first: SIGTERM
+    (`pipeboard train` then stops its stages and writes what they reported: the next attempt
+    resumes from a checkpoint at or before the last step recorded), SIGKILL for whatever is left
+    after ``grace_s``."""
+    if not kill_group_if_local(pgid, node, signal.SIGTERM):
+        return False
+    deadline = time.monotonic() + grace_s
+    while _group_alive(pgid) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    kill_group_if_local(pgid, node)
+    return True
+
+
+def _group_alive(pgid: int) -> bool:
+    """Whether a process of group ``pgid`` still runs (zombies, which only wait to be reaped, do not)."""
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            text = stat.read_text()
+        except OSError:
+            continue
+        fields = text[text.rindex(")") + 2 :].split()  # after "pid (comm) "
+        if fields[0] != "Z" and int(fields[2]) == pgid:
+            return True
+    return False
 
 
 def reap_stale(session: Session) -> int:

@@ -30,7 +30,7 @@ def node_lost(session: Session, node: str, reason: str) -> list[str]:
         if part is not None and part.role == "member":  # its agent's group, on that host
             jobs.kill_group_if_local(part.pgid, part.host)
         else:
-            jobs.kill_group_if_local(job.pgid, job.worker_hostname)
+            jobs.end_group_if_local(job.pgid, job.worker_hostname)
         line = jobs.fail_or_retry(session, job_id, attempt, f"attempt {attempt} lost: {reason}", retryable=True,
                                   message="worker lost")
         if line:

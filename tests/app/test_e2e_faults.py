@@ -19,7 +19,8 @@ import time
 import pytest
 
 from tests.app.hosts import WorkerHosts
-from tests.app.test_e2e_support import FAULT_JOB, Deployment, check_resumed_run, due_for_kill, group_alive, redis_env
+from tests.app.test_e2e_support import (FAULT_JOB, Deployment, KillAfterCheckpoint, check_resumed_run, group_alive,
+                                        redis_env)
 from tests.conftest import postgres_schema, require_postgres, require_redis
 
 pytestmark = [pytest.mark.slow, pytest.mark.redis, pytest.mark.postgres]
@@ -81,19 +82,24 @@ def wait_for_hosts(dep: Deployment, count: int, timeout: float = 60) -> None:
 def test_a_killed_stage_process_resumes_from_the_checkpoint_with_the_same_losses(cluster):
     dep, hosts = cluster
     job_id = dep.api("POST", "/jobs", json={**FAULT_JOB, "schedule": "gpipe"})["id"]
-    messages, pids, killed, groups = [], {}, None, set()
+    pids: dict[int, int] = {}
+
+    def kill_stage_1() -> None:
+        pids[1] = cutter.rank_pid(1)
+        os.kill(pids[1], signal.SIGKILL)
+
+    cutter = KillAfterCheckpoint(dep, job_id, [hosts.workdir / name for name in hosts.names], kill_stage_1)
+    messages, groups = [], set()
     for message in dep.events(job_id, timeout=300):  # the first connection: until attempt 2 starts
         messages.append(message)
         data = message["data"]
         if message["event"] == "progress" and data.get("phase") == "running":
-            pids = {int(r): p for r, p in data["pids"].items()}
+            pids.update({int(r): p for r, p in data["pids"].items()})
             groups.add(dep.job_row(job_id).pgid)
-        if killed is None and due_for_kill(message):
-            os.kill(pids[1], signal.SIGKILL)
-            killed = time.monotonic()
         if message["event"] == "attempt" and data["attempt"] == 2:
             break
-    assert killed is not None, dep.logs() + hosts.logs()
+    killed = cutter.killed_at
+    assert killed is not None, f"{cutter.error!r}\n{dep.logs()}{hosts.logs()}"
     last_id = int(messages[-1]["id"])
     rest = list(dep.events(job_id, last_id=last_id, timeout=300))  # resumed with Last-Event-ID
     assert rest[0]["event"] == "open" and rest[0]["data"]["resume_from"] == last_id

@@ -214,6 +214,65 @@ def redis_env(tmp: Path, redis_url: str) -> dict[str, str]:
 FAULT_JOB = {**SMALL_JOB, "batch_size": 64, "microbatches": 4, "stop": {"steps": 1000}, "checkpoint_every": 100}
 
 
+class KillAfterCheckpoint:
+    """Calls ``kill()`` from a thread of its own the moment the job's checkpoint of step ``step``
+    is complete on disk under one of ``data_dirs``.
+
+    Not when the job's stream shows a step past it: the service records steps about a second
+    after the run takes them (a loaded machine: a whole 1,000-step run went by before its stream
+    showed step 150). A lost run hands over what its stages reported before it ends, so the
+    service has the steps up to about the kill (the stages report a quarter second at a time;
+    100 steps apart at ~6 ms a step), and the next attempt resumes from a checkpoint before it.
+    ``killed_at``: monotonic time of the kill (None: not yet)."""
+
+    def __init__(self, dep: "Deployment", job_id: int, data_dirs: list[Path], kill, step: int = 200) -> None:
+        import threading
+
+        self.markers = [d / "jobs" / str(job_id) / "checkpoints" / f"step-{step:08d}" / "COMPLETE" for d in data_dirs]
+        self.dep, self.job_id, self.kill = dep, job_id, kill
+        self.killed_at: float | None = None
+        self.error: BaseException | None = None
+        self.thread = threading.Thread(target=self._watch, daemon=True)
+        self.thread.start()
+
+    def _watch(self) -> None:
+        deadline = time.monotonic() + 300
+        while not any(m.exists() for m in self.markers):
+            if time.monotonic() > deadline:
+                return
+            time.sleep(0.002)
+        try:
+            self.kill()
+            self.killed_at = time.monotonic()
+        except BaseException as exc:  # noqa: BLE001 - the test reads it
+            self.error = exc
+
+    def rank_pid(self, rank: int) -> int:
+        """The pid of stage process ``rank`` of the job's run (named pipeboard-rN)."""
+        leader = self.dep.job_row(self.job_id).pgid
+        for pid in group_members(leader):
+            try:
+                if Path(f"/proc/{pid}/comm").read_text().strip() == f"pipeboard-r{rank}":
+                    return pid
+            except OSError:
+                continue
+        raise LookupError(f"no process pipeboard-r{rank} in group {leader}")
+
+
+def group_members(pgid: int) -> list[int]:
+    """The live processes of process group ``pgid``."""
+    out = []
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            text = stat.read_text()
+        except OSError:
+            continue
+        fields = text[text.rindex(")") + 2 :].split()
+        if fields[0] != "Z" and int(fields[2]) == pgid:
+            out.append(int(stat.parent.name))
+    return out
+
+
 def due_for_kill(message: dict[str, Any], every: int = 100) -> bool:
     """The first `metrics` message well past the first checkpoint. Not later: the run writes its
     metrics once a second, so the stream shows a step well after the run took it, and a kill

@@ -215,7 +215,7 @@ def test_up_keeps_the_service_and_a_job_going_through_a_killed_worker_and_a_kill
     and a client resuming with Last-Event-ID sees every event once. SIGTERM still stops it all."""
     import httpx
 
-    from tests.app.test_e2e_support import FAULT_JOB, Deployment, check_resumed_run, due_for_kill, group_alive
+    from tests.app.test_e2e_support import FAULT_JOB, Deployment, KillAfterCheckpoint, check_resumed_run, group_alive
 
     port = free_port()
     url = f"http://127.0.0.1:{port}"
@@ -234,18 +234,23 @@ def test_up_keeps_the_service_and_a_job_going_through_a_killed_worker_and_a_kill
         job_id = dep.api("POST", "/jobs", json=FAULT_JOB)["id"]
         worker, api = child_pid(up, "celery"), child_pid(up, "uvicorn")
         messages, groups = [], set()
+
+        def kill_the_worker() -> None:
+            assert child_pid(up, "celery") == worker
+            os.kill(worker, signal.SIGKILL)
+
+        cutter = KillAfterCheckpoint(dep, job_id, [tmp_path / "data"], kill_the_worker)
         try:
             for message in dep.events(job_id, timeout=300):
                 messages.append(message)
                 if message["event"] == "progress" and message["data"].get("phase") == "running":
                     groups.add(dep.job_row(job_id).pgid)
-                if due_for_kill(message) and child_pid(up, "celery") == worker:
-                    os.kill(worker, signal.SIGKILL)
-                    assert get_json(f"{url}/api/v1/health")["database"] == "ok"  # the API stays up
                 if message["event"] == "attempt" and message["data"]["attempt"] == 2:
+                    assert get_json(f"{url}/api/v1/health")["database"] == "ok"  # the API stayed up
                     os.kill(api, signal.SIGKILL)  # the stream breaks here
         except httpx.HTTPError:
             pass
+        assert cutter.killed_at is not None, repr(cutter.error)
         # the stream broke after attempt 2's start (messages already read with it may follow it)
         assert any(m["event"] == "attempt" and m["data"]["attempt"] == 2 for m in messages), messages[-3:]
         wait_for(lambda: "the API server is back at" in log_path.read_text(), 60, "the API to come back", log_path)

@@ -151,6 +151,7 @@ def _watch(cfg, procs, channel, heartbeat, reporter: Reporter, layout) -> None:
             pass
         except (EOFError, OSError):
             pass
+        reporter.maybe_flush()  # what came before the workers fell quiet (a hang, a stop) reaches the sink too
         now = time.perf_counter()
         dead = [r for r, p in enumerate(procs) if p.exitcode not in (None, 0)]
         if failed_at is None and (dead or reporter.errors):

@@ -46,7 +46,7 @@ class WorkerEnv:
 
 def worker_main(cfg: RunConfig, env: WorkerEnv) -> None:
     """Process entry: run, report any failure with its stage and rank, exit non-zero on error."""
-    _die_with_parent()
+    _set_up_process(env.rank)
     keep_freed_memory()
     stage_ids: tuple[int, ...] = ()
     try:
@@ -61,13 +61,18 @@ def worker_main(cfg: RunConfig, env: WorkerEnv) -> None:
             dist.destroy_process_group()
 
 
-def _die_with_parent() -> None:
-    """Linux: get SIGKILL when the launcher dies, so no worker outlives a killed run."""
+def _set_up_process(rank: int) -> None:
+    """Linux: get SIGKILL when the launcher dies, so no worker outlives a killed run; and be named
+    ``pipeboard-rN`` (what ps, top and /proc/PID/comm show) rather than a copy of the launcher."""
     try:
         import ctypes
         import signal
 
-        ctypes.CDLL("libc.so.6", use_errno=True).prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
+        # forked from a launcher that may hand over on SIGTERM (app/core/lifetime.py): a stage ends at once
+        signal.signal(signal.SIGTERM, signal.SIG_DFL)
+        libc = ctypes.CDLL("libc.so.6", use_errno=True)
+        libc.prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
+        libc.prctl(15, f"pipeboard-r{rank}".encode()[:15])  # PR_SET_NAME
     except (OSError, AttributeError):
         pass
 
