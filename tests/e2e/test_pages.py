@@ -254,8 +254,8 @@ def test_sign_in_when_the_api_answers_401(server, write_token, page, shoot) -> N
     page.goto(f"{server.url}/#/jobs")
     page.evaluate("() => localStorage.clear()")  # the pages of this module share one browser context
     page.goto(f"{server.url}/#/new")
-    page.wait_for_selector('#f-model option[value="mlp-digits"]', state="attached")
-    page.wait_for_url(re.compile(r"#/signin\?next=(/|%2F)new$"))  # the what-if POST answered 401
+    # the what-if POST answered 401 (whether or not the model list, a read, arrived before it)
+    page.wait_for_url(re.compile(r"#/signin\?next=(/|%2F)new$"))
     page.fill("#token", "not-a-token")
     page.click("#signin-form button[type=submit]")
     page.locator("#signin-message", has_text="Not signed in").wait_for()
@@ -263,6 +263,7 @@ def test_sign_in_when_the_api_answers_401(server, write_token, page, shoot) -> N
     page.click("#signin-form button[type=submit]")
     page.wait_for_url(re.compile(r"#/new$"))
     page.locator("#auth-status", has_text="browser (write)").wait_for()
+    page.wait_for_selector('#f-model option[value="mlp-digits"]', state="attached")
     page.fill("#f-name", "signed-in-job")
     page.click("#submit-job")
     page.wait_for_url(re.compile(r"#/jobs/\d+$"))
