@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import os
 import signal
+from pathlib import Path
 
 
 def die_with_parent_if_asked() -> None:
@@ -40,3 +41,22 @@ def raise_on_sigterm() -> None:
         raise Terminated("stopped by SIGTERM (its service worker ended, or the job was stopped)")
 
     signal.signal(signal.SIGTERM, handler)
+
+
+def group_members(pgid: int) -> list[int]:
+    """The live processes of process group ``pgid``; zombies, which have ended and only wait to be
+    reaped (an orphan's parent may never do so), are not."""
+    out = []
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            text = stat.read_text()
+        except OSError:
+            continue
+        fields = text[text.rindex(")") + 2 :].split()  # after "pid (comm) "
+        if fields[0] != "Z" and int(fields[2]) == pgid:
+            out.append(int(stat.parent.name))
+    return out
+
+
+def group_alive(pgid: int) -> bool:
+    return bool(group_members(pgid))

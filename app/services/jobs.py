@@ -18,13 +18,13 @@ import socket
 import time
 from datetime import datetime, timedelta, timezone
 from functools import lru_cache
-from pathlib import Path
 from typing import Any
 
 from sqlalchemy import and_, func, or_, select, update
 from sqlalchemy.orm import Session
 
 from pipeboard.app.core.config import get_settings
+from pipeboard.app.core.lifetime import group_alive
 from pipeboard.app.models import Job, JobEvent, JobStatus, Model, ModelStatus
 from pipeboard.app.schemas import JobCreate, JobPublic
 from pipeboard.app.services import attempts, events, fidelity
@@ -364,23 +364,10 @@ def end_group_if_local(pgid: int | None, node: str | None, grace_s: float = 5.0)
     if not kill_group_if_local(pgid, node, signal.SIGTERM):
         return False
     deadline = time.monotonic() + grace_s
-    while _group_alive(pgid) and time.monotonic() < deadline:
+    while group_alive(pgid) and time.monotonic() < deadline:
         time.sleep(0.05)
     kill_group_if_local(pgid, node)
     return True
-
-
-def _group_alive(pgid: int) -> bool:
-    """Whether a process of group ``pgid`` still runs (zombies, which only wait to be reaped, do not)."""
-    for stat in Path("/proc").glob("[0-9]*/stat"):
-        try:
-            text = stat.read_text()
-        except OSError:
-            continue
-        fields = text[text.rindex(")") + 2 :].split()  # after "pid (comm) "
-        if fields[0] != "Z" and int(fields[2]) == pgid:
-            return True
-    return False
 
 
 def reap_stale(session: Session) -> int:

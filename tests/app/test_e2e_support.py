@@ -19,6 +19,7 @@ from typing import Any, Iterator
 import httpx
 
 from pipeboard.app.core.db import make_engine
+from pipeboard.app.core.lifetime import group_alive, group_members  # noqa: F401 - the tests' too
 from pipeboard.app.models import Base
 from pipeboard.app.services.sse import parse_stream
 from tests.conftest import ROOT, deployment_env, settings_from_env
@@ -58,20 +59,6 @@ def start_up(port: int, env: dict[str, str], cwd: Path, log: Path, timeout: floa
         if time.monotonic() > deadline or process.poll() is not None:
             raise RuntimeError(f"pipeboard up did not start:\n{log.read_text()[-3000:]}")
         time.sleep(0.3)
-
-
-def group_alive(pgid: int) -> bool:
-    """Whether any live process is in group ``pgid``. Zombies do not count: they have ended and
-    only wait for a parent to reap them (orphans' parent here, PID 1, may never do so)."""
-    for stat in Path("/proc").glob("[0-9]*/stat"):
-        try:
-            text = stat.read_text()
-        except OSError:
-            continue
-        fields = text[text.rindex(")") + 2 :].split()  # after "pid (comm) "
-        if fields[0] != "Z" and int(fields[2]) == pgid:
-            return True
-    return False
 
 
 def stop_process(process: subprocess.Popen, timeout: float = 15) -> None:
@@ -257,20 +244,6 @@ class KillAfterCheckpoint:
             except OSError:
                 continue
         raise LookupError(f"no process pipeboard-r{rank} in group {leader}")
-
-
-def group_members(pgid: int) -> list[int]:
-    """The live processes of process group ``pgid``."""
-    out = []
-    for stat in Path("/proc").glob("[0-9]*/stat"):
-        try:
-            text = stat.read_text()
-        except OSError:
-            continue
-        fields = text[text.rindex(")") + 2 :].split()
-        if fields[0] != "Z" and int(fields[2]) == pgid:
-            out.append(int(stat.parent.name))
-    return out
 
 
 def due_for_kill(message: dict[str, Any], every: int = 100) -> bool:
