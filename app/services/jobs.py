@@ -16,6 +16,7 @@ import os
 import signal
 import socket
 import time
+from collections.abc import Callable
 from datetime import datetime, timedelta, timezone
 from functools import lru_cache
 from typing import Any
@@ -356,18 +357,29 @@ def kill_group_if_local(pgid: int | None, node: str | None, sig: int = signal.SI
         return False
 
 
-def end_group_if_local(pgid: int | None, node: str | None, grace_s: float = 5.0) -> bool:
+def end_group_if_local(pgid: int | None, node: str | None, hold: Callable[[], None] | None = None,
+                       grace_s: float = 5.0) -> bool:
     """End a lost run's process group when it runs on this host, letting it hand over first: SIGTERM
     (`pipeboard train` then stops its stages and writes what they reported: the next attempt
     resumes from a checkpoint at or before the last step recorded), SIGKILL for whatever is left
-    after ``grace_s``."""
+    after ``grace_s``. ``hold()``, called every quarter second meanwhile, keeps others off the
+    attempt (the reaper, which does not wait, would take it over once its heartbeat is stale)."""
     if not kill_group_if_local(pgid, node, signal.SIGTERM):
         return False
     deadline = time.monotonic() + grace_s
     while group_alive(pgid) and time.monotonic() < deadline:
-        time.sleep(0.05)
+        if hold is not None:
+            hold()
+        time.sleep(0.25)
     kill_group_if_local(pgid, node)
     return True
+
+
+def hold_heartbeat(session: Session, job_id: int, attempt: int) -> None:
+    """Refresh a running attempt's heartbeat on its behalf (its worker is gone, its run ending)."""
+    session.execute(update(Job).where(Job.id == job_id, Job.status == JobStatus.RUNNING, Job.attempt == attempt)
+                    .values(heartbeat_at=utcnow()))
+    session.commit()
 
 
 def reap_stale(session: Session) -> int:

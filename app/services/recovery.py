@@ -30,7 +30,8 @@ def node_lost(session: Session, node: str, reason: str) -> list[str]:
         if part is not None and part.role == "member":  # its agent's group, on that host
             jobs.kill_group_if_local(part.pgid, part.host)
         else:
-            jobs.end_group_if_local(job.pgid, job.worker_hostname)
+            jobs.end_group_if_local(job.pgid, job.worker_hostname,
+                                    hold=lambda: jobs.hold_heartbeat(session, job_id, attempt))
         line = jobs.fail_or_retry(session, job_id, attempt, f"attempt {attempt} lost: {reason}", retryable=True,
                                   message="worker lost")
         if line:
