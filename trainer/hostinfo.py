@@ -3,8 +3,18 @@ changes between machines, and every benchmark prints it)."""
 
 from __future__ import annotations
 
+import os
 import platform
 from pathlib import Path
+
+
+def usable_cores() -> int:
+    """The cores this process may run on (its affinity; a container or `taskset` can give fewer
+    than the machine has)."""
+    try:
+        return len(os.sched_getaffinity(0))
+    except AttributeError:  # not Linux
+        return os.cpu_count() or 1
 
 
 def cpu_name() -> str:

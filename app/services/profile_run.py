@@ -27,7 +27,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import sys
 from typing import Any
 
@@ -55,6 +54,7 @@ def profile(source: str, model_args: dict[str, Any], batch_size: int, device: st
             machine_max_age_s: float = 0.0) -> dict[str, Any]:
     """The profile JSON of the model at ``batch_size``; see the module docstring for
     ``weight_batch_size``, ``calibrate``, ``concurrent`` and ``run_batch_size``."""
+    from pipeboard.trainer.hostinfo import usable_cores
     from pipeboard.trainer.profile.profiler import profile_model
 
     task = load_task(source, model_args, batch_size, data)
@@ -69,7 +69,7 @@ def profile(source: str, model_args: dict[str, Any], batch_size: int, device: st
     if not prof.model:
         prof.model = source
     # the cores a local run's workers will share (more workers than cores take turns on them)
-    prof.meta["cores"] = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
+    prof.meta["cores"] = usable_cores()
     if weight_batch_size is not None and weight_batch_size != batch_size:
         big_example = task.example_input(weight_batch_size)
         big = profile_model(model, big_example, batch_size=weight_batch_size, device=device, warmup=2,

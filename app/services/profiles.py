@@ -13,11 +13,13 @@ from typing import Any
 from sqlalchemy import select
 from sqlalchemy.orm import Session
 
+from pipeboard.app.core.config import get_settings
 from pipeboard.app.models import Model, Profile
 from pipeboard.app.schemas import LayerRow, ProfilePublic
 from pipeboard.app.services.errors import NotFound, ServiceError
 from pipeboard.app.services.tx import begin_write
 from pipeboard.trainer import cpu_matmul
+from pipeboard.trainer.hostinfo import usable_cores
 
 
 def cache_key(model: str, model_args: dict[str, Any], batch_size: int, device: str = "cpu",
@@ -41,21 +43,13 @@ def cache_key(model: str, model_args: dict[str, Any], batch_size: int, device: s
 def worker_threads(workers: int) -> int:
     """Torch threads each of ``workers`` local worker processes gets (as the runtime's
     threads_per_worker shares this machine's cores among them)."""
-    try:
-        cores = len(os.sched_getaffinity(0))
-    except AttributeError:
-        cores = os.cpu_count() or 1
-    return max(1, cores // max(1, workers))
+    return max(1, usable_cores() // max(1, workers))
 
 
 def concurrent_workers(workers: int) -> int:
     """Processes that train beside the profiled one in a run of ``workers`` local workers: the
     other workers, as many as there are other cores for them."""
-    try:
-        cores = len(os.sched_getaffinity(0))
-    except AttributeError:
-        cores = os.cpu_count() or 1
-    return max(0, min(workers, cores) - 1)
+    return max(0, min(workers, usable_cores()) - 1)
 
 
 def calibration_args(workers: int, batch_size: int, weight_grads: str, optimizer: str | None = None) -> list[str]:
@@ -79,8 +73,6 @@ def machine_cache_args(calibration: list[str]) -> list[str]:
     cache key: where the machine's figures come from does not change what they are."""
     if "--calibrate" not in calibration:
         return []
-    from pipeboard.app.core.config import get_settings
-
     settings = get_settings()
     return ["--machine-cache", str(settings.calibration_dir), "--machine-max-age", str(settings.calibration_max_age_s)]
 

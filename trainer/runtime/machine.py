@@ -35,8 +35,7 @@ def machine_key() -> dict[str, Any]:
     code = hashlib.sha256()
     for module in (links, overhead):
         code.update(Path(module.__file__).read_bytes())
-    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
-    return {"processor": hostinfo.cpu_name(), "cores": cores, "transport": runtime_transport(),
+    return {"processor": hostinfo.cpu_name(), "cores": hostinfo.usable_cores(), "transport": runtime_transport(),
             "torch": torch.__version__, "matmul": cpu_matmul.active(), "code": code.hexdigest()[:16]}
 
 

@@ -247,12 +247,10 @@ def blocked(heartbeat: Heartbeat):
 def threads_per_worker(world: int) -> int:
     """Share this machine's usable cores among the workers on it (2 cores, 2 stages: 1 each), so
     stage processes do not oversubscribe the cores and slow each other down."""
+    from pipeboard.trainer.hostinfo import usable_cores
+
     local = int(os.environ.get("LOCAL_WORLD_SIZE", world))
-    try:
-        cores = len(os.sched_getaffinity(0))
-    except AttributeError:
-        cores = os.cpu_count() or 1
-    return max(1, cores // max(1, local))
+    return max(1, usable_cores() // max(1, local))
 
 
 def _transfer_pairs(template, rank_of, S: int) -> set[tuple[int, int]]:
