@@ -3,9 +3,9 @@
 A calibrated profile holds two kinds of figures: the model's (its layers, their weight gradients
 at the run's batch, loading its data) and the machine's: the link between two worker processes
 (links.py) and the runtime's per-action overhead (overhead.py). The machine's do not depend on
-the model, yet took most of a small model's profiling (about 6.6 of 10.8 s for mlp-digits on an
-AMD EPYC Zen 3 core pair, 2026-12-03, see docs/runtime.md). So they are kept in one JSON file per
-machine, under ``cache_dir``, and measured again when older than ``max_age_s``.
+the model, yet took most of a small model's profiling (docs/runtime.md, "Predicting a run's time
+per step"). So they are kept in one JSON file per machine, under ``cache_dir``, and measured
+again when older than ``max_age_s``.
 
 "The machine" is everything the figures depend on: the processor, the cores this process may
 use, the transport local runs use, torch's version, the matrix-product kernels and the source of

@@ -9,9 +9,8 @@ so that single gaps between completions can be near zero or doubled.
 
 A pause between two steps (writing a checkpoint, an evaluation) is not a step's time: a gap over
 ``PAUSE_FACTOR`` times the typical one splits the tail into segments that share one slope, each
-with its own offset (so the pause itself counts nowhere). Without it a 30-step run that
-checkpointed at step 20 measured 22.7 ms a step for 3.0 ms steps (mlp-digits, pipedream,
-2026-12-03): the 217 ms checkpoint spread over the 15 steps of the tail.
+with its own offset (so the pause itself counts nowhere): a short run's one checkpoint would
+otherwise be spread over the steps of its tail (docs/fidelity.md has the measured case).
 """
 
 from __future__ import annotations
