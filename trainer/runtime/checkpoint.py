@@ -25,9 +25,9 @@ KEEP = 2
 # A service run resumes from a checkpoint at or before the last step the service has recorded,
 # and it records steps about a second after the run takes them (trainer/sink.py writes once a
 # second, the workers report every quarter second). A fast model checkpoints several times in that
-# second, so keeping only the newest two could keep none that old (docs/api.md, "Faults: attempts and
-# resuming from checkpoints"). So an
-# old checkpoint goes only once a newer one is this old; ten times the lag, for a loaded machine.
+# second, so keeping only the newest two could keep none that old (measured: docs/api.md,
+# "Faults"). So an old checkpoint goes only once a newer one is this old; ten times the lag, for a
+# loaded machine.
 SETTLE_S = 10.0
 
 
