@@ -66,7 +66,7 @@ def profile(name: str, workers: int, out: Path) -> tuple[dict, float]:
     args, batch, m = MODELS[name]
     cmd = [sys.executable, "-m", "pipeboard.app.services.profile_run", "--source", name, "--model-args",
            json.dumps(args), "--batch-size", str(max(1, batch // m)), "--device", "cpu", "--repeats", "5",
-           "-o", str(out), *profiles.calibration_args(workers, batch, "batched")]
+           "-o", str(out), *profiles.calibration_args(workers, batch, "batched", microbatches=m)]
     t = time.monotonic()
     subprocess.run(cmd, check=True)
     return json.loads(out.read_text()), time.monotonic() - t

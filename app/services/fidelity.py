@@ -56,21 +56,29 @@ def _error(measured: float | None, predicted: float | None) -> float | None:
     return measured / predicted - 1 if measured and predicted else None
 
 
-def completion_times(session: Session, job_id: int) -> dict[int, float]:
-    """{step: when its last worker finished it} from the job's metric points: the runtime writes
-    one point per completed step (``step`` = steps done, ``wall_s`` = completion); evaluation points
-    (which carry ``metric``) are not completions. A step measured again by a later attempt counts
-    with the later attempt's time."""
+def completion_times(session: Session, job_id: int) -> tuple[dict[int, float], set[int]]:
+    """({step: when its last worker finished it}, the steps that completed after a pause) from the
+    job's metric points: the runtime writes one point per completed step (``step`` = steps done,
+    ``wall_s`` = completion, ``after_pause`` after a checkpoint or an evaluation); evaluation
+    points (which carry ``metric``) are not completions. A step measured again by a later attempt
+    counts with the later attempt's time."""
+    from pipeboard.trainer.schedule.measured import AFTER_PAUSE
+
     rows = session.execute(select(MetricPoint.step, MetricPoint.wall_s, MetricPoint.attempt, MetricPoint.values)
                            .where(MetricPoint.job_id == job_id).order_by(MetricPoint.attempt, MetricPoint.seq)).all()
-    return {step - 1: wall for step, wall, _, values in rows if "metric" not in (values or {})}
+    done, pauses = {}, set()
+    for step, wall, _, values in rows:
+        if "metric" not in (values or {}):
+            done[step - 1] = wall
+            (pauses.add if (values or {}).get(AFTER_PAUSE) else pauses.discard)(step - 1)
+    return done, pauses
 
 
 def live_measured(session: Session, job_id: int) -> tuple[float | None, int]:
     from pipeboard.trainer.schedule.measured import steady_step_s
 
-    done = completion_times(session, job_id)
-    return steady_step_s(done), len(done)
+    done, pauses = completion_times(session, job_id)
+    return steady_step_s(done, pauses), len(done)
 
 
 def figures(predicted: dict[str, Any] | None, measured_step_s: float | None, steps: int | None,

@@ -71,7 +71,8 @@ def create(session: Session, body: PlanCreate) -> PlanRow:
         from pipeboard.trainer.plan.cluster import total_workers
 
         prof = profile_for_model(session, body.model, body.model_args, max(1, body.batch_size // body.microbatches),
-                                 profiles.calibration_args(total_workers(levels), body.batch_size, body.weight_grads))
+                                 profiles.calibration_args(total_workers(levels), body.batch_size, body.weight_grads,
+                                                           microbatches=body.microbatches))
     plan_obj = planning.make_plan(prof.data, levels, memory_bytes=body.memory_bytes, method=body.method,
                                   schedule=body.schedule, microbatches=body.microbatches,
                                   weight_grads=body.weight_grads, chunks=body.chunks)

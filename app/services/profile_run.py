@@ -20,7 +20,11 @@ same profile JSON:
   data costs the first and the last stage per step;
 - ``--concurrent K``: K processes train the model on the profiled microbatch meanwhile, as a
   run's other workers do on the other cores (shared caches and memory bandwidth slow each
-  layer; ``pipeboard.trainer.profile.conditions.ConcurrentLoad``).
+  layer; ``pipeboard.trainer.profile.conditions.ConcurrentLoad``);
+- ``--pilot-workers W --pilot-microbatches M`` (with ``--calibrate`` and ``--run-batch-size``):
+  the pilot runs (``pipeboard.trainer.runtime.pilot``): the runtime itself trains the model a few
+  steps as a pipeline and as a replicated stage, and what its actions took beyond the profile's
+  prediction is kept (``pilot``), a few seconds more.
 """
 
 from __future__ import annotations
@@ -51,7 +55,8 @@ def profile(source: str, model_args: dict[str, Any], batch_size: int, device: st
             *, optimizer: str | None = None, weight_batch_size: int | None = None,
             calibrate: bool = False, data: str | None = None, concurrent: int = 0,
             run_batch_size: int | None = None, machine_cache: str | None = None,
-            machine_max_age_s: float = 0.0) -> dict[str, Any]:
+            machine_max_age_s: float = 0.0, pilot_workers: int | None = None,
+            pilot_microbatches: int | None = None, threads: int | None = None) -> dict[str, Any]:
     """The profile JSON of the model at ``batch_size``; see the module docstring for
     ``weight_batch_size``, ``calibrate``, ``concurrent`` and ``run_batch_size``."""
     from pipeboard.trainer.hostinfo import usable_cores
@@ -98,6 +103,12 @@ def profile(source: str, model_args: dict[str, Any], batch_size: int, device: st
 
             first, last = measure_data_load(task, run_batch_size, max(1, run_batch_size // batch_size))
             prof.overhead.load_first_ms, prof.overhead.load_last_ms = first * 1e3, last * 1e3
+        if pilot_workers and pilot_microbatches and run_batch_size and device == "cpu":
+            from pipeboard.trainer.runtime import pilot
+
+            prof.pilot = pilot.measure(prof, source, model_args, batch_size=run_batch_size,
+                                       microbatches=pilot_microbatches, workers=pilot_workers, cores=usable_cores(),
+                                       data=data, threads=threads, optimizer=optimizer)
     return prof.to_dict()
 
 
@@ -119,6 +130,10 @@ def main(argv: list[str] | None = None) -> int:
                         help="processes training the model on the profiled batch meanwhile (a run's other workers)")
     parser.add_argument("--run-batch-size", type=int, default=None,
                         help="with --calibrate: the run's batch (samples per step); time loading it from the task's data")
+    parser.add_argument("--pilot-workers", type=int, default=None,
+                        help="with --calibrate and --run-batch-size: pilot runs for this many local workers")
+    parser.add_argument("--pilot-microbatches", type=int, default=None,
+                        help="with --pilot-workers: microbatches per step of the pilot runs (the run's)")
     parser.add_argument("--data", default=None, help="data location, passed to the task factory as data=")
     parser.add_argument("--machine-cache", default=None,
                         help="with --calibrate: folder keeping this machine's link and overhead figures")
@@ -148,7 +163,9 @@ def main(argv: list[str] | None = None) -> int:
         data = profile(args.source, json.loads(args.model_args), args.batch_size, args.device, args.repeats,
                        optimizer=args.optimizer, weight_batch_size=args.weight_batch_size, calibrate=args.calibrate,
                        data=args.data, concurrent=args.concurrent, run_batch_size=args.run_batch_size,
-                       machine_cache=args.machine_cache, machine_max_age_s=args.machine_max_age)
+                       machine_cache=args.machine_cache, machine_max_age_s=args.machine_max_age,
+                       pilot_workers=args.pilot_workers, pilot_microbatches=args.pilot_microbatches,
+                       threads=args.threads)
     except Exception as exc:  # one line for the job's error, not a traceback
         print(f"profiling {args.source} failed: {type(exc).__name__}: {exc}", file=sys.stderr)
         return 1

@@ -52,14 +52,18 @@ def concurrent_workers(workers: int) -> int:
     return max(0, min(workers, usable_cores()) - 1)
 
 
-def calibration_args(workers: int, batch_size: int, weight_grads: str, optimizer: str | None = None) -> list[str]:
+def calibration_args(workers: int, batch_size: int, weight_grads: str, optimizer: str | None = None,
+                     microbatches: int | None = None) -> list[str]:
     """profile_run's flags that calibrate a profile for runs on ``workers`` local processes of
     ``batch_size`` samples per step: the link and the runtime's per-action overhead, the torch
     threads each worker will have, loading a batch, the other workers training meanwhile
     (``concurrent_workers``), and (batched weight gradients) the layers' weight gradients at the
-    whole batch."""
+    whole batch; with ``microbatches``, the pilot runs at the run's batch in that many
+    microbatches (pipeboard.trainer.runtime.pilot)."""
     args = ["--calibrate", "--threads", str(worker_threads(workers)), "--run-batch-size", str(batch_size),
             "--concurrent", str(concurrent_workers(workers))]
+    if microbatches:
+        args += ["--pilot-workers", str(workers), "--pilot-microbatches", str(microbatches)]
     if weight_grads == "batched":
         args += ["--weight-batch-size", str(batch_size)]
     if optimizer:

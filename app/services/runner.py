@@ -256,7 +256,8 @@ class JobRun:
             # per-action overhead; all with the torch threads each worker will have.
             whole, batch = batch, max(1, batch // int(spec.get("microbatches") or 1))
             calibration = profiles.calibration_args(job_workers(spec), whole, weight_grads_of(spec),
-                                                    (spec.get("hyperparameters") or {}).get("optimizer"))
+                                                    (spec.get("hyperparameters") or {}).get("optimizer"),
+                                                    int(spec.get("microbatches") or 1))
         key = profiles.cache_key(model + (f" data={spec['data']}" if spec.get("data") else ""), args, batch, device,
                                  calibration=calibration)
         row = profiles.cached(self.session, key, calibrated_too=job.kind == "profile")
@@ -266,7 +267,8 @@ class JobRun:
                 message += (f" ({calibration[2]} torch thread(s) per worker), then "
                             + ("at the batch size for the batched weight gradients, " if "--weight-batch-size" in calibration else "")
                             + "the link between two worker processes and the runtime's per-action overhead"
-                            " (a few seconds)")
+                            + (", and pilot runs of the runtime" if "--pilot-workers" in calibration else "")
+                            + " (a few seconds)")
             self.progress("profile", message)
             out = workdir / "profile.json"
             cmd = [sys.executable, "-m", "pipeboard.app.services.profile_run", "--source", source,

@@ -47,3 +47,33 @@ def test_steps_that_slow_down_for_good_are_not_pauses():
     # the step time doubles half-way through the tail: a slower steady state, counted
     times = {k: 0.1 * k if k < 30 else 3.0 + 0.2 * (k - 30) for k in range(40)}
     assert 0.12 < steady_step_s(times) < 0.2
+
+
+def test_a_pause_the_run_reported_is_cut_however_short():
+    # 70 ms steps; a 0.22 s checkpoint after step 20 is only 3x a step, under PAUSE_FACTOR
+    times, t = {}, 0.0
+    for k in range(30):
+        t += 0.070 + (0.150 if k == 20 else 0.0)
+        times[k] = t
+    assert steady_step_s(times) > 0.075  # without the run's word the checkpoint counts
+    assert steady_step_s(times, pauses={20}) == pytest.approx(0.070)
+
+
+def test_the_reporter_marks_the_step_after_a_pause_and_leaves_the_pause_out():
+    from pipeboard.trainer.runtime.report import Reporter
+    from pipeboard.trainer.schedule.measured import AFTER_PAUSE
+    from pipeboard.trainer.sink import ListSink
+
+    sink = ListSink()
+    reporter = Reporter(sink, world=1, batch_size=4, metric_name="m")
+    t = 0.0
+    for k in range(30):
+        if k == 20:
+            reporter.handle(("pause", 0, 20))  # the worker checkpoints before step 20
+            t += 0.150
+        t += 0.070
+        reporter.handle(("step", 0, k, t, 0.07, [1.0], 0, []))
+    reporter.maybe_flush(force=True)
+    marked = [r.step for r in sink.metrics if r.values.get(AFTER_PAUSE)]
+    assert marked == [21]  # the point of step index 20 (21 steps done)
+    assert reporter.summary(None, True, 3.0)["step_s"] == pytest.approx(0.070)

@@ -23,11 +23,13 @@ def as_recorded(costs, schedule="1f1b", p=2, batch_weight_grads=False):
     sim = simulate(repeat_iterations(one, STEPS), costs)
     out = []
     for w in {e.worker for e in sim.timeline}:
-        evs = sorted((e for e in sim.timeline if e.worker == w and e.end > e.start), key=lambda e: e.start)
+        # a zero-cost step still ends the worker's iteration
+        evs = sorted((e for e in sim.timeline if e.worker == w and (e.end > e.start or e.kind == "step")),
+                     key=lambda e: (e.start, e.end))
         steps, k = [], 0
         for e in evs:  # a worker's iteration ends with its optimizer step
             steps.append(replace(e, step=k))
-            k += e.kind == "step"
+            k += getattr(e.kind, "value", e.kind) == "step"
         evs = steps
         for prev, cur in zip(evs, evs[1:]):
             if cur.start > prev.end:

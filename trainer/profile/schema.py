@@ -10,7 +10,8 @@ profile loads with them unset): per layer, the input-gradient part of the backwa
 layer's parameters (``optimizer_ms``), the weight-gradient part of the backward measured at a
 larger batch (``weight_batched_ms`` at the profile's ``weight_batch_size``: what one batched
 W(-1) over several microbatches costs); per profile, the measured point-to-point ``link`` and the
-runtime's per-action ``overhead``. Older version 2 files without these still load.
+runtime's per-action ``overhead``, and the ``pilot`` runs' calibration of what the layers' times
+miss in a run. Older version 2 files without these still load.
 """
 
 from __future__ import annotations
@@ -190,6 +191,79 @@ class Overhead:
         return cls(samples=[dict(s) for s in raw["samples"]], microbatches=mbs, **per_run)
 
 
+PILOT_TERMS = ("forward", "backward", "backward_input", "weight", "weight_batched", "step")
+
+
+@dataclass
+class PilotKind:
+    """One pilot run's figures (``pipeboard.trainer.runtime.pilot``): per kind of action, measured
+    over predicted seconds (``factors``, keys of PILOT_TERMS); the runtime's time between recorded
+    actions per compute action (``gaps_ms``); for replicated stages, the all-reduce's time beyond
+    its predicted transfer (``allreduce_wait_ms``)."""
+
+    stages: int
+    replicas: int
+    factors: dict[str, float]
+    gaps_ms: float = 0.0
+    allreduce_wait_ms: float | None = None
+
+    @classmethod
+    def from_dict(cls, raw: Any, where: str) -> PilotKind:
+        if not isinstance(raw, dict):
+            raise ProfileError(f"profile JSON: {where} must be an object or null")
+        unknown = set(raw) - set(cls.__dataclass_fields__)
+        if unknown:
+            raise ProfileError(f"profile JSON: {where} has unknown field(s) {sorted(unknown)}")
+        for key in ("stages", "replicas"):
+            n = raw.get(key)
+            if isinstance(n, bool) or not isinstance(n, int) or n < 1:
+                raise ProfileError(f"profile JSON: {where}.{key} must be a positive integer, got {n!r}")
+        fs = raw.get("factors")
+        if not isinstance(fs, dict) or set(fs) - set(PILOT_TERMS) or not all(_is_size(v) and v > 0 for v in fs.values()):
+            raise ProfileError(f"profile JSON: {where}.factors must map names of {list(PILOT_TERMS)} to numbers > 0")
+        for key in ("gaps_ms", "allreduce_wait_ms"):
+            if raw.get(key) is not None and not _is_size(raw[key]):
+                raise ProfileError(f"profile JSON: {where}.{key} must be a finite number >= 0, got {raw[key]!r}")
+        return cls(stages=raw["stages"], replicas=raw["replicas"], factors={k: float(v) for k, v in fs.items()},
+                   gaps_ms=float(raw.get("gaps_ms") or 0.0),
+                   allreduce_wait_ms=None if raw.get("allreduce_wait_ms") is None else float(raw["allreduce_wait_ms"]))
+
+
+@dataclass
+class Pilot:
+    """The pilot runs of a profile (``pipeboard.trainer.runtime.pilot``): a pipeline of stages of
+    one replica and one replicated stage, each at the run's ``batch_size`` in ``microbatches``."""
+
+    pipeline: PilotKind | None
+    replicated: PilotKind | None
+    batch_size: int
+    microbatches: int
+    steps: int
+    wall_s: float = 0.0
+
+    def kind(self, replicas: int) -> PilotKind | None:
+        """The figures for a stage of ``replicas`` replicas."""
+        return self.replicated if replicas > 1 else self.pipeline
+
+    @classmethod
+    def from_dict(cls, raw: Any) -> Pilot:
+        if not isinstance(raw, dict):
+            raise ProfileError("profile JSON: field 'pilot' must be an object or null")
+        unknown = set(raw) - set(cls.__dataclass_fields__)
+        if unknown:
+            raise ProfileError(f"profile JSON: pilot has unknown field(s) {sorted(unknown)}")
+        for key in ("batch_size", "microbatches", "steps"):
+            n = raw.get(key)
+            if isinstance(n, bool) or not isinstance(n, int) or n < 1:
+                raise ProfileError(f"profile JSON: pilot.{key} must be a positive integer, got {n!r}")
+        if raw.get("wall_s") is not None and not _is_size(raw["wall_s"]):
+            raise ProfileError(f"profile JSON: pilot.wall_s must be a finite number >= 0, got {raw['wall_s']!r}")
+        kinds = {key: None if raw.get(key) is None else PilotKind.from_dict(raw[key], f"pilot.{key}")
+                 for key in ("pipeline", "replicated")}
+        return cls(**kinds, batch_size=raw["batch_size"], microbatches=raw["microbatches"], steps=raw["steps"],
+                   wall_s=float(raw.get("wall_s") or 0.0))
+
+
 def find_cycle(names: list[str], edges: list[tuple[str, str]]) -> list[str] | None:
     """A cycle of the edge graph as node names ``[a, b, ..., a]``, or None for a DAG.
 
@@ -258,6 +332,7 @@ class Profile:
     meta: dict[str, Any] = field(default_factory=dict)
     link: Link | None = None
     overhead: Overhead | None = None  # the runtime's per-action overhead (pipeboard.trainer.runtime.overhead)
+    pilot: Pilot | None = None  # what a run adds to the layers' times (pipeboard.trainer.runtime.pilot)
     weight_batch_size: int | None = None  # samples the layers' weight_batched_ms are for
 
     def layer_names(self) -> list[str]:
@@ -275,6 +350,7 @@ class Profile:
             "edges": [list(e) for e in self.edges],
             "link": None if self.link is None else asdict(self.link),
             "overhead": None if self.overhead is None else asdict(self.overhead),
+            "pilot": None if self.pilot is None else asdict(self.pilot),
             "weight_batch_size": self.weight_batch_size,
         }
 
@@ -332,6 +408,7 @@ class Profile:
             meta=data.get("meta", {}) or {},
             link=None if data.get("link") is None or version == 1 else Link.from_dict(data["link"]),
             overhead=None if data.get("overhead") is None or version == 1 else Overhead.from_dict(data["overhead"]),
+            pilot=None if data.get("pilot") is None or version == 1 else Pilot.from_dict(data["pilot"]),
             weight_batch_size=wbs,
         )
 

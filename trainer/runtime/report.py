@@ -1,7 +1,7 @@
 """The launcher's side of reporting: worker messages in, batched sink calls out.
 
-Workers send small tuples (``ready``, ``step`` or several steps' at once, ``steps``, ``eval``,
-``finished``, ``exit``, ``error``); this class turns them into ``TimelineEvent`` batches, one ``MetricRecord`` per completed step (loss,
+Workers send small tuples (``ready``, ``step`` or several steps' at once, ``steps``, ``pause``
+before an evaluation or a checkpoint, ``eval``, ``finished``, ``exit``, ``error``); this class turns them into ``TimelineEvent`` batches, one ``MetricRecord`` per completed step (loss,
 samples/s, per-stage utilisation and memory), evaluation records for time-to-accuracy, and the
 final summary. Sink calls are batched (at most every ``flush_s``) so a slow sink cannot slow the
 run: workers never wait for it.
@@ -14,7 +14,7 @@ from collections import defaultdict
 from typing import Any
 
 from pipeboard.trainer.schedule.actions import TimelineEvent
-from pipeboard.trainer.schedule.measured import steady_step_s
+from pipeboard.trainer.schedule.measured import AFTER_PAUSE, steady_step_s
 from pipeboard.trainer.sink import MetricRecord, Sink
 
 
@@ -30,6 +30,7 @@ class Reporter:
         self.records: list[MetricRecord] = []
         self.partial: dict[int, dict[int, tuple]] = defaultdict(dict)  # step -> rank -> stats
         self.step_time: dict[int, float] = {}  # step -> when its last worker finished it
+        self.pauses: set[int] = set()  # steps that complete after a pause (a checkpoint, an evaluation)
         self.losses: dict[int, float] = {}
         self.evals: list[tuple[int, float, float]] = []  # (step, wall_s, metric)
         self.errors: list[tuple[int, list[int], str, str]] = []
@@ -60,6 +61,8 @@ class Reporter:
         elif kind == "steps":  # a worker's batch of step reports (worker.StepReports)
             for report in msg[2]:
                 self._on_step(rank, *report)
+        elif kind == "pause":  # the run pauses before step msg[2]: its completion comes after it
+            self.pauses.add(msg[2])
         elif kind == "eval":
             _, _, step, wall, metric = msg
             if metric is not None:
@@ -90,6 +93,8 @@ class Reporter:
         all_losses = [x for p in parts.values() for x in p[2]]
         if all_losses:
             values["loss"] = self.losses[step] = sum(all_losses) / len(all_losses)
+        if step in self.pauses:
+            values[AFTER_PAUSE] = 1.0
         window = [k for k in range(step - 4, step + 1) if k in self.step_time and k - 1 in self.step_time]
         if window:
             span = self.step_time[window[-1]] - self.step_time[window[0] - 1]
@@ -124,7 +129,7 @@ class Reporter:
 
     def steady_samples_per_s(self) -> float | None:
         """Samples/s in the steady state: the batch over the measured time per step."""
-        step_s = steady_step_s(self.step_time)
+        step_s = steady_step_s(self.step_time, self.pauses)
         return self.batch_size / step_s if step_s else None
 
     def _onednn_products(self) -> int | None:
@@ -144,7 +149,7 @@ class Reporter:
         best_metric = (max if higher_is_better else min)(metrics) if metrics else None
         return {
             "samples_per_s": self.steady_samples_per_s(),
-            "step_s": steady_step_s(self.step_time),
+            "step_s": steady_step_s(self.step_time, self.pauses),
             "final_metric": final_metric,
             "metric_name": self.metric_name,
             "higher_is_better": higher_is_better,

@@ -21,6 +21,10 @@ which must be the microbatch size here):
   from the link's measured two-process all-reduce where it has one, else 2 (r - 1) / r of their
   bytes each way plus 2 (r - 1) point-to-point latencies).
 
+- the profile's ``pilot`` (optional): a pilot run's factor per kind of action, the runtime's time
+  between actions and a replicated stage's wait in the all-reduce (``pipeboard.trainer.runtime.pilot``),
+  applied to every cost above, the replicated pilot's to replicated stages;
+
 - ``overhead`` (optional, per stage): what the runtime adds to each action beyond the compute
   the profile measures (its Python bookkeeping, the loss on the last stage), measured by the
   caller, e.g. ``bench/predict.py``'s tiny-stage measurement, or ``profile_overhead`` from the
@@ -122,9 +126,11 @@ def stage_costs(
     link: Link | None = None,
     replicas: list[int] | None = None,
     overhead: list[ActionOverhead] | None = None,
+    pilot: bool = True,
 ) -> list[StageCosts]:
     """One StageCosts per stage (layer names per stage) from the microbatch profile; see the
-    module docstring for where each field comes from."""
+    module docstring for where each field comes from. ``pilot``: apply the profile's pilot runs
+    (when it has them; ``pipeboard.trainer.runtime.pilot`` measures them with ``pilot=False``)."""
     if batch_profile is not None and None not in (profile.batch_size, batch_profile.batch_size):
         if batch_profile.batch_size != profile.batch_size * microbatches:
             raise ScheduleError(f"batch_profile is for {batch_profile.batch_size} samples; W(-1) batches "
@@ -185,6 +191,18 @@ def stage_costs(
                 w_batched += (o.weight_call_s * 1e3 + ex) / microbatches + o.weight_per_microbatch_s * 1e3
             if allreduce:
                 allreduce += ex
+        run = profile.pilot.kind(replicas[k]) if pilot and profile.pilot is not None else None
+        if run is not None:  # what the pilot run measured beyond these, per kind of action
+            f, gap = run.factors, run.gaps_ms
+            fwd = fwd * f.get("forward", 1.0) + gap
+            bwd = bwd * f.get("backward", f.get("backward_input", 1.0)) + gap
+            bi = None if bi is None else bi * f.get("backward_input", 1.0) + gap
+            w = None if w is None else w * f.get("weight", f.get("weight_batched", 1.0)) + gap
+            if w_batched is not None:
+                w_batched = w_batched * f.get("weight_batched", 1.0) + gap / microbatches
+            step *= f.get("step", 1.0)
+            if allreduce and run.allreduce_wait_ms:
+                allreduce += run.allreduce_wait_ms
         costs.append(StageCosts(
             fwd_s=fwd / 1e3, bwd_s=bwd / 1e3,
             bwd_input_s=None if bi is None else bi / 1e3,

@@ -14,8 +14,9 @@ busiest worker's summed spans alone were 11% over it).
 The terms, per stage (one per physical stage, or per virtual stage for interleaved-1f1b):
 
 - ``forward``, ``backward``, ``backward_input``, ``weight``: the means of the measured F, B,
-  BI and W spans; a batched W(-1) span counts per microbatch it covers (the simulator charges
-  ``bwd_weight_batched_s`` per microbatch);
+  BI and W spans; a batched W(-1) span counts per microbatch it covers (the worker's forwards of
+  that step: a replica runs its share; the simulator charges ``bwd_weight_batched_s`` per
+  microbatch);
 - ``step`` (the optimizer step) and ``allreduce``: the means of their spans;
 - ``transfer_act``, ``transfer_grad``: from a send's start to the end of the receive that waited
   for it (only receives that were posted before the send started, so the span is the transfer,
@@ -91,12 +92,19 @@ def measured_terms(events: Iterable[TimelineEvent], microbatches: int) -> dict[t
     by_worker: dict[int, list[TimelineEvent]] = defaultdict(list)
     sends: dict[tuple[str, int, int, int], TimelineEvent] = {}
     recvs: list[TimelineEvent] = []
+    events = list(events)
+    # a replica runs its share of the step's microbatches: its W(-1) covers as many as it forwarded
+    forwards: dict[tuple[int, int, int], int] = defaultdict(int)
+    for e in events:
+        if (e.kind.value if isinstance(e.kind, Kind) else str(e.kind)) == Kind.FORWARD.value:
+            forwards[(e.worker, e.stage, e.step)] += 1
     for e in events:
         kind = e.kind.value if isinstance(e.kind, Kind) else str(e.kind)
         by_worker[e.worker].append(e)
         if kind in _COMPUTE_TERMS:
-            if kind == Kind.BACKWARD_WEIGHT.value and e.microbatch < 0:  # W(-1): all the step's microbatches
-                spans[("weight_batched", e.stage)].append((e.end - e.start) / microbatches)
+            if kind == Kind.BACKWARD_WEIGHT.value and e.microbatch < 0:  # W(-1): the step's microbatches of this worker
+                covered = forwards.get((e.worker, e.stage, e.step)) or microbatches
+                spans[("weight_batched", e.stage)].append((e.end - e.start) / covered)
             else:
                 spans[(_COMPUTE_TERMS[kind], e.stage)].append(e.end - e.start)
         elif kind in (Kind.SEND_ACT.value, Kind.SEND_GRAD.value):
@@ -112,7 +120,7 @@ def measured_terms(events: Iterable[TimelineEvent], microbatches: int) -> dict[t
         if send is not None and r.start <= send.start and r.end >= send.start:
             spans[(name, sender)].append(r.end - send.start)  # the sender's stage holds the transfer's cost
     for evs in by_worker.values():
-        evs.sort(key=lambda e: e.start)
+        evs.sort(key=lambda e: (e.start, e.end))
         per_step_gap: dict[int, float] = defaultdict(float)
         per_step_compute: dict[int, int] = defaultdict(int)
         stages: set[int] = set()

@@ -1,0 +1,146 @@
+"""Pilot runs: what a run's actions take beyond the profile's prediction, measured by the runtime
+itself, and applied to every prediction the profile makes."""
+
+from __future__ import annotations
+
+from dataclasses import asdict
+
+import pytest
+
+from pipeboard.trainer.profile.schema import Layer, Link, Pilot, PilotKind, Profile, ProfileError
+from pipeboard.trainer.runtime.pilot import even_stages, factors
+from pipeboard.trainer.schedule.actions import TimelineEvent
+from pipeboard.trainer.schedule.predict import stage_costs
+from pipeboard.trainer.schedule.refit import measured_terms
+
+
+def chain(n: int = 4, link: Link | None = None) -> Profile:
+    layers = [Layer(name=f"l{i}", forward_ms=1.0 + i, backward_ms=2.0, backward_input_ms=1.0, optimizer_ms=0.5,
+                    activation_bytes=1000.0, parameter_bytes=4000.0) for i in range(n)]
+    return Profile(layers=layers, edges=[(f"l{i}", f"l{i + 1}") for i in range(n - 1)], model="chain", batch_size=4,
+                   link=link)
+
+
+def test_even_stages_cut_by_profiled_time_into_contiguous_non_empty_stages():
+    prof = chain(4)  # forward + backward: 3, 4, 5, 6 ms
+    assert even_stages(prof, 2) == [["l0", "l1", "l2"], ["l3"]] or even_stages(prof, 2) == [["l0", "l1"], ["l2", "l3"]]
+    assert even_stages(prof, 4) == [["l0"], ["l1"], ["l2"], ["l3"]]
+    assert even_stages(prof, 9) == [["l0"], ["l1"], ["l2"], ["l3"]]  # at most one stage per layer
+    assert even_stages(prof, 1) == [["l0", "l1", "l2", "l3"]]
+    for count in (2, 3):
+        stages = even_stages(prof, count)
+        assert len(stages) == count and all(stages) and sum(stages, []) == prof.layer_names()
+
+
+def events_at(costs, scale: dict[str, float], gap_s: float = 0.0, steps: int = 4, microbatches: int = 2,
+              allreduce_s: float | None = None, replicas: int = 1) -> list[TimelineEvent]:
+    """What a run records when each kind of action takes ``scale`` times its predicted cost, with
+    ``gap_s`` between consecutive actions of a worker."""
+    out = []
+    for k, c in enumerate(costs):
+        for r in range(replicas):
+            worker, t = k * replicas + r, 0.0
+            for step in range(steps):
+                actions = [("F", c.fwd_s * scale["forward"])] * (microbatches // replicas)
+                actions += [("BI", c.bwd_input_s * scale["backward_input"])] * (microbatches // replicas)
+                actions += [("W", c.bwd_weight_batched_s * scale["weight_batched"] * (microbatches // replicas))]
+                if allreduce_s is not None:
+                    actions.append(("allreduce", allreduce_s))
+                actions.append(("step", c.step_s * scale["step"]))
+                for j, (kind, span) in enumerate(actions):
+                    mb = -1 if kind in ("W", "step", "allreduce") else j % max(1, microbatches // replicas)
+                    out.append(TimelineEvent(worker, k, r, mb, kind, t, t + span, step))
+                    t += span + gap_s
+    return out
+
+
+def test_factors_recover_how_much_longer_each_kind_of_action_took():
+    prof = chain(4)
+    for layer in prof.layers:
+        layer.weight_batched_ms = 0.8
+    prof.weight_batch_size = 8
+    stages = [["l0", "l1"], ["l2", "l3"]]
+    costs = stage_costs(prof, stages, microbatches=2, pilot=False)
+    scale = {"forward": 1.5, "backward_input": 1.2, "weight_batched": 2.0, "step": 3.0}
+    got = factors(prof, stages, [1, 1], events_at(costs, scale, gap_s=0.0001), microbatches=2, steps=4)
+    assert got.factors == pytest.approx(scale)
+    assert got.gaps_ms == pytest.approx(0.1 * 9 / 7, rel=0.3)  # 9 gaps of a step over its 7 compute actions
+    assert got.allreduce_wait_ms is None and (got.stages, got.replicas) == (2, 1)
+
+
+def test_a_replicated_pilot_keeps_the_all_reduce_beyond_its_transfer():
+    link = Link(latency_ms=0.05, bytes_per_ms=1e6)
+    prof = chain(2, link=link)
+    for layer in prof.layers:
+        layer.weight_batched_ms = 0.8
+    prof.weight_batch_size = 16
+    whole = [["l0", "l1"]]
+    costs = stage_costs(prof, whole, microbatches=4, replicas=[2], pilot=False)
+    assert costs[0].allreduce_s > 0
+    one = dict.fromkeys(("forward", "backward_input", "weight_batched", "step"), 1.0)
+    got = factors(prof, whole, [2], events_at(costs, one, steps=4, microbatches=4, replicas=2,
+                                              allreduce_s=costs[0].allreduce_s + 0.003), microbatches=4, steps=4)
+    assert got.allreduce_wait_ms == pytest.approx(3.0)
+    # a replica's W(-1) covers its own share of the microbatches (2 of 4), not all of them
+    assert got.factors["weight_batched"] == pytest.approx(1.0)
+
+
+def test_stage_costs_apply_the_pipeline_pilot_to_single_stages_and_the_replicated_one_to_replicas():
+    link = Link(latency_ms=0.05, bytes_per_ms=1e6)
+    prof = chain(4, link=link)
+    stages = [["l0", "l1"], ["l2", "l3"]]
+    plain = stage_costs(prof, stages, microbatches=2, replicas=[2, 1])
+    prof.pilot = Pilot(pipeline=PilotKind(2, 1, {"forward": 2.0, "step": 1.5}, gaps_ms=0.1),
+                       replicated=PilotKind(1, 2, {"forward": 3.0, "backward_input": 0.5}, gaps_ms=0.0,
+                                            allreduce_wait_ms=4.0),
+                       batch_size=8, microbatches=2, steps=16)
+    piloted = stage_costs(prof, stages, microbatches=2, replicas=[2, 1])
+    rep, one = piloted[0], piloted[1]
+    assert rep.fwd_s == pytest.approx(plain[0].fwd_s * 3.0)
+    assert rep.bwd_input_s == pytest.approx(plain[0].bwd_input_s * 0.5)
+    assert rep.step_s == pytest.approx(plain[0].step_s)
+    assert rep.allreduce_s == pytest.approx(plain[0].allreduce_s + 0.004)
+    assert one.fwd_s == pytest.approx(plain[1].fwd_s * 2.0 + 0.0001)
+    assert one.bwd_input_s == pytest.approx(plain[1].bwd_input_s + 0.0001)  # no factor: only the gap
+    assert one.step_s == pytest.approx(plain[1].step_s * 1.5)
+    assert one.allreduce_s == plain[1].allreduce_s == 0
+    assert stage_costs(prof, stages, microbatches=2, replicas=[2, 1], pilot=False) == plain
+
+
+def test_the_pilot_round_trips_and_bad_fields_are_refused():
+    prof = chain(2)
+    prof.pilot = Pilot(pipeline=PilotKind(2, 1, {"forward": 1.25}, gaps_ms=0.1), replicated=None, batch_size=8,
+                       microbatches=2, steps=16, wall_s=3.5)
+    back = Profile.from_dict(prof.to_dict())
+    assert back.pilot == prof.pilot
+    for change, match in [({"steps": 0}, "pilot.steps"), ({"extra": 1}, "unknown field"),
+                          ({"pipeline": {**asdict(prof.pilot.pipeline), "factors": {"forward": -1}}}, "factors"),
+                          ({"pipeline": {**asdict(prof.pilot.pipeline), "factors": {"bogus": 1}}}, "factors"),
+                          ({"replicated": {"stages": 1, "replicas": 0, "factors": {}}}, "replicas")]:
+        data = prof.to_dict()
+        data["pilot"] = {**data["pilot"], **change}
+        with pytest.raises(ProfileError, match=match):
+            Profile.from_dict(data)
+
+
+def test_a_replicas_batched_weight_pass_counts_its_own_microbatches():
+    evs = [TimelineEvent(0, 0, 0, j, "F", j, j + 0.5, 3) for j in range(2)]
+    evs.append(TimelineEvent(0, 0, 0, -1, "W", 2.0, 2.6, 3))
+    assert measured_terms(evs, microbatches=4)[("weight_batched", 0)] == [pytest.approx(0.3)]
+
+
+@pytest.mark.slow
+def test_a_pilot_of_a_zoo_model_measures_both_kinds_of_run(tmp_path):
+    """The runtime really runs: two stages, then one stage on two replicas."""
+    from pipeboard.app.services.profile_run import profile
+
+    data = profile("mlp-digits", {}, 8, calibrate=True, run_batch_size=16, weight_batch_size=16, threads=1,
+                   machine_cache=str(tmp_path), machine_max_age_s=3600, pilot_workers=2, pilot_microbatches=2)
+    pilot = Profile.from_dict(data).pilot
+    assert pilot is not None and (pilot.batch_size, pilot.microbatches) == (16, 2)
+    assert (pilot.pipeline.stages, pilot.pipeline.replicas) == (2, 1)
+    assert (pilot.replicated.stages, pilot.replicated.replicas) == (1, 2)
+    for kind in (pilot.pipeline, pilot.replicated):
+        assert set(kind.factors) >= {"forward", "backward_input", "weight_batched", "step"}
+        assert all(0.01 < f < 100 for f in kind.factors.values()), kind.factors
+    assert pilot.replicated.allreduce_wait_ms is not None and pilot.pipeline.allreduce_wait_ms is None

@@ -1,0 +1,115 @@
+"""Pilot runs: the runtime itself, a few steps of the model on this machine, to calibrate what the
+per-layer profile cannot see.
+
+A profile times each layer alone (with other processes training beside it). A run's stage walks
+its layers one after the other, in processes that share the cores and their caches with the other
+stages, the launcher and one another's optimizer steps; a replicated stage's all-reduce also waits
+for the slower replica. None of that is a property of one layer, and all of it depends on the
+model and the machine; so instead of guessing it, the profile phase runs the model:
+
+- a **pipeline** pilot: ``min(workers, cores)`` stages of about equal profiled time, 1F1B with the
+  job's microbatches and batched weight gradients;
+- a **replicated** pilot: the whole model as one stage on ``min(workers, cores)`` replicas.
+
+Each pilot's events over its second half (``pipeboard.trainer.schedule.refit.measured_terms``)
+are set against the same stages' predicted costs (``predict.stage_costs`` without a pilot): per
+action kind, the factor by which the measured spans exceed the prediction (summed over stages),
+the runtime's time between recorded actions per compute action (``gaps``), and for the replicated
+pilot the all-reduce's time beyond its predicted transfer (``allreduce_wait``: the replicas
+waiting for each other). ``predict.stage_costs`` applies the pipeline pilot to stages of one
+replica and the replicated pilot to replicated stages (``pipeboard.trainer.profile.schema.Pilot``).
+"""
+
+from __future__ import annotations
+
+import time
+from statistics import fmean
+from typing import Any
+
+from pipeboard.trainer.profile.schema import Pilot, PilotKind, Profile
+from pipeboard.trainer.runtime.config import RunConfig
+from pipeboard.trainer.schedule.predict import profile_overhead, stage_costs
+from pipeboard.trainer.schedule.refit import measured_terms
+from pipeboard.trainer.sink import ListSink
+
+PILOT_STEPS = 16  # the second half (8 steps) is measured: past the first allocations and the fill
+
+# measured term -> the StageCosts field it is set against
+_TERMS = {"forward": "fwd_s", "backward": "bwd_s", "backward_input": "bwd_input_s", "weight": "bwd_weight_s",
+          "weight_batched": "bwd_weight_batched_s", "step": "step_s"}
+
+
+def even_stages(profile: Profile, count: int) -> list[list[str]]:
+    """The profile's layers cut into ``count`` contiguous stages of about equal forward plus
+    backward time (each at least one layer)."""
+    layers = profile.layers
+    count = max(1, min(count, len(layers)))
+    cost = [max(1e-9, layer.forward_ms + layer.backward_ms) for layer in layers]
+    total, out, acc = sum(cost), [[]], 0.0
+    for i, layer in enumerate(layers):
+        left = len(layers) - i  # layers not placed yet, this one included
+        need = count - len(out)  # stages still to open after the current one
+        if out[-1] and need > 0 and (acc >= total * len(out) / count or left <= need):
+            out.append([])
+        out[-1].append(layer.name)
+        acc += cost[i]
+    return out
+
+
+def factors(profile: Profile, stages: list[list[str]], replicas: list[int], events: list[Any], microbatches: int,
+            steps: int) -> PilotKind:
+    """The pilot's figures: measured against predicted per kind of action (see the module docstring)."""
+    costs = stage_costs(profile, stages, microbatches=microbatches, replicas=replicas,
+                        overhead=profile_overhead(profile, stages), pilot=False)
+    steady = [e for e in events if e.step >= steps // 2]
+    spans = measured_terms(steady, microbatches)
+    out: dict[str, float] = {}
+    for name, field in _TERMS.items():
+        measured = predicted = 0.0
+        for k, c in enumerate(costs):
+            values = spans.get((name, k))
+            pred = getattr(c, field)
+            if values and pred:
+                measured += fmean(values)
+                predicted += pred
+        if predicted > 0:
+            out[name] = measured / predicted
+    gaps = [fmean(spans[("gaps", k)]) for k in range(len(costs)) if spans.get(("gaps", k))]
+    wait = None
+    if any(r > 1 for r in replicas):
+        waits = [fmean(spans[("allreduce", k)]) - c.allreduce_s for k, c in enumerate(costs) if spans.get(("allreduce", k))]
+        wait = max(0.0, fmean(waits)) * 1e3 if waits else None
+    return PilotKind(stages=len(stages), replicas=max(replicas), factors=out,
+                     gaps_ms=fmean(gaps) * 1e3 if gaps else 0.0, allreduce_wait_ms=wait)
+
+
+def _run(cfg: RunConfig) -> list[Any]:
+    from pipeboard.trainer.runtime.launch import run_training
+
+    sink = ListSink()
+    run_training(cfg, sink)
+    return sink.events
+
+
+def measure(profile: Profile, source: str, model_args: dict[str, Any], *, batch_size: int, microbatches: int,
+            workers: int, cores: int, data: str | None = None, threads: int | None = None,
+            optimizer: str | None = None, steps: int = PILOT_STEPS) -> Pilot:
+    """Both pilots of ``source`` for runs of ``batch_size`` samples in ``microbatches`` on
+    ``workers`` local processes sharing ``cores`` (a one-worker run has no replicated pilot; a
+    one-layer model no pipeline pilot)."""
+    width = max(1, min(workers, cores))
+    base = dict(model=source, model_args=dict(model_args), data=data, schedule="1f1b", batch_size=batch_size,
+                microbatches=microbatches, steps=steps, weight_grads="batched", threads=threads, optimizer=optimizer,
+                eval_at_end=False)
+    t0 = time.monotonic()
+    pipeline = replicated = None
+    stages = even_stages(profile, width)
+    if len(stages) > 1 or width == 1:
+        events = _run(RunConfig(**base, stages=stages, replicas=[1] * len(stages)))
+        pipeline = factors(profile, stages, [1] * len(stages), events, microbatches, steps)
+    if width > 1:
+        whole = [[layer.name for layer in profile.layers]]
+        events = _run(RunConfig(**base, stages=whole, replicas=[width]))
+        replicated = factors(profile, whole, [width], events, microbatches, steps)
+    return Pilot(pipeline=pipeline, replicated=replicated, batch_size=batch_size, microbatches=microbatches,
+                 steps=steps, wall_s=round(time.monotonic() - t0, 3))
