@@ -119,7 +119,7 @@ def _plan_inputs(session: Session, job: Job) -> tuple[Any, Any, list[int]] | Non
     if chunks > 1:
         costs = stage_costs(sched, costs)  # one per virtual stage, as the schedule names them
     replicas = ([data_parallel_costs_from_plan(plan.data)[1]] if registry.is_data_parallel(schedule)
-                else planning.stage_replicas(plan.data))
+                else planning.stage_replicas(plan.data) if chunks == 1 else None)
     return costs, sched, replicas
 
 

@@ -126,9 +126,9 @@ def profile_costs(plan_obj: Any, schedule: str, microbatches: int, profile_data:
     from pipeboard.trainer.profile.schema import Profile, ProfileError
     from pipeboard.trainer.schedule.predict import profile_overhead, stage_costs
 
-    # interleaved-1f1b: the runtime splits the plan's stages into chunks x stages virtual ones,
-    # which the plan does not name; their costs are the planner's
-    if profile_data is None or registry.is_data_parallel(schedule) or chunks > 1:
+    # interleaved-1f1b: the plan's stages are the run's virtual stages, in order (chunks x workers
+    # of them; pipeboard.trainer.runtime.layout.resolve), one StageCosts each
+    if profile_data is None or registry.is_data_parallel(schedule):
         return None
     try:
         prof = Profile.from_dict(profile_data)
@@ -139,7 +139,7 @@ def profile_costs(plan_obj: Any, schedule: str, microbatches: int, profile_data:
         return None
     d = plan_obj.to_dict() if hasattr(plan_obj, "to_dict") else plan_obj
     stages = [list(st.get("layers") or []) for st in d.get("stages") or []]
-    if not stages or not all(stages):
+    if not stages or not all(stages) or len(stages) % chunks:
         return None
     replicas = stage_replicas(d)
     return stage_costs(prof, stages, microbatches=microbatches, replicas=replicas,
@@ -184,8 +184,8 @@ def simulate(plan_obj: Any, schedule: str, microbatches: int, *, samples_per_mic
             cores = (profile_data.get("meta") or {}).get("cores")
             sim.steady_step_s = steady_step_s(costs, schedule, microbatches,
                                               batch_weight_grads=bool(sched.meta.get("batch_weight_grads")),
-                                              replicas=stage_replicas(plan_obj),
-                                              cores=cores if isinstance(cores, int) else None)
+                                              replicas=stage_replicas(plan_obj) if chunks == 1 else None,
+                                              chunks=chunks, cores=cores if isinstance(cores, int) else None)
         return sched, sim
     except (ConfigError, ScheduleError, ValueError) as exc:
         raise ServiceError(f"schedule: {schedule!r} cannot run this plan: {exc}", status=422, field="schedule") from None
