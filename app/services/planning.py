@@ -36,19 +36,41 @@ def make_plan(profile_data: dict[str, Any], levels: list[tuple[int, float]], *, 
         profile = Profile.from_dict(profile_data)
     except ProfileError as exc:
         raise ServiceError(f"profile_id: stored profile is invalid: {exc}", status=422, field="profile_id") from None
+    if chunks > 1:  # one plan stage per virtual stage: chunks for every worker
+        levels = virtual_levels(levels, chunks)
     try:
         chosen = plan(profile, levels=levels, memory_bytes=memory_bytes, memory_constraint=memory_bytes is not None,
                       method=method)
+        if chunks > 1 and not _one_worker_per_stage(chosen, levels[0][0]):
+            # a replicated or merged stage cannot be a chunk: the even split by time instead
+            chosen = plan(profile, levels=levels, method="time")
     except PlanError as exc:
         text = str(exc)
         field = "memory_bytes" if "memory" in text.lower() else "levels"
         raise ServiceError(f"{field}: {text}", status=422, field=field) from None
+    if chunks > 1 and not _one_worker_per_stage(chosen, levels[0][0]):
+        raise ServiceError(f"chunks: {chunks} chunks on each of {levels[0][0] // chunks} workers need "
+                           f"{levels[0][0]} stages; the model has {len(profile.layers)} layers", status=422,
+                           field="chunks")
     # the baselines do not plan under a memory cap: with one, PipeDream's plan stands
     if method != PIPEDREAM_PLANNER or schedule is None or microbatches is None or memory_bytes is not None:
         return chosen
     ranked = ranked_candidates(profile_data, levels, chosen, schedule, microbatches, weight_grads=weight_grads,
                                chunks=chunks)
     return ranked[0][1] if ranked else chosen
+
+
+def virtual_levels(levels: list[tuple[int, float]], chunks: int) -> list[tuple[int, float]]:
+    """The one level an interleaved run's plan is made for: a stage per virtual stage, ``chunks``
+    on each of the cluster's workers (over its slowest link)."""
+    from pipeboard.trainer.plan.cluster import total_workers
+
+    return [(total_workers(levels) * chunks, min(bw for _, bw in levels))]
+
+
+def _one_worker_per_stage(plan_obj: Any, stages: int) -> bool:
+    d = plan_obj.to_dict()
+    return len(d.get("stages") or []) == stages and all(int(st.get("replicas") or 1) == 1 for st in d["stages"])
 
 
 def ranked_candidates(profile_data: dict[str, Any], levels: list[tuple[int, float]], planned: Any, schedule: str,
@@ -61,7 +83,7 @@ def ranked_candidates(profile_data: dict[str, Any], levels: list[tuple[int, floa
     from pipeboard.trainer.plan import METHODS, PlanError, plan
     from pipeboard.trainer.profile.schema import Profile
 
-    if registry.is_data_parallel(schedule) or chunks > 1:  # the runtime's own layout, not the plan's stages
+    if registry.is_data_parallel(schedule):  # the runtime's own layout, not the plan's stages
         return []
     profile = Profile.from_dict(profile_data)
     weighted = {layer.name for layer in profile.layers if layer.parameter_bytes > 0}
@@ -76,9 +98,12 @@ def ranked_candidates(profile_data: dict[str, Any], levels: list[tuple[int, floa
         # a stage without parameters cannot train (its optimizer would have none to step)
         if key in seen or any(not weighted.intersection(layers) for layers, _ in key):
             continue
+        if chunks > 1 and not _one_worker_per_stage(cand, levels[0][0]):  # levels: virtual_levels
+            continue
         seen.add(key)
         try:
-            _, sim = simulate(cand, schedule, microbatches, weight_grads=weight_grads, profile_data=profile_data)
+            _, sim = simulate(cand, schedule, microbatches, weight_grads=weight_grads, profile_data=profile_data,
+                              chunks=chunks)
         except ServiceError:
             continue
         if sim.steady_step_s is None:
@@ -182,10 +207,16 @@ def simulate(plan_obj: Any, schedule: str, microbatches: int, *, samples_per_mic
             # one's drain: its time per step (batch_size / samples_per_s) is the steady state.
             # the profiled machine's cores (profile_run records them): the run's workers share them
             cores = (profile_data.get("meta") or {}).get("cores")
+            cores = cores if isinstance(cores, int) else None
             sim.steady_step_s = steady_step_s(costs, schedule, microbatches,
                                               batch_weight_grads=bool(sched.meta.get("batch_weight_grads")),
                                               replicas=stage_replicas(plan_obj) if chunks == 1 else None,
-                                              chunks=chunks, cores=cores if isinstance(cores, int) else None)
+                                              chunks=chunks, cores=cores)
+            pilot = (profile_data.get("pilot") or {}) if isinstance(profile_data, dict) else {}
+            if pilot:  # more workers than cores: what the pilot measured the OS's taking turns adds
+                from pipeboard.trainer.profile.schema import Pilot
+
+                sim.steady_step_s *= Pilot.from_dict(pilot).step_factor(len(sched.workers), cores)
         return sched, sim
     except (ConfigError, ScheduleError, ValueError) as exc:
         raise ServiceError(f"schedule: {schedule!r} cannot run this plan: {exc}", status=422, field="schedule") from None

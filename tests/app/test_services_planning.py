@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import pytest
+
 from pipeboard.app.services import planning
 from pipeboard.trainer.profile.schema import Layer, Link, Overhead, Profile
 
@@ -60,3 +62,26 @@ def test_splits_that_leave_a_stage_without_parameters_are_not_candidates():
 
     uniform = plan(Profile.from_dict(data), levels=levels, method="uniform").to_dict()
     assert any(not weighted.intersection(st["layers"]) for st in uniform["stages"])  # what was left out
+
+
+def test_an_interleaved_plan_has_a_stage_per_chunk_of_every_worker():
+    """interleaved-1f1b with 2 chunks on 2 workers: 4 plan stages (the run's virtual stages), none
+    replicated, predicted from the profile; too few layers for them is a 422 naming chunks."""
+    from pipeboard.app.services import planning
+    from pipeboard.app.services.errors import ServiceError
+    from pipeboard.trainer.profile.schema import Layer, Link, Profile
+
+    layers = [Layer(name=f"l{i}", forward_ms=1.0, backward_ms=2.0, backward_input_ms=1.0, optimizer_ms=0.1,
+                    activation_bytes=1000.0, parameter_bytes=4000.0, weight_batched_ms=1.5) for i in range(6)]
+    prof = Profile(layers=layers, edges=[(f"l{i}", f"l{i + 1}") for i in range(5)], model="chain", batch_size=4,
+                   link=Link(latency_ms=0.05, bytes_per_ms=1e6), weight_batch_size=16).to_dict()
+    for method in ("pipedream", "uniform"):
+        made = planning.make_plan(prof, planning.levels_of(None, 2), memory_bytes=None, method=method,
+                                  schedule="interleaved-1f1b", microbatches=4, chunks=2)
+        stages = made.to_dict()["stages"]
+        assert len(stages) == 4 and all((st.get("replicas") or 1) == 1 for st in stages), stages
+        _, sim = planning.simulate(made, "interleaved-1f1b", 4, chunks=2, profile_data=prof)
+        assert sim.cost_model == "profile" and sim.steady_step_s > 0
+    with pytest.raises(ServiceError, match="chunks"):
+        planning.make_plan(prof, planning.levels_of(None, 4), memory_bytes=None, method="pipedream",
+                           schedule="interleaved-1f1b", microbatches=4, chunks=2)

@@ -144,3 +144,36 @@ def test_a_pilot_of_a_zoo_model_measures_both_kinds_of_run(tmp_path):
         assert set(kind.factors) >= {"forward", "backward_input", "weight_batched", "step"}
         assert all(0.01 < f < 100 for f in kind.factors.values()), kind.factors
     assert pilot.replicated.allreduce_wait_ms is not None and pilot.pipeline.allreduce_wait_ms is None
+
+
+def test_more_workers_than_cores_take_the_oversubscribed_pilots_factor():
+    pilot = Pilot(pipeline=None, replicated=None, batch_size=8, microbatches=2, steps=16, oversubscribed_workers=4,
+                  oversubscribed_factor=1.25)
+    assert pilot.step_factor(4, 2) == 1.25 and pilot.step_factor(3, 2) == 1.25
+    assert pilot.step_factor(2, 2) == 1.0 and pilot.step_factor(4, None) == 1.0
+    assert Pilot(None, None, 8, 2, 16).step_factor(4, 2) == 1.0  # not measured
+    prof = chain(2)
+    prof.pilot = pilot
+    assert Profile.from_dict(prof.to_dict()).pilot == pilot
+    data = prof.to_dict()
+    data["pilot"]["oversubscribed_factor"] = 0
+    with pytest.raises(ProfileError, match="oversubscribed_factor"):
+        Profile.from_dict(data)
+
+
+def test_the_oversubscribed_factor_is_the_measured_step_over_the_piloted_prediction():
+    from pipeboard.trainer.runtime.pilot import oversubscribed_factor
+    from pipeboard.trainer.schedule.predict import profile_overhead, steady_step_s
+
+    prof = chain(4)
+    for layer in prof.layers:
+        layer.weight_batched_ms = 0.8
+    prof.weight_batch_size = 8
+    stages = [[f"l{i}"] for i in range(4)]
+    pipeline = PilotKind(2, 1, {"forward": 2.0}, gaps_ms=0.0)
+    piloted = Profile.from_dict({**prof.to_dict(), "pilot": {"pipeline": asdict(pipeline), "replicated": None,
+                                                               "batch_size": 8, "microbatches": 2, "steps": 16}})
+    predicted = steady_step_s(stage_costs(piloted, stages, microbatches=2, overhead=profile_overhead(prof, stages)),
+                              "1f1b", 2, batch_weight_grads=True, cores=2)
+    assert oversubscribed_factor(prof, pipeline, stages, 2, 2, 1.5 * predicted) == pytest.approx(1.5)
+    assert oversubscribed_factor(prof, pipeline, stages, 2, 2, None) is None

@@ -240,6 +240,17 @@ class Pilot:
     microbatches: int
     steps: int
     wall_s: float = 0.0
+    # more workers than cores: a pipeline of that many workers' measured step over its prediction
+    # (the pipeline pilot's figures and the cores' busy-time bound applied): the OS taking turns
+    oversubscribed_workers: int | None = None
+    oversubscribed_factor: float | None = None
+
+    def step_factor(self, workers: int, cores: int | None) -> float:
+        """What a run of ``workers`` on ``cores`` takes per step beyond its prediction (1: as many
+        cores as workers, or not measured)."""
+        if cores is None or workers <= cores or not self.oversubscribed_factor:
+            return 1.0
+        return self.oversubscribed_factor
 
     def kind(self, replicas: int) -> PilotKind | None:
         """The figures for a stage of ``replicas`` replicas."""
@@ -258,10 +269,17 @@ class Pilot:
                 raise ProfileError(f"profile JSON: pilot.{key} must be a positive integer, got {n!r}")
         if raw.get("wall_s") is not None and not _is_size(raw["wall_s"]):
             raise ProfileError(f"profile JSON: pilot.wall_s must be a finite number >= 0, got {raw['wall_s']!r}")
+        n = raw.get("oversubscribed_workers")
+        if n is not None and (isinstance(n, bool) or not isinstance(n, int) or n < 2):
+            raise ProfileError(f"profile JSON: pilot.oversubscribed_workers must be an integer >= 2 or null, got {n!r}")
+        f = raw.get("oversubscribed_factor")
+        if f is not None and not (_is_size(f) and f > 0):
+            raise ProfileError(f"profile JSON: pilot.oversubscribed_factor must be a number > 0 or null, got {f!r}")
         kinds = {key: None if raw.get(key) is None else PilotKind.from_dict(raw[key], f"pilot.{key}")
                  for key in ("pipeline", "replicated")}
         return cls(**kinds, batch_size=raw["batch_size"], microbatches=raw["microbatches"], steps=raw["steps"],
-                   wall_s=float(raw.get("wall_s") or 0.0))
+                   wall_s=float(raw.get("wall_s") or 0.0), oversubscribed_workers=n,
+                   oversubscribed_factor=None if f is None else float(f))
 
 
 def find_cycle(names: list[str], edges: list[tuple[str, str]]) -> list[str] | None:

@@ -9,7 +9,10 @@ model and the machine; so instead of guessing it, the profile phase runs the mod
 
 - a **pipeline** pilot: ``min(workers, cores)`` stages of about equal profiled time, 1F1B with the
   job's microbatches and batched weight gradients;
-- a **replicated** pilot: the whole model as one stage on ``min(workers, cores)`` replicas.
+- a **replicated** pilot: the whole model as one stage on ``min(workers, cores)`` replicas;
+- with more workers than cores, an **oversubscribed** pilot: ``workers`` stages, whose measured
+  steady step over its prediction (the pipeline pilot's figures applied, the cores' busy-time
+  bound included) is what the OS's taking turns adds (``Pilot.step_factor``).
 
 Each pilot's events over its second half (``pipeboard.trainer.schedule.refit.measured_terms``)
 are set against the same stages' predicted costs (``predict.stage_costs`` without a pilot): per
@@ -83,12 +86,30 @@ def factors(profile: Profile, stages: list[list[str]], replicas: list[int], even
                      gaps_ms=fmean(gaps) * 1e3 if gaps else 0.0, allreduce_wait_ms=wait)
 
 
-def _run(cfg: RunConfig) -> list[Any]:
+def _run(cfg: RunConfig) -> tuple[list[Any], dict[str, Any]]:
     from pipeboard.trainer.runtime.launch import run_training
 
     sink = ListSink()
-    run_training(cfg, sink)
-    return sink.events
+    summary = run_training(cfg, sink)
+    return sink.events, summary
+
+
+def oversubscribed_factor(profile: Profile, pipeline: PilotKind, stages: list[list[str]], microbatches: int,
+                          cores: int, measured_step_s: float | None) -> float | None:
+    """A run of ``stages`` (more than ``cores``) measured ``measured_step_s`` a step: over the
+    prediction with the pipeline pilot's figures and the busy-time bound of ``cores``."""
+    from dataclasses import replace
+
+    from pipeboard.trainer.profile.schema import Pilot
+    from pipeboard.trainer.schedule.predict import steady_step_s
+
+    if not measured_step_s:
+        return None
+    with_pilot = replace(profile, pilot=Pilot(pipeline=pipeline, replicated=None, batch_size=1, microbatches=1, steps=1))
+    costs = stage_costs(with_pilot, stages, microbatches=microbatches, replicas=[1] * len(stages),
+                        overhead=profile_overhead(profile, stages))
+    predicted = steady_step_s(costs, "1f1b", microbatches, batch_weight_grads=True, cores=cores)
+    return measured_step_s / predicted if predicted > 0 else None
 
 
 def measure(profile: Profile, source: str, model_args: dict[str, Any], *, batch_size: int, microbatches: int,
@@ -105,11 +126,18 @@ def measure(profile: Profile, source: str, model_args: dict[str, Any], *, batch_
     pipeline = replicated = None
     stages = even_stages(profile, width)
     if len(stages) > 1 or width == 1:
-        events = _run(RunConfig(**base, stages=stages, replicas=[1] * len(stages)))
+        events, _ = _run(RunConfig(**base, stages=stages, replicas=[1] * len(stages)))
         pipeline = factors(profile, stages, [1] * len(stages), events, microbatches, steps)
     if width > 1:
         whole = [[layer.name for layer in profile.layers]]
-        events = _run(RunConfig(**base, stages=whole, replicas=[width]))
+        events, _ = _run(RunConfig(**base, stages=whole, replicas=[width]))
         replicated = factors(profile, whole, [width], events, microbatches, steps)
+    over_workers = over_factor = None
+    many = even_stages(profile, workers)
+    if workers > cores and len(many) == workers and pipeline is not None:
+        _, summary = _run(RunConfig(**base, stages=many, replicas=[1] * workers))
+        over_factor = oversubscribed_factor(profile, pipeline, many, microbatches, cores, summary.get("step_s"))
+        over_workers = workers if over_factor else None
     return Pilot(pipeline=pipeline, replicated=replicated, batch_size=batch_size, microbatches=microbatches,
-                 steps=steps, wall_s=round(time.monotonic() - t0, 3))
+                 steps=steps, wall_s=round(time.monotonic() - t0, 3), oversubscribed_workers=over_workers,
+                 oversubscribed_factor=over_factor)
