@@ -6,10 +6,13 @@ every stage, so ``refit`` replaces each predicted per-action cost with the mean 
 measured for it, and simulates the steady step again with those costs (``predict.steady_step_s``,
 the same simulation the a-priori prediction used). What moved is reported term by term.
 
-The mean, not the median: a step's time is the sum of its actions, and on a machine the run
-shares, actions the scheduler preempted make a long tail that is real time; a median drops it
-(the mlp 8 x 1,024 under load: medians re-fitted a step 22% short of the measured one, the
-busiest worker's summed spans alone were 11% over it).
+The mean, not the median, of the actions of each microbatch (F, B, BI, W): a step's time is the
+sum of its actions, and on a machine the run shares, actions the scheduler preempted make a long
+tail that is real time; a median drops it (the mlp 8 x 1,024 under load: medians re-fitted a step
+22% short of the measured one, the busiest worker's summed spans alone were 11% over it). The
+median of the terms that come once per step (the optimizer step, the all-reduce, W(-1), the gaps):
+the correction sees four steps, and the first of them can still be warming up (docs/fidelity.md
+has the measured case).
 
 The terms, per stage (one per physical stage, or per virtual stage for interleaved-1f1b):
 
@@ -46,6 +49,7 @@ MOVED = 0.05
 _COMPUTE_TERMS = {Kind.FORWARD.value: "forward", Kind.BACKWARD.value: "backward",
                   Kind.BACKWARD_INPUT.value: "backward_input", Kind.BACKWARD_WEIGHT.value: "weight",
                   Kind.STEP.value: "step", Kind.ALLREDUCE.value: "allreduce"}
+_ONCE_PER_STEP = {"step", "allreduce", "weight_batched", "gaps"}
 _COMPUTE = (Kind.FORWARD.value, Kind.BACKWARD.value, Kind.BACKWARD_INPUT.value, Kind.BACKWARD_WEIGHT.value)
 
 
@@ -152,7 +156,9 @@ def refit(costs: list[StageCosts], events: Iterable[TimelineEvent], *, schedule:
             values = spans.get((name, k))
             if not values:
                 continue
-            got[name] = fmean(values)
+            # one sample per step (the step, the all-reduce, W(-1), the gaps): over the few steps
+            # a correction sees, one warm-up step would decide a mean
+            got[name] = median(values) if name in _ONCE_PER_STEP else fmean(values)
             terms.append(Term(name, k, _predicted(c, name), got[name], len(values)))
         gap = got.get("gaps", 0.0)
         fwd = got.get("forward", c.fwd_s) + gap
