@@ -41,17 +41,22 @@ def make_plan(profile_data: dict[str, Any], levels: list[tuple[int, float]], *, 
     try:
         chosen = plan(profile, levels=levels, memory_bytes=memory_bytes, memory_constraint=memory_bytes is not None,
                       method=method)
-        if chunks > 1 and not _one_worker_per_stage(chosen, levels[0][0]):
+        if chunks > 1 and not _one_worker_per_stage(chosen, levels[0][0], profile):
             # a replicated or merged stage cannot be a chunk: the even split by time instead
             chosen = plan(profile, levels=levels, method="time")
     except PlanError as exc:
         text = str(exc)
         field = "memory_bytes" if "memory" in text.lower() else "levels"
         raise ServiceError(f"{field}: {text}", status=422, field=field) from None
-    if chunks > 1 and not _one_worker_per_stage(chosen, levels[0][0]):
-        raise ServiceError(f"chunks: {chunks} chunks on each of {levels[0][0] // chunks} workers need "
-                           f"{levels[0][0]} stages; the model has {len(profile.layers)} layers", status=422,
-                           field="chunks")
+    if chunks > 1 and not _one_worker_per_stage(chosen, levels[0][0], profile):
+        ranked = ranked_candidates(profile_data, levels, chosen, schedule, microbatches, weight_grads=weight_grads,
+                                   chunks=chunks) if schedule is not None and microbatches is not None else []
+        if not ranked:
+            trainable = sum(1 for layer in profile.layers if layer.parameter_bytes > 0)
+            raise ServiceError(f"chunks: {chunks} chunks on each of {levels[0][0] // chunks} workers need "
+                               f"{levels[0][0]} stages with parameters; the model has {trainable} layers with "
+                               "parameters, or no even split gives each stage some", status=422, field="chunks")
+        return ranked[0][1]
     # the baselines do not plan under a memory cap: with one, PipeDream's plan stands
     if method != PIPEDREAM_PLANNER or schedule is None or microbatches is None or memory_bytes is not None:
         return chosen
@@ -68,9 +73,12 @@ def virtual_levels(levels: list[tuple[int, float]], chunks: int) -> list[tuple[i
     return [(total_workers(levels) * chunks, min(bw for _, bw in levels))]
 
 
-def _one_worker_per_stage(plan_obj: Any, stages: int) -> bool:
+def _one_worker_per_stage(plan_obj: Any, stages: int, profile: Any) -> bool:
+    """Whether the plan has ``stages`` stages of one replica each, every one with parameters."""
     d = plan_obj.to_dict()
-    return len(d.get("stages") or []) == stages and all(int(st.get("replicas") or 1) == 1 for st in d["stages"])
+    weighted = {layer.name for layer in profile.layers if layer.parameter_bytes > 0}
+    return (len(d.get("stages") or []) == stages and all(int(st.get("replicas") or 1) == 1 for st in d["stages"])
+            and all(weighted.intersection(st.get("layers") or []) for st in d["stages"]))
 
 
 def ranked_candidates(profile_data: dict[str, Any], levels: list[tuple[int, float]], planned: Any, schedule: str,
@@ -98,7 +106,7 @@ def ranked_candidates(profile_data: dict[str, Any], levels: list[tuple[int, floa
         # a stage without parameters cannot train (its optimizer would have none to step)
         if key in seen or any(not weighted.intersection(layers) for layers, _ in key):
             continue
-        if chunks > 1 and not _one_worker_per_stage(cand, levels[0][0]):  # levels: virtual_levels
+        if chunks > 1 and not _one_worker_per_stage(cand, levels[0][0], profile):  # levels: virtual_levels
             continue
         seen.add(key)
         try:

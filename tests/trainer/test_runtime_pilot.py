@@ -177,3 +177,23 @@ def test_the_oversubscribed_factor_is_the_measured_step_over_the_piloted_predict
                               "1f1b", 2, batch_weight_grads=True, cores=2)
     assert oversubscribed_factor(prof, pipeline, stages, 2, 2, 1.5 * predicted) == pytest.approx(1.5)
     assert oversubscribed_factor(prof, pipeline, stages, 2, 2, None) is None
+
+
+def test_even_stages_give_every_stage_parameters():
+    prof = chain(6)
+    for i in (1, 3, 4, 5):  # l0 W, l1 -, l2 W, l3 -, l4 -, l5 -: two stages at most
+        prof.layers[i].parameter_bytes = 0.0
+    assert even_stages(prof, 4) == [["l0"], ["l1", "l2", "l3", "l4", "l5"]]
+    assert even_stages(prof, 1) == [[f"l{i}" for i in range(6)]]
+
+
+def test_a_pilot_that_fails_leaves_its_figures_out(monkeypatch):
+    from pipeboard.trainer.runtime import pilot as pilot_mod
+    from pipeboard.trainer.runtime.launch import RunFailed
+
+    def fail(cfg, sink):
+        raise RunFailed("stage 1 (rank 1) failed: ValueError: optimizer got an empty parameter list")
+
+    monkeypatch.setattr("pipeboard.trainer.runtime.launch.run_training", fail)
+    got = pilot_mod.measure(chain(4), "chain", {}, batch_size=8, microbatches=2, workers=4, cores=2)
+    assert got.pipeline is None and got.replicated is None and got.oversubscribed_factor is None

@@ -10,7 +10,8 @@ model and the machine; so instead of guessing it, the profile phase runs the mod
 - a **pipeline** pilot: ``min(workers, cores)`` stages of about equal profiled time, 1F1B with the
   job's microbatches and batched weight gradients;
 - a **replicated** pilot: the whole model as one stage on ``min(workers, cores)`` replicas;
-- with more workers than cores, an **oversubscribed** pilot: ``workers`` stages, whose measured
+- with more workers than cores, an **oversubscribed** pilot: ``workers`` stages (fewer where too
+  few layers have parameters, as long as they outnumber the cores), whose measured
   steady step over its prediction (the pipeline pilot's figures applied, the cores' busy-time
   bound included) is what the OS's taking turns adds (``Pilot.step_factor``).
 
@@ -25,6 +26,7 @@ replica and the replicated pilot to replicated stages (``pipeboard.trainer.profi
 
 from __future__ import annotations
 
+import logging
 import time
 from statistics import fmean
 from typing import Any
@@ -35,6 +37,8 @@ from pipeboard.trainer.schedule.predict import profile_overhead, stage_costs
 from pipeboard.trainer.schedule.refit import measured_terms
 from pipeboard.trainer.sink import ListSink
 
+log = logging.getLogger(__name__)
+
 PILOT_STEPS = 16  # the second half (8 steps) is measured: past the first allocations and the fill
 
 # measured term -> the StageCosts field it is set against
@@ -43,19 +47,28 @@ _TERMS = {"forward": "fwd_s", "backward": "bwd_s", "backward_input": "bwd_input_
 
 
 def even_stages(profile: Profile, count: int) -> list[list[str]]:
-    """The profile's layers cut into ``count`` contiguous stages of about equal forward plus
-    backward time (each at least one layer)."""
-    layers = profile.layers
-    count = max(1, min(count, len(layers)))
-    cost = [max(1e-9, layer.forward_ms + layer.backward_ms) for layer in layers]
+    """The profile's layers cut into at most ``count`` contiguous stages of about equal forward
+    plus backward time, each with parameters to train (a layer without any goes with the next
+    layer that has some; the last ones with the last stage): fewer when too few layers have any."""
+    units: list[list[int]] = [[]]
+    for i, layer in enumerate(profile.layers):
+        units[-1].append(i)
+        if layer.parameter_bytes > 0:
+            units.append([])
+    if not units[-1]:
+        units.pop()
+    elif len(units) > 1 and not any(profile.layers[i].parameter_bytes > 0 for i in units[-1]):
+        units[-2].extend(units.pop())
+    count = max(1, min(count, len(units)))
+    cost = [sum(max(1e-9, profile.layers[i].forward_ms + profile.layers[i].backward_ms) for i in u) for u in units]
     total, out, acc = sum(cost), [[]], 0.0
-    for i, layer in enumerate(layers):
-        left = len(layers) - i  # layers not placed yet, this one included
+    for j, unit in enumerate(units):
+        left = len(units) - j  # units not placed yet, this one included
         need = count - len(out)  # stages still to open after the current one
         if out[-1] and need > 0 and (acc >= total * len(out) / count or left <= need):
             out.append([])
-        out[-1].append(layer.name)
-        acc += cost[i]
+        out[-1].extend(profile.layers[i].name for i in unit)
+        acc += cost[j]
     return out
 
 
@@ -86,11 +99,17 @@ def factors(profile: Profile, stages: list[list[str]], replicas: list[int], even
                      gaps_ms=fmean(gaps) * 1e3 if gaps else 0.0, allreduce_wait_ms=wait)
 
 
-def _run(cfg: RunConfig) -> tuple[list[Any], dict[str, Any]]:
-    from pipeboard.trainer.runtime.launch import run_training
+def _run(cfg: RunConfig) -> tuple[list[Any], dict[str, Any]] | None:
+    """The run's events and summary; None when it failed (its prediction then goes without it)."""
+    from pipeboard.trainer.runtime.launch import RunFailed, run_training
 
     sink = ListSink()
-    summary = run_training(cfg, sink)
+    try:
+        summary = run_training(cfg, sink)
+    except (RunFailed, ValueError, RuntimeError) as exc:
+        log.warning("pilot run of %s (%d stage(s), replicas %s) failed: %s", cfg.model, len(cfg.stages or []),
+                    cfg.replicas, exc)
+        return None
     return sink.events, summary
 
 
@@ -126,18 +145,19 @@ def measure(profile: Profile, source: str, model_args: dict[str, Any], *, batch_
     pipeline = replicated = None
     stages = even_stages(profile, width)
     if len(stages) > 1 or width == 1:
-        events, _ = _run(RunConfig(**base, stages=stages, replicas=[1] * len(stages)))
-        pipeline = factors(profile, stages, [1] * len(stages), events, microbatches, steps)
+        ran = _run(RunConfig(**base, stages=stages, replicas=[1] * len(stages)))
+        pipeline = factors(profile, stages, [1] * len(stages), ran[0], microbatches, steps) if ran else None
     if width > 1:
         whole = [[layer.name for layer in profile.layers]]
-        events, _ = _run(RunConfig(**base, stages=whole, replicas=[width]))
-        replicated = factors(profile, whole, [width], events, microbatches, steps)
+        ran = _run(RunConfig(**base, stages=whole, replicas=[width]))
+        replicated = factors(profile, whole, [width], ran[0], microbatches, steps) if ran else None
     over_workers = over_factor = None
     many = even_stages(profile, workers)
-    if workers > cores and len(many) == workers and pipeline is not None:
-        _, summary = _run(RunConfig(**base, stages=many, replicas=[1] * workers))
-        over_factor = oversubscribed_factor(profile, pipeline, many, microbatches, cores, summary.get("step_s"))
-        over_workers = workers if over_factor else None
+    if len(many) > cores and pipeline is not None:  # as many workers as stages with parameters allow
+        ran = _run(RunConfig(**base, stages=many, replicas=[1] * len(many)))
+        if ran:
+            over_factor = oversubscribed_factor(profile, pipeline, many, microbatches, cores, ran[1].get("step_s"))
+            over_workers = len(many) if over_factor else None
     return Pilot(pipeline=pipeline, replicated=replicated, batch_size=batch_size, microbatches=microbatches,
                  steps=steps, wall_s=round(time.monotonic() - t0, 3), oversubscribed_workers=over_workers,
                  oversubscribed_factor=over_factor)
