@@ -221,10 +221,11 @@ def simulate(plan_obj: Any, schedule: str, microbatches: int, *, samples_per_mic
                                               replicas=stage_replicas(plan_obj) if chunks == 1 else None,
                                               chunks=chunks, cores=cores)
             pilot = (profile_data.get("pilot") or {}) if isinstance(profile_data, dict) else {}
-            if pilot:  # more workers than cores: what the pilot measured the OS's taking turns adds
+            if pilot:  # what the pilots' steps took beyond their actions (more workers than cores: the OS's turns)
                 from pipeboard.trainer.profile.schema import Pilot
 
-                sim.steady_step_s *= Pilot.from_dict(pilot).step_factor(len(sched.workers), cores)
+                replicated = any(r > 1 for r in stage_replicas(plan_obj)) if chunks == 1 else False
+                sim.steady_step_s *= Pilot.from_dict(pilot).step_factor(len(sched.workers), cores, replicated)
         return sched, sim
     except (ConfigError, ScheduleError, ValueError) as exc:
         raise ServiceError(f"schedule: {schedule!r} cannot run this plan: {exc}", status=422, field="schedule") from None

@@ -197,3 +197,26 @@ def test_a_pilot_that_fails_leaves_its_figures_out(monkeypatch):
     monkeypatch.setattr("pipeboard.trainer.runtime.launch.run_training", fail)
     got = pilot_mod.measure(chain(4), "chain", {}, batch_size=8, microbatches=2, workers=4, cores=2)
     assert got.pipeline is None and got.replicated is None and got.oversubscribed_factor is None
+
+
+def test_a_pilots_step_beyond_its_actions_is_its_step_factor():
+    from pipeboard.trainer.runtime.pilot import pilot_steps, predicted_step_s
+
+    prof = chain(4)
+    for layer in prof.layers:
+        layer.weight_batched_ms = 0.8
+    prof.weight_batch_size = 8
+    stages = [["l0", "l1"], ["l2", "l3"]]
+    costs = stage_costs(prof, stages, microbatches=2, pilot=False)
+    one = dict.fromkeys(("forward", "backward_input", "weight_batched", "step"), 1.0)
+    plain = predicted_step_s(prof, None, stages, [1, 1], 2)
+    got = factors(prof, stages, [1, 1], events_at(costs, one), microbatches=2, steps=4, measured_step_s=1.3 * plain)
+    assert got.step_factor == pytest.approx(1.3)
+    pilot = Pilot(pipeline=got, replicated=PilotKind(1, 2, {}, step_factor=0.9), batch_size=8, microbatches=2, steps=16,
+                  oversubscribed_workers=4, oversubscribed_factor=1.5)
+    assert pilot.step_factor(2, 2) == pytest.approx(1.3)
+    assert pilot.step_factor(2, 2, replicated=True) == pytest.approx(0.9)
+    assert pilot.step_factor(4, 2, replicated=True) == pytest.approx(1.5)
+    # about PILOT_SECONDS of predicted steps, an even count, never under 16
+    n = pilot_steps(prof, stages, [1, 1], 2)
+    assert n % 2 == 0 and n >= 16 and n == pytest.approx(1.5 / plain, abs=2) or n in (16, 400)

@@ -206,6 +206,7 @@ class PilotKind:
     factors: dict[str, float]
     gaps_ms: float = 0.0
     allreduce_wait_ms: float | None = None
+    step_factor: float | None = None  # the pilot's measured step over its prediction with these figures
 
     @classmethod
     def from_dict(cls, raw: Any, where: str) -> PilotKind:
@@ -224,9 +225,13 @@ class PilotKind:
         for key in ("gaps_ms", "allreduce_wait_ms"):
             if raw.get(key) is not None and not _is_size(raw[key]):
                 raise ProfileError(f"profile JSON: {where}.{key} must be a finite number >= 0, got {raw[key]!r}")
+        sf = raw.get("step_factor")
+        if sf is not None and not (_is_size(sf) and sf > 0):
+            raise ProfileError(f"profile JSON: {where}.step_factor must be a number > 0 or null, got {sf!r}")
         return cls(stages=raw["stages"], replicas=raw["replicas"], factors={k: float(v) for k, v in fs.items()},
                    gaps_ms=float(raw.get("gaps_ms") or 0.0),
-                   allreduce_wait_ms=None if raw.get("allreduce_wait_ms") is None else float(raw["allreduce_wait_ms"]))
+                   allreduce_wait_ms=None if raw.get("allreduce_wait_ms") is None else float(raw["allreduce_wait_ms"]),
+                   step_factor=None if sf is None else float(sf))
 
 
 @dataclass
@@ -245,12 +250,14 @@ class Pilot:
     oversubscribed_workers: int | None = None
     oversubscribed_factor: float | None = None
 
-    def step_factor(self, workers: int, cores: int | None) -> float:
-        """What a run of ``workers`` on ``cores`` takes per step beyond its prediction (1: as many
-        cores as workers, or not measured)."""
-        if cores is None or workers <= cores or not self.oversubscribed_factor:
-            return 1.0
-        return self.oversubscribed_factor
+    def step_factor(self, workers: int, cores: int | None, replicated: bool = False) -> float:
+        """What a run of ``workers`` on ``cores`` takes per step beyond its prediction: the
+        oversubscribed pilot's factor with more workers than cores, else the pipeline's or (a plan
+        with a replicated stage) the replicated pilot's own; 1 where not measured."""
+        if cores is not None and workers > cores:
+            return self.oversubscribed_factor or 1.0
+        kind = self.kind(2 if replicated else 1)
+        return (kind.step_factor if kind is not None else None) or 1.0
 
     def kind(self, replicas: int) -> PilotKind | None:
         """The figures for a stage of ``replicas`` replicas."""

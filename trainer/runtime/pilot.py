@@ -27,6 +27,7 @@ replica and the replicated pilot to replicated stages (``pipeboard.trainer.profi
 from __future__ import annotations
 
 import logging
+import math
 import time
 from statistics import fmean
 from typing import Any
@@ -39,7 +40,9 @@ from pipeboard.trainer.sink import ListSink
 
 log = logging.getLogger(__name__)
 
-PILOT_STEPS = 16  # the second half (8 steps) is measured: past the first allocations and the fill
+PILOT_STEPS = 16  # at least; the second half is measured: past the first allocations and the fill
+PILOT_SECONDS = 1.5  # a pilot runs about this long (its predicted steps)
+MAX_PILOT_STEPS = 400
 
 # measured term -> the StageCosts field it is set against
 _TERMS = {"forward": "fwd_s", "backward": "bwd_s", "backward_input": "bwd_input_s", "weight": "bwd_weight_s",
@@ -73,8 +76,10 @@ def even_stages(profile: Profile, count: int) -> list[list[str]]:
 
 
 def factors(profile: Profile, stages: list[list[str]], replicas: list[int], events: list[Any], microbatches: int,
-            steps: int) -> PilotKind:
-    """The pilot's figures: measured against predicted per kind of action (see the module docstring)."""
+            steps: int, measured_step_s: float | None = None) -> PilotKind:
+    """The pilot's figures: measured against predicted per kind of action (see the module
+    docstring); with the run's ``measured_step_s``, what its step took beyond the prediction
+    with those figures (``step_factor``)."""
     costs = stage_costs(profile, stages, microbatches=microbatches, replicas=replicas,
                         overhead=profile_overhead(profile, stages), pilot=False)
     steady = [e for e in events if e.step >= steps // 2]
@@ -95,8 +100,29 @@ def factors(profile: Profile, stages: list[list[str]], replicas: list[int], even
     if any(r > 1 for r in replicas):
         waits = [fmean(spans[("allreduce", k)]) - c.allreduce_s for k, c in enumerate(costs) if spans.get(("allreduce", k))]
         wait = max(0.0, fmean(waits)) * 1e3 if waits else None
-    return PilotKind(stages=len(stages), replicas=max(replicas), factors=out,
+    kind = PilotKind(stages=len(stages), replicas=max(replicas), factors=out,
                      gaps_ms=fmean(gaps) * 1e3 if gaps else 0.0, allreduce_wait_ms=wait)
+    if measured_step_s:
+        predicted = predicted_step_s(profile, kind, stages, replicas, microbatches)
+        kind.step_factor = measured_step_s / predicted if predicted > 0 else None
+    return kind
+
+
+def predicted_step_s(profile: Profile, kind: PilotKind | None, stages: list[list[str]], replicas: list[int],
+                     microbatches: int, cores: int | None = None) -> float:
+    """The steady step a pilot of ``stages`` x ``replicas`` is predicted to take (1F1B, batched
+    weight gradients) with ``kind``'s figures applied (None: without any)."""
+    from dataclasses import replace
+
+    from pipeboard.trainer.profile.schema import Pilot
+    from pipeboard.trainer.schedule.predict import steady_step_s
+
+    replicated = any(r > 1 for r in replicas)
+    pilot = None if kind is None else Pilot(pipeline=None if replicated else kind, replicated=kind if replicated else None,
+                                            batch_size=1, microbatches=1, steps=1)
+    costs = stage_costs(replace(profile, pilot=pilot), stages, microbatches=microbatches, replicas=replicas,
+                        overhead=profile_overhead(profile, stages))
+    return steady_step_s(costs, "1f1b", microbatches, batch_weight_grads=True, replicas=replicas, cores=cores)
 
 
 def _run(cfg: RunConfig) -> tuple[list[Any], dict[str, Any]] | None:
@@ -117,47 +143,58 @@ def oversubscribed_factor(profile: Profile, pipeline: PilotKind, stages: list[li
                           cores: int, measured_step_s: float | None) -> float | None:
     """A run of ``stages`` (more than ``cores``) measured ``measured_step_s`` a step: over the
     prediction with the pipeline pilot's figures and the busy-time bound of ``cores``."""
-    from dataclasses import replace
-
-    from pipeboard.trainer.profile.schema import Pilot
-    from pipeboard.trainer.schedule.predict import steady_step_s
-
     if not measured_step_s:
         return None
-    with_pilot = replace(profile, pilot=Pilot(pipeline=pipeline, replicated=None, batch_size=1, microbatches=1, steps=1))
-    costs = stage_costs(with_pilot, stages, microbatches=microbatches, replicas=[1] * len(stages),
-                        overhead=profile_overhead(profile, stages))
-    predicted = steady_step_s(costs, "1f1b", microbatches, batch_weight_grads=True, cores=cores)
+    predicted = predicted_step_s(profile, pipeline, stages, [1] * len(stages), microbatches, cores)
     return measured_step_s / predicted if predicted > 0 else None
+
+
+def pilot_steps(profile: Profile, stages: list[list[str]], replicas: list[int], microbatches: int,
+                cores: int | None = None) -> int:
+    """Steps a pilot runs: about PILOT_SECONDS of its predicted steps, PILOT_STEPS at least (a 3 ms
+    step's second half of 8 steps is 12 ms, which one wake-up of another process can move)."""
+    step = predicted_step_s(profile, None, stages, replicas, microbatches, cores)
+    n = PILOT_STEPS if step <= 0 else min(MAX_PILOT_STEPS, max(PILOT_STEPS, math.ceil(PILOT_SECONDS / step)))
+    return n + n % 2
 
 
 def measure(profile: Profile, source: str, model_args: dict[str, Any], *, batch_size: int, microbatches: int,
             workers: int, cores: int, data: str | None = None, threads: int | None = None,
-            optimizer: str | None = None, steps: int = PILOT_STEPS) -> Pilot:
-    """Both pilots of ``source`` for runs of ``batch_size`` samples in ``microbatches`` on
+            optimizer: str | None = None) -> Pilot:
+    """The pilots of ``source`` for runs of ``batch_size`` samples in ``microbatches`` on
     ``workers`` local processes sharing ``cores`` (a one-worker run has no replicated pilot; a
     one-layer model no pipeline pilot)."""
     width = max(1, min(workers, cores))
     base = dict(model=source, model_args=dict(model_args), data=data, schedule="1f1b", batch_size=batch_size,
-                microbatches=microbatches, steps=steps, weight_grads="batched", threads=threads, optimizer=optimizer,
+                microbatches=microbatches, weight_grads="batched", threads=threads, optimizer=optimizer,
                 eval_at_end=False)
     t0 = time.monotonic()
+    runs: list[int] = []
+
+    def run(stages: list[list[str]], replicas: list[int], over: int | None = None):
+        steps = pilot_steps(profile, stages, replicas, microbatches, over)
+        runs.append(steps)
+        ran = _run(RunConfig(**base, steps=steps, stages=stages, replicas=replicas))
+        return (ran[0], ran[1].get("step_s"), steps) if ran else None
+
     pipeline = replicated = None
     stages = even_stages(profile, width)
     if len(stages) > 1 or width == 1:
-        ran = _run(RunConfig(**base, stages=stages, replicas=[1] * len(stages)))
-        pipeline = factors(profile, stages, [1] * len(stages), ran[0], microbatches, steps) if ran else None
+        ran = run(stages, [1] * len(stages))
+        if ran:
+            pipeline = factors(profile, stages, [1] * len(stages), ran[0], microbatches, ran[2], ran[1])
     if width > 1:
         whole = [[layer.name for layer in profile.layers]]
-        ran = _run(RunConfig(**base, stages=whole, replicas=[width]))
-        replicated = factors(profile, whole, [width], ran[0], microbatches, steps) if ran else None
+        ran = run(whole, [width])
+        if ran:
+            replicated = factors(profile, whole, [width], ran[0], microbatches, ran[2], ran[1])
     over_workers = over_factor = None
     many = even_stages(profile, workers)
     if len(many) > cores and pipeline is not None:  # as many workers as stages with parameters allow
-        ran = _run(RunConfig(**base, stages=many, replicas=[1] * len(many)))
+        ran = run(many, [1] * len(many), cores)
         if ran:
-            over_factor = oversubscribed_factor(profile, pipeline, many, microbatches, cores, ran[1].get("step_s"))
+            over_factor = oversubscribed_factor(profile, pipeline, many, microbatches, cores, ran[1])
             over_workers = len(many) if over_factor else None
     return Pilot(pipeline=pipeline, replicated=replicated, batch_size=batch_size, microbatches=microbatches,
-                 steps=steps, wall_s=round(time.monotonic() - t0, 3), oversubscribed_workers=over_workers,
-                 oversubscribed_factor=over_factor)
+                 steps=max(runs, default=PILOT_STEPS), wall_s=round(time.monotonic() - t0, 3),
+                 oversubscribed_workers=over_workers, oversubscribed_factor=over_factor)
