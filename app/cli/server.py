@@ -169,13 +169,27 @@ def up(
     serve(settings, host, port, workers, concurrency or settings.worker_concurrency)
 
 
+# The service's own processes (API, workers) each lead a session, so Linux's autogroup scheduler
+# shares the cores between each of them and each training run (a session of its own) as equals:
+# a correction the worker computes, or a page the API serves, would take a core from a stage half
+# the time. At this autogroup nice they yield to runs and still answer (docs/api.md, "Prediction
+# fidelity").
+SERVICE_AUTOGROUP_NICE = 10
+
+
 def die_with_parent() -> None:
-    """In a child: receive SIGTERM if `pipeboard up` itself dies (even by SIGKILL), Linux only."""
+    """In a child: receive SIGTERM if `pipeboard up` itself dies (even by SIGKILL), Linux only;
+    and yield the cores to training runs (SERVICE_AUTOGROUP_NICE)."""
     try:
         import ctypes
 
         ctypes.CDLL("libc.so.6", use_errno=True).prctl(1, signal.SIGTERM)  # PR_SET_PDEATHSIG
     except (OSError, AttributeError):
+        pass
+    try:  # the session (autogroup) this child leads; raising its nice needs no privilege
+        with open("/proc/self/autogroup", "w") as fh:
+            fh.write(str(SERVICE_AUTOGROUP_NICE))
+    except OSError:
         pass
 
 
