@@ -219,4 +219,4 @@ def test_a_pilots_step_beyond_its_actions_is_its_step_factor():
     assert pilot.step_factor(4, 2, replicated=True) == pytest.approx(1.5)
     # about PILOT_SECONDS of predicted steps, an even count, never under 16
     n = pilot_steps(prof, stages, [1, 1], 2)
-    assert n % 2 == 0 and n >= 16 and n == pytest.approx(1.5 / plain, abs=2) or n in (16, 400)
+    assert n % 2 == 0 and n >= 16 and n == pytest.approx(0.5 / plain, abs=2) or n in (16, 200)

@@ -41,8 +41,8 @@ from pipeboard.trainer.sink import ListSink
 log = logging.getLogger(__name__)
 
 PILOT_STEPS = 16  # at least; the second half is measured: past the first allocations and the fill
-PILOT_SECONDS = 1.5  # a pilot runs about this long (its predicted steps)
-MAX_PILOT_STEPS = 400
+PILOT_SECONDS = 0.5  # a pilot runs about this long (its predicted steps)
+MAX_PILOT_STEPS = 200
 
 # measured term -> the StageCosts field it is set against
 _TERMS = {"forward": "fwd_s", "backward": "bwd_s", "backward_input": "bwd_input_s", "weight": "bwd_weight_s",
