@@ -72,7 +72,10 @@ def completion_times(session: Session, job_id: int) -> tuple[dict[int, float], s
     for step, wall, _, values in rows:
         if "metric" not in (values or {}):
             done[step - 1] = wall
-            (pauses.add if (values or {}).get(AFTER_PAUSE) else pauses.discard)(step - 1)
+            if (values or {}).get(AFTER_PAUSE):
+                pauses.add(step - 1)
+            else:  # measured again by a later attempt, without a pause
+                pauses.discard(step - 1)
     return done, pauses
 
 

@@ -29,12 +29,13 @@ from __future__ import annotations
 import logging
 import math
 import time
+from dataclasses import replace
 from statistics import fmean
 from typing import Any
 
 from pipeboard.trainer.profile.schema import Pilot, PilotKind, Profile
 from pipeboard.trainer.runtime.config import RunConfig
-from pipeboard.trainer.schedule.predict import profile_overhead, stage_costs
+from pipeboard.trainer.schedule.predict import profile_overhead, stage_costs, steady_step_s
 from pipeboard.trainer.schedule.refit import measured_terms
 from pipeboard.trainer.sink import ListSink
 
@@ -112,11 +113,6 @@ def predicted_step_s(profile: Profile, kind: PilotKind | None, stages: list[list
                      microbatches: int, cores: int | None = None) -> float:
     """The steady step a pilot of ``stages`` x ``replicas`` is predicted to take (1F1B, batched
     weight gradients) with ``kind``'s figures applied (None: without any)."""
-    from dataclasses import replace
-
-    from pipeboard.trainer.profile.schema import Pilot
-    from pipeboard.trainer.schedule.predict import steady_step_s
-
     replicated = any(r > 1 for r in replicas)
     pilot = None if kind is None else Pilot(pipeline=None if replicated else kind, replicated=kind if replicated else None,
                                             batch_size=1, microbatches=1, steps=1)
