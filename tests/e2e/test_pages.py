@@ -328,6 +328,8 @@ def test_a_resumed_job_lists_its_attempts_and_marks_them_on_the_charts(server, p
     # attempt 1's steps 1 and 2, a break, attempt 2's steps 3 to 5 (attempt 1's step 3 was measured again)
     assert loss["x"][:2] == pytest.approx([0.01, 0.02]) and loss["y"][2] is None and loss["x"][3] > offset
     assert loss["y"][3:] == pytest.approx([2 / 3, 2 / 4, 2 / 5])
+    # the live Gantt draws once its timeline arrives, after the loss chart under load
+    page.wait_for_function("() => (document.getElementById('gantt-live').layout?.yaxis?.ticktext || []).length > 0")
     rows = page.evaluate("() => document.getElementById('gantt-live').layout.yaxis.ticktext")
     assert rows == ["w0 · s0 r0 · host-a/host-b", "w1 · s1 r0 · host-a"]
     shoot(page, "job-resumed")
