@@ -21,6 +21,15 @@ def chain(n: int = 4, link: Link | None = None) -> Profile:
                    link=link)
 
 
+def batched_chain(n: int, weight_batch_size: int, link: Link | None = None) -> Profile:
+    """chain(n) with each layer's batched weight gradients timed at ``weight_batch_size`` samples."""
+    prof = chain(n, link=link)
+    for layer in prof.layers:
+        layer.weight_batched_ms = 0.8
+    prof.weight_batch_size = weight_batch_size
+    return prof
+
+
 def test_even_stages_cut_by_profiled_time_into_contiguous_non_empty_stages():
     prof = chain(4)  # forward + backward: 3, 4, 5, 6 ms
     assert even_stages(prof, 2) == [["l0", "l1", "l2"], ["l3"]] or even_stages(prof, 2) == [["l0", "l1"], ["l2", "l3"]]
@@ -55,10 +64,7 @@ def events_at(costs, scale: dict[str, float], gap_s: float = 0.0, steps: int = 4
 
 
 def test_factors_recover_how_much_longer_each_kind_of_action_took():
-    prof = chain(4)
-    for layer in prof.layers:
-        layer.weight_batched_ms = 0.8
-    prof.weight_batch_size = 8
+    prof = batched_chain(4, weight_batch_size=8)
     stages = [["l0", "l1"], ["l2", "l3"]]
     costs = stage_costs(prof, stages, microbatches=2, pilot=False)
     scale = {"forward": 1.5, "backward_input": 1.2, "weight_batched": 2.0, "step": 3.0}
@@ -70,10 +76,7 @@ def test_factors_recover_how_much_longer_each_kind_of_action_took():
 
 def test_a_replicated_pilot_keeps_the_all_reduce_beyond_its_transfer():
     link = Link(latency_ms=0.05, bytes_per_ms=1e6)
-    prof = chain(2, link=link)
-    for layer in prof.layers:
-        layer.weight_batched_ms = 0.8
-    prof.weight_batch_size = 16
+    prof = batched_chain(2, weight_batch_size=16, link=link)
     whole = [["l0", "l1"]]
     costs = stage_costs(prof, whole, microbatches=4, replicas=[2], pilot=False)
     assert costs[0].allreduce_s > 0
@@ -165,10 +168,7 @@ def test_the_oversubscribed_factor_is_the_measured_step_over_the_piloted_predict
     from pipeboard.trainer.runtime.pilot import oversubscribed_factor
     from pipeboard.trainer.schedule.predict import profile_overhead, steady_step_s
 
-    prof = chain(4)
-    for layer in prof.layers:
-        layer.weight_batched_ms = 0.8
-    prof.weight_batch_size = 8
+    prof = batched_chain(4, weight_batch_size=8)
     stages = [[f"l{i}"] for i in range(4)]
     pipeline = PilotKind(2, 1, {"forward": 2.0}, gaps_ms=0.0)
     piloted = Profile.from_dict({**prof.to_dict(), "pilot": {"pipeline": asdict(pipeline), "replicated": None,
@@ -202,10 +202,7 @@ def test_a_pilot_that_fails_leaves_its_figures_out(monkeypatch):
 def test_a_pilots_step_beyond_its_actions_is_its_step_factor():
     from pipeboard.trainer.runtime.pilot import pilot_steps, predicted_step_s
 
-    prof = chain(4)
-    for layer in prof.layers:
-        layer.weight_batched_ms = 0.8
-    prof.weight_batch_size = 8
+    prof = batched_chain(4, weight_batch_size=8)
     stages = [["l0", "l1"], ["l2", "l3"]]
     costs = stage_costs(prof, stages, microbatches=2, pilot=False)
     one = dict.fromkeys(("forward", "backward_input", "weight_batched", "step"), 1.0)
