@@ -17,6 +17,17 @@ def usable_cores() -> int:
         return os.cpu_count() or 1
 
 
+def lower_this_thread(niceness: int) -> None:
+    """Raise the calling thread's nice value (Linux gives each thread its own), so that it yields
+    the core to the threads it shares a process or session with; a no-op where it cannot."""
+    import threading
+
+    try:
+        os.setpriority(os.PRIO_PROCESS, threading.get_native_id(), niceness)
+    except (AttributeError, OSError):
+        pass
+
+
 def cpu_name() -> str:
     """The processor as /proc/cpuinfo names it (vendor, family, model), else platform's guess."""
     fields: dict[str, str] = {}

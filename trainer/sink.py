@@ -11,6 +11,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any, Protocol, Sequence, runtime_checkable
 
+from pipeboard.trainer.hostinfo import lower_this_thread
 from pipeboard.trainer.schedule.actions import TimelineEvent
 
 
@@ -106,13 +107,7 @@ class BackgroundSink:
         self._thread.start()
 
     def _loop(self) -> None:
-        import os
-        import threading
-
-        try:  # this thread only: Linux gives each thread its own nice value
-            os.setpriority(os.PRIO_PROCESS, threading.get_native_id(), self.niceness)
-        except (AttributeError, OSError):
-            pass
+        lower_this_thread(self.niceness)
         while not self._stop.wait(self.period_s):
             try:
                 self._hand_over()

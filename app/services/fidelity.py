@@ -15,8 +15,8 @@ The figures (docs/api.md, "Prediction fidelity"):
   measured seconds per action, their factor and whether it moved.
 
 While a job trains, a ``Watch`` thread of the worker (its own, so that a slow correction never
-delays the job's heartbeat; at a low CPU priority, so that it never slows the run it watches: a
-30-step run's correction falls in its measured half) looks about once a second; it appends a ``fidelity`` event to the
+delays the job's heartbeat, and niced below it; the run, in a session of its own, is kept from
+it by the service's autogroup nice, app/cli/server.py) looks about once a second; it appends a ``fidelity`` event to the
 job's log (the SSE stream) at most every ``LIVE_EVERY_S`` and when the correction is made. The final figures go into the summary when the job succeeds.
 """
 
@@ -39,7 +39,7 @@ log = logging.getLogger(__name__)
 
 CORRECT_AFTER = 5  # measured steps before the prediction is re-fitted
 LIVE_EVERY_S = 5.0  # at most one live `fidelity` event this often
-WATCH_NICENESS = 10  # as the run's own database writer (pipeboard.trainer.sink.BackgroundSink)
+WATCH_NICENESS = 10  # the Watch thread's, as the run's own database writer's (pipeboard.trainer.sink.BackgroundSink)
 EVENT = "fidelity"
 
 
@@ -198,14 +198,10 @@ class Watch(threading.Thread):
         self._last_steps = -1
 
     def run(self) -> None:
-        import os
-
         from pipeboard.app.core.db import get_sessionmaker
+        from pipeboard.trainer.hostinfo import lower_this_thread
 
-        try:  # this thread only (Linux): the correction's simulation yields the cores to the run it watches
-            os.setpriority(os.PRIO_PROCESS, threading.get_native_id(), WATCH_NICENESS)
-        except (AttributeError, OSError):
-            pass
+        lower_this_thread(WATCH_NICENESS)  # below the worker's heartbeat, in the worker's own session
         with get_sessionmaker()() as session:
             while not self.stopped.wait(self.period_s):
                 try:
