@@ -178,19 +178,29 @@ SERVICE_AUTOGROUP_NICE = 10
 
 
 def die_with_parent() -> None:
-    """In a child: receive SIGTERM if `pipeboard up` itself dies (even by SIGKILL), Linux only;
-    and yield the cores to training runs (SERVICE_AUTOGROUP_NICE)."""
+    """In a child: receive SIGTERM if `pipeboard up` itself dies (even by SIGKILL), Linux only."""
     try:
         import ctypes
 
         ctypes.CDLL("libc.so.6", use_errno=True).prctl(1, signal.SIGTERM)  # PR_SET_PDEATHSIG
     except (OSError, AttributeError):
         pass
-    try:  # the session (autogroup) this child leads; raising its nice needs no privilege
+
+
+def yield_cores_to_runs() -> None:
+    """In a child leading its session: set the session's autogroup nice to SERVICE_AUTOGROUP_NICE
+    (raising it needs no privilege; Linux only)."""
+    try:
         with open("/proc/self/autogroup", "w") as fh:
             fh.write(str(SERVICE_AUTOGROUP_NICE))
     except OSError:
         pass
+
+
+def service_child() -> None:
+    """What a service child (API, worker) does before it starts (subprocess's preexec_fn)."""
+    die_with_parent()
+    yield_cores_to_runs()
 
 
 def serve(settings, host: str, port: int, workers: int, concurrency: int) -> None:
@@ -216,7 +226,7 @@ def serve(settings, host: str, port: int, workers: int, concurrency: int) -> Non
     api_env = {**os.environ, "PIPEBOARD_BIND_HOST": host}
 
     def spawn(argv: list[str], env: dict[str, str] | None = None):
-        return lambda: subprocess.Popen(argv, start_new_session=True, preexec_fn=die_with_parent, env=env)
+        return lambda: subprocess.Popen(argv, start_new_session=True, preexec_fn=service_child, env=env)
 
     api = Child("the API server", spawn(uvicorn, api_env))
     children = [api]

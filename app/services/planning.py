@@ -14,6 +14,7 @@ from pipeboard.trainer.schedule import registry
 LOCAL_BANDWIDTH = 5e9
 # The planner method (PipeDream's dynamic program), not the schedule of the same name.
 PIPEDREAM_PLANNER = "pipedream"
+EVEN_SPLITS = ("time", "uniform", "params")  # the planner's methods that split without replicas
 
 
 def levels_of(levels: Sequence[Any] | None, workers: int | None) -> list[tuple[int, float]]:
@@ -41,22 +42,23 @@ def make_plan(profile_data: dict[str, Any], levels: list[tuple[int, float]], *, 
     try:
         chosen = plan(profile, levels=levels, memory_bytes=memory_bytes, memory_constraint=memory_bytes is not None,
                       method=method)
-        if chunks > 1 and not _one_worker_per_stage(chosen, levels[0][0], profile):
-            # a replicated or merged stage cannot be a chunk: the even split by time instead
-            chosen = plan(profile, levels=levels, method="time")
+        # a replicated, merged or parameterless stage cannot be a chunk: the even splits instead
+        for even in EVEN_SPLITS if chunks > 1 and not _one_worker_per_stage(chosen, levels[0][0], profile) else ():
+            try:
+                chosen = plan(profile, levels=levels, method=even)
+            except PlanError:  # this split cannot make that many stages: the next, else the 422 below
+                continue
+            if _one_worker_per_stage(chosen, levels[0][0], profile):
+                break
     except PlanError as exc:
         text = str(exc)
         field = "memory_bytes" if "memory" in text.lower() else "levels"
         raise ServiceError(f"{field}: {text}", status=422, field=field) from None
     if chunks > 1 and not _one_worker_per_stage(chosen, levels[0][0], profile):
-        ranked = ranked_candidates(profile_data, levels, chosen, schedule, microbatches, weight_grads=weight_grads,
-                                   chunks=chunks) if schedule is not None and microbatches is not None else []
-        if not ranked:
-            trainable = sum(1 for layer in profile.layers if layer.parameter_bytes > 0)
-            raise ServiceError(f"chunks: {chunks} chunks on each of {levels[0][0] // chunks} workers need "
-                               f"{levels[0][0]} stages with parameters; the model has {trainable} layers with "
-                               "parameters, or no even split gives each stage some", status=422, field="chunks")
-        return ranked[0][1]
+        trainable = sum(1 for layer in profile.layers if layer.parameter_bytes > 0)
+        raise ServiceError(f"chunks: {chunks} chunks on each of {levels[0][0] // chunks} workers need "
+                           f"{levels[0][0]} stages with parameters; the model has {trainable} layers with "
+                           "parameters, or no even split gives each stage some", status=422, field="chunks")
     # the baselines do not plan under a memory cap: with one, PipeDream's plan stands
     if method != PIPEDREAM_PLANNER or schedule is None or microbatches is None or memory_bytes is not None:
         return chosen
@@ -216,16 +218,15 @@ def simulate(plan_obj: Any, schedule: str, microbatches: int, *, samples_per_mic
             # the profiled machine's cores (profile_run records them): the run's workers share them
             cores = (profile_data.get("meta") or {}).get("cores")
             cores = cores if isinstance(cores, int) else None
+            replicas = stage_replicas(plan_obj) if chunks == 1 else None  # interleaved: none replicated
             sim.steady_step_s = steady_step_s(costs, schedule, microbatches,
                                               batch_weight_grads=bool(sched.meta.get("batch_weight_grads")),
-                                              replicas=stage_replicas(plan_obj) if chunks == 1 else None,
-                                              chunks=chunks, cores=cores)
-            pilot = (profile_data.get("pilot") or {}) if isinstance(profile_data, dict) else {}
-            if pilot:  # what the pilots' steps took beyond their actions (more workers than cores: the OS's turns)
+                                              replicas=replicas, chunks=chunks, cores=cores)
+            if profile_data.get("pilot"):  # what the pilots' steps took beyond their actions
                 from pipeboard.trainer.profile.schema import Pilot
 
-                replicated = any(r > 1 for r in stage_replicas(plan_obj)) if chunks == 1 else False
-                sim.steady_step_s *= Pilot.from_dict(pilot).step_factor(len(sched.workers), cores, replicated)
+                sim.steady_step_s *= Pilot.from_dict(profile_data["pilot"]).step_factor(
+                    len(sched.workers), cores, replicated=any(r > 1 for r in replicas or []))
         return sched, sim
     except (ConfigError, ScheduleError, ValueError) as exc:
         raise ServiceError(f"schedule: {schedule!r} cannot run this plan: {exc}", status=422, field="schedule") from None

@@ -209,7 +209,7 @@ def train(cfg: RunConfig, env: WorkerEnv) -> None:
         reports.flush()  # what evaluation, checkpoints and the end report follows every step's report
         due_eval = val is not None and ((cfg.target is not None and _due(step, cfg.eval_every or stream.steps_per_epoch))
                                         or step == total)
-        due_checkpoint = bool(cfg.checkpoint_dir) and (_due(step, cfg.checkpoint_every) or step == total or stop)
+        due_checkpoint = bool(cfg.checkpoint_dir) and (_due(step, cfg.checkpoint_every) or step == total)
         if is_reporter and (due_eval or due_checkpoint) and step < total:
             # the time until the next step is a pause, not a step's (pipeboard.trainer.schedule.measured)
             env.channel.put(("pause", rank, step))
@@ -221,7 +221,7 @@ def train(cfg: RunConfig, env: WorkerEnv) -> None:
             with blocked(heartbeat):
                 dist.broadcast(flags, src=rank_of(S - 1, 0), group=control)
             metric, stop = float(flags[0]), bool(flags[1])
-        if due_checkpoint or (cfg.checkpoint_dir and stop):
+        if due_checkpoint or (cfg.checkpoint_dir and stop):  # stop: the evaluation just reached the target
             state = {"step": step, "rng": torch.get_rng_state(),
                      "stages": {s: {"module": st.module.state_dict(), "optimizer": st.optimizer.state_dict()}
                                 for s, st in stages.items()}}
