@@ -169,14 +169,6 @@ def up(
     serve(settings, host, port, workers, concurrency or settings.worker_concurrency)
 
 
-# The service's own processes (API, workers) each lead a session, so Linux's autogroup scheduler
-# shares the cores between each of them and each training run (a session of its own) as equals:
-# a correction the worker computes, or a page the API serves, would take a core from a stage half
-# the time. At this autogroup nice they yield to runs and still answer (docs/api.md, "Prediction
-# fidelity").
-SERVICE_AUTOGROUP_NICE = 10
-
-
 def die_with_parent() -> None:
     """In a child: receive SIGTERM if `pipeboard up` itself dies (even by SIGKILL), Linux only."""
     try:
@@ -185,22 +177,6 @@ def die_with_parent() -> None:
         ctypes.CDLL("libc.so.6", use_errno=True).prctl(1, signal.SIGTERM)  # PR_SET_PDEATHSIG
     except (OSError, AttributeError):
         pass
-
-
-def yield_cores_to_runs() -> None:
-    """In a child leading its session: set the session's autogroup nice to SERVICE_AUTOGROUP_NICE
-    (raising it needs no privilege; Linux only)."""
-    try:
-        with open("/proc/self/autogroup", "w") as fh:
-            fh.write(str(SERVICE_AUTOGROUP_NICE))
-    except OSError:
-        pass
-
-
-def service_child() -> None:
-    """What a service child (API, worker) does before it starts (subprocess's preexec_fn)."""
-    die_with_parent()
-    yield_cores_to_runs()
 
 
 def serve(settings, host: str, port: int, workers: int, concurrency: int) -> None:
@@ -226,7 +202,7 @@ def serve(settings, host: str, port: int, workers: int, concurrency: int) -> Non
     api_env = {**os.environ, "PIPEBOARD_BIND_HOST": host}
 
     def spawn(argv: list[str], env: dict[str, str] | None = None):
-        return lambda: subprocess.Popen(argv, start_new_session=True, preexec_fn=service_child, env=env)
+        return lambda: subprocess.Popen(argv, start_new_session=True, preexec_fn=die_with_parent, env=env)
 
     api = Child("the API server", spawn(uvicorn, api_env))
     children = [api]

@@ -15,8 +15,7 @@ The figures (docs/api.md, "Prediction fidelity"):
   measured seconds per action, their factor and whether it moved.
 
 While a job trains, a ``Watch`` thread of the worker (its own, so that a slow correction never
-delays the job's heartbeat, and niced below it; the run, in a session of its own, is kept from
-it by the service's autogroup nice, app/cli/server.py) looks about once a second; it appends a ``fidelity`` event to the
+delays the job's heartbeat, and niced below it) looks about once a second; it appends a ``fidelity`` event to the
 job's log (the SSE stream) at most every ``LIVE_EVERY_S`` and when the correction is made. The final figures go into the summary when the job succeeds.
 """
 
