@@ -210,12 +210,18 @@ class KillAfterCheckpoint:
     showed step 150). A lost run hands over what its stages reported before it ends, so the
     service has the steps up to about the kill (the stages report a quarter second at a time;
     100 steps apart at ~6 ms a step), and the next attempt resumes from a checkpoint before it.
+
+    ``recorded``: also wait until the service has recorded step ``step``. For a kill that takes
+    the reports in flight with it (the Celery worker's): the next attempt resumes at or before the
+    last recorded step, and under CI's load that can trail the checkpoint by hundreds of steps.
     ``killed_at``: monotonic time of the kill (None: not yet)."""
 
-    def __init__(self, dep: "Deployment", job_id: int, data_dirs: list[Path], kill, step: int = 200) -> None:
+    def __init__(self, dep: "Deployment", job_id: int, data_dirs: list[Path], kill, step: int = 200,
+                 recorded: bool = False) -> None:
         import threading
 
         self.markers = [d / "jobs" / str(job_id) / "checkpoints" / f"step-{step:08d}" / "COMPLETE" for d in data_dirs]
+        self.step, self.recorded = step, recorded
         self.dep, self.job_id, self.kill = dep, job_id, kill
         self.killed_at: float | None = None
         self.error: BaseException | None = None
@@ -228,6 +234,22 @@ class KillAfterCheckpoint:
             if time.monotonic() > deadline:
                 return
             time.sleep(0.002)
+        if self.recorded:
+            from sqlalchemy import func, select
+            from sqlalchemy.orm import Session
+
+            from pipeboard.app.models import MetricPoint
+
+            engine = make_engine(settings_from_env(self.dep.env).database_url)
+            try:
+                with Session(engine) as s:
+                    while (s.scalar(select(func.max(MetricPoint.step)).where(MetricPoint.job_id == self.job_id)) or 0) < self.step:
+                        if time.monotonic() > deadline:
+                            return
+                        s.rollback()  # a fresh snapshot each look
+                        time.sleep(0.02)
+            finally:
+                engine.dispose()
         try:
             self.kill()
             self.killed_at = time.monotonic()

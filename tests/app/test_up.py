@@ -239,7 +239,9 @@ def test_up_keeps_the_service_and_a_job_going_through_a_killed_worker_and_a_kill
             assert child_pid(up, "celery") == worker
             os.kill(worker, signal.SIGKILL)
 
-        cutter = KillAfterCheckpoint(dep, job_id, [tmp_path / "data"], kill_the_worker)
+        # the worker's kill loses the reports it had not written yet: wait for the service to have step
+        # 100, so that the checkpoint there is one the next attempt may resume from
+        cutter = KillAfterCheckpoint(dep, job_id, [tmp_path / "data"], kill_the_worker, step=100, recorded=True)
         try:
             for message in dep.events(job_id, timeout=300):
                 messages.append(message)
