@@ -12,6 +12,7 @@ rank and rendezvous taken from the environment.
 
 from __future__ import annotations
 
+import gc
 import os
 import queue as queue_mod
 import signal
@@ -88,13 +89,22 @@ def run_training(cfg: RunConfig, sink: Sink | None = None) -> dict[str, Any]:
     # Workers unlink their shared-memory channels once mapped; one killed during set-up cannot,
     # so the launcher removes whatever is left under this run's prefix on every exit.
     prefix = f"pipeboard-{os.getpid()}-{port}"
-    for rank in range(world):
-        env = WorkerEnv(rank, world, f"tcp://127.0.0.1:{port}", origin, channel, heartbeat, prefix)
-        # Not daemonic: a worker's DataLoader starts processes of its own, which a daemonic
-        # process may not. Workers still die with the launcher (PR_SET_PDEATHSIG, _stop_all).
-        p = ctx.Process(target=worker_main, args=(cfg, env), name=f"pipeboard-rank{rank}", daemon=False)
-        p.start()
-        procs.append(p)
+    # Forked workers inherit the launcher's objects (torch's among them) frozen: their garbage
+    # collections never walk them (worker.freeze_heap). The launcher's own thaw once they started.
+    forking = ctx.get_start_method() == "fork"
+    if forking:
+        gc.freeze()
+    try:
+        for rank in range(world):
+            env = WorkerEnv(rank, world, f"tcp://127.0.0.1:{port}", origin, channel, heartbeat, prefix)
+            # Not daemonic: a worker's DataLoader starts processes of its own, which a daemonic
+            # process may not. Workers still die with the launcher (PR_SET_PDEATHSIG, _stop_all).
+            p = ctx.Process(target=worker_main, args=(cfg, env), name=f"pipeboard-rank{rank}", daemon=False)
+            p.start()
+            procs.append(p)
+    finally:
+        if forking:
+            gc.unfreeze()
     try:
         _watch(cfg, procs, channel, heartbeat, reporter, layout)
     except BaseException as exc:
