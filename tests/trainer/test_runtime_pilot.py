@@ -164,6 +164,49 @@ def test_more_workers_than_cores_take_the_oversubscribed_pilots_factor():
         Profile.from_dict(data)
 
 
+def test_a_replicated_plan_on_more_workers_than_cores_takes_the_replicated_oversubscribed_factor():
+    pilot = Pilot(pipeline=None, replicated=None, batch_size=8, microbatches=2, steps=16, oversubscribed_workers=3,
+                  oversubscribed_factor=1.25, oversubscribed_replicated_factor=0.6)
+    assert pilot.step_factor(4, 2, replicated=True) == 0.6 and pilot.step_factor(4, 2) == 1.25
+    assert pilot.step_factor(2, 2, replicated=True) == 1.0  # not oversubscribed
+    # where only the pipeline's was measured, a replicated plan takes it
+    assert Pilot(None, None, 8, 2, 16, oversubscribed_factor=1.25).step_factor(4, 2, replicated=True) == 1.25
+    prof = chain(2)
+    prof.pilot = pilot
+    assert Profile.from_dict(prof.to_dict()).pilot == pilot
+    for bad in (0, -1.0, "x"):
+        data = prof.to_dict()
+        data["pilot"]["oversubscribed_replicated_factor"] = bad
+        with pytest.raises(ProfileError, match="oversubscribed_replicated_factor"):
+            Profile.from_dict(data)
+
+
+def test_a_pilot_on_more_workers_than_cores_runs_the_whole_model_on_that_many_replicas(monkeypatch):
+    from pipeboard.trainer.runtime import pilot as pilot_mod
+
+    runs = []
+
+    def record(cfg):
+        runs.append((len(cfg.stages), list(cfg.replicas)))
+        return None  # as a failed run: no figures, the pilot goes on
+
+    monkeypatch.setattr(pilot_mod, "_run", record)
+    pilot_mod.measure(chain(4), "chain", {}, batch_size=8, microbatches=2, workers=4, cores=2)
+    assert runs == [(2, [1, 1]), (1, [2])]  # nothing measured: no oversubscribed pilots on top
+
+    def succeed(cfg):
+        runs.append((len(cfg.stages), list(cfg.replicas)))
+        costs = stage_costs(prof, cfg.stages, microbatches=2, replicas=cfg.replicas, pilot=False)
+        return events_at(costs, dict.fromkeys(("forward", "backward_input", "weight_batched", "step"), 1.0)), {"step_s": 0.01}
+
+    runs.clear()
+    prof = batched_chain(4, weight_batch_size=8)
+    monkeypatch.setattr(pilot_mod, "_run", succeed)
+    got = pilot_mod.measure(prof, "chain", {}, batch_size=8, microbatches=2, workers=4, cores=2)
+    assert runs == [(2, [1, 1]), (1, [2]), (4, [1, 1, 1, 1]), (1, [4])]
+    assert got.oversubscribed_factor and got.oversubscribed_replicated_factor
+
+
 def test_the_oversubscribed_factor_is_the_measured_step_over_the_piloted_prediction():
     from pipeboard.trainer.runtime.pilot import oversubscribed_factor
     from pipeboard.trainer.schedule.predict import profile_overhead, steady_step_s

@@ -249,13 +249,17 @@ class Pilot:
     # (the pipeline pilot's figures and the cores' busy-time bound applied): the OS taking turns
     oversubscribed_workers: int | None = None
     oversubscribed_factor: float | None = None
+    # more workers than cores: the whole model on that many replicas, its measured step over its
+    # prediction (the replicated pilot's figures and the busy-time bound): the same for data parallelism
+    oversubscribed_replicated_factor: float | None = None
 
     def step_factor(self, workers: int, cores: int | None, replicated: bool = False) -> float:
-        """What a run of ``workers`` on ``cores`` takes per step beyond its prediction: the
-        oversubscribed pilot's factor with more workers than cores, else the pipeline's or (a plan
+        """What a run of ``workers`` on ``cores`` takes per step beyond its prediction: with more
+        workers than cores the oversubscribed pilot's factor (the replicated one's for a plan with
+        a replicated stage, where measured), else the pipeline's or (a plan
         with a replicated stage) the replicated pilot's own; 1 where not measured."""
         if cores is not None and workers > cores:
-            return self.oversubscribed_factor or 1.0
+            return (self.oversubscribed_replicated_factor if replicated else None) or self.oversubscribed_factor or 1.0
         kind = self.kind(2 if replicated else 1)
         return (kind.step_factor if kind is not None else None) or 1.0
 
@@ -282,11 +286,16 @@ class Pilot:
         f = raw.get("oversubscribed_factor")
         if f is not None and not (_is_size(f) and f > 0):
             raise ProfileError(f"profile JSON: pilot.oversubscribed_factor must be a number > 0 or null, got {f!r}")
+        fr = raw.get("oversubscribed_replicated_factor")
+        if fr is not None and not (_is_size(fr) and fr > 0):
+            raise ProfileError("profile JSON: pilot.oversubscribed_replicated_factor must be a number > 0 or null, "
+                               f"got {fr!r}")
         kinds = {key: None if raw.get(key) is None else PilotKind.from_dict(raw[key], f"pilot.{key}")
                  for key in ("pipeline", "replicated")}
         return cls(**kinds, batch_size=raw["batch_size"], microbatches=raw["microbatches"], steps=raw["steps"],
                    wall_s=float(raw.get("wall_s") or 0.0), oversubscribed_workers=n,
-                   oversubscribed_factor=None if f is None else float(f))
+                   oversubscribed_factor=None if f is None else float(f),
+                   oversubscribed_replicated_factor=None if fr is None else float(fr))
 
 
 def find_cycle(names: list[str], edges: list[tuple[str, str]]) -> list[str] | None:

@@ -13,7 +13,10 @@ model and the machine; so instead of guessing it, the profile phase runs the mod
 - with more workers than cores, an **oversubscribed** pilot: ``workers`` stages (fewer where too
   few layers have parameters, as long as they outnumber the cores), whose measured
   steady step over its prediction (the pipeline pilot's figures applied, the cores' busy-time
-  bound included) is what the OS's taking turns adds (``Pilot.step_factor``).
+  bound included) is what the OS's taking turns adds (``Pilot.step_factor``); and the whole model
+  on ``workers`` replicas, the same for plans with a replicated stage (the replicated pilot's
+  figures applied): 4 replicas of mlp-digits on 2 cores measured half what the pipeline's factor
+  predicted.
 
 Each pilot's events over its second half (``pipeboard.trainer.schedule.refit.measured_terms``)
 are set against the same stages' predicted costs (``predict.stage_costs`` without a pilot): per
@@ -135,13 +138,14 @@ def _run(cfg: RunConfig) -> tuple[list[Any], dict[str, Any]] | None:
     return sink.events, summary
 
 
-def oversubscribed_factor(profile: Profile, pipeline: PilotKind, stages: list[list[str]], microbatches: int,
-                          cores: int, measured_step_s: float | None) -> float | None:
-    """A run of ``stages`` (more than ``cores``) measured ``measured_step_s`` a step: over the
-    prediction with the pipeline pilot's figures and the busy-time bound of ``cores``."""
+def oversubscribed_factor(profile: Profile, kind: PilotKind, stages: list[list[str]], microbatches: int,
+                          cores: int, measured_step_s: float | None, replicas: list[int] | None = None) -> float | None:
+    """A run of ``stages`` x ``replicas`` (default one each; more processes than ``cores``)
+    measured ``measured_step_s`` a step: over the prediction with ``kind``'s figures (the pipeline
+    or the replicated pilot's) and the busy-time bound of ``cores``."""
     if not measured_step_s:
         return None
-    predicted = predicted_step_s(profile, pipeline, stages, [1] * len(stages), microbatches, cores)
+    predicted = predicted_step_s(profile, kind, stages, replicas or [1] * len(stages), microbatches, cores)
     return measured_step_s / predicted if predicted > 0 else None
 
 
@@ -184,13 +188,19 @@ def measure(profile: Profile, source: str, model_args: dict[str, Any], *, batch_
         ran = run(whole, [width])
         if ran:
             replicated = factors(profile, whole, [width], ran[0], microbatches, ran[2], ran[1])
-    over_workers = over_factor = None
+    over_workers = over_factor = over_replicated = None
     many = even_stages(profile, workers)
     if len(many) > cores and pipeline is not None:  # as many workers as stages with parameters allow
         ran = run(many, [1] * len(many), cores)
         if ran:
             over_factor = oversubscribed_factor(profile, pipeline, many, microbatches, cores, ran[1])
             over_workers = len(many) if over_factor else None
+    if workers > cores and replicated is not None:  # data parallelism on more processes than cores
+        whole = [[layer.name for layer in profile.layers]]
+        ran = run(whole, [workers], cores)
+        if ran:
+            over_replicated = oversubscribed_factor(profile, replicated, whole, microbatches, cores, ran[1], [workers])
     return Pilot(pipeline=pipeline, replicated=replicated, batch_size=batch_size, microbatches=microbatches,
                  steps=max(runs, default=PILOT_STEPS), wall_s=round(time.monotonic() - t0, 3),
-                 oversubscribed_workers=over_workers, oversubscribed_factor=over_factor)
+                 oversubscribed_workers=over_workers, oversubscribed_factor=over_factor,
+                 oversubscribed_replicated_factor=over_replicated)
