@@ -29,6 +29,7 @@ from __future__ import annotations
 import os
 import shutil
 import signal
+import socket
 import subprocess
 import sys
 import tempfile
@@ -68,6 +69,40 @@ ROOT = Path(__file__).resolve().parents[1]
 IN_CI = os.environ.get("CI") == "true"
 POSTGRES_URL = os.environ.get("PIPEBOARD_TEST_POSTGRES_URL", "postgresql+psycopg://postgres@127.0.0.1:5432/test")
 REDIS_URL = os.environ.get("PIPEBOARD_TEST_REDIS_URL", "redis://127.0.0.1:6379/15")
+
+
+# Each test process picks server ports from a band of its own, below the kernel's ephemeral ports
+# (32768 and up on Linux): bind(0) drew from the band every process shares, and between a
+# test's pick and its server's bind another process's pick or outgoing connection could take the
+# same port (a deployment then found another test's server answering on its port).
+PORT_BAND = 2500
+
+
+def _port_band() -> range:
+    worker = os.environ.get("PYTEST_XDIST_WORKER", "")
+    index = int(worker[2:]) if worker.startswith("gw") and worker[2:].isdigit() else 8
+    low = 10000 + (index % 9) * PORT_BAND
+    return range(low, low + PORT_BAND)
+
+
+_next_port = iter(())
+
+
+def free_port() -> int:
+    """A port on 127.0.0.1 that nothing listens on, from this process's band, each in turn."""
+    global _next_port
+    for _ in range(2 * PORT_BAND):
+        port = next(_next_port, None)
+        if port is None:
+            _next_port = iter(_port_band())
+            continue
+        with socket.socket() as probe:
+            try:
+                probe.bind(("127.0.0.1", port))
+            except OSError:
+                continue
+            return port
+    raise RuntimeError(f"no free port in {_port_band()}")
 
 
 def unavailable(message: str) -> None:

@@ -6,7 +6,6 @@ from __future__ import annotations
 import json
 import os
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -22,7 +21,7 @@ from pipeboard.app.core.db import make_engine
 from pipeboard.app.core.lifetime import group_alive, group_members  # noqa: F401 - the tests' too
 from pipeboard.app.models import Base
 from pipeboard.app.services.sse import parse_stream
-from tests.conftest import ROOT, deployment_env, settings_from_env
+from tests.conftest import ROOT, deployment_env, free_port, settings_from_env  # noqa: F401 - free_port: the benches' too
 
 SMALL_JOB = {
     "model": "mlp-digits",
@@ -35,10 +34,6 @@ SMALL_JOB = {
 }
 
 
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def start_up(port: int, env: dict[str, str], cwd: Path, log: Path, timeout: float = 120) -> subprocess.Popen:

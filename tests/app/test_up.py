@@ -6,7 +6,6 @@ import json
 import os
 import re
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -17,6 +16,7 @@ import pytest
 from sqlalchemy import inspect
 
 from pipeboard.app.core.db import make_engine
+from tests.conftest import free_port
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -96,10 +96,6 @@ def test_migrate_builds_the_schema(tmp_path: Path) -> None:
     engine.dispose()
 
 
-def free_port() -> int:
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        return probe.getsockname()[1]
 
 
 def get_json(url: str) -> dict:
