@@ -178,13 +178,13 @@ def measure(profile: Profile, source: str, model_args: dict[str, Any], *, batch_
         return (ran[0], ran[1].get("step_s"), steps) if ran else None
 
     pipeline = replicated = None
+    whole = [[layer.name for layer in profile.layers]]
     stages = even_stages(profile, width)
     if len(stages) > 1 or width == 1:
         ran = run(stages, [1] * len(stages))
         if ran:
             pipeline = factors(profile, stages, [1] * len(stages), ran[0], microbatches, ran[2], ran[1])
     if width > 1:
-        whole = [[layer.name for layer in profile.layers]]
         ran = run(whole, [width])
         if ran:
             replicated = factors(profile, whole, [width], ran[0], microbatches, ran[2], ran[1])
@@ -196,7 +196,6 @@ def measure(profile: Profile, source: str, model_args: dict[str, Any], *, batch_
             over_factor = oversubscribed_factor(profile, pipeline, many, microbatches, cores, ran[1])
             over_workers = len(many) if over_factor else None
     if workers > cores and replicated is not None:  # data parallelism on more processes than cores
-        whole = [[layer.name for layer in profile.layers]]
         ran = run(whole, [workers], cores)
         if ran:
             over_replicated = oversubscribed_factor(profile, replicated, whole, microbatches, cores, ran[1], [workers])
