@@ -26,6 +26,7 @@ Workers
 
 from __future__ import annotations
 
+import itertools
 import os
 import shutil
 import signal
@@ -85,17 +86,14 @@ def _port_band() -> range:
     return range(low, low + PORT_BAND)
 
 
-_next_port = iter(())
+_ports: Iterator[int] | None = None  # this process's band, in turn (made on first use: xdist names the process by then)
 
 
 def free_port() -> int:
     """A port on 127.0.0.1 that nothing listens on, from this process's band, each in turn."""
-    global _next_port
-    for _ in range(2 * PORT_BAND):
-        port = next(_next_port, None)
-        if port is None:
-            _next_port = iter(_port_band())
-            continue
+    global _ports
+    _ports = _ports or itertools.cycle(_port_band())
+    for port in itertools.islice(_ports, PORT_BAND):
         with socket.socket() as probe:
             try:
                 probe.bind(("127.0.0.1", port))

@@ -230,15 +230,14 @@ class KillAfterCheckpoint:
                 return
             time.sleep(0.002)
         if self.recorded:
-            from sqlalchemy import func, select
             from sqlalchemy.orm import Session
 
-            from pipeboard.app.models import MetricPoint
+            from pipeboard.app.services.attempts import recorded_step
 
             engine = make_engine(settings_from_env(self.dep.env).database_url)
             try:
                 with Session(engine) as s:
-                    while (s.scalar(select(func.max(MetricPoint.step)).where(MetricPoint.job_id == self.job_id)) or 0) < self.step:
+                    while recorded_step(s, self.job_id) < self.step:  # what the next attempt resumes at or before
                         if time.monotonic() > deadline:
                             return
                         s.rollback()  # a fresh snapshot each look
