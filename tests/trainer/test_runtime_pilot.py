@@ -164,13 +164,17 @@ def test_more_workers_than_cores_take_the_oversubscribed_pilots_factor():
         Profile.from_dict(data)
 
 
-def test_a_replicated_plan_on_more_workers_than_cores_takes_the_replicated_oversubscribed_factor():
+def test_data_parallelism_on_more_workers_than_cores_takes_the_replicated_oversubscribed_factor():
     pilot = Pilot(pipeline=None, replicated=None, batch_size=8, microbatches=2, steps=16, oversubscribed_workers=3,
                   oversubscribed_factor=1.25, oversubscribed_replicated_factor=0.6)
     assert pilot.step_factor(4, 2, replicated=True) == 0.6 and pilot.step_factor(4, 2) == 1.25
     assert pilot.step_factor(2, 2, replicated=True) == 1.0  # not oversubscribed
-    # where only the pipeline's was measured, a replicated plan takes it
+    # a plan of several stages, one of them replicated, hands microbatches on: the pipeline's
+    assert pilot.step_factor(4, 2, replicated=True, stages=2) == 1.25
+    # where only one was measured, either plan takes it
     assert Pilot(None, None, 8, 2, 16, oversubscribed_factor=1.25).step_factor(4, 2, replicated=True) == 1.25
+    only_dp = Pilot(None, None, 8, 2, 16, oversubscribed_replicated_factor=0.6)
+    assert only_dp.step_factor(4, 2, replicated=True, stages=2) == 0.6 and only_dp.step_factor(4, 2) == 1.0
     prof = chain(2)
     prof.pilot = pilot
     assert Profile.from_dict(prof.to_dict()).pilot == pilot
@@ -194,17 +198,25 @@ def test_a_pilot_on_more_workers_than_cores_runs_the_whole_model_on_that_many_re
     pilot_mod.measure(chain(4), "chain", {}, batch_size=8, microbatches=2, workers=4, cores=2)
     assert runs == [(2, [1, 1]), (1, [2])]  # nothing measured: no oversubscribed pilots on top
 
+    steps_s = iter([0.01, 0.01, 0.01, 0.05, 0.02, 0.01, 0.03, 0.02])  # each oversubscribed pilot runs 3 times
+
     def succeed(cfg):
         runs.append((len(cfg.stages), list(cfg.replicas)))
         costs = stage_costs(prof, cfg.stages, microbatches=2, replicas=cfg.replicas, pilot=False)
-        return events_at(costs, dict.fromkeys(("forward", "backward_input", "weight_batched", "step"), 1.0)), {"step_s": 0.01}
+        ones = dict.fromkeys(("forward", "backward_input", "weight_batched", "step"), 1.0)
+        return events_at(costs, ones), {"step_s": next(steps_s)}
 
     runs.clear()
     prof = batched_chain(4, weight_batch_size=8)
     monkeypatch.setattr(pilot_mod, "_run", succeed)
     got = pilot_mod.measure(prof, "chain", {}, batch_size=8, microbatches=2, workers=4, cores=2)
-    assert runs == [(2, [1, 1]), (1, [2]), (4, [1, 1, 1, 1]), (1, [4])]
-    assert got.oversubscribed_factor and got.oversubscribed_replicated_factor
+    assert runs == [(2, [1, 1]), (1, [2])] + [(4, [1, 1, 1, 1])] * 3 + [(1, [4])] * 3
+    many, whole = [[f"l{i}"] for i in range(4)], [[f"l{i}" for i in range(4)]]
+    # each factor is of its runs' median step: 0.02 of 0.01, 0.05, 0.02; 0.02 of 0.01, 0.03, 0.02
+    assert got.oversubscribed_factor == pytest.approx(
+        pilot_mod.oversubscribed_factor(prof, got.pipeline, many, 2, 2, 0.02))
+    assert got.oversubscribed_replicated_factor == pytest.approx(
+        pilot_mod.oversubscribed_factor(prof, got.replicated, whole, 2, 2, 0.02, [4]))
 
 
 def test_the_oversubscribed_factor_is_the_measured_step_over_the_piloted_prediction():
