@@ -226,7 +226,8 @@ def simulate(plan_obj: Any, schedule: str, microbatches: int, *, samples_per_mic
                 from pipeboard.trainer.profile.schema import Pilot
 
                 sim.steady_step_s *= Pilot.from_dict(profile_data["pilot"]).step_factor(
-                    len(sched.workers), cores, replicated=any(r > 1 for r in replicas or []))
+                    len(sched.workers), cores, replicated=any(r > 1 for r in replicas or []),
+                    stages=len(replicas) if replicas else len(sched.workers))
         return sched, sim
     except (ConfigError, ScheduleError, ValueError) as exc:
         raise ServiceError(f"schedule: {schedule!r} cannot run this plan: {exc}", status=422, field="schedule") from None

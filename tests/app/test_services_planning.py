@@ -85,3 +85,25 @@ def test_an_interleaved_plan_has_a_stage_per_chunk_of_every_worker():
     with pytest.raises(ServiceError, match="chunks"):
         planning.make_plan(prof, planning.levels_of(None, 4), memory_bytes=None, method="pipedream",
                            schedule="interleaved-1f1b", microbatches=4, chunks=2)
+
+
+def test_more_workers_than_cores_scale_data_parallelism_and_pipelines_by_their_own_pilot():
+    from pipeboard.trainer.plan import plan
+    from pipeboard.trainer.plan.model import Plan
+
+    data = calibrated_chain()
+    data["meta"] = {**(data.get("meta") or {}), "cores": 2}
+    piloted = {**data, "pilot": {"pipeline": None, "replicated": None, "batch_size": 16, "microbatches": 4,
+                                 "steps": 16, "oversubscribed_workers": 3, "oversubscribed_factor": 2.0,
+                                 "oversubscribed_replicated_factor": 0.5}}
+    prof, levels = Profile.from_dict(data), planning.levels_of(None, 4)
+    dp = plan(prof, levels=levels, method="dp")  # one stage on 4 replicas
+    straight = plan(prof, levels=levels, method="time")  # 4 stages of one replica
+    mixed = dp.to_dict()  # l0-l1 on one worker, l2-l5 on three replicas
+    whole = mixed["stages"][0]
+    mixed["stages"] = [{**whole, "index": 0, "layers": whole["layers"][:2], "replicas": 1, "workers": [0]},
+                       {**whole, "index": 1, "layers": whole["layers"][2:], "replicas": 3, "workers": [1, 2, 3]}]
+    for cand, factor in ((dp, 0.5), (straight, 2.0), (Plan.from_dict(mixed), 2.0)):
+        assert planning.stage_replicas(cand) in ([4], [1, 1, 1, 1], [1, 3])
+        plain = planning.simulate(cand, "1f1b", 4, profile_data=data)[1].steady_step_s
+        assert planning.simulate(cand, "1f1b", 4, profile_data=piloted)[1].steady_step_s == pytest.approx(factor * plain)

@@ -253,13 +253,20 @@ class Pilot:
     # prediction (the replicated pilot's figures and the busy-time bound): the same for data parallelism
     oversubscribed_replicated_factor: float | None = None
 
-    def step_factor(self, workers: int, cores: int | None, replicated: bool = False) -> float:
-        """What a run of ``workers`` on ``cores`` takes per step beyond its prediction: with more
-        workers than cores the oversubscribed pilot's factor (the replicated one's for a plan with
-        a replicated stage, where measured), else the pipeline's or (a plan
-        with a replicated stage) the replicated pilot's own; 1 where not measured."""
+    def step_factor(self, workers: int, cores: int | None, replicated: bool = False, stages: int = 1) -> float:
+        """What a run of ``workers`` on ``cores`` takes per step beyond its prediction, for a plan
+        of ``stages`` stages (``replicated``: one of them on several replicas). With more workers
+        than cores, the oversubscribed pilots' factors: data parallelism (one replicated stage)
+        takes the replicated one's, a plan of several stages the pipeline's, as its processes
+        hand each microbatch on and every handoff waits for the OS to run the receiver (2L+4Lx3
+        of mlp-digits on 2 cores measured 42-53% over the replicated factor's prediction,
+        docs/fidelity.md); either where the other was not measured. Otherwise the pipeline
+        pilot's own factor, or (a replicated stage) the replicated pilot's; 1 where not measured."""
         if cores is not None and workers > cores:
-            return (self.oversubscribed_replicated_factor if replicated else None) or self.oversubscribed_factor or 1.0
+            data_parallel = replicated and stages == 1
+            first, second = ((self.oversubscribed_replicated_factor, self.oversubscribed_factor) if data_parallel
+                             else (self.oversubscribed_factor, self.oversubscribed_replicated_factor if replicated else None))
+            return first or second or 1.0
         kind = self.kind(2 if replicated else 1)
         return (kind.step_factor if kind is not None else None) or 1.0
 
