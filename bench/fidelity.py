@@ -11,10 +11,14 @@ figures, docs/api.md "Prediction fidelity"). Prints:
    methods: uniform, time, params, data parallel), each run; predicted order against measured;
 3. the service's overhead: samples/s of the same plan through the service (as submitted, and with
    no checkpoint during the run) and through `pipeboard train` alone, alternating, with the CPU
-   seconds of the service's own processes (up, API, Celery worker) and of each run.
+   seconds of the service's own processes (up, API, Celery worker) and of each run;
+4. repeatability: a few rows of the matrix submitted again and again, identical jobs; per row the
+   measured steps' spread and the floor it sets: (max - min) / (max + min), the smallest worst
+   |error| that any one prediction could have over those repeats, however exact.
 
     .venv/bin/python bench/fidelity.py [--models mlp-digits,...] [--schedules 1f1b,...] [--workers 2,4]
-        [--steps 30] [--quick] [--skip matrix,ranking,overhead] [--overhead-pairs 3] [--overhead-steps 300]
+        [--steps 30] [--quick] [--skip matrix,ranking,overhead,repeats] [--overhead-pairs 3]
+        [--overhead-steps 300] [--repeat-rows mlp-digits:1f1b:2,...] [--repeats 5]
 
 Timings on a shared machine are noisy: the processor and the load average are printed.
 """
@@ -229,6 +233,32 @@ def overhead(up: Up, tmp: Path, pairs: int, steps: int) -> None:
           + " (job: the train process tree the worker ran; alone: `pipeboard train`'s)", flush=True)
 
 
+def repeatability(dep: Deployment, rows: list[tuple[str, str, int]], repeats: int, steps: int) -> None:
+    print(f"\n== repeatability: identical jobs, {repeats} each, {steps} steps; floor: (max - min) / (max + min), the "
+          "smallest worst |error| of any one prediction over them ==", flush=True)
+    floors = []
+    for name, schedule, w in rows:
+        measured, predicted, shape = [], None, "?"
+        for i in range(repeats):
+            job = run_job(dep, {**job_spec(name, schedule, w, steps), "name": f"repeat {i} {name} {schedule} x{w}"})
+            f = job.get("fidelity") or {}
+            if job.get("status") != "succeeded" or not f.get("measured_step_s"):
+                print(f"{name:18} {schedule:17} {w:>2} repeat {i}: {job.get('status')}", flush=True)
+                continue
+            measured.append(f["measured_step_s"])
+            predicted, shape = f.get("predicted_step_s"), job.get("shape", "?")
+        if len(measured) < 2:
+            continue
+        lo, hi = min(measured), max(measured)
+        floors.append((hi - lo) / (hi + lo))
+        print(f"{name:18} {schedule:17} {w:>2} {shape[:14]:14} predicted {ms(predicted)} ms; measured "
+              f"{' '.join(ms(m) for m in measured)} ms: median {ms(statistics.median(measured))}, "
+              f"max/min {hi / lo:.2f}, floor {floors[-1] * 100:.1f}%", flush=True)
+    if floors:
+        print(f"floor: median {statistics.median(floors) * 100:.1f}%, worst {max(floors) * 100:.1f}% over "
+              f"{len(floors)} rows", flush=True)
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--models", default=",".join(MODELS))
@@ -239,6 +269,9 @@ def main() -> None:
     ap.add_argument("--skip", default="", help="comma-separated parts to skip: matrix, ranking, overhead")
     ap.add_argument("--overhead-pairs", type=int, default=3)
     ap.add_argument("--overhead-steps", type=int, default=300)
+    ap.add_argument("--repeat-rows", default="mlp-digits:1f1b:2,mlp-digits:1f1b:4,cnn-digits:1f1b:2,mlp-8x1024:1f1b:2",
+                    help="model:schedule:workers rows to submit --repeats times each")
+    ap.add_argument("--repeats", type=int, default=5)
     a = ap.parse_args()
     models, schedules = a.models.split(","), a.schedules.split(",")
     workers = [int(x) for x in a.workers.split(",")]
@@ -248,6 +281,12 @@ def main() -> None:
     if unknown:
         ap.error(f"--models: unknown {unknown} (use {', '.join(MODELS)})")
     skip = set(filter(None, a.skip.split(",")))
+    try:
+        repeat_rows = [(m, sch, int(w)) for m, sch, w in (row.split(":") for row in a.repeat_rows.split(",") if row)]
+    except ValueError:
+        ap.error("--repeat-rows: rows are model:schedule:workers, comma-separated")
+    if set(m for m, _, _ in repeat_rows) - set(MODELS):
+        ap.error(f"--repeat-rows: unknown model(s) {sorted(set(m for m, _, _ in repeat_rows) - set(MODELS))}")
     print(f"processor: {processor()}; load average at start {load()}", flush=True)
     with tempfile.TemporaryDirectory(prefix="pipeboard-fidelity-") as tmp_name:
         tmp = Path(tmp_name)
@@ -259,6 +298,8 @@ def main() -> None:
                 ranking(up.client, models, workers[0], a.steps)
             if "overhead" not in skip:
                 overhead(up, tmp, a.overhead_pairs, a.overhead_steps)
+            if "repeats" not in skip and not a.quick:
+                repeatability(up.client, repeat_rows, a.repeats, a.steps)
         finally:
             up.stop()
     print(f"load average at the end {load()}", flush=True)
