@@ -8,7 +8,8 @@ figures, docs/api.md "Prediction fidelity"). Prints:
 1. the matrix: model x schedule x workers: predicted and measured seconds per step, the error, and
    the error of the prediction corrected after 5 steps; the median and worst |error|;
 2. the ranking: per model, the planner's plan and two other distinct candidates (other planner
-   methods: uniform, time, params, data parallel), each run; predicted order against measured;
+   methods: uniform, time, params, data parallel), each run 3 times in turn (identical jobs vary
+   by up to 1.6x here: part 4); predicted order against the order of their median measured steps;
 3. the service's overhead: samples/s of the same plan through the service (as submitted, and with
    no checkpoint during the run) and through `pipeboard train` alone, alternating, with the CPU
    seconds of the service's own processes (up, API, Celery worker) and of each run;
@@ -19,6 +20,7 @@ figures, docs/api.md "Prediction fidelity"). Prints:
     .venv/bin/python bench/fidelity.py [--models mlp-digits,...] [--schedules 1f1b,...] [--workers 2,4]
         [--steps 30] [--quick] [--skip matrix,ranking,overhead,repeats] [--overhead-pairs 3]
         [--overhead-steps 300] [--repeat-rows mlp-digits:1f1b:2,...] [--repeats 5]
+        [--ranking-repeats 3]
 
 Timings on a shared machine are noisy: the processor and the load average are printed.
 """
@@ -163,9 +165,9 @@ def matrix(dep: Deployment, models: list[str], schedules: list[str], workers: li
                   f"{within} of {len(xs)} within 10%", flush=True)
 
 
-def ranking(dep: Deployment, models: list[str], workers: int, steps: int) -> None:
-    print(f"\n== ranking: per model, the planner's plan and two other distinct candidates, 1f1b, {workers} workers ==",
-          flush=True)
+def ranking(dep: Deployment, models: list[str], workers: int, steps: int, repeats: int) -> None:
+    print(f"\n== ranking: per model, the planner's plan and two other distinct candidates, 1f1b, {workers} workers; "
+          f"each run {repeats} time(s), in turn, and ordered by its median measured step ==", flush=True)
     for name in models:
         seen, rows = set(), []
         for method in RANKING_METHODS:
@@ -179,11 +181,17 @@ def ranking(dep: Deployment, models: list[str], workers: int, steps: int) -> Non
                 continue
             seen.add(key)
             f = job["fidelity"]
-            rows.append((method, job["shape"], f["predicted_step_s"], f["measured_step_s"]))
+            rows.append((method, job["shape"], f["predicted_step_s"], [f["measured_step_s"]]))
+        for _ in range(repeats - 1):  # in turn, so that a slow stretch of the machine falls on all of them
+            for method, _, _, measured in rows:
+                job = run_job(dep, job_spec(name, "1f1b", workers, steps, method))
+                if job.get("status") == "succeeded" and (job.get("fidelity") or {}).get("measured_step_s"):
+                    measured.append(job["fidelity"]["measured_step_s"])
         by_pred = [r[0] for r in sorted(rows, key=lambda r: r[2])]
-        by_meas = [r[0] for r in sorted(rows, key=lambda r: r[3])]
-        cells = ", ".join(f"{m} ({shape}) {ms(p)}/{ms(q)} ms" for m, shape, p, q in rows)
-        print(f"{name:18} predicted/measured: {cells}", flush=True)
+        by_meas = [r[0] for r in sorted(rows, key=lambda r: statistics.median(r[3]))]
+        cells = ", ".join(f"{m} ({shape}) {ms(p)}/{ms(statistics.median(q))} ms [{'-'.join(ms(x) for x in (min(q), max(q)))}]"
+                          for m, shape, p, q in rows)
+        print(f"{name:18} predicted/measured median [range]: {cells}", flush=True)
         print(f"{'':18} predicted order {' < '.join(by_pred)}; measured {' < '.join(by_meas)}: "
               f"{'AGREE' if by_pred == by_meas else 'DISAGREE'}", flush=True)
 
@@ -272,6 +280,7 @@ def main() -> None:
     ap.add_argument("--repeat-rows", default="mlp-digits:1f1b:2,mlp-digits:1f1b:4,cnn-digits:1f1b:2,mlp-8x1024:1f1b:2",
                     help="model:schedule:workers rows to submit --repeats times each")
     ap.add_argument("--repeats", type=int, default=5)
+    ap.add_argument("--ranking-repeats", type=int, default=3, help="runs of each ranking candidate (median measured)")
     a = ap.parse_args()
     models, schedules = a.models.split(","), a.schedules.split(",")
     workers = [int(x) for x in a.workers.split(",")]
@@ -295,7 +304,7 @@ def main() -> None:
             if "matrix" not in skip:
                 matrix(up.client, models, schedules, workers, a.steps)
             if "ranking" not in skip:
-                ranking(up.client, models, workers[0], a.steps)
+                ranking(up.client, models, workers[0], a.steps, a.ranking_repeats)
             if "overhead" not in skip:
                 overhead(up, tmp, a.overhead_pairs, a.overhead_steps)
             if "repeats" not in skip and not a.quick:
