@@ -244,7 +244,7 @@ def overhead(up: Up, tmp: Path, pairs: int, steps: int) -> None:
 def repeatability(dep: Deployment, rows: list[tuple[str, str, int]], repeats: int, steps: int) -> None:
     print(f"\n== repeatability: identical jobs, {repeats} each, {steps} steps; floor: (max - min) / (max + min), the "
           "smallest worst |error| of any one prediction over them ==", flush=True)
-    floors = []
+    floors, off_median = [], []
     for name, schedule, w in rows:
         measured, predicted, shape = [], None, "?"
         for i in range(repeats):
@@ -259,12 +259,17 @@ def repeatability(dep: Deployment, rows: list[tuple[str, str, int]], repeats: in
             continue
         lo, hi = min(measured), max(measured)
         floors.append((hi - lo) / (hi + lo))
+        mid = statistics.median(measured)
+        off_median += [abs(m / mid - 1) for m in measured]
         print(f"{name:18} {schedule:17} {w:>2} {shape[:14]:14} predicted {ms(predicted)} ms; measured "
               f"{' '.join(ms(m) for m in measured)} ms: median {ms(statistics.median(measured))}, "
               f"max/min {hi / lo:.2f}, floor {floors[-1] * 100:.1f}%", flush=True)
     if floors:
         print(f"floor: median {statistics.median(floors) * 100:.1f}%, worst {max(floors) * 100:.1f}% over "
               f"{len(floors)} rows", flush=True)
+        # had each row been predicted at exactly its repeats' median, these would have been its errors
+        print(f"repeats off their row's median by more than 10%: {sum(x > 0.10 for x in off_median)} of "
+              f"{len(off_median)}; by more than 25%: {sum(x > 0.25 for x in off_median)}", flush=True)
 
 
 def main() -> None:
