@@ -218,6 +218,19 @@ def test_a_pilot_on_more_workers_than_cores_runs_the_whole_model_on_that_many_re
     assert got.oversubscribed_replicated_factor == pytest.approx(
         pilot_mod.oversubscribed_factor(prof, got.replicated, whole, 2, 2, 0.02, [4]))
 
+    def oversubscribed_fail(cfg):  # an oversubscribed pilot that fails is not run again
+        if len(cfg.stages) * max(cfg.replicas) > 2:
+            runs.append((len(cfg.stages), list(cfg.replicas)))
+            return None
+        return succeed(cfg)
+
+    runs.clear()
+    steps_s = iter([0.01] * 2)
+    monkeypatch.setattr(pilot_mod, "_run", oversubscribed_fail)
+    got = pilot_mod.measure(prof, "chain", {}, batch_size=8, microbatches=2, workers=4, cores=2)
+    assert runs == [(2, [1, 1]), (1, [2]), (4, [1, 1, 1, 1]), (1, [4])]
+    assert got.pipeline and got.oversubscribed_factor is None and got.oversubscribed_replicated_factor is None
+
 
 def test_the_oversubscribed_factor_is_the_measured_step_over_the_piloted_prediction():
     from pipeboard.trainer.runtime.pilot import oversubscribed_factor

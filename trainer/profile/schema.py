@@ -263,10 +263,10 @@ class Pilot:
         docs/fidelity.md); either where the other was not measured. Otherwise the pipeline
         pilot's own factor, or (a replicated stage) the replicated pilot's; 1 where not measured."""
         if cores is not None and workers > cores:
-            data_parallel = replicated and stages == 1
-            first, second = ((self.oversubscribed_replicated_factor, self.oversubscribed_factor) if data_parallel
-                             else (self.oversubscribed_factor, self.oversubscribed_replicated_factor if replicated else None))
-            return first or second or 1.0
+            pipeline, data_parallel = self.oversubscribed_factor, self.oversubscribed_replicated_factor
+            if replicated and stages == 1:
+                return data_parallel or pipeline or 1.0
+            return pipeline or (data_parallel if replicated else None) or 1.0
         kind = self.kind(2 if replicated else 1)
         return (kind.step_factor if kind is not None else None) or 1.0
 

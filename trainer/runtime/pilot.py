@@ -16,7 +16,7 @@ model and the machine; so instead of guessing it, the profile phase runs the mod
   bound included) is what the OS's taking turns adds (``Pilot.step_factor``); and the whole model
   on ``workers`` replicas, the same for data parallelism (the replicated pilot's figures applied):
   4 replicas of mlp-digits on 2 cores measured half what the pipeline's factor predicted. Which
-  process the OS runs next is a matter of chance, and one run's steady step varied 2x between
+  process the OS runs next is a matter of chance, and one pilot's steady step varied 1.9x between
   runs (docs/fidelity.md): each oversubscribed pilot runs OVERSUBSCRIBED_RUNS times and keeps
   the median step.
 
@@ -181,11 +181,14 @@ def measure(profile: Profile, source: str, model_args: dict[str, Any], *, batch_
         return (ran[0], ran[1].get("step_s"), steps) if ran else None
 
     def median_step(stages: list[list[str]], replicas: list[int]) -> float | None:
-        """The median steady step of OVERSUBSCRIBED_RUNS runs (None when any failed)."""
-        measured = [run(stages, replicas, cores) for _ in range(OVERSUBSCRIBED_RUNS)]
-        if not all(m and m[1] for m in measured):
-            return None
-        return median(m[1] for m in measured)
+        """The median steady step of OVERSUBSCRIBED_RUNS runs; None at the first that fails."""
+        steps_s = []
+        for _ in range(OVERSUBSCRIBED_RUNS):
+            ran = run(stages, replicas, cores)
+            if not (ran and ran[1]):
+                return None
+            steps_s.append(ran[1])
+        return median(steps_s)
 
     pipeline = replicated = None
     whole = [[layer.name for layer in profile.layers]]
