@@ -262,7 +262,7 @@ def repeatability(dep: Deployment, rows: list[tuple[str, str, int]], repeats: in
         mid = statistics.median(measured)
         off_median += [abs(m / mid - 1) for m in measured]
         print(f"{name:18} {schedule:17} {w:>2} {shape[:14]:14} predicted {ms(predicted)} ms; measured "
-              f"{' '.join(ms(m) for m in measured)} ms: median {ms(statistics.median(measured))}, "
+              f"{' '.join(ms(m) for m in measured)} ms: median {ms(mid)}, "
               f"max/min {hi / lo:.2f}, floor {floors[-1] * 100:.1f}%", flush=True)
     if floors:
         print(f"floor: median {statistics.median(floors) * 100:.1f}%, worst {max(floors) * 100:.1f}% over "
@@ -279,7 +279,7 @@ def main() -> None:
     ap.add_argument("--workers", default="2,4")
     ap.add_argument("--steps", type=int, default=30)
     ap.add_argument("--quick", action="store_true", help="mlp-digits and mlp-8x1024, 1f1b, 2 workers, 1 overhead pair")
-    ap.add_argument("--skip", default="", help="comma-separated parts to skip: matrix, ranking, overhead")
+    ap.add_argument("--skip", default="", help="comma-separated parts to skip: matrix, ranking, overhead, repeats")
     ap.add_argument("--overhead-pairs", type=int, default=3)
     ap.add_argument("--overhead-steps", type=int, default=300)
     ap.add_argument("--repeat-rows", default="mlp-digits:1f1b:2,mlp-digits:1f1b:4,cnn-digits:1f1b:2,mlp-8x1024:1f1b:2",
@@ -299,8 +299,9 @@ def main() -> None:
         repeat_rows = [(m, sch, int(w)) for m, sch, w in (row.split(":") for row in a.repeat_rows.split(",") if row)]
     except ValueError:
         ap.error("--repeat-rows: rows are model:schedule:workers, comma-separated")
-    if set(m for m, _, _ in repeat_rows) - set(MODELS):
-        ap.error(f"--repeat-rows: unknown model(s) {sorted(set(m for m, _, _ in repeat_rows) - set(MODELS))}")
+    unknown = sorted({m for m, _, _ in repeat_rows} - set(MODELS))
+    if unknown:
+        ap.error(f"--repeat-rows: unknown model(s) {unknown}")
     print(f"processor: {processor()}; load average at start {load()}", flush=True)
     with tempfile.TemporaryDirectory(prefix="pipeboard-fidelity-") as tmp_name:
         tmp = Path(tmp_name)

@@ -21,9 +21,9 @@ import sys
 import time
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from fidelity import load, processor  # noqa: E402
+from pipeboard.trainer.hostinfo import cpu_name  # noqa: E402
 
 SIZE = 256  # float32 matrices of 256 KiB each: in a core's own cache, so no core waits on another's
 PRODUCTS = 20  # per timed batch: about 10 ms on the machines measured so far
@@ -46,6 +46,10 @@ def work(seconds: float, window: float, out: mp.Queue) -> None:
     out.put([statistics.median(w) * 1e3 for w in windows if w])
 
 
+def load() -> str:
+    return " ".join(f"{x:.2f}" for x in os.getloadavg())
+
+
 def steal_jiffies() -> int:
     return int(Path("/proc/stat").read_text().splitlines()[0].split()[8])
 
@@ -58,7 +62,7 @@ def main() -> None:
     a = ap.parse_args()
     if a.seconds <= 0 or a.window <= 0 or a.processes < 1:
         ap.error("--seconds and --window must be > 0, --processes >= 1")
-    print(f"processor: {processor()}; load average at start {load()}", flush=True)
+    print(f"processor: {cpu_name()}, {len(os.sched_getaffinity(0))} CPUs; load average at start {load()}", flush=True)
     print(f"{a.processes} process(es), {PRODUCTS} products of {SIZE}x{SIZE} float32 matrices per batch, "
           f"median batch ms per {a.window} s window, {a.seconds} s", flush=True)
     queue: mp.Queue = mp.Queue()

@@ -34,8 +34,6 @@ SMALL_JOB = {
 }
 
 
-
-
 def start_up(port: int, env: dict[str, str], cwd: Path, log: Path, timeout: float = 120) -> subprocess.Popen:
     """`pipeboard up --workers 1` on ``port`` with ``env`` over this environment, its output
     appended to ``log``; returned once /health counts its worker (RuntimeError with the log's

@@ -96,8 +96,6 @@ def test_migrate_builds_the_schema(tmp_path: Path) -> None:
     engine.dispose()
 
 
-
-
 def get_json(url: str) -> dict:
     with urllib.request.urlopen(url, timeout=5) as response:
         return json.loads(response.read())

@@ -37,8 +37,6 @@ ARTIFACTS = ROOT / "test-artifacts"
 VIEWPORT = {"width": 1280, "height": 800}
 
 
-
-
 @pytest.fixture(scope="session")
 def chromium() -> str:
     if not Path(CHROMIUM).exists():
