@@ -174,9 +174,23 @@ def _watch(cfg, procs, channel, heartbeat, reporter: Reporter, layout) -> None:
         if failed_at is not None and (now - failed_at > FAILURE_GRACE_S or all(p.exitcode is not None for p in procs)):
             raise _diagnose(reporter, procs, layout)
         if all(p.exitcode == 0 for p in procs):
+            # A worker's last reports can land between the drain above and its exit: read on to
+            # every rank's "exit", its last message (all of it is in the pipe once it has exited).
+            _drain_to_exits(channel, reporter, world)
             return
         if not any(p.is_alive() for p in procs) and failed_at is None:
             raise RunFailed("workers ended without reporting", lost=True)
+
+
+def _drain_to_exits(channel, reporter: Reporter, world: int, grace_s: float = 5.0) -> None:
+    deadline = time.monotonic() + grace_s
+    while len(reporter.exited) < world and time.monotonic() < deadline:
+        try:
+            reporter.handle(channel.get(timeout=0.05))
+        except queue_mod.Empty:
+            pass
+        except (EOFError, OSError):
+            return
 
 
 def _hung(reporter: Reporter, heartbeat, world: int, timeout: float, now: float) -> tuple[int, float] | None:

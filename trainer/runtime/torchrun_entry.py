@@ -44,8 +44,12 @@ class StoreChannel:
         self.seq += 1
 
 
-def drain(store, world: int, reporter: Reporter, stop: threading.Event) -> None:
+def drain(store, world: int, reporter: Reporter, stop: threading.Event, grace_s: float = 5.0) -> None:
+    """Feed every rank's messages to ``reporter`` in order until ``stop`` is set and then every
+    rank has sent its last ("exit" or "error"), or ``grace_s`` after ``stop``: the others finish
+    after rank 0 and their last step reports come with them."""
     next_seq = [0] * world
+    stopped_at: float | None = None
     while True:
         got = False
         for r in range(world):
@@ -57,7 +61,10 @@ def drain(store, world: int, reporter: Reporter, stop: threading.Event) -> None:
                 got = True
         if not got:
             if stop.is_set():
-                return
+                stopped_at = stopped_at or time.monotonic()
+                ended = reporter.exited | {rank for rank, *_ in reporter.errors}
+                if len(ended) >= world or time.monotonic() - stopped_at > grace_s:
+                    return
             time.sleep(0.05)
 
 
