@@ -24,7 +24,7 @@ from pipeboard.trainer import cpu_matmul
 from pipeboard.trainer.runtime import model as model_mod, shm, tied
 from pipeboard.trainer.runtime.config import ConfigError, RunConfig
 from pipeboard.trainer.runtime.layout import resolve
-from pipeboard.trainer.runtime.report import Reporter
+from pipeboard.trainer.runtime.report import LAST_MESSAGE_GRACE_S, Reporter
 from pipeboard.trainer.runtime.worker import WorkerEnv, threads_per_worker, worker_main
 from pipeboard.trainer.sink import NullSink, Sink
 from pipeboard.trainer.task.check import check_task
@@ -182,9 +182,9 @@ def _watch(cfg, procs, channel, heartbeat, reporter: Reporter, layout) -> None:
             raise RunFailed("workers ended without reporting", lost=True)
 
 
-def _drain_to_exits(channel, reporter: Reporter, world: int, grace_s: float = 5.0) -> None:
-    deadline = time.monotonic() + grace_s
-    while len(reporter.exited) < world and time.monotonic() < deadline:
+def _drain_to_exits(channel, reporter: Reporter, world: int) -> None:
+    deadline = time.monotonic() + LAST_MESSAGE_GRACE_S
+    while len(reporter.ended()) < world and time.monotonic() < deadline:
         try:
             reporter.handle(channel.get(timeout=0.05))
         except queue_mod.Empty:

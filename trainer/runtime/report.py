@@ -18,6 +18,11 @@ from pipeboard.trainer.schedule.measured import AFTER_PAUSE, steady_step_s
 from pipeboard.trainer.sink import MetricRecord, Sink
 
 
+# Once the workers are done, how long to wait for each rank's last message: a rank's final step
+# reports can still be on their way when its process (or rank 0's training) ends.
+LAST_MESSAGE_GRACE_S = 5.0
+
+
 class Reporter:
     def __init__(self, sink: Sink, world: int, batch_size: int, metric_name: str, flush_s: float = 0.5) -> None:
         self.sink = sink
@@ -44,6 +49,10 @@ class Reporter:
         self._last_busy: dict[int, float] = {}
 
     # -- messages --------------------------------------------------------------------------
+
+    def ended(self) -> set[int]:
+        """The ranks that sent their last message: "exit", or an "error"."""
+        return self.exited | {rank for rank, *_ in self.errors}
 
     def handle(self, msg: tuple) -> None:
         kind, rank = msg[0], msg[1]

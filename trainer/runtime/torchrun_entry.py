@@ -27,7 +27,7 @@ import torch.distributed as dist
 from pipeboard.trainer.runtime import model as model_mod
 from pipeboard.trainer.runtime.config import ConfigError, RunConfig
 from pipeboard.trainer.runtime.layout import resolve
-from pipeboard.trainer.runtime.report import Reporter
+from pipeboard.trainer.runtime.report import LAST_MESSAGE_GRACE_S, Reporter
 from pipeboard.trainer.runtime.sinks import JsonlSink
 from pipeboard.trainer.runtime.worker import WorkerEnv, worker_main
 from pipeboard.trainer.sink import NullSink, Sink
@@ -44,10 +44,10 @@ class StoreChannel:
         self.seq += 1
 
 
-def drain(store, world: int, reporter: Reporter, stop: threading.Event, grace_s: float = 5.0) -> None:
+def drain(store, world: int, reporter: Reporter, stop: threading.Event) -> None:
     """Feed every rank's messages to ``reporter`` in order until ``stop`` is set and then every
-    rank has sent its last ("exit" or "error"), or ``grace_s`` after ``stop``: the others finish
-    after rank 0 and their last step reports come with them."""
+    rank has sent its last, or LAST_MESSAGE_GRACE_S after ``stop``: the others may finish after
+    rank 0, and their last step reports come just before their ends."""
     next_seq = [0] * world
     stopped_at: float | None = None
     while True:
@@ -62,8 +62,7 @@ def drain(store, world: int, reporter: Reporter, stop: threading.Event, grace_s:
         if not got:
             if stop.is_set():
                 stopped_at = stopped_at or time.monotonic()
-                ended = reporter.exited | {rank for rank, *_ in reporter.errors}
-                if len(ended) >= world or time.monotonic() - stopped_at > grace_s:
+                if len(reporter.ended()) >= world or time.monotonic() - stopped_at > LAST_MESSAGE_GRACE_S:
                     return
             time.sleep(0.05)
 
