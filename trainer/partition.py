@@ -138,8 +138,7 @@ def split_graph(lg: LayerGraph, stages: Sequence[Sequence[str]]) -> list[StageMo
 
 
 def _carries_grad(lg: LayerGraph, name: str, i: int | None) -> bool:
-    value = lg.values[name] if i is None else lg.values[name][i]
-    return lg.requires_grad[name] and value.is_floating_point()
+    return lg.requires_grad[name] and lg.slot_value(name, i).is_floating_point()
 
 
 def split_model(model: nn.Module, example_input: Any, stages: Sequence[Sequence[str]]) -> list[StageModule]:

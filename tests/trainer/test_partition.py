@@ -151,6 +151,36 @@ def test_a_returned_tuple_layer_leaves_the_last_stage_flat():
     assert len(out) == 2 and all(torch.equal(a, b) for a, b in zip(out, model(x)))
 
 
+class Recurrent(nn.Module):
+    """nn.LSTM returns (output, (h, c)): a nested tuple, read twice (the last output and h)."""
+
+    def __init__(self):
+        super().__init__()
+        self.lstm = nn.LSTM(4, 6, batch_first=True)
+        self.head = nn.Linear(12, 2)
+
+    def forward(self, x):
+        out, (h, _) = self.lstm(x)
+        return self.head(torch.cat([out[:, -1], h[-1]], dim=-1))
+
+
+def test_a_nested_tuple_layer_is_one_layer_that_crosses_as_its_flat_tensors():
+    model, x = Recurrent(), torch.randn(3, 5, 4)
+    graph = trace_layers(model, x)
+    names = graph.names()
+    lstm = graph.by_name()["lstm"]  # computed once, by its own layer, not inside each reader
+    assert lstm.desc.startswith("LSTM(") and lstm.n_outputs == 3 and lstm.paths == [(0,), (1, 0), (1, 1)]
+    assert all("lstm" not in {h.name for h in layer.helpers} for layer in graph.layers)
+    stages = split_graph(graph, _cuts(names, [names.index("lstm") + 1]))
+    assert stages[1].input_names == ["lstm.0", "lstm.1", "lstm.2"]
+    assert stages[0].output_requires_grad == [True, True, True]
+    _check_every_cut(model, x)
+    # each parameter in exactly one stage of any cut: nothing is computed on both sides of it
+    for cut in range(1, len(names)):
+        owners = [{id(p) for p in stage.parameters()} for stage in split_graph(graph, _cuts(names, [cut]))]
+        assert not owners[0] & owners[1], f"cut after {names[cut - 1]}"
+
+
 def test_stage_accepts_a_tuple_or_separate_tensors(resnet):
     model, x = resnet
     names = layer_names(model, x)

@@ -106,6 +106,18 @@ def test_shared_module_parameters_count_once():
     assert prof.batch_size == 2
 
 
+def test_a_recurrent_layer_is_timed_once_with_its_three_tensors():
+    from tests.trainer.test_partition import Recurrent
+
+    prof = profile_model(Recurrent(), torch.randn(3, 5, 4), warmup=1, repeats=2)
+    layers = {layer.name: layer for layer in prof.layers}
+    lstm = layers["lstm"]  # (output, (h, c)): 3 x 5 x 6, then 1 x 3 x 6 twice, in float32
+    assert lstm.activation_bytes == [3 * 5 * 6 * 4, 3 * 6 * 4, 3 * 6 * 4]
+    assert lstm.parameter_bytes == 4 * sum(p.numel() for p in torch.nn.LSTM(4, 6).parameters())
+    assert lstm.forward_ms > 0 and lstm.backward_ms > 0
+    assert all(layer.parameter_bytes == 0 for name, layer in layers.items() if name.startswith("getitem"))
+
+
 def test_multi_input_model_and_integer_tokens():
     entry = zoo.get("transformer-text", dim=16, layers=1, heads=2, seq_len=8)
     prof = profile_model(entry.model, entry.example_input(2), warmup=0, repeats=2)

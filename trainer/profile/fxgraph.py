@@ -1,7 +1,8 @@
 """Flatten an ``nn.Module`` with torch.fx into a topologically ordered DAG of layers.
 
-A *layer* is an fx node whose value is a tensor (or a tuple/list of tensors, e.g. ``chunk``):
-what can be timed and sent between pipeline stages. Model inputs are layers too (kind
+A *layer* is an fx node whose value is a tensor, or a tuple/list of tensors nested at will
+(``chunk``; an ``nn.LSTM``'s ``(output, (h, c))``): what can be timed and sent between pipeline
+stages, the nested kind as its flat tensors. Model inputs are layers too (kind
 ``input``, like PipeDream's ``Input`` node). Every other node (``x.shape``, ``size``, integer
 arithmetic, ...) is a *helper*: it is cheap, never crosses a stage boundary, and is recomputed
 inside each layer that needs it. A layer's dependencies are therefore the layers it reads
@@ -41,8 +42,9 @@ class LayerNode:
     kind: str  # "input" or "layer"
     deps: list[str] = field(default_factory=list)
     helpers: list[fx.Node] = field(default_factory=list)  # in graph order
-    n_outputs: int | None = None  # None: one tensor; k: a tuple of k tensors
+    n_outputs: int | None = None  # None: one tensor; k: a (nested) tuple of k tensors
     desc: str = ""
+    paths: list[tuple[int, ...]] = field(default_factory=list)  # with n_outputs: each tensor's index path
 
 
 @dataclass
@@ -66,6 +68,13 @@ class LayerGraph:
 
     def edges(self) -> list[tuple[str, str]]:
         return [(dep, layer.name) for layer in self.layers for dep in layer.deps]
+
+    def slot_value(self, name: str, i: int | None) -> torch.Tensor:
+        """The example tensor of a flat slot (see :func:`flat_slots`)."""
+        value = self.values[name]
+        for index in ([] if i is None else self.by_name()[name].paths[i]):
+            value = value[index]
+        return value
 
 
 def as_tuple(example_input: Any) -> tuple:
@@ -191,13 +200,27 @@ class _Recorder(fx.Interpreter):
         return value
 
 
-def _tensor_arity(value: Any) -> int | None | bool:
-    """None for a tensor, k for a non-empty tuple/list of k tensors, False otherwise."""
+def tensor_paths(value: Any) -> list[tuple[int, ...]] | None:
+    """The index path of every tensor in ``value``, a tensor (``[()]``) or a non-empty tuple/list
+    of them nested at will, in order; None when it holds anything else (a layer's value cannot)."""
     if isinstance(value, torch.Tensor):
+        return [()]
+    if not isinstance(value, (tuple, list)) or not value:
         return None
-    if isinstance(value, (tuple, list)) and value and all(isinstance(v, torch.Tensor) for v in value):
-        return len(value)
-    return False
+    paths: list[tuple[int, ...]] = []
+    for i, item in enumerate(value):
+        inner = tensor_paths(item)
+        if inner is None:
+            return None
+        paths.extend((i, *path) for path in inner)
+    return paths
+
+
+def flat_tensors(value: Any) -> list[torch.Tensor]:
+    """The tensors of a layer's value, in the order of its flat slots."""
+    if isinstance(value, (tuple, list)):
+        return [t for item in value for t in flat_tensors(item)]
+    return [value]
 
 
 def _describe(node: fx.Node, gm: fx.GraphModule) -> str:
@@ -251,7 +274,7 @@ def trace_layers(model: nn.Module, example_input: Any) -> LayerGraph:
         if node.op == "output":
             output_node = node
             continue
-        arity = _tensor_arity(values[node.name])
+        paths = tensor_paths(values[node.name])
         deps: list[str] = []
         helpers: list[fx.Node] = []
         for src in node.all_input_nodes:
@@ -264,13 +287,14 @@ def trace_layers(model: nn.Module, example_input: Any) -> LayerGraph:
                 helpers.append(src)
         deps = list(dict.fromkeys(deps))
         helpers = list(dict.fromkeys(helpers))
-        if node.op == "placeholder" or arity is not False:
+        if node.op == "placeholder" or paths is not None:
             is_layer[node.name] = True
             helpers.sort(key=lambda h: order[h.name])
+            nested = paths is not None and paths != [()]
             layers.append(LayerNode(
                 name=node.name, node=node, kind="input" if node.op == "placeholder" else "layer",
-                deps=deps, helpers=helpers, n_outputs=arity if arity is not False else None,
-                desc=_describe(node, gm),
+                deps=deps, helpers=helpers, n_outputs=len(paths) if nested else None,
+                desc=_describe(node, gm), paths=paths if nested else [],
             ))
         else:
             is_layer[node.name] = False
@@ -287,20 +311,14 @@ def trace_layers(model: nn.Module, example_input: Any) -> LayerGraph:
             raise UntraceableModelError("the model must return a tensor or a flat tuple of tensors")
         outputs.append(item.name)
     kept = {layer.name: _detach(values[layer.name]) for layer in layers}
-    grads = {
-        layer.name: any(
-            isinstance(v, torch.Tensor) and v.requires_grad
-            for v in (values[layer.name] if layer.n_outputs else (values[layer.name],))
-        )
-        for layer in layers
-    }
+    grads = {layer.name: any(t.requires_grad for t in flat_tensors(values[layer.name])) for layer in layers}
     return LayerGraph(gm=gm, layers=layers, outputs=outputs, output_is_tuple=output_is_tuple,
                       values=kept, requires_grad=grads, order=order)
 
 
 def flat_slots(lg: LayerGraph, names: Sequence[str]) -> list[tuple[str, int | None]]:
-    """The flat tensor positions of ``names``: (name, None) for a tensor, (name, i) per item of a
-    tuple-valued layer."""
+    """The flat tensor positions of ``names``: (name, None) for a tensor, (name, i) per tensor of a
+    tuple-valued layer (``i`` indexes its ``paths``)."""
     by_name = lg.by_name()
     slots: list[tuple[str, int | None]] = []
     for name in names:
@@ -324,7 +342,7 @@ def build_submodule(lg: LayerGraph, members: Sequence[str], inputs: Sequence[str
         if k is None:
             env[name] = graph.placeholder(name)
         else:  # a tuple-valued layer arrives as k tensors and is regrouped for its readers
-            env[name] = tuple(graph.placeholder(f"{name}_{i}") for i in range(k))
+            env[name] = _regroup(lg.values[name], iter([graph.placeholder(f"{name}_{i}") for i in range(k)]))
     member_set = set(members)
     for name in sorted(member_set, key=lambda m: lg.order[m]):
         layer = by_name[name]
@@ -335,12 +353,17 @@ def build_submodule(lg: LayerGraph, members: Sequence[str], inputs: Sequence[str
     flat_out = []
     for name, i in flat_slots(lg, outputs):
         value = env[name]
-        if i is None:
-            flat_out.append(value)
-        elif isinstance(value, tuple):
-            flat_out.append(value[i])
-        else:
-            flat_out.append(graph.call_function(operator.getitem, (value, i)))
+        for index in ([] if i is None else by_name[name].paths[i]):
+            # an input's regrouped tuple is indexed here; a value computed in the stage, in the graph
+            value = value[index] if isinstance(value, tuple) else graph.call_function(operator.getitem, (value, index))
+        flat_out.append(value)
     graph.output(tuple(flat_out))
     graph.lint()
     return fx.GraphModule(lg.gm, graph)
+
+
+def _regroup(example: Any, tensors: Any) -> Any:
+    """The next tensors of ``tensors`` in the nesting of ``example`` (tuples throughout)."""
+    if isinstance(example, (tuple, list)):
+        return tuple(_regroup(item, tensors) for item in example)
+    return next(tensors)

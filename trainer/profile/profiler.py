@@ -42,7 +42,7 @@ from pipeboard.trainer import cpu_matmul
 from pipeboard.trainer.allocator import keep_freed_memory, settings as allocator_settings
 from pipeboard.trainer.precision import autocast, check as check_precision
 from pipeboard.trainer.profile.conditions import ConcurrentLoad, optimizer_ms
-from pipeboard.trainer.profile.fxgraph import LayerGraph, LayerNode, as_tuple, trace_layers
+from pipeboard.trainer.profile.fxgraph import LayerGraph, LayerNode, as_tuple, flat_tensors, trace_layers
 from pipeboard.trainer.profile.schema import Layer, Profile
 
 # Optimizer-state bytes per parameter byte: Adam keeps two moments, SGD with momentum one buffer.
@@ -108,7 +108,7 @@ def _tensor_bytes(t: torch.Tensor) -> float:
 def _activation_bytes(value: Any) -> float | list[float]:
     if isinstance(value, torch.Tensor):
         return _tensor_bytes(value)
-    return [_tensor_bytes(v) for v in value]
+    return [_tensor_bytes(t) for t in flat_tensors(value)]
 
 
 def _own_parameters(lg: LayerGraph, layer: LayerNode, seen: set[int]) -> list[torch.Tensor]:
@@ -163,8 +163,8 @@ class _LayerClock(fx.Interpreter):
         if self.float_leaves and n.name in self.layer_names:
             value = _as_leaves(value)
         if n.name in self.layer_names:
-            for t in value if isinstance(value, (tuple, list)) else (value,):
-                if isinstance(t, torch.Tensor) and t.requires_grad:
+            for t in flat_tensors(value):
+                if t.requires_grad:
                     self.handles.append(t.register_hook(self._reached(n.name)))
         return value
 
