@@ -37,6 +37,19 @@ def test_sync_schedules_equal_gradient_accumulation(tmp_path, schedule, stages, 
     assert max_diff(trained, reference) < 1e-5
 
 
+# The middle stage is one ReLU: no parameters, so its optimizer steps an empty group.
+RELU_ALONE = [["x", "net_0"], ["net_1"], ["net_2", "net_3", "net_4", "net_5", "net_6", "net_7", "net_8"]]
+
+
+@pytest.mark.parametrize("schedule", ["gpipe", "1f1b", "zb-h1", "pipedream"])
+def test_a_stage_without_parameters_trains_in_every_schedule(tmp_path, schedule):
+    cfg, summary, trained, _ = run(tmp_path, schedule=schedule, stages=RELU_ALONE, steps=3, optimizer="sgd", lr=0.5)
+    assert summary["steps"] == 3
+    expected = emulate_async(cfg, 3, stash=True) if schedule == "pipedream" else train_sync(cfg, 3)
+    assert max_diff(trained, train_sync(cfg, 0)) > 1e-4
+    assert max_diff(trained, expected) < 1e-5
+
+
 def test_dp_with_ddp_equals_gradient_accumulation(tmp_path):
     cfg, _, trained, _ = run(tmp_path, schedule="dp", workers=2, steps=3)
     assert max_diff(trained, train_sync(cfg, 3)) < 1e-5

@@ -75,7 +75,7 @@ class WeightVersions:
             return
         self.move_grads(view)  # its last backward's gradients still await the next step
         del self.views[version]
-        if view[0].data_ptr() != self.params[0].data_ptr():
+        if view and view[0].data_ptr() != self.params[0].data_ptr():
             self.pool.append([t.detach() for t in view])
 
     # -- gradients and updates --------------------------------------------------------------
@@ -98,7 +98,7 @@ class WeightVersions:
         """Apply the optimizer, producing ``version``. ``keep_current``: the version held now is
         still needed later, so it must survive the update unchanged."""
         self.gather_grads()
-        if self.stash and keep_current:
+        if self.stash and keep_current and self.params:
             fresh = self.pool.pop() if self.pool else [torch.empty_like(p) for p in self.params]
             if not sgd_out_of_place(self.optimizer, self.params, fresh):
                 with torch.no_grad():

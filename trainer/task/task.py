@@ -104,6 +104,8 @@ class Task:
     # ---- the optimizer --------------------------------------------------------------------------
     def make_optimizer(self, params, lr: float | None = None) -> torch.optim.Optimizer:
         params = list(params)
+        if not params:  # a pipeline stage of parameterless layers alone (a ReLU): it steps nothing,
+            params = [{"params": []}]  # and torch refuses a list without a group, not an empty group
         if callable(self.optimizer):
             opt = self.optimizer(params)
             if not isinstance(opt, torch.optim.Optimizer):
