@@ -42,9 +42,13 @@ class LayerNode:
     kind: str  # "input" or "layer"
     deps: list[str] = field(default_factory=list)
     helpers: list[fx.Node] = field(default_factory=list)  # in graph order
-    n_outputs: int | None = None  # None: one tensor; k: a (nested) tuple of k tensors
     desc: str = ""
-    paths: list[tuple[int, ...]] = field(default_factory=list)  # with n_outputs: each tensor's index path
+    paths: list[tuple[int, ...]] = field(default_factory=list)  # a tuple's: each tensor's index path; a tensor's: []
+
+    @property
+    def n_outputs(self) -> int | None:
+        """None: one tensor; k: a (nested) tuple of k tensors."""
+        return len(self.paths) or None
 
 
 @dataclass
@@ -293,8 +297,7 @@ def trace_layers(model: nn.Module, example_input: Any) -> LayerGraph:
             nested = paths is not None and paths != [()]
             layers.append(LayerNode(
                 name=node.name, node=node, kind="input" if node.op == "placeholder" else "layer",
-                deps=deps, helpers=helpers, n_outputs=len(paths) if nested else None,
-                desc=_describe(node, gm), paths=paths if nested else [],
+                deps=deps, helpers=helpers, desc=_describe(node, gm), paths=paths if nested else [],
             ))
         else:
             is_layer[node.name] = False
