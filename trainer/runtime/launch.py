@@ -152,6 +152,7 @@ def _start_method(cfg: RunConfig, world: int) -> str:
 def _watch(cfg, procs, channel, heartbeat, reporter: Reporter, layout) -> None:
     world = len(procs)
     failed_at: float | None = None
+    exited_at: float | None = None
     while True:
         try:
             reporter.handle(channel.get(timeout=0.05))
@@ -174,23 +175,15 @@ def _watch(cfg, procs, channel, heartbeat, reporter: Reporter, layout) -> None:
         if failed_at is not None and (now - failed_at > FAILURE_GRACE_S or all(p.exitcode is not None for p in procs)):
             raise _diagnose(reporter, procs, layout)
         if all(p.exitcode == 0 for p in procs):
-            # A worker's last reports can land between the drain above and its exit: read on to
-            # every rank's "exit", its last message (all of it is in the pipe once it has exited).
-            _drain_to_exits(channel, reporter, world)
-            return
+            # A worker's last reports can land between the drain above and its exit: go round
+            # until every rank's "exit", its last message, is read (all of it is in the pipe once
+            # it has exited).
+            exited_at = exited_at or now
+            if len(reporter.ended()) == world or now - exited_at > LAST_MESSAGE_GRACE_S:
+                return
+            continue
         if not any(p.is_alive() for p in procs) and failed_at is None:
             raise RunFailed("workers ended without reporting", lost=True)
-
-
-def _drain_to_exits(channel, reporter: Reporter, world: int) -> None:
-    deadline = time.monotonic() + LAST_MESSAGE_GRACE_S
-    while len(reporter.ended()) < world and time.monotonic() < deadline:
-        try:
-            reporter.handle(channel.get(timeout=0.05))
-        except queue_mod.Empty:
-            pass
-        except (EOFError, OSError):
-            return
 
 
 def _hung(reporter: Reporter, heartbeat, world: int, timeout: float, now: float) -> tuple[int, float] | None:
