@@ -9,6 +9,7 @@ from dataclasses import dataclass
 
 from pipeboard.trainer.runtime.config import ConfigError, RunConfig
 from pipeboard.trainer.schedule import Schedule, build, registry
+from pipeboard.trainer.schedule.topology import chunk_stages
 
 
 @dataclass(frozen=True)
@@ -37,9 +38,12 @@ class Layout:
                      batch_weight_grads=self.batch_weight_grads, per_update=self.per_update)
 
     def stages_of(self, rank: int) -> tuple[int, ...]:
-        """The virtual stages worker ``rank`` holds (ranks are stage-major; interleaved: round robin)."""
+        """The virtual stages worker ``rank`` holds (ranks are stage-major; chunks: placed as the
+        schedule declares, ``topology.chunk_stages``)."""
         if self.chunks > 1:
-            return tuple(c * self.physical_stages + rank for c in range(self.chunks))
+            if not 0 <= rank < self.physical_stages:
+                raise ValueError(f"rank {rank} is outside the layout's {self.world} workers")
+            return chunk_stages(rank, self.physical_stages, self.chunks, registry.get(self.schedule).placement)
         first = 0
         for s, r in enumerate(self.replicas):
             if rank < first + r:

@@ -94,6 +94,7 @@ def build(
         "sync": spec.synchronous,
         "physical_stages": physical,
         "chunks": chunks,
+        "placement": spec.placement,
         "replicas": [topo.replicas(s) for s in range(topo.num_stages)] if chunks == 1 else [1] * num_stages,
         "split_backward": split,
         "batch_weight_grads": batch,
@@ -106,8 +107,8 @@ def build(
 
 
 def _topology(spec: ScheduleSpec, num_stages: int, replicas: list[int] | None, chunks: int) -> topo_mod.Topology:
-    """The workers ``spec`` runs on: one replicated stage (data parallel), chunks round robin over
-    one worker per stage (chunks), else ``replicas[s]`` workers per stage."""
+    """The workers ``spec`` runs on: one replicated stage (data parallel), chunks placed as the
+    spec declares over one worker per stage (chunks), else ``replicas[s]`` workers per stage."""
     if spec.data_parallel:
         if replicas is not None and len(replicas) != 1:
             raise ScheduleError(f"{spec.name} has one stage: replicas must be [workers], got {replicas}")
@@ -115,5 +116,5 @@ def _topology(spec: ScheduleSpec, num_stages: int, replicas: list[int] | None, c
     if not spec.replication and replicas is not None and any(r != 1 for r in replicas):
         raise ScheduleError(f"{spec.name} does not replicate stages: replicas must all be 1")
     if spec.chunks:
-        return topo_mod.interleaved(num_stages, chunks)
+        return topo_mod.interleaved(num_stages, chunks, spec.placement)
     return topo_mod.replicated(num_stages, replicas)

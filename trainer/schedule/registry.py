@@ -38,6 +38,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, Callable
 
 from pipeboard.trainer.schedule.actions import ScheduleError
+from pipeboard.trainer.schedule.topology import PLACEMENTS
 
 if TYPE_CHECKING:
     from pipeboard.trainer.schedule.actions import Action
@@ -88,6 +89,9 @@ class ScheduleSpec:
     - ``needs_split_backward``: its backwards are always BI + W (zb-h1).
     - ``data_parallel``: the whole model on every worker: one stage, ``num_stages`` (or the
       only replica count) is the worker count, DDP reduces the gradients inside the backward.
+    - ``placement``: how a schedule that takes chunks places its virtual stages on workers,
+      ``"loop"`` (worker w holds w, w + p, ...) or ``"v"`` (down and back up: w, 2p - 1 - w, ...);
+      ``topology.chunk_stages`` is the formula, read by the builders' topology and the runtime.
     - ``description``: one line, for help texts and the dashboard's form.
     """
 
@@ -102,6 +106,7 @@ class ScheduleSpec:
     vertical_sync: bool = False
     needs_split_backward: bool = False
     data_parallel: bool = False
+    placement: str = "loop"
 
     def __post_init__(self) -> None:
         problems = []
@@ -123,6 +128,10 @@ class ScheduleSpec:
             problems.append("needs_split_backward excludes batched weight gradients (weight_grads without 'batched')")
         if self.data_parallel and (self.chunks or not self.synchronous or not self.replication):
             problems.append("data_parallel is one replicated stage: synchronous, replication, no chunks")
+        if self.placement not in PLACEMENTS:
+            problems.append(f"placement must be one of {', '.join(PLACEMENTS)}")
+        elif self.placement != "loop" and not self.chunks:
+            problems.append("a placement other than 'loop' places chunks: it needs chunks=True")
         if problems:
             raise ScheduleError(f"schedule {self.name!r}: " + "; ".join(problems))
         object.__setattr__(self, "weight_grads", tuple(self.weight_grads))

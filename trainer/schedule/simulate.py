@@ -66,14 +66,16 @@ class SimResult:
 
 
 def stage_costs(schedule: Schedule, costs: list[StageCosts]) -> list[StageCosts]:
-    """One StageCosts per virtual stage; physical-stage costs are split evenly over chunks."""
+    """One StageCosts per virtual stage; a worker's physical-stage costs are split evenly over the
+    chunks it holds (wherever the schedule's placement puts them)."""
     n = schedule.num_stages
     if len(costs) == n:
         return list(costs)
     p = schedule.meta.get("physical_stages", n)
     chunks = schedule.meta.get("chunks", 1)
     if chunks > 1 and len(costs) == p and p * chunks == n:
-        return [costs[j % p].scaled(1 / chunks) for j in range(n)]
+        worker_of = {s: w.rank for w in schedule.workers for s in w.stages}
+        return [costs[worker_of[j]].scaled(1 / chunks) for j in range(n)]
     raise ScheduleError(f"costs list {len(costs)} stages; the schedule has {n} (or {p} with chunks)")
 
 

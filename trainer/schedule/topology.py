@@ -2,8 +2,14 @@
 
 Ranks are stage-major: stage 0's replicas come first, then stage 1's, and so on. Microbatch ``i``
 of a replicated stage runs on replica ``i % replicas`` (round robin, as PipeDream assigns
-minibatches to a stage's replicas). With interleaving (``chunks`` > 1) worker ``w`` of ``p``
-holds virtual stages ``w, w + p, ..., w + (chunks - 1) * p`` and stages are not replicated.
+minibatches to a stage's replicas). With several model chunks per worker (``chunks`` > 1)
+stages are not replicated, and the schedule's declared placement (``PLACEMENTS``) says which
+virtual stages worker ``w`` of ``p`` holds; ``chunk_stages`` is the one formula for it:
+
+- ``loop``: ``w, w + p, ..., w + (chunks - 1) p`` (Megatron's interleaving, looped BFS);
+- ``v``: down the workers and back up, ``w, 2p - 1 - w, 2p + w, 4p - 1 - w, ...`` (ZB-V,
+  DualPipeV): the first and last virtual stages sit on worker 0, so the loss is computed where
+  the input enters, and the turn of the V (stages p - 1 and p) is on one worker, with no transfer.
 """
 
 from __future__ import annotations
@@ -68,12 +74,26 @@ def replicated(num_stages: int, replicas: list[int] | None) -> Topology:
     return Topology(num_stages, tuple(stage_ranks), tuple(workers))
 
 
-def interleaved(num_workers: int, chunks: int) -> Topology:
+PLACEMENTS = ("loop", "v")  # how a schedule's chunks sit on its workers (registry: ScheduleSpec.placement)
+
+
+def chunk_stages(rank: int, num_workers: int, chunks: int, placement: str = "loop") -> tuple[int, ...]:
+    """The virtual stages worker ``rank`` of ``num_workers`` holds, chunk by chunk (see the module
+    docstring). Every caller that maps workers to chunks (the builders' topology, the runtime's
+    layout) asks here."""
+    if placement == "loop":
+        return tuple(c * num_workers + rank for c in range(chunks))
+    if placement == "v":  # even chunks go down the workers, odd ones come back up
+        return tuple(c * num_workers + (rank if c % 2 == 0 else num_workers - 1 - rank) for c in range(chunks))
+    raise ScheduleError(f"placement must be one of {', '.join(PLACEMENTS)}, got {placement!r}")
+
+
+def interleaved(num_workers: int, chunks: int, placement: str = "loop") -> Topology:
+    """One worker per physical stage, each holding ``chunks`` virtual stages as ``placement`` says."""
     if num_workers < 1 or chunks < 1:
         raise ScheduleError(f"stages and chunks must be >= 1, got {num_workers} and {chunks}")
-    total = num_workers * chunks
-    stage_ranks = tuple((j % num_workers,) for j in range(total))
-    workers = tuple(
-        WorkerSpec(rank=w, stages=tuple(c * num_workers + w for c in range(chunks))) for w in range(num_workers)
-    )
-    return Topology(total, stage_ranks, workers)
+    workers = tuple(WorkerSpec(rank=w, stages=chunk_stages(w, num_workers, chunks, placement))
+                    for w in range(num_workers))
+    owner = {s: w.rank for w in workers for s in w.stages}
+    stage_ranks = tuple((owner[j],) for j in range(num_workers * chunks))
+    return Topology(num_workers * chunks, stage_ranks, workers)
