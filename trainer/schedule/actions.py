@@ -101,6 +101,35 @@ class Action:
 
 
 @dataclass(frozen=True, slots=True)
+class OverlapFB:
+    """A forward and a backward one worker may run at the same time (torch's ``OVERLAP_F_B``,
+    written ``(0F3;3B1)OVERLAP_F_B``; DualPipeV's pairs): one element of a builder's program.
+
+    ``build`` writes it into the worker's list as its two actions, the forward first, and notes
+    the pair in ``meta["overlap_f_b"]`` (per worker, ``[forward stage, forward microbatch,
+    backward stage, backward microbatch]``), so every consumer of the lists runs it as it is: the
+    runtime in sequence, the validator and the memory walk as two actions. The simulator times
+    the pair overlapped (the backward may start with the forward, the worker is free when both
+    have ended) when asked to, ``simulate(..., overlap_f_b=True)``, and in sequence otherwise;
+    pipeboard's runtime runs a pair's two halves one after the other on every device (one
+    thread, one stream), so its own predictions time them in sequence.
+    """
+
+    forward: Action
+    backward: Action
+
+    def __post_init__(self) -> None:
+        if self.forward.kind is not Kind.FORWARD or self.backward.kind not in (Kind.BACKWARD, Kind.BACKWARD_INPUT):
+            raise ScheduleError(f"an overlapped pair is a forward and a backward (B or BI), "
+                                f"got {self.forward} and {self.backward}")
+        if (self.forward.stage, self.forward.microbatch) == (self.backward.stage, self.backward.microbatch):
+            raise ScheduleError(f"an overlapped pair cannot hold a backward and its own forward, {self.forward}")
+
+    def __str__(self) -> str:
+        return f"({self.forward};{self.backward})"
+
+
+@dataclass(frozen=True, slots=True)
 class WorkerSpec:
     """Worker ``rank`` holds virtual stages ``stages`` (one unless interleaved) as replica ``replica``."""
 

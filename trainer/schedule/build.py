@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from pipeboard.trainer.schedule import registry
 from pipeboard.trainer.schedule import topology as topo_mod
-from pipeboard.trainer.schedule.actions import Schedule, ScheduleError
+from pipeboard.trainer.schedule.actions import Action, OverlapFB, Schedule, ScheduleError
 from pipeboard.trainer.schedule.engine import gc_paused
 from pipeboard.trainer.schedule.flush import batch_weight_grads as batch_weights
 from pipeboard.trainer.schedule.hoist import hoist_receives
@@ -87,6 +87,7 @@ def build(
         programs = spec.builder(ctx)
         if len(programs) != topo.num_workers:
             raise ScheduleError(f"{name}: the builder wrote {len(programs)} programs for {topo.num_workers} workers")
+        programs, pairs = _expand_pairs(name, programs, topo)
         if batch:
             programs = [batch_weights(p) for p in programs]
         table = hoist_receives(place(topo, programs))
@@ -103,6 +104,8 @@ def build(
     }
     if not spec.synchronous:
         meta["per_update"] = per_update
+    if any(pairs):
+        meta["overlap_f_b"] = pairs
     return Schedule.from_columns(name, topo.num_stages, microbatches, list(topo.workers), table, meta)
 
 
@@ -118,3 +121,29 @@ def _topology(spec: ScheduleSpec, num_stages: int, replicas: list[int] | None, c
     if spec.chunks:
         return topo_mod.interleaved(num_stages, chunks, spec.placement)
     return topo_mod.replicated(num_stages, replicas)
+
+
+def _expand_pairs(name: str, programs: list[list], topo: topo_mod.Topology) -> tuple[list[list[Action]], list[list[list[int]]]]:
+    """Each ``OverlapFB`` of a program as its forward then its backward, and per worker the
+    pairs written (``meta["overlap_f_b"]``)."""
+    out, pairs = [], []
+    for w, program in enumerate(programs):
+        if not any(isinstance(a, OverlapFB) for a in program):
+            out.append(program)
+            pairs.append([])
+            continue
+        flat: list[Action] = []
+        mine: list[list[int]] = []
+        held = set(topo.workers[w].stages)
+        for a in program:
+            if isinstance(a, OverlapFB):
+                f, b = a.forward, a.backward
+                if f.stage not in held or b.stage not in held:
+                    raise ScheduleError(f"{name}: worker {w} pairs {a}, but holds stages {sorted(held)} only")
+                flat += (f, b)
+                mine.append([f.stage, f.microbatch, b.stage, b.microbatch])
+            else:
+                flat.append(a)
+        out.append(flat)
+        pairs.append(mine)
+    return out, pairs

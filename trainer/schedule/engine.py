@@ -56,6 +56,7 @@ class Program:
     keys: list[int]  # transfer: its datum; compute: the remote input it waits for, or -1; ALLREDUCE: group size
     durs: list[float]
     stages: list[int]  # (microbatches: read from ``mb`` where a transfer takes time; most take none)
+    overlap: dict[int, int] | None = None  # index of an overlapped pair's forward -> its backward's
 
 
 @dataclass
@@ -79,9 +80,11 @@ def durations(costs) -> np.ndarray:
     return table
 
 
-def compile_programs(schedule: Schedule, cols: list[tuple], sources: list, dur: np.ndarray) -> list[Program]:
+def compile_programs(schedule: Schedule, cols: list[tuple], sources: list, dur: np.ndarray,
+                     overlap_f_b: bool = False) -> list[Program]:
     """The loop's programs from ``cols`` (stash.schedule_columns); ``sources[w][i]`` is worker w's
-    Action at index i wherever that is an ALLREDUCE (its group's size is read)."""
+    Action at index i wherever that is an ALLREDUCE (its group's size is read). ``overlap_f_b``:
+    the pairs of ``meta["overlap_f_b"]`` run overlapped (actions.OverlapFB)."""
     import numpy as np
     S = schedule.num_stages
     # a compute waits for a transfer iff its input is received somewhere (on its own worker,
@@ -107,7 +110,25 @@ def compile_programs(schedule: Schedule, cols: list[tuple], sources: list, dur: 
         progs.append(
             Program(code, stage, mb, d, code.tolist(), key.tolist(), d.tolist(), stage.tolist())
         )
+    if overlap_f_b:
+        for prog, pairs in zip(progs, schedule.meta.get("overlap_f_b", ())):
+            if pairs:
+                prog.overlap = _pair_indices(prog, pairs)
     return progs
+
+
+def _pair_indices(prog: Program, pairs: list[list[int]]) -> dict[int, int]:
+    """Each pair's forward index -> its backward's, found by (kind, stage, microbatch); the build
+    wrote the two with no compute between them."""
+    where = {(c, s, m): i for i, (c, s, m) in enumerate(zip(prog.codes, prog.stages, prog.mb.tolist())) if c <= BI}
+    out = {}
+    for fs, fm, bs, bm in pairs:
+        f = where.get((F, fs, fm))
+        b = where.get((B, bs, bm), where.get((BI, bs, bm)))
+        if f is None or b is None or b < f or any(prog.codes[k] <= W for k in range(f + 1, b)):
+            raise ScheduleError(f"overlapped pair {fs}F{fm};{bs}B{bm}: not a forward followed by its backward")
+        out[f] = b
+    return out
 
 
 class SharedLinks:
@@ -155,29 +176,41 @@ def run(schedule: Schedule, progs: list[Program], links: SharedLinks | None = No
     collective: dict[tuple[int, int], list[int]] = {}
     ar_seen: dict[tuple[int, int], int] = {}
     ready = list(range(nw - 1, -1, -1))
+    # An overlapped pair (Program.overlap): from its forward's start to its backward, the
+    # worker's receives are posted at the pair's start and the backward may start then too.
+    pair_b = [-1] * nw  # index of the open pair's backward
+    pair_t = [0.0] * nw  # the open pair's start
 
     while ready:
         w = ready.pop()
         p = progs[w]
-        codes, keys, durs = p.codes, p.keys, p.durs
+        codes, keys, durs, overlap = p.codes, p.keys, p.durs, p.overlap
         ei, et, t, i, n = index[w], start[w], clock[w], pc[w], len(codes)
         while i < n:
             c = codes[i]
             if c <= W or c == ST:
+                at = pair_t[w] if i == pair_b[w] else t
                 if c <= W and (key := keys[i]) >= 0:
                     a = arrival[key]
                     if a is None:
                         parked[key] = w
                         break
-                    if a > t:
-                        t = a
+                    if a > at:
+                        at = a
                 ei.append(i)
-                et.append(t)
-                t += durs[i]
+                et.append(at)
+                end = at + durs[i]
+                if end > t:  # a pair's backward may end before its forward
+                    t = end
+                if overlap is not None:
+                    if i in overlap:
+                        pair_b[w], pair_t[w] = overlap[i], at
+                    elif i == pair_b[w]:
+                        pair_b[w] = -1
             elif c <= RG:  # a transfer starts once both ends are posted
                 key = keys[i]
                 if c & 1:  # RECV_ACT, RECV_GRAD
-                    recv_post[key], receiver[key] = t, w
+                    recv_post[key], receiver[key] = (t if pair_b[w] < 0 else pair_t[w]), w
                     other = send_post[key]
                     if other is None:
                         i += 1

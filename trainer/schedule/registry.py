@@ -74,7 +74,8 @@ Builder = Callable[[BuildContext], "list[list[Action]]"]
 class ScheduleSpec:
     """One schedule and what it can do.
 
-    - ``builder(ctx)``: one program (ordered actions) per worker of ``ctx.topology``, rank order.
+    - ``builder(ctx)``: one program (ordered actions, and ``OverlapFB`` pairs) per worker of
+      ``ctx.topology``, rank order.
       ``build`` then batches weight gradients (where honoured), places and hoists the receives
       and writes ``meta``.
     - ``synchronous``: one weight update per iteration of ``microbatches`` (a flush). False

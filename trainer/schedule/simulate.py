@@ -7,7 +7,12 @@ The model is the runtime the action lists are written for:
   the data waits for it to arrive (pre-posted receives overlap transfers with compute);
 - transfers do not contend, unless ``shared_links=True``: then the transfers between two workers,
   both directions, take turns on one link (the planner's assumption);
-- an ALLREDUCE starts when its whole group has reached it and takes the stage's all-reduce time.
+- an ALLREDUCE starts when its whole group has reached it and takes the stage's all-reduce time;
+- an overlapped forward-and-backward pair (``meta["overlap_f_b"]``, actions.OverlapFB) runs in
+  sequence, as pipeboard's runtime runs it on every device, unless ``overlap_f_b=True``: then
+  the backward may start with the forward (its receive posted at the pair's start) and the
+  worker is free once both have ended, what a runtime that overlaps them (DualPipe's
+  computation-communication overlap on GPUs) would get.
 
 The loop itself lives in engine.py.
 """
@@ -85,12 +90,14 @@ def simulate(
     *,
     samples_per_microbatch: int | None = None,
     shared_links: bool = False,
+    overlap_f_b: bool = False,
 ) -> SimResult:
-    """Predict the timeline of ``schedule`` under per-stage ``costs``."""
+    """Predict the timeline of ``schedule`` under per-stage ``costs``; ``overlap_f_b`` times its
+    overlapped pairs overlapped (the module docstring says when)."""
     per_stage = stage_costs(schedule, costs)
     with gc_paused():
         cols, sources = schedule_columns(schedule)
-        progs = compile_programs(schedule, cols, sources, durations(per_stage))
+        progs = compile_programs(schedule, cols, sources, durations(per_stage), overlap_f_b)
         trace = run(schedule, progs, SharedLinks() if shared_links else None)
         stats = worker_stats(progs, trace)
         activations, versions = memory_profile(schedule, cols)
@@ -110,7 +117,8 @@ def simulate(
         steady_bubble_fraction=stats.steady_bubble,
         steady_throughput=stats.steady_rate,
         samples_per_s=None if samples_per_microbatch is None else throughput * samples_per_microbatch,
-        extra={"schedule": schedule.name, "workers": n, "microbatches": schedule.microbatches},
+        extra={"schedule": schedule.name, "workers": n, "microbatches": schedule.microbatches,
+               **({"overlap_f_b": overlap_f_b} if "overlap_f_b" in schedule.meta else {})},
         _make_timeline=lambda: _timeline(schedule, progs, trace),
     )
 
