@@ -14,6 +14,7 @@ from starlette.middleware.trustedhost import TrustedHostMiddleware
 
 from pipeboard.app.api.bodies import DeclaredLengthLimit, body_limit, media_type, too_large
 from pipeboard.app.api.common import allowed_methods
+from pipeboard.app.api.head import HeadAsGet
 from pipeboard.app.api.router import api_router
 from pipeboard.app.api.security import FailureLimiter
 from pipeboard.app.core.config import VERSION, Settings, get_settings
@@ -96,6 +97,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
         app.add_middleware(CORSMiddleware, allow_origins=settings.cors_origins, allow_methods=["GET", "POST"],
                            allow_headers=["Authorization", "Content-Type", "Last-Event-ID"], max_age=600)
     app.add_middleware(TrustedHostMiddleware, allowed_hosts=settings.trusted_hosts(), www_redirect=False)
+    app.add_middleware(HeadAsGet)  # outermost: a HEAD is the GET it stands for, all the way in (app/api/head.py)
     app.include_router(api_router)
     mount_frontend(app)  # last: it serves `/`, after the API routes
     return app

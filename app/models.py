@@ -118,6 +118,30 @@ class ModelStatus(str, enum.Enum):
     FAILED = "failed"  # `message` says why
 
 
+class User(Base):
+    """Who owns work: each API token belongs to one user. Jobs, models, profiles and code contexts
+    are their owner's; a token of scope `admin` sees and acts on everyone's (app/api/ownership.py).
+    Migration 0006 made the tokens that existed before users the `admin` user's."""
+
+    __tablename__ = "users"
+
+    id: Mapped[int] = mapped_column(primary_key=True)
+    name: Mapped[str] = mapped_column(String(120), unique=True)
+    created_at: Mapped[datetime] = mapped_column(default=utcnow)
+
+
+class ContextAccess(Base):
+    """Who may see and use a code context. Contexts are stored once by content (`sha256`), but each
+    user who uploaded the same bytes, or was shared it (`POST /contexts/{sha}/share`), has a row."""
+
+    __tablename__ = "context_access"
+
+    sha256: Mapped[str] = mapped_column(ForeignKey("contexts.sha256", ondelete="CASCADE"), primary_key=True)
+    user_id: Mapped[int] = mapped_column(ForeignKey("users.id", ondelete="CASCADE"), primary_key=True, index=True)
+    granted_by: Mapped[int | None] = mapped_column(ForeignKey("users.id", ondelete="SET NULL"))  # None: uploaded it
+    created_at: Mapped[datetime] = mapped_column(default=utcnow)
+
+
 class CodeContext(Base):
     """A user's project archive (.tar.gz or .zip), checked and stored by the SHA-256 of its bytes;
     workers unpack it into their own data folder (app/services/contexts.py)."""
@@ -152,6 +176,7 @@ class Model(Base):
     status: Mapped[ModelStatus] = mapped_column(_str_enum(ModelStatus, "model_status"), default=ModelStatus.READY)
     message: Mapped[str] = mapped_column(Text, default="")  # why validation failed, or what it found
     layers: Mapped[int | None]
+    owner_id: Mapped[int | None] = mapped_column(ForeignKey("users.id", ondelete="SET NULL"), index=True)
 
 
 class Profile(Base):
@@ -166,6 +191,7 @@ class Profile(Base):
     batch_size: Mapped[int | None]
     data: Mapped[dict[str, Any]]
     created_at: Mapped[datetime] = mapped_column(default=utcnow)
+    owner_id: Mapped[int | None] = mapped_column(ForeignKey("users.id", ondelete="SET NULL"), index=True)
 
 
 class Plan(Base):
@@ -213,6 +239,7 @@ class Job(Base):
     attempt: Mapped[int] = mapped_column(default=0)
     cancel_requested: Mapped[bool] = mapped_column(Boolean, default=False)
     summary: Mapped[dict[str, Any] | None]
+    owner_id: Mapped[int | None] = mapped_column(ForeignKey("users.id", ondelete="SET NULL"), index=True)
 
 
 class JobAttempt(Base):
@@ -318,6 +345,7 @@ class ApiToken(Base):
     last_used_at: Mapped[datetime | None]
     revoked: Mapped[bool] = mapped_column(Boolean, default=False)
     expires_at: Mapped[datetime | None]
+    user_id: Mapped[int] = mapped_column(ForeignKey("users.id", ondelete="CASCADE"), index=True)  # whose work it acts on
 
 
 class WorkerHeartbeat(Base):

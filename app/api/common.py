@@ -84,6 +84,8 @@ def allowed_methods(request: Request) -> list[str]:
         probe = {**request.scope, "method": method}
         if any(route.matches(probe)[0] == Match.FULL for route in request.app.router.routes if not isinstance(route, Mount)):
             allowed.append(method)
+    if "GET" in allowed and "HEAD" not in allowed:
+        allowed.insert(allowed.index("GET") + 1, "HEAD")  # app/api/head.py answers HEAD as GET
     return allowed
 
 

@@ -5,7 +5,10 @@ Policy (documented in docs/api.md), closed from the first start:
   admin token when the database has none that works and prints it once, in a sign-in URL;
 - minting, listing and revoking tokens over HTTP needs an `admin` token (on the server machine,
   `pipeboard token create` writes the database directly);
-- reads need a token only when the setting `PIPEBOARD_READ_AUTH` is true;
+- every route but `/health` needs a token, reads included (a read-scope token suffices for them):
+  `api_router` declares `require_token` on every router but health's, the event stream and the
+  trace download included (`PIPEBOARD_READ_AUTH=false` opens reads again, to anyone who reaches
+  the server, and shows them everything);
 - an unknown, revoked or expired token is a 401; failed authentications are counted per client
   address and, past `PIPEBOARD_AUTH_FAILURE_LIMIT`, requests that carry a token get 429 with
   Retry-After until the window has room (requests that authenticate add nothing to the count);
@@ -30,11 +33,12 @@ from sqlalchemy.orm import Session
 
 from pipeboard.app.api.deps import SessionDep
 from pipeboard.app.core.config import Settings
-from pipeboard.app.models import ApiToken, TokenScope
+from pipeboard.app.models import ApiToken, TokenScope, User
 from pipeboard.app.services.tokens import hash_token, utcnow
 from pipeboard.app.services.tx import begin_write
 
 WRITE_SCOPES = ("write", "admin")
+SAFE_METHODS = ("GET", "HEAD")
 HOW_TO_GET_ONE = "`pipeboard token create NAME --scope write` on the server machine prints one"
 
 # Declares bearer authentication in the OpenAPI document (and the Authorize button of /docs) on the
@@ -50,9 +54,11 @@ bearer_scheme = HTTPBearer(
 @dataclass(frozen=True)
 class Principal:
     token_id: int | None
-    name: str | None
+    name: str | None  # the token's
     scope: str | None
     expires_at: datetime | None = None
+    user_id: int | None = None  # whose work it sees and acts on (all of it with scope admin)
+    user: str | None = None
 
     @property
     def authenticated(self) -> bool:
@@ -136,7 +142,9 @@ def principal_of(request: Request, session: Session) -> Principal:
         limiter.failed(client)
         raise unauthorized(str(exc)) from None
     digest = hash_token(secret)
-    row = session.scalar(select(ApiToken).where(ApiToken.token_hash == digest))
+    found = session.execute(select(ApiToken, User.name).join(User, User.id == ApiToken.user_id)
+                            .where(ApiToken.token_hash == digest)).first()
+    row, user = found if found is not None else (None, None)
     now = utcnow()
     principal = None
     # compare_digest on the stored hash keeps the comparison constant-time even if an index
@@ -146,7 +154,7 @@ def principal_of(request: Request, session: Session) -> Principal:
     elif row.expires_at is not None and row.expires_at <= now:
         problem = f"API token {row.name!r} expired at {row.expires_at.isoformat(timespec='seconds')}"
     else:
-        principal = Principal(row.id, row.name, TokenScope(row.scope).value, row.expires_at)
+        principal = Principal(row.id, row.name, TokenScope(row.scope).value, row.expires_at, row.user_id, user)
     begin_write(session)  # the lookup read; the update below must start a fresh transaction
     if principal is None:
         limiter.failed(client)
@@ -187,20 +195,35 @@ def is_loopback_address(host: str | None) -> bool:
 
 
 def current_principal(request: Request, session: SessionDep) -> Principal:
+    """Who sent the request, looked up once per request: FastAPI caches a dependency within one
+    request, so the router-wide `require_token` and a route's write or admin check share it (one
+    lookup, one failure counted for a bad token)."""
     return principal_of(request, session)
 
 
-def require_read(request: Request, session: SessionDep) -> Principal:
-    principal = principal_of(request, session)
+CurrentPrincipal = Annotated[Principal, Depends(current_principal)]
+
+
+def require_token(
+    request: Request, principal: CurrentPrincipal,
+    _declared: Annotated[HTTPAuthorizationCredentials | None, Security(bearer_scheme)],
+) -> Principal:
+    """Any working token (read scope is enough); declared on the routers (app/api/router.py).
+    Without one, a request that changes something hears which scope it would need."""
     if auth_enabled(request) and read_auth_enabled(request) and not principal.authenticated:
-        raise unauthorized(f"this server needs an API token for reads: send 'Authorization: Bearer <token>' ({HOW_TO_GET_ONE})")
+        if request.method not in SAFE_METHODS:
+            raise unauthorized(f"this request needs a write token (scope 'write' or 'admin'): send "
+                               f"'Authorization: Bearer <token>' ({HOW_TO_GET_ONE})")
+        raise unauthorized(f"this request needs an API token (any scope): send 'Authorization: Bearer <token>' "
+                           f"({HOW_TO_GET_ONE})")
     return principal
 
 
+
 def require_write(
-    request: Request, session: SessionDep, _declared: Annotated[HTTPAuthorizationCredentials | None, Security(bearer_scheme)]
+    request: Request, session: SessionDep, principal: CurrentPrincipal,
+    _declared: Annotated[HTTPAuthorizationCredentials | None, Security(bearer_scheme)],
 ) -> Principal:
-    principal = principal_of(request, session)
     begin_write(session)  # leave the route a fresh transaction for its writes
     if not auth_enabled(request):
         return principal
@@ -214,9 +237,9 @@ def require_write(
 
 
 def require_admin(
-    request: Request, session: SessionDep, _declared: Annotated[HTTPAuthorizationCredentials | None, Security(bearer_scheme)]
+    request: Request, session: SessionDep, principal: CurrentPrincipal,
+    _declared: Annotated[HTTPAuthorizationCredentials | None, Security(bearer_scheme)],
 ) -> Principal:
-    principal = principal_of(request, session)
     begin_write(session)
     if not auth_enabled(request):
         return principal
@@ -229,7 +252,6 @@ def require_admin(
     return principal
 
 
-ReadAccess = Annotated[Principal, Depends(require_read)]
+ReadAccess = Annotated[Principal, Depends(require_token)]
 WriteAccess = Annotated[Principal, Depends(require_write)]
 AdminAccess = Annotated[Principal, Depends(require_admin)]
-AnyPrincipal = Annotated[Principal, Depends(current_principal)]

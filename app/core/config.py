@@ -51,7 +51,9 @@ class Settings(BaseSettings):
         "Authentication, on by default: every write needs a token from the first start. `off` lets anyone who "
         "reaches the server write (run code); it is refused unless the server binds to loopback only (BIND_HOST "
         "127.0.0.1, ::1 or localhost)."))
-    read_auth: bool = Field(False, description="When true, reads need a token too (writes always do, unless AUTH=off).")
+    read_auth: bool = Field(True, description=(
+        "Reads need a token too, on by default: every route but /health, the event stream and trace download included. "
+        "`false` lets anyone who reaches the server read everything, every user's work included."))
     bind_host: str = Field("127.0.0.1", description=(
         "The address the API listens on; `pipeboard up --host` sets it for the API process it starts. The Host "
         "allow-list includes it, and AUTH=off needs it to be loopback."))

@@ -16,12 +16,12 @@ from datetime import datetime, timezone
 from sqlalchemy import Select, or_, select
 from sqlalchemy.orm import Session
 
-from pipeboard.app.models import ApiToken, TokenScope
+from pipeboard.app.models import ApiToken, TokenScope, User
 from pipeboard.app.schemas import MAX_TOKEN_LIFETIME_S
 
 TOKEN_PREFIX = "pb_"
 SCOPES = tuple(s.value for s in TokenScope)  # read, write, admin
-FIRST_ADMIN = "admin"  # the name of the token `pipeboard up` creates on a first start
+FIRST_ADMIN = "admin"  # the name of the token `pipeboard up` creates on a first start, and of its user
 DURATION = re.compile(r"^\s*(\d+)\s*([smhdw]?)\s*$")
 UNIT_SECONDS = {"": 1, "s": 1, "m": 60, "h": 3600, "d": 86400, "w": 7 * 86400}
 
@@ -54,15 +54,28 @@ def parse_duration(text: str) -> int:
     return seconds
 
 
-def create_token(session: Session, name: str, scope: str = "read", expires_at: datetime | None = None) -> tuple[ApiToken, str]:
-    """Store a new token's hash; returns the row and the secret (never stored). The caller commits."""
+def user_named(session: Session, name: str) -> User:
+    """The user called `name`, created if new (a token is what brings a user into being)."""
+    row = session.scalar(select(User).where(User.name == name))
+    if row is None:
+        row = User(name=name)
+        session.add(row)
+        session.flush()
+    return row
+
+
+def create_token(session: Session, name: str, scope: str = "read", expires_at: datetime | None = None,
+                 user: str = FIRST_ADMIN) -> tuple[ApiToken, str]:
+    """Store a new token of `user` (created if new; by default the admin's own); returns the row
+    and the secret (never stored). The caller commits."""
     if scope not in SCOPES:
         raise ValueError(f"scope must be one of {', '.join(SCOPES)}, got {scope!r}")
     if expires_at is not None and expires_at.tzinfo is None:
         raise ValueError("expires_at must carry a time zone")
+    owner = user_named(session, user)
     secret = new_token()
     row = ApiToken(name=name, scope=TokenScope(scope), token_hash=hash_token(secret), prefix=token_prefix(secret),
-                   expires_at=expires_at)
+                   expires_at=expires_at, user_id=owner.id)
     session.add(row)
     session.flush()
     return row, secret

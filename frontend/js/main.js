@@ -34,10 +34,25 @@ function parseHash() {
   return { path, query: Object.fromEntries(new URLSearchParams(search)) };
 }
 
+let openReads = null;
+/** Whether this server lets reads through without a token (PIPEBOARD_AUTH=off, on loopback only):
+ * asked once, with a token-less `/tokens/me`, which answers 401 everywhere else. */
+function readsAreOpen() {
+  openReads ??= fetch('/api/v1/tokens/me', { headers: { Accept: 'application/json' } })
+    .then((r) => r.ok).catch(() => false);
+  return openReads;
+}
+
 async function route() {
   const { path, query } = parseHash();
   const match = ROUTES.map((r) => ({ r, m: path.match(r.pattern) })).find((x) => x.m);
   if (match?.r.redirect) { navigate(match.r.redirect); return; }
+  // Every read needs a token: a signed-out visitor is asked to sign in instead of seeing a page
+  // of 401s, and comes back to the page asked for.
+  if (match && match.r.page !== 'signin' && !getToken() && !(await readsAreOpen())) {
+    navigate(`/signin?next=${encodeURIComponent(path)}`);
+    return;
+  }
   if (typeof cleanup === 'function') { try { cleanup(); } catch (err) { console.warn(err); } }
   cleanup = null;
   const mine = ++generation;
@@ -76,7 +91,7 @@ async function renderAuth() {
   let label = 'token set';
   try {
     const me = await whoAmI();
-    if (me?.authenticated) label = `${me.name} (${me.scope})`;
+    if (me?.authenticated) label = `${me.user ?? me.name}: token ${me.name} (${me.scope})`;
   } catch { /* an invalid token sends the user to the sign-in page */ }
   if (mine !== authGeneration) return;
   clear(box).append(h('span', {}, label),

@@ -1,9 +1,9 @@
 // Live updates from the job event stream (Server-Sent Events), delivered in batches.
 //
-// Without a token the browser's EventSource does the work: it reconnects by itself and sends
-// Last-Event-ID, so the server resumes where the stream broke. EventSource cannot send an
-// Authorization header, so with a token the same protocol runs over fetch, sending the header
-// and Last-Event-ID itself. Either way the page gets `onBatch(messages)` at most once per
+// The stream needs a token, like every read. EventSource cannot send an Authorization header (and
+// a long-lived token must not go into a URL, where logs keep it), so with a token the protocol runs
+// over fetch, sending the header and Last-Event-ID itself and reconnecting as EventSource would.
+// Only a server with PIPEBOARD_AUTH=off (loopback) is read without one, by EventSource. Either way the page gets `onBatch(messages)` at most once per
 // animation frame (or every `maxDelayMs` when the tab is hidden): never one redraw per event.
 
 import { authHeaders, getToken } from './api.js';

@@ -90,9 +90,9 @@ def test_repeated_bad_tokens_get_429_with_retry_after(anonymous, make_token):
     limited = anonymous.get("/api/v1/jobs", headers=bearer("pb_guess10"))
     assert limited.status_code == 429 and "too many failed authentications" in limited.json()["detail"]
     assert 1 <= int(limited.headers["Retry-After"]) <= 60
-    # While limited, a token is not even looked up (so guessing learns nothing); no token is still fine.
+    # While limited, a token is not even looked up (so guessing learns nothing); no token is the plain 401.
     assert anonymous.get("/api/v1/tokens/me", headers=good).status_code == 429
-    assert anonymous.get("/api/v1/jobs").status_code == 200
+    assert anonymous.get("/api/v1/jobs").status_code == 401
 
 
 def test_the_failure_limit_is_a_setting(session):
@@ -133,9 +133,39 @@ def test_uvicorn_refuses_to_load_the_app_with_auth_off_on_a_public_address(tmp_p
         "not 0.0.0.0: anyone who reaches it could run code"]
 
 
-def test_reads_need_a_token_with_read_auth(session, make_token):
-    with TestClient(app_on(session, Settings(read_auth=True)), base_url=TEST_BASE_URL) as stranger:
-        assert stranger.get("/api/v1/jobs").status_code == 401
-        assert stranger.get("/api/v1/models").status_code == 401
-        assert stranger.get("/api/v1/jobs", headers=bearer(make_token("read"))).status_code == 200
-        assert stranger.get("/api/v1/tokens/me").json()["read_auth"] is True
+def test_reads_need_a_token_by_default(anonymous, make_token):
+    for path in ("/api/v1/jobs", "/api/v1/models", "/api/v1/tokens/me", "/api/v1/jobs/1/events", "/api/v1/jobs/1/trace"):
+        refused = anonymous.get(path)
+        assert refused.status_code == 401, path
+        assert refused.json()["detail"].startswith("this request needs an API token (any scope)")
+        assert refused.headers["WWW-Authenticate"] == "Bearer"
+    read = bearer(make_token("read"))
+    assert anonymous.get("/api/v1/jobs", headers=read).status_code == 200
+    assert anonymous.get("/api/v1/tokens/me", headers=read).json()["read_auth"] is True
+    assert anonymous.get("/api/v1/health").status_code == 200
+
+
+def test_no_route_but_health_answers_without_a_token(anonymous):
+    """Every operation the API documents, with its path parameters filled: 401, /health alone
+    answers; so a router or route added later without `require_token` fails here."""
+    samples = {"job_id": "1", "profile_id": "1", "plan_id": "1", "token_id": "1", "model_ref": "m",
+               "sha256": "a" * 64}
+    checked = 0
+    for path, operations in anonymous.app.openapi()["paths"].items():
+        concrete = path
+        for name, value in samples.items():
+            concrete = concrete.replace("{" + name + "}", value)
+        for method in operations:
+            answer = anonymous.request(method.upper(), concrete)
+            expected = 200 if path == "/api/v1/health" else 401
+            assert answer.status_code == expected, (method, path, answer.status_code, answer.text)
+            checked += 1
+    assert checked > 20
+
+
+def test_reads_open_again_only_when_configured(session, make_token):
+    with TestClient(app_on(session, Settings(read_auth=False)), base_url=TEST_BASE_URL) as stranger:
+        assert stranger.get("/api/v1/jobs").status_code == 200
+        assert stranger.post("/api/v1/jobs", json=JOB).status_code == 401
+
+

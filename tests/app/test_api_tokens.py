@@ -85,10 +85,10 @@ def test_revoked_token_stops_working(client, session, make_token):
 
 
 def test_me_signs_the_browser_in(anonymous, make_token):
-    assert anonymous.get("/api/v1/tokens/me").json() == {
-        "authenticated": False, "name": None, "scope": None, "expires_at": None, "read_auth": False, "write_auth": True}
+    signed_out = anonymous.get("/api/v1/tokens/me")
+    assert signed_out.status_code == 401 and "needs an API token" in signed_out.json()["detail"]
     write = make_token("write")
     me = anonymous.get("/api/v1/tokens/me", headers=bearer(write)).json()
-    assert me == {"authenticated": True, "name": "t-write", "scope": "write", "expires_at": None, "read_auth": False,
-                  "write_auth": True}
+    assert me == {"authenticated": True, "name": "t-write", "user": "admin", "scope": "write", "expires_at": None,
+                  "read_auth": True, "write_auth": True}
     assert anonymous.get("/api/v1/tokens/me", headers={"Authorization": "Basic abc"}).status_code == 401

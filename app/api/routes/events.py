@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 from typing import Annotated
 
 from fastapi import APIRouter, Header, Query
@@ -11,6 +12,21 @@ from pipeboard.app.api.common import AUTH_RESPONSES, NOT_FOUND, JobId, ServiceRo
 from pipeboard.app.api.security import ReadAccess
 from pipeboard.app.services import stream
 from pipeboard.app.services.errors import NotFound, ServiceError
+
+MAX_EVENT_ID = 2**31 - 1
+# 1 to 10 ASCII digits: str.isdigit() is true for "²" and other Unicode digits int() refuses,
+# and an unbounded run of digits costs int() time; a 10-digit value may still be past the limit.
+EVENT_ID = re.compile(r"[0-9]{1,10}")
+BAD_EVENT_ID = f"Last-Event-ID: must be a whole number from 0 to {MAX_EVENT_ID} in ASCII digits"
+
+
+def parse_last_event_id(header: str) -> int:
+    """The id an EventSource resumes after; a 400 naming the header for anything else."""
+    text = header.strip(" \t")
+    if not EVENT_ID.fullmatch(text) or int(text) > MAX_EVENT_ID:
+        raise ServiceError(BAD_EVENT_ID, status=400, field="Last-Event-ID")
+    return int(text)
+
 
 router = APIRouter(prefix="/jobs", tags=["jobs"], route_class=ServiceRoute, responses=AUTH_RESPONSES)
 
@@ -34,12 +50,8 @@ def job_events(
     last_event_id_header: Annotated[str | None, Header(alias="Last-Event-ID", include_in_schema=False)] = None,
 ) -> StreamingResponse:
     resume = last_event_id
-    if resume is None and last_event_id_header:
-        if not last_event_id_header.strip().isdigit():
-            raise ServiceError("Last-Event-ID: must be a non-negative integer", status=400, field="Last-Event-ID")
-        resume = int(last_event_id_header.strip())
-        if resume > 2**31 - 1:
-            raise ServiceError("Last-Event-ID: too large", status=400, field="Last-Event-ID")
+    if resume is None and last_event_id_header is not None:
+        resume = parse_last_event_id(last_event_id_header)
     if not stream.job_exists(job_id):
         raise NotFound("job", job_id)
     return StreamingResponse(

@@ -3,17 +3,22 @@
 from __future__ import annotations
 
 from fastapi import APIRouter, Request
+from pydantic import Field
 from sqlalchemy import func, select, update
 
 from pipeboard.app.api.deps import SessionDep
 from pipeboard.app.api.common import AUTH_RESPONSES, NOT_FOUND, Limit, Offset, ServiceRoute, TokenId
 from pipeboard.app.api import security
-from pipeboard.app.api.security import AdminAccess, AnyPrincipal
+from pipeboard.app.api.security import AdminAccess, ReadAccess
 from pipeboard.app.models import ApiToken
 from pipeboard.app.schemas import Me, Page, TokenCreate, TokenCreated, TokenPublic
 from pipeboard.app.services import tokens
 from pipeboard.app.services.errors import NotFound
 from pipeboard.app.services.tx import begin_write
+
+class WhoAmI(Me):
+    user: str | None = Field(default=None, description="The user the token belongs to: whose work it sees and acts on.")
+
 
 router = APIRouter(prefix="/tokens", tags=["tokens"], route_class=ServiceRoute, responses=AUTH_RESPONSES)
 
@@ -55,16 +60,16 @@ def list_tokens(session: SessionDep, _: AdminAccess, offset: Offset = 0, limit: 
 
 @router.get(
     "/me",
-    response_model=Me,
+    response_model=WhoAmI,
     summary="Who am I",
     description=(
         "The browser's sign-in check: send `Authorization: Bearer <token>`; 200 with the token's name, scope and "
-        "expiry, or 401 for an unknown, revoked or expired token. Without a token it says whether this server "
-        "needs one for reads (`read_auth`) and writes (`write_auth`: always, unless PIPEBOARD_AUTH=off)."
+        "expiry, or 401 without a token or for an unknown, revoked or expired one. `read_auth` and `write_auth` say "
+        "whether this server needs a token for reads and for writes (both, unless PIPEBOARD_AUTH=off)."
     ),
 )
-def me(principal: AnyPrincipal, request: Request) -> Me:
-    return Me(authenticated=principal.authenticated, name=principal.name, scope=principal.scope,
+def me(principal: ReadAccess, request: Request) -> WhoAmI:
+    return WhoAmI(authenticated=principal.authenticated, name=principal.name, user=principal.user, scope=principal.scope,
               expires_at=principal.expires_at, read_auth=security.read_auth_enabled(request),
               write_auth=security.app_settings(request).auth)
 

@@ -1,6 +1,7 @@
-// Sign in with an API token: every write needs one, from the first start. A first `pipeboard up`
+// Sign in with an API token: everything but /health needs one, reads included, from the first
+// start; what a user sees is their own work (all of it for an admin token). A first `pipeboard up`
 // prints a sign-in link holding the admin token (main.js takes it from `#token=`); on the server
-// machine `pipeboard token create NAME --scope write` prints more. The token is kept in
+// machine `pipeboard token create NAME --scope write --user WHO` prints more. The token is kept in
 // localStorage and sent as `Authorization: Bearer`; the API asks for it with a 401.
 
 import { getToken, setToken, whoAmI } from '../api.js';
@@ -11,9 +12,10 @@ export function render(container, { next }) {
   const message = h('p', { role: 'alert', id: 'signin-message', class: 'field-error' });
   const form = h('form', { class: 'panel signin', id: 'signin-form' },
     h('h1', {}, 'Sign in'),
-    h('p', { class: 'muted' }, 'Every change on this server needs an API token. The first ', h('code', {}, 'pipeboard up'),
-      ' printed a sign-in link with the admin token; on the server machine ', h('code', {}, 'pipeboard token create me --scope write'),
-      ' prints another.'),
+    h('p', { class: 'muted', id: 'signin-why' }, 'This server shows its jobs, models and code only to signed-in users: '
+      + 'sign in with your API token. The first ', h('code', {}, 'pipeboard up'),
+      ' printed a sign-in link with the admin token; on the server machine an admin runs ',
+      h('code', {}, 'pipeboard token create laptop --scope write --user YOU'), ' to make yours.'),
     h('label', { for: 'token' }, 'API token'), input,
     h('div', { class: 'toolbar', style: 'margin-top:0.8rem' }, h('button', { type: 'submit', class: 'primary' }, 'Sign in')),
     message);
