@@ -22,7 +22,9 @@ from pipeboard.trainer.schedule import flush
 from pipeboard.trainer.schedule.registry import BuildContext
 from pipeboard.trainer.schedule.topology import replicated
 
-BUILT_INS = ("gpipe", "1f1b", "interleaved-1f1b", "zb-h1", "pipedream", "dp")
+# the six declared in registry.py, then the one-file schedules of trainer/schedule/library/
+LIBRARY = tuple(s.name for s in registry.specs() if s.builder.__module__.startswith("pipeboard.trainer.schedule.library."))
+BUILT_INS = ("gpipe", "1f1b", "interleaved-1f1b", "zb-h1", "pipedream", "dp") + LIBRARY
 
 
 def _builder(ctx):

@@ -18,8 +18,9 @@ Adding a schedule is one file (docs/schedules.md)::
 
     register("my-1f1b", my_programs, description="1F1B again, under my name.")
 
-loaded by importing it before the registry is read, or, for the CLI, the service and its
-workers, by naming it in ``PIPEBOARD_SCHEDULES`` (comma-separated module names or ``.py``
+put in ``trainer/schedule/library/`` (imported with this module: a built-in), or loaded by
+importing it before the registry is read, or, for the CLI, the service and its workers, by
+naming it in ``PIPEBOARD_SCHEDULES`` (comma-separated module names or ``.py``
 paths; imported on the registry's first query).
 
 Torch- and numpy-free: ``pipeboard.trainer.runtime.config`` and every `pipeboard` command's help import
@@ -31,6 +32,7 @@ from __future__ import annotations
 import importlib
 import importlib.util
 import os
+import pkgutil
 import re
 import sys
 from dataclasses import asdict, dataclass
@@ -318,3 +320,14 @@ register("pipedream", _lazy("pipeboard.trainer.schedule.pipedream:pipedream_buil
 register("dp", _lazy("pipeboard.trainer.schedule.flush:one_f_one_b_builder"),
          description="Data parallel: the whole model on every worker, gradients all-reduced inside the backward.",
          weight_grads=(), data_parallel=True)
+
+
+def _load_library() -> None:
+    """The one-file schedules of ``trainer/schedule/library/``, in name order (they register)."""
+    from pipeboard.trainer.schedule import library
+
+    for module in sorted(m.name for m in pkgutil.iter_modules(library.__path__)):
+        importlib.import_module(f"{library.__name__}.{module}")
+
+
+_load_library()
