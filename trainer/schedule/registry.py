@@ -20,8 +20,8 @@ Adding a schedule is one file (docs/schedules.md)::
 
 put in ``trainer/schedule/library/`` (imported with this module: a built-in), or loaded by
 importing it before the registry is read, or, for the CLI, the service and its workers, by
-naming it in ``PIPEBOARD_SCHEDULES`` (comma-separated module names or ``.py``
-paths; imported on the registry's first query).
+naming it in ``PIPEBOARD_SCHEDULES`` (comma-separated module names, ``.py`` paths or paths of
+torch's schedule files, ``.csv``, torchcsv.py; imported on the registry's first query).
 
 Torch- and numpy-free: ``pipeboard.trainer.runtime.config`` and every `pipeboard` command's help import
 it. The built-in builders are referred to by ``"module:function"`` and imported on first call.
@@ -263,10 +263,22 @@ def _load_extra() -> None:
                 raise
 
 
+def known_quietly(name: str) -> bool:
+    """``known`` without reading ``PIPEBOARD_SCHEDULES`` (for the loader itself)."""
+    return name in _SPECS
+
+
 def load_module(entry: str) -> None:
-    """Import one schedule module: a module name (``mypkg.schedules``) or a path to a ``.py``
-    file. ScheduleError naming ``PIPEBOARD_SCHEDULES`` and the entry if it cannot be imported."""
+    """Import one schedule module: a module name (``mypkg.schedules``), a path to a ``.py`` file,
+    or a path to torch's schedule file (``.csv``). ScheduleError naming ``PIPEBOARD_SCHEDULES``
+    and the entry if it cannot be loaded."""
     try:
+        if entry.endswith(".csv"):  # torch's schedule file: registered as custom-<stem> (torchcsv.py)
+            from pipeboard.trainer.schedule.torchcsv import register_file, schedule_name
+
+            if not known_quietly(schedule_name(entry)):
+                register_file(entry)
+            return
         if entry.endswith(".py") or os.sep in entry or "/" in entry:
             path = Path(entry).resolve()
             module_name = f"pipeboard_schedules.{re.sub(r'[^0-9A-Za-z_]', '_', path.stem)}"
