@@ -1,4 +1,5 @@
-"""Cut a model into pipeline stages along its fx layer graph.
+"""Cut a model into pipeline stages along its layer graph (the captured model's layers, see
+``pipeboard.trainer.profile.outline``).
 
 ``split_model(model, example_input, stages)`` takes a stage assignment of layer names (what a
 plan gives; the names are those of :func:`layer_names` and of the model's profile) and returns
@@ -6,7 +7,9 @@ one :class:`StageModule` per stage. Stage ``k`` takes the flat tuple of tensors 
 and returns the flat tuple leaving it; ``stage_k.output_names == stage_{k+1}.input_names``, so the
 runtime sends exactly ``stage_k``'s outputs to ``stage_{k+1}``. A value made in stage ``i`` and
 read in stage ``j > i + 1`` (a skip connection) is passed through every stage in between. The
-first stage takes the model's inputs; the last returns the model's outputs (always a tuple).
+first stage takes the model's inputs; the last returns the model's outputs flat (always a tuple),
+and its ``structure`` rebuilds what the model itself returns (a tensor, tuple, dict or
+``ModelOutput``) for the loss.
 
 Some crossing tensors are not differentiable (token ids, positions): a stage's
 ``output_requires_grad`` says which outputs carry a gradient back.
@@ -18,8 +21,11 @@ from typing import Any, Sequence
 
 import torch
 from torch import fx, nn
+from torch.utils import _pytree as pytree
 
-from pipeboard.trainer.profile.fxgraph import LayerGraph, as_tuple, build_submodule, flat_slots, trace_layers
+from pipeboard.trainer.profile.capture import as_tuple
+from pipeboard.trainer.profile.layergraph import LayerGraph, build_submodule, flat_slots
+from pipeboard.trainer.profile.outline import capture_layers
 
 
 class PartitionError(ValueError):
@@ -34,7 +40,7 @@ class StageModule(nn.Module):
     """
 
     def __init__(self, index: int, gm: fx.GraphModule, layers: list[str], input_names: list[str],
-                 output_names: list[str], output_requires_grad: list[bool]):
+                 output_names: list[str], output_requires_grad: list[bool], out_spec=None):
         super().__init__()
         self.index = index
         self.gm = gm
@@ -42,6 +48,14 @@ class StageModule(nn.Module):
         self.input_names = input_names  # flat: "name" or "name.i" for an item of a tuple-valued layer
         self.output_names = output_names
         self.output_requires_grad = output_requires_grad
+        self.out_spec = out_spec  # the last stage's: how the model's own output is built from its flat tensors
+
+    def structure(self, outputs: Sequence[torch.Tensor]) -> Any:
+        """What the model itself returns, made from this (last) stage's flat outputs: the value
+        the task's loss and metric are written against."""
+        if self.out_spec is None:
+            return outputs[0] if len(outputs) == 1 else tuple(outputs)
+        return pytree.tree_unflatten(list(outputs), self.out_spec)
 
     def forward(self, *inputs: torch.Tensor) -> tuple[torch.Tensor, ...]:
         if len(inputs) == 1 and isinstance(inputs[0], (tuple, list)):
@@ -55,9 +69,9 @@ class StageModule(nn.Module):
         return f"index={self.index}, layers={len(self.layers)}, in={self.input_names}, out={self.output_names}"
 
 
-def layer_names(model: nn.Module, example_input: Any) -> list[str]:
+def layer_names(model: nn.Module, example_input: Any, layers: Sequence[str] | None = None) -> list[str]:
     """The model's layer names in topological order (inputs first): what profiles and plans use."""
-    return trace_layers(model, example_input).names()
+    return capture_layers(model, example_input, layers).names()
 
 
 def uniform_stages(names: Sequence[str], num_stages: int) -> list[list[str]]:
@@ -127,13 +141,14 @@ def split_graph(lg: LayerGraph, stages: Sequence[Sequence[str]]) -> list[StageMo
     modules = []
     for k in range(n):
         inputs = lg.input_names() if k == 0 else boundaries[k - 1]
-        outputs = list(lg.outputs) if k == n - 1 else boundaries[k]
+        slots_out = list(lg.output_slots) if k == n - 1 else flat_slots(lg, boundaries[k])
         members = [v for v in ordered if stage_of[v] == k and v not in lg.input_names()]
-        gm = build_submodule(lg, members, inputs, outputs)
-        slots_in, slots_out = flat_slots(lg, inputs), flat_slots(lg, outputs)
+        gm = build_submodule(lg, members, inputs, slots_out)
+        slots_in = flat_slots(lg, inputs)
         grad = [_carries_grad(lg, name, i) for name, i in slots_out]
         modules.append(StageModule(
-            k, gm, members, [_slot_name(*s) for s in slots_in], [_slot_name(*s) for s in slots_out], grad))
+            k, gm, members, [_slot_name(*s) for s in slots_in], [_slot_name(*s) for s in slots_out], grad,
+            lg.out_spec if k == n - 1 else None))
     return modules
 
 
@@ -141,11 +156,13 @@ def _carries_grad(lg: LayerGraph, name: str, i: int | None) -> bool:
     return lg.requires_grad[name] and lg.slot_value(name, i).is_floating_point()
 
 
-def split_model(model: nn.Module, example_input: Any, stages: Sequence[Sequence[str]]) -> list[StageModule]:
+def split_model(model: nn.Module, example_input: Any, stages: Sequence[Sequence[str]],
+                layers: Sequence[str] | None = None) -> list[StageModule]:
     """Cut ``model`` into one :class:`StageModule` per entry of ``stages`` (lists of layer names,
     each stage's layers reading only layers of the same or earlier stages; model inputs may be
-    listed in stage 0 or left out)."""
-    return split_graph(trace_layers(model, as_tuple(example_input)), stages)
+    listed in stage 0 or left out); ``layers``: the granularity's module paths (default: see
+    ``pipeboard.trainer.profile.granularity``)."""
+    return split_graph(capture_layers(model, as_tuple(example_input), layers), stages)
 
 
 def run_stages(stage_modules: Sequence[StageModule], example_input: Any) -> tuple[torch.Tensor, ...]:

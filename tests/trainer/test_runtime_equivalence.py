@@ -38,7 +38,7 @@ def test_sync_schedules_equal_gradient_accumulation(tmp_path, schedule, stages, 
 
 
 # The middle stage is one ReLU: no parameters, so its optimizer steps an empty group.
-RELU_ALONE = [["x", "net_0"], ["net_1"], ["net_2", "net_3", "net_4", "net_5", "net_6", "net_7", "net_8"]]
+RELU_ALONE = [["x", "net.0"], ["net.1"], ["net.2", "net.3", "net.4", "net.5", "net.6", "net.7", "net.8"]]
 
 
 @pytest.mark.parametrize("schedule", ["gpipe", "1f1b", "zb-h1", "pipedream"])

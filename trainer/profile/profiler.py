@@ -1,11 +1,11 @@
 """Measure a model layer by layer: forward and backward time, activation, parameter and
 optimizer-state bytes, the numbers the planner divides among stages.
 
-Layers are timed in place, inside whole training steps of the traced model (as PipeDream's
+Layers are timed in place, inside whole training steps of the captured model (as PipeDream's
 profiler does with module hooks), because a layer timed alone runs with hot caches and an idle
-allocator and comes out faster than it is inside the model. Forward: the traced graph runs node
-by node and each node's time is charged to its layer (a helper node to the first layer that
-needs it). Backward: a gradient hook on every layer output marks when autograd reaches that
+allocator and comes out faster than it is inside the model. Forward: the layer graph
+(``outline.py``: one GraphModule per layer) runs node by node and each node's time is charged to
+its layer (a helper node to the first layer that needs it). Backward: a gradient hook on every layer output marks when autograd reaches that
 layer; the time until the next mark is that layer's backward (its grad functions and the
 accumulation of its parameters' gradients). Times are the median over ``repeats`` steps after
 ``warmup`` steps, with the interquartile range as the spread. CPU marks are
@@ -42,7 +42,9 @@ from pipeboard.trainer import cpu_matmul
 from pipeboard.trainer.allocator import keep_freed_memory, settings as allocator_settings
 from pipeboard.trainer.precision import autocast, check as check_precision
 from pipeboard.trainer.profile.conditions import ConcurrentLoad, optimizer_ms
-from pipeboard.trainer.profile.fxgraph import LayerGraph, LayerNode, as_tuple, flat_tensors, trace_layers
+from pipeboard.trainer.profile.capture import CAPTURE_VERSION, as_tuple
+from pipeboard.trainer.profile.layergraph import LayerGraph, LayerNode, flat_tensors
+from pipeboard.trainer.profile.outline import capture_layers
 from pipeboard.trainer.profile.schema import Layer, Profile
 
 # Optimizer-state bytes per parameter byte: Adam keeps two moments, SGD with momentum one buffer.
@@ -133,7 +135,7 @@ def _own_parameters(lg: LayerGraph, layer: LayerNode, seen: set[int]) -> list[to
 
 
 class _LayerClock(fx.Interpreter):
-    """Runs the traced graph once, charging each node's forward time to its layer and hooking
+    """Runs the layer graph once, charging each node's forward time to its layer and hooking
     each layer output so the backward can be split among layers."""
 
     def __init__(self, lg: LayerGraph, owner: dict[str, str], clock: _Clock, float_leaves: bool = False):
@@ -143,7 +145,7 @@ class _LayerClock(fx.Interpreter):
         # computed from integer inputs alone, e.g. an embedding's, with parameters frozen)
         # becomes a leaf that does, as the runtime's BI carries the chain down to such outputs
         self.float_leaves = float_leaves
-        self.layer_names = {layer.name for layer in lg.layers if layer.kind == "layer"}
+        self.layer_names = {layer.node.name: layer.name for layer in lg.layers if layer.kind == "layer"}
         self.clock = clock
         self.forward_marks: list[tuple[str, Any, Any]] = []  # (layer, start, end)
         self.backward_marks: list[tuple[str, Any]] = []  # (layer, when autograd reached it)
@@ -165,7 +167,7 @@ class _LayerClock(fx.Interpreter):
         if n.name in self.layer_names:
             for t in flat_tensors(value):
                 if t.requires_grad:
-                    self.handles.append(t.register_hook(self._reached(n.name)))
+                    self.handles.append(t.register_hook(self._reached(self.layer_names[n.name])))
         return value
 
     def _reached(self, name: str) -> Callable[[torch.Tensor], None]:
@@ -187,12 +189,12 @@ def _as_leaves(value: Any) -> Any:
 
 
 def _owners(lg: LayerGraph) -> dict[str, str]:
-    """Which layer each fx node's forward time is charged to."""
+    """Which layer each node's forward time is charged to (node name -> layer name)."""
     owner: dict[str, str] = {}
     for layer in lg.layers:
         for helper in layer.helpers:
             owner.setdefault(helper.name, layer.name)
-        owner[layer.name] = layer.name
+        owner[layer.node.name] = layer.name
     return owner
 
 
@@ -210,7 +212,7 @@ def _backward(outputs: Any) -> None:
 def _instrumented_step(lg: LayerGraph, owner: dict[str, str], clock: _Clock, inputs: tuple,
                        params: Sequence[torch.Tensor], accumulate: bool,
                        precision: str = "fp32", float_leaves: bool = False) -> tuple[dict[str, float], dict[str, float]]:
-    """One forward+backward of the traced model: per-layer forward and backward milliseconds."""
+    """One forward+backward of the layer graph: per-layer forward and backward milliseconds."""
     if not accumulate:
         _zero_grads(params)
     runner = _LayerClock(lg, owner, clock, float_leaves)
@@ -291,6 +293,7 @@ def profile_model(
     concurrent: int = 0,
     load_input: Any = None,
     precision: str = "fp32",
+    layers: Sequence[str] | None = None,
 ) -> Profile:
     """Profile ``model`` on ``example_input`` (a tensor or a tuple of tensors).
 
@@ -314,7 +317,9 @@ def profile_model(
     run does not have; huge pages must be asked for before torch loads (the ``pipeboard`` commands
     do). ``meta["allocator"]`` records both. ``precision``: the arithmetic the runs will train in
     (``pipeboard.trainer.precision``): bf16 forwards run under autocast, so times and activation bytes are
-    bf16's; ``meta["precision"]`` records it.
+    bf16's; ``meta["precision"]`` records it. ``layers``: the granularity's module paths (the
+    task's ``layers``; default: ``pipeboard.trainer.profile.granularity``); ``meta["capture"]`` names
+    the capture that made the layers.
     """
     check_precision(precision)
     if warmup < 0 or repeats < 1:
@@ -335,7 +340,7 @@ def profile_model(
     if batch_size is None:
         batch_size = _leading_size(inputs)
     with autocast(dev.type, precision):  # the example values, hence activation bytes, in its dtypes
-        lg = trace_layers(model, inputs)
+        lg = capture_layers(model, inputs, layers)
     clock = _Clock(dev, timer)
     owner = _owners(lg)
     params = list(model.parameters())
@@ -353,7 +358,7 @@ def profile_model(
         progress(steps, steps, "done")
     input_fed = _fed_by_inputs_only(lg)
 
-    layers: list[Layer] = []
+    entries: list[Layer] = []
     for layer in lg.layers:
         entry = Layer(name=layer.name, desc=layer.desc, activation_bytes=_activation_bytes(lg.values[layer.name]))
         if layer.kind == "layer":
@@ -366,10 +371,10 @@ def profile_model(
                 entry.backward_input_ms = min(bi, entry.backward_ms)
             if optimizer_steps:
                 entry.optimizer_ms = opt_ms[layer.name]
-        layers.append(entry)
+        entries.append(entry)
     step_total = [f + b for f, b in zip(step_f, step_b)]
     step_ms, step_spread = _stats(step_total)
-    layer_sum = sum(layer.compute_ms for layer in layers)
+    layer_sum = sum(layer.compute_ms for layer in entries)
     meta = {
         "source": "profiler",
         "timer": clock.kind,
@@ -378,6 +383,7 @@ def profile_model(
         "threads": torch.get_num_threads(),
         "torch": torch.__version__,
         "optimizer": optimizer,
+        "capture": CAPTURE_VERSION,
         "inputs": lg.input_names(),
         "outputs": lg.outputs,
         "layer_sum_ms": layer_sum,
@@ -397,7 +403,7 @@ def profile_model(
         "cpu_matmul": cpu_matmul.active() if dev.type == "cpu" else None,
         "optimizer_step_ms": sum(opt_ms.values()) if optimizer_steps else None,
     }
-    return Profile(layers=layers, edges=lg.edges(), model=model_name or type(model).__name__,
+    return Profile(layers=entries, edges=lg.edges(), model=model_name or type(model).__name__,
                    batch_size=batch_size, device=str(dev), meta=meta)
 
 

@@ -159,7 +159,8 @@ def assemble_model(cfg, root: str | Path, step: int | None = None, rank_filter=N
     step = complete_steps(root)[-1] if step is None else step
     task = model_mod.load_task(cfg)
     example = task.example_input(cfg.microbatch_size)
-    stages = model_mod.build_stages(task.model, example, model_mod.stage_layers(cfg, task, layout.virtual_stages))
+    stages = model_mod.build_stages(task.model, example, model_mod.stage_layers(cfg, task, layout.virtual_stages),
+                                    task.layers)
     states = {r: load_rank(root, step, r) for r in range(layout.world) if rank_filter is None or rank_filter(r)}
     loaded = set()
     for r, state in states.items():

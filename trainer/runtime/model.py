@@ -1,7 +1,8 @@
 """Cut a task's model into stage modules and learn what crosses each stage boundary.
 
 Stages come from a plan (layer names per stage) or a uniform split balanced by parameter count.
-The cut itself is ``pipeboard.trainer.partition.split_model`` (DAG-aware, fx based): stage ``k`` takes the
+The cut itself is ``pipeboard.trainer.partition.split_model`` (DAG-aware, over the layers of the
+model captured with torch.export): stage ``k`` takes the
 tensors entering it and returns the tensors leaving it. Every worker builds the whole model from
 the same seed and keeps its own stages, so replicas and reruns start from identical weights.
 """
@@ -14,7 +15,7 @@ import torch
 from torch import nn
 
 from pipeboard.trainer.precision import autocast
-from pipeboard.trainer.profile.fxgraph import as_tuple
+from pipeboard.trainer.profile.capture import as_tuple
 from pipeboard.trainer.runtime.comm import BoundarySpec, TensorSpec
 
 
@@ -29,26 +30,19 @@ def load_task(cfg):
     return task
 
 
-def layer_names(model: nn.Module, example) -> list[str]:
+def layer_names(model: nn.Module, example, layers: Sequence[str] | None = None) -> list[str]:
     """The model's layers (inputs excluded) in topological order, as ``split_model`` names them."""
-    return [name for name, _ in layer_sizes(model, example)]
+    return [name for name, _ in layer_sizes(model, example, layers)]
 
 
-def layer_sizes(model: nn.Module, example) -> list[tuple[str, int]]:
+def layer_sizes(model: nn.Module, example, layers: Sequence[str] | None = None) -> list[tuple[str, int]]:
     """(layer name, parameter count) in topological order: the balance weight of a uniform split.
     Layers without parameters (activations, reshapes) count 1, so they still spread evenly."""
-    from pipeboard.trainer.profile.fxgraph import trace_layers
+    from pipeboard.trainer.profile.outline import capture_layers
 
-    lg = trace_layers(model, as_tuple(example))
-    out = []
-    for layer in lg.layers:
-        if layer.kind == "input":
-            continue
-        size = 1
-        if layer.node.op == "call_module":
-            size = max(1, sum(p.numel() for p in lg.gm.get_submodule(layer.node.target).parameters()))
-        out.append((layer.name, size))
-    return out
+    lg = capture_layers(model, as_tuple(example), layers)
+    return [(layer.name, max(1, sum(p.numel() for p in lg.gm.get_submodule(str(layer.node.target)).parameters())))
+            for layer in lg.layers if layer.kind == "layer"]
 
 
 def uniform_split(names: Sequence[str], sizes: Sequence[float], num_stages: int) -> list[list[str]]:
@@ -72,14 +66,16 @@ def stage_layers(cfg, task, num_stages: int) -> list[list[str]]:
     """The plan's stages, or a uniform split of the task's model balanced by parameter count."""
     if cfg.stages:
         return [list(s) for s in cfg.stages]
-    sizes = layer_sizes(task.model, task.example_input(cfg.microbatch_size))
+    sizes = layer_sizes(task.model, task.example_input(cfg.microbatch_size), task.layers)
     return uniform_split([n for n, _ in sizes], [z for _, z in sizes], num_stages)
 
 
-def build_stages(model: nn.Module, example, stages: list[list[str]]) -> list[nn.Module]:
+def build_stages(model: nn.Module, example, stages: list[list[str]],
+                 layers: Sequence[str] | None = None) -> list[nn.Module]:
+    """The stage modules of ``stages`` (layer names), ``layers`` the task's granularity."""
     from pipeboard.trainer import partition
 
-    return list(partition.split_model(model, example, stages))
+    return list(partition.split_model(model, example, stages, layers))
 
 
 @torch.no_grad()

@@ -55,7 +55,8 @@ def emulate_async(cfg: RunConfig, steps: int, stash: bool = True) -> torch.nn.Mo
     layout = resolve(cfg)
     task = model_mod.load_task(cfg)
     example = task.example_input(cfg.microbatch_size)
-    stages = model_mod.build_stages(task.model, example, model_mod.stage_layers(cfg, task, layout.virtual_stages))
+    stages = model_mod.build_stages(task.model, example, model_mod.stage_layers(cfg, task, layout.virtual_stages),
+                                    task.layers)
     S, M = len(stages), cfg.microbatches
     scale = 1.0 / M
     opts = [task.make_optimizer(m.parameters(), cfg.lr) for m in stages]

@@ -80,6 +80,13 @@ class Stage:
             out = (self.ddp if (train and self.ddp is not None) else self.module)(*inputs)
         return out if isinstance(out, tuple) else (out,)
 
+    def _structured(self, outputs: tuple[torch.Tensor, ...]):
+        """What the model itself returns (a tensor, tuple, dict, ModelOutput), as the loss expects."""
+        structure = getattr(self.module, "structure", None)
+        if structure is not None:
+            return structure(outputs)
+        return outputs[0] if len(outputs) == 1 else outputs
+
     def _call_with(self, tensors: list[torch.Tensor], inputs: list[torch.Tensor]):
         """Run the module with its parameter slots holding ``tensors`` for this call only.
 
@@ -108,7 +115,7 @@ class Stage:
             with self.autocast():
                 outputs = self._call(version, inputs)
                 if self.is_last:
-                    loss = self.loss_fn(outputs[0] if len(outputs) == 1 else outputs, target)
+                    loss = self.loss_fn(self._structured(outputs), target)
         finally:
             calls = self._recorder.stop() if self._recorder is not None else []
         if self.is_last:

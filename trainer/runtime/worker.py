@@ -102,7 +102,8 @@ def train(cfg: RunConfig, env: WorkerEnv) -> None:
     me = template.workers[rank]
     task = model_mod.load_task(cfg)
     example = task.example_input(cfg.microbatch_size)
-    modules = model_mod.build_stages(task.model, example, model_mod.stage_layers(cfg, task, layout.virtual_stages))
+    modules = model_mod.build_stages(task.model, example, model_mod.stage_layers(cfg, task, layout.virtual_stages),
+                                    task.layers)
     specs = model_mod.boundary_specs(modules, example, cfg.precision)
     S = len(modules)
     stash = cfg.is_async

@@ -137,8 +137,7 @@ def _check_arguments(spec: str, factory: Callable, model_args: dict[str, Any], d
 def build_task(spec: str, factory: Callable[..., Task], model_args: dict[str, Any] | None = None,
                data: str | None = None, seed: int = 0) -> Task:
     """Call ``factory`` (SPEC's) with the model arguments and ``data``, its weights fixed by
-    ``seed``; a transformers model comes back as its chain of blocks (``pipeboard.trainer.task.hf``) so
-    that it can be split."""
+    ``seed``. The model comes back as it is: it is captured whole when it is split."""
     model_args = dict(model_args or {})
     if isinstance(seed, bool) or not isinstance(seed, int):
         raise TaskError(f"seed: must be an integer, got {seed!r}")
@@ -159,9 +158,4 @@ def build_task(spec: str, factory: Callable[..., Task], model_args: dict[str, An
     task.name = task.name or spec
     task.model_args = model_args
     task.seed = seed
-    if "transformers" in sys.modules:  # only then can the model be one of its models
-        from pipeboard.trainer.task import hf
-
-        if hf.is_transformers_model(task.model):
-            task.model = hf.splittable(task.model)
     return task

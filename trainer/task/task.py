@@ -48,6 +48,9 @@ class Task:
     - ``batch_size``: the batch a profile measures when none is asked for.
     - ``loader_workers``: DataLoader worker processes per loading stage (0: load in the training
       process; in-memory data need none).
+    - ``layers``: the module paths that are the model's layers (what a plan splits between, e.g.
+      ``["embed", "blocks.0", "blocks.1", "head"]``); None: the blocks of the model's repeated
+      stack and the modules around them (``pipeboard.trainer.profile.granularity``).
     """
 
     model: nn.Module
@@ -62,6 +65,7 @@ class Task:
     collate_fn: Callable[[list], Any] | None = None
     batch_size: int = 64
     loader_workers: int = 1
+    layers: list[str] | None = None
     name: str = ""
     description: str = ""
     model_args: dict[str, Any] = field(default_factory=dict)

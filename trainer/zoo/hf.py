@@ -2,7 +2,9 @@
 
 Each is a task factory like a user's: the model comes from ``transformers`` (nothing is
 downloaded), the data from local files through ``datasets`` (``pipeboard.trainer.task.datasets``), and
-``pipeboard.trainer.task.hf`` makes the model splittable at block boundaries. ``--data`` points them at a
+the model sits inside a module of the task's own that returns its logits, as a user's does
+(``return self.hf(x).logits``); it is captured whole, its layers named by module path
+(``hf.transformer.h.0``). ``--data`` points them at a
 user's own files; without it they train on data the installed packages ship: the Python
 standard-library sources of ``transformer-text`` for the language models, scikit-learn's digits
 written as a folder of PNG files for the image classifier.
@@ -29,6 +31,18 @@ def _text(data: str | None, seq_len: int):
     return text_windows_of(corpus_bytes().decode("utf-8"), seq_len)
 
 
+class Logits(nn.Module):
+    """A transformers model whose forward returns its ``logits`` (the tensor the losses and
+    metrics take), the way a user wraps one."""
+
+    def __init__(self, hf: nn.Module):
+        super().__init__()
+        self.hf = hf
+
+    def forward(self, x):
+        return self.hf(x).logits
+
+
 def _lm_task(name: str, model: nn.Module, train, val, description: str) -> Task:
     return Task(model=model, train_data=train, val_data=val, loss=token_cross_entropy, metric="perplexity",
                 target=TARGET_PERPLEXITY, optimizer="adamw", lr=LM_LR, batch_size=32, loader_workers=0,
@@ -43,7 +57,8 @@ def gpt2_text(data: str | None = None, layers: int = 4, dim: int = 64, heads: in
     config = GPT2Config(vocab_size=train.vocab_size, n_positions=seq_len, n_embd=dim, n_layer=layers, n_head=heads,
                         resid_pdrop=0.0, embd_pdrop=0.0, attn_pdrop=0.0,
                         bos_token_id=None, eos_token_id=None)  # GPT-2's 50256 is no byte
-    return _lm_task("gpt2-text", GPT2LMHeadModel(config), train, val,
+    config.use_cache = False  # a training step keeps no key/value cache
+    return _lm_task("gpt2-text", Logits(GPT2LMHeadModel(config)), train, val,
                     "transformers GPT-2 causal LM (random init) on a local text/parquet/JSON file (--data)")
 
 
@@ -55,7 +70,8 @@ def llama_text(data: str | None = None, layers: int = 4, dim: int = 64, heads: i
     config = LlamaConfig(vocab_size=train.vocab_size, hidden_size=dim, intermediate_size=int(dim * 8 / 3) // 8 * 8,
                          num_hidden_layers=layers, num_attention_heads=heads, num_key_value_heads=max(1, heads // 2),
                          max_position_embeddings=seq_len, attention_dropout=0.0)
-    return _lm_task("llama-text", LlamaForCausalLM(config), train, val,
+    config.use_cache = False
+    return _lm_task("llama-text", Logits(LlamaForCausalLM(config)), train, val,
                     "transformers Llama causal LM (random init) on a local text/parquet/JSON file (--data)")
 
 
@@ -74,7 +90,7 @@ def resnet18_images(data: str | None = None, width: int = 16, size: int = 32) ->
     config = ResNetConfig(num_channels=channels, embedding_size=width, hidden_sizes=[width * 2**i for i in range(4)],
                           depths=[2, 2, 2, 2], layer_type="basic", num_labels=len(train.classes),
                           downsample_in_first_stage=False)
-    return Task(model=ResNetForImageClassification(config), train_data=train, val_data=val,
+    return Task(model=Logits(ResNetForImageClassification(config)), train_data=train, val_data=val,
                 loss=nn.functional.cross_entropy, metric="accuracy", target=0.9, optimizer="adam", lr=1e-3,
                 batch_size=64, loader_workers=1, name="resnet18-images",
                 description="transformers ResNet-18 layout (random init) on an imagefolder tree of PNG/JPEG files "

@@ -1,0 +1,130 @@
+"""Capture a whole model as one graph of ATen ops with ``torch.export`` (non-strict).
+
+Why torch.export and not torch.fx: fx traces with proxies, so any Python branch on a tensor's
+value, shape or a config (transformers' forwards are full of them, and a widely copied GPT file
+asserts on its input's length) stops the trace. Non-strict export runs the model's own Python on
+fake tensors with concrete shapes, so such branches simply take the example's path, and every
+node it records carries ``nn_module_stack``: the module paths it ran under. That is what
+:mod:`granularity` groups into layers and :mod:`outline` turns into one GraphModule per layer.
+
+Shapes are the example's (no dynamic dimensions): the pipeline runs every microbatch at one fixed
+shape anyway, and a captured ``view(B, T, C)`` keeps the example's sizes, so a model is captured
+at the microbatch size it will run at.
+
+The captured graph is the unlifted program (``ExportedProgram.module()``): parameters and buffers
+are the model's own tensor objects, read by ``get_attr`` (a tied parameter is one object under
+two names), and buffer updates (BatchNorm's running statistics) are in-place ops on them, as in
+the model itself.
+"""
+
+from __future__ import annotations
+
+import os
+import traceback
+from typing import Any
+
+import torch
+from torch import fx, nn
+
+# Part of every cached profile's key and meta: a profile made by another capture (fx-era layer
+# names like "linear_1") names layers this one does not have, so it must never be reused.
+CAPTURE_VERSION = "export-1"
+
+
+class UntraceableModelError(ValueError):
+    """The model cannot be captured or grouped; the message is one line naming what and where."""
+
+
+def as_tuple(example_input: Any) -> tuple:
+    return tuple(example_input) if isinstance(example_input, (tuple, list)) else (example_input,)
+
+
+def _user_frame(exc: BaseException) -> tuple[str, int, str] | None:
+    """(file, line, code) of the innermost traceback frame outside torch: the user's (or
+    transformers') line that the capture stopped at."""
+    torch_dir = os.path.dirname(torch.__file__)
+    frames = [f for f in traceback.extract_tb(exc.__traceback__) if not f.filename.startswith(torch_dir)
+              and not f.filename.startswith(os.path.dirname(__file__))]
+    if not frames:
+        return None
+    f = frames[-1]
+    return os.path.basename(f.filename), f.lineno or 0, (f.line or "").strip()
+
+
+def _first_line(exc: BaseException) -> str:
+    for line in str(exc).splitlines():
+        if line.strip():
+            return line.strip()
+    return type(exc).__name__
+
+
+class _ModuleTracker:
+    """Forward pre/post hooks on every submodule keep the stack of module paths running, so a
+    failed capture can name the module it failed in (the innermost one still open)."""
+
+    def __init__(self, model: nn.Module):
+        self.stack: list[str] = []
+        self.handles = []
+        for path, module in model.named_modules():
+            self.handles.append(module.register_forward_pre_hook(self._enter(path)))
+            self.handles.append(module.register_forward_hook(self._leave(path)))
+
+    def _enter(self, path: str):
+        def hook(module, args):
+            self.stack.append(path)
+        return hook
+
+    def _leave(self, path: str):
+        # not called when forward raises: the stack then still ends at the failing module
+        def hook(module, args, output):
+            if self.stack and self.stack[-1] == path:
+                self.stack.pop()
+        return hook
+
+    def remove(self) -> None:
+        for h in self.handles:
+            h.remove()
+
+
+def _failure(model: nn.Module, exc: BaseException, module_path: str | None) -> UntraceableModelError:
+    where = _user_frame(exc)
+    place = f" in module {module_path or '(the model itself)'!r}" if module_path is not None else ""
+    at = f" at {where[0]}:{where[1]}: `{where[2]}`" if where else ""
+    return UntraceableModelError(f"cannot capture {type(model).__name__} with torch.export{place}{at}: "
+                                 f"{_first_line(exc)}")
+
+
+def capture(model: nn.Module, example_input: Any) -> fx.GraphModule:
+    """The whole of ``model`` run on ``example_input`` (a tensor or a tuple of tensors; forward
+    parameters beyond them keep their defaults) as one GraphModule of ATen ops whose
+    parameters and buffers are ``model``'s own. Raises :class:`UntraceableModelError`."""
+    inputs = as_tuple(example_input)
+    for i, value in enumerate(inputs):
+        if not isinstance(value, torch.Tensor):
+            raise UntraceableModelError(f"example input {i} must be a tensor, got {type(value).__name__}")
+    tracker = _ModuleTracker(model)
+    try:
+        # hooks must not be captured into the graph: they only record where a failure happens
+        program = torch.export.export(model, inputs, strict=False)
+    except Exception as exc:  # export raises many kinds (UserError, GuardOnDataDependent, TypeError, ...)
+        # the innermost module still open is where the failing op ran; the root's path is ""
+        path = tracker.stack[-1] if tracker.stack else None
+        raise _failure(model, exc, path) from None
+    finally:
+        tracker.remove()
+    gm = program.module()
+    _drop_guards(gm)
+    return gm
+
+
+def _drop_guards(gm: fx.GraphModule) -> None:
+    """Remove the input-shape guard call export adds (``_guards_fn``): stages run every
+    microbatch at the captured shapes, and a guard node is no op of the model's to place in a
+    layer."""
+    for node in list(gm.graph.nodes):
+        if node.op == "call_module" and str(node.target).startswith("_guards"):
+            gm.graph.erase_node(node)
+    for name, _ in list(gm.named_children()):
+        if name.startswith("_guards"):
+            delattr(gm, name)
+    gm.recompile()
