@@ -18,14 +18,15 @@ from typing import Any
 
 
 def validate(spec: str, model_args: dict[str, Any], data: str | None, batch_size: int | None) -> dict[str, Any]:
-    from pipeboard.trainer.profile.fxgraph import UntraceableModelError, trace_layers
+    from pipeboard.trainer.profile.capture import UntraceableModelError
+    from pipeboard.trainer.profile.outline import capture_layers
     from pipeboard.trainer.spec import load_task
     from pipeboard.trainer.task import TaskError, check_task
 
     try:
         task = load_task(spec, model_args, data)
         check_task(task, batch_size)
-        graph = trace_layers(task.model, task.example_input(2))
+        graph = capture_layers(task.model, task.example_input(2), task.layers)
     except UntraceableModelError as exc:
         return {"ok": False, "message": f"cannot be split into layers: {exc}"}
     except TaskError as exc:

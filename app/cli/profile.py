@@ -102,7 +102,7 @@ def measure(spec: str, *, batch_size: int | None, device: str, model_args: dict,
 
             prof = profile_model(task.model, example, batch_size=bs, device=device, warmup=warmup, repeats=repeats,
                                  progress=progress, optimizer=task.optimizer_name if task.optimizer_name != "custom" else "adam",
-                                 model_name=spec, precision=precision)
+                                 model_name=spec, precision=precision, layers=task.layers)
     except (KeyboardInterrupt, typer.Exit):
         raise
     except Exception as exc:  # one line, never a traceback (the message names what failed)

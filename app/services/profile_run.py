@@ -70,7 +70,7 @@ def profile(source: str, model_args: dict[str, Any], batch_size: int, device: st
     # the other workers' processes train on microbatches meanwhile, as in the run
     load = dict(concurrent=concurrent, load_input=example) if concurrent else {}
     prof = profile_model(model, example, batch_size=batch_size, device=device, warmup=2, repeats=repeats, optimizer=opt,
-                         **load)
+                         layers=task.layers, **load)
     if not prof.model:
         prof.model = source
     # the cores a local run's workers will share (more workers than cores take turns on them)
@@ -78,7 +78,7 @@ def profile(source: str, model_args: dict[str, Any], batch_size: int, device: st
     if weight_batch_size is not None and weight_batch_size != batch_size:
         big_example = task.example_input(weight_batch_size)
         big = profile_model(model, big_example, batch_size=weight_batch_size, device=device, warmup=2,
-                            repeats=repeats, optimizer=opt, optimizer_steps=False, **load)
+                            repeats=repeats, optimizer=opt, optimizer_steps=False, layers=task.layers, **load)
         weights = {layer.name: layer.backward_weight_ms for layer in big.layers}
         per_batch = weight_batch_size / batch_size
         for layer in prof.layers:

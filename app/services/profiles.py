@@ -20,6 +20,7 @@ from pipeboard.app.services.errors import NotFound, ServiceError
 from pipeboard.app.services.tx import begin_write
 from pipeboard.trainer import cpu_matmul
 from pipeboard.trainer.hostinfo import usable_cores
+from pipeboard.trainer.profile.schema import CAPTURE_VERSION
 
 
 def cache_key(model: str, model_args: dict[str, Any], batch_size: int, device: str = "cpu",
@@ -37,7 +38,8 @@ def cache_key(model: str, model_args: dict[str, Any], batch_size: int, device: s
         named.append(f"matmul={matmul}")
     named += [a.lstrip("-") for a in calibration or [] if a != "--calibrate"]
     extra = (" " + " ".join(named)) if named else ""
-    return f"{model}{args} bs={batch_size} {device}{extra}"[:200]
+    # the capture's version: a profile whose layers another capture named is never reused
+    return f"{model}{args} bs={batch_size} {device} {CAPTURE_VERSION}{extra}"[:200]
 
 
 def worker_threads(workers: int) -> int:

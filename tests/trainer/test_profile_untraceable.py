@@ -1,4 +1,5 @@
-"""User models: an untraceable model names the failing op and line; a user task profiles."""
+"""User models: a model torch.export cannot capture names the module, the line and the op; a user
+task profiles."""
 
 from __future__ import annotations
 
@@ -9,7 +10,8 @@ import pytest
 import torch
 from torch import nn
 
-from pipeboard.trainer.profile.fxgraph import UntraceableModelError, trace_layers
+from pipeboard.trainer.profile.capture import UntraceableModelError
+from pipeboard.trainer.profile.outline import capture_layers
 from pipeboard.trainer.profile.profiler import profile_model
 from pipeboard.trainer.spec import load_task
 
@@ -23,14 +25,14 @@ class DataDependentBranch(nn.Module):
         self.lin = nn.Linear(4, 4)
 
     def forward(self, x):
-        if x.sum() > 0:  # control flow on a tensor value: fx cannot trace it
+        if x.sum() > 0:  # control flow on a tensor's value: no capture can take both paths
             return self.lin(x)
         return x
 
 
 class NumpyCall(nn.Module):
     def forward(self, x):
-        return torch.from_numpy(x.numpy())  # leaves torch: fx cannot trace it
+        return torch.from_numpy(x.numpy())  # leaves torch: export cannot follow it
 
 
 class ShapeMismatch(nn.Module):
@@ -44,11 +46,27 @@ class ShapeMismatch(nn.Module):
 
 def test_control_flow_names_the_line():
     with pytest.raises(UntraceableModelError) as info:
-        trace_layers(DataDependentBranch(), torch.randn(2, 4))
+        capture_layers(DataDependentBranch(), torch.randn(2, 4))
     message = str(info.value)
-    assert "DataDependentBranch" in message
-    assert "test_profile_untraceable.py" in message and "if x.sum() > 0" in message
-    assert "control flow" in message
+    assert "DataDependentBranch" in message and "\n" not in message
+    assert "test_profile_untraceable.py:" in message and "if x.sum() > 0" in message
+    assert "data-dependent" in message
+
+
+class Outer(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.inner = DataDependentBranch()
+
+    def forward(self, x):
+        return self.inner(x)
+
+
+def test_a_failure_inside_a_submodule_names_its_path():
+    with pytest.raises(UntraceableModelError) as info:
+        capture_layers(Outer(), torch.randn(2, 4))
+    message = str(info.value)
+    assert "module 'inner' (DataDependentBranch)" in message and "if x.sum() > 0" in message
 
 
 def test_a_call_outside_torch_names_the_line():
@@ -59,7 +77,7 @@ def test_a_call_outside_torch_names_the_line():
 
 def test_a_failing_op_names_the_node_and_module():
     with pytest.raises(UntraceableModelError) as info:
-        trace_layers(ShapeMismatch(), torch.randn(2, 4))
+        capture_layers(ShapeMismatch(), torch.randn(2, 4))
     message = str(info.value)
     assert "'lin'" in message and "Linear" in message and "\n" not in message
 
@@ -76,29 +94,30 @@ class OptionalMask(nn.Module):
         return y * scale
 
 
-def test_arguments_with_defaults_are_traced_as_constants():
+def test_arguments_with_defaults_are_captured_as_constants():
     model, x = OptionalMask(), torch.randn(2, 3)
-    graph = trace_layers(model, x)
-    assert graph.input_names() == ["x"] and [layer.name for layer in graph.layers][1:] == ["lin", "mul"]
+    graph = capture_layers(model, x)
+    # the final `* scale`, outside any module and read by nothing else, runs with its producer
+    assert graph.input_names() == ["x"] and [layer.name for layer in graph.layers][1:] == ["lin"]
     prof = profile_model(model, x, warmup=0, repeats=1)
-    assert prof.layer_names() == ["x", "lin", "mul"]
+    assert prof.layer_names() == ["x", "lin"]
     # given explicitly, the mask is an input like any other
-    both = trace_layers(model, (x, torch.ones(2, 3)))
+    both = capture_layers(model, (x, torch.ones(2, 3)))
     assert both.input_names() == ["x", "mask"]
 
 
 def test_wrong_number_of_inputs():
-    with pytest.raises(UntraceableModelError, match="takes 1 input"):
-        trace_layers(ShapeMismatch(), (torch.randn(2, 3), torch.randn(2, 3)))
+    with pytest.raises(UntraceableModelError, match="forward does not take the example's 2 input"):
+        capture_layers(ShapeMismatch(), (torch.randn(2, 3), torch.randn(2, 3)))
 
 
 def test_non_tensor_output_is_refused():
-    class ReturnsDict(nn.Module):
+    class ReturnsCount(nn.Module):
         def forward(self, x):
-            return {"y": x + 1}
+            return x + 1, 3
 
-    with pytest.raises(UntraceableModelError, match="must return a tensor"):
-        trace_layers(ReturnsDict(), torch.randn(2))
+    with pytest.raises(UntraceableModelError, match="returns 3, not a tensor"):
+        capture_layers(ReturnsCount(), torch.randn(2))
 
 
 @pytest.fixture()
@@ -140,12 +159,12 @@ def test_a_user_task_profiles(user_package):
     task = load_task(f"{user_package}.nets:good", model_args={"width": 6})
     prof = profile_model(task.model, task.example_input(), warmup=0, repeats=1)
     assert prof.batch_size == 3
-    assert prof.layer_names() == ["input_1", "_0", "_1"]  # fx names of a top-level Sequential
+    assert prof.layer_names() == ["input_1", "0", "1"]  # a top-level Sequential's module paths
     assert prof.layers[1].parameter_bytes == 4 * (6 * 2 + 2)
 
 
 def test_untraceable_user_task_names_the_line(user_package):
     task = load_task(f"{user_package}.nets:untraceable")
     with pytest.raises(UntraceableModelError) as info:
-        trace_layers(task.model, task.example_input())
+        capture_layers(task.model, task.example_input())
     assert "while x.max() > 1" in str(info.value)

@@ -19,6 +19,10 @@ the model itself.
 
 from __future__ import annotations
 
+import contextlib
+import inspect
+import io
+import logging
 import os
 import traceback
 from typing import Any
@@ -26,9 +30,9 @@ from typing import Any
 import torch
 from torch import fx, nn
 
-# Part of every cached profile's key and meta: a profile made by another capture (fx-era layer
-# names like "linear_1") names layers this one does not have, so it must never be reused.
-CAPTURE_VERSION = "export-1"
+from pipeboard.trainer.profile.schema import CAPTURE_VERSION
+
+__all__ = ["CAPTURE_VERSION", "UntraceableModelError", "as_tuple", "capture"]
 
 
 class UntraceableModelError(ValueError):
@@ -88,7 +92,9 @@ class _ModuleTracker:
 
 def _failure(model: nn.Module, exc: BaseException, module_path: str | None) -> UntraceableModelError:
     where = _user_frame(exc)
-    place = f" in module {module_path or '(the model itself)'!r}" if module_path is not None else ""
+    place = ""
+    if module_path is not None:
+        place = f" in module {module_path or '(the model itself)'!r} ({type(model.get_submodule(module_path)).__name__})"
     at = f" at {where[0]}:{where[1]}: `{where[2]}`" if where else ""
     return UntraceableModelError(f"cannot capture {type(model).__name__} with torch.export{place}{at}: "
                                  f"{_first_line(exc)}")
@@ -102,15 +108,26 @@ def capture(model: nn.Module, example_input: Any) -> fx.GraphModule:
     for i, value in enumerate(inputs):
         if not isinstance(value, torch.Tensor):
             raise UntraceableModelError(f"example input {i} must be a tensor, got {type(value).__name__}")
-    tracker = _ModuleTracker(model)
     try:
-        # hooks must not be captured into the graph: they only record where a failure happens
-        program = torch.export.export(model, inputs, strict=False)
+        inspect.signature(model.forward).bind(*inputs)
+    except TypeError as exc:
+        raise UntraceableModelError(f"{type(model).__name__}.forward does not take the example's {len(inputs)} "
+                                    f"input(s): {exc}") from None
+    except ValueError:  # no signature to check (a builtin): export says what goes wrong
+        pass
+    tracker = _ModuleTracker(model)
+    # export logs a failing op's whole graph and fake-tensor traceback as errors, and prints the
+    # graph so far on stderr; the failure is reported once, in one line, below
+    logging.disable(logging.ERROR)
+    try:
+        with contextlib.redirect_stderr(io.StringIO()):
+            program = torch.export.export(model, inputs, strict=False)
     except Exception as exc:  # export raises many kinds (UserError, GuardOnDataDependent, TypeError, ...)
         # the innermost module still open is where the failing op ran; the root's path is ""
         path = tracker.stack[-1] if tracker.stack else None
         raise _failure(model, exc, path) from None
     finally:
+        logging.disable(logging.NOTSET)
         tracker.remove()
     gm = program.module()
     _drop_guards(gm)

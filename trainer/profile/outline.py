@@ -173,7 +173,7 @@ def _fetch(gm: fx.GraphModule, target: str) -> Any:
 def _attr(name: str, taken: set[str]) -> str:
     base = "".join(c if c.isalnum() else "_" for c in name) or "layer"
     attr, k = base, 1
-    while attr in taken:
+    while attr in taken or hasattr(fx.GraphModule, attr):  # "forward" is a layer's name, not the method
         k += 1
         attr = f"{base}_{k}"
     taken.add(attr)

@@ -22,6 +22,11 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
+# The capture that names a profile's layers (pipeboard.trainer.profile.capture), kept in every
+# profile's meta and in the service's profile cache key: a profile made by another capture (the
+# fx era's layer names, "linear_1") names layers this one does not have, so it is never reused.
+CAPTURE_VERSION = "export-1"
+
 SCHEMA_VERSION = 2
 READABLE_VERSIONS = (1, 2)
 FORMAT_NAME = "pipeboard.profile"
