@@ -20,7 +20,7 @@ import re
 
 import pytest
 
-from pipeboard.trainer.schedule import Action, Kind, ScheduleError, build
+from pipeboard.trainer.schedule import Action, Kind, ScheduleError, build, registry
 from pipeboard.trainer.schedule.build import MAX_UNITS
 from pipeboard.trainer.schedule.flush import batch_weight_grads, update_ops
 from pipeboard.trainer.schedule.pipedream import pipedream_programs
@@ -177,7 +177,8 @@ def test_dp_takes_its_worker_count_from_replicas():
 
 def test_exactly_max_units_passes_the_size_check():
     # 1 x 2 x MAX_UNITS / 2 units is the limit itself: refused only for the chunks, not the size
-    with pytest.raises(ScheduleError, match=re.escape("chunks > 1 needs schedule 'interleaved-1f1b', not '1f1b'")):
+    takers = registry.either(registry.having(chunks=True))
+    with pytest.raises(ScheduleError, match=re.escape(f"chunks > 1 needs schedule {takers}, not '1f1b'")):
         build("1f1b", 1, MAX_UNITS // 2, chunks=2)
     with pytest.raises(ScheduleError, match=re.escape(
             f"microbatches x stages x chunks = {4 * MAX_UNITS} is more than this builder handles ({MAX_UNITS})")):
@@ -188,7 +189,7 @@ def test_exactly_max_units_passes_the_size_check():
 
 @pytest.mark.parametrize("kw,message", [
     ({"chunks": 0}, "chunks must be >= 1, got 0"),
-    ({"chunks": 2}, "chunks > 1 needs schedule 'interleaved-1f1b', not '1f1b'"),
+    ({"chunks": 2}, f"chunks > 1 needs schedule {registry.either(registry.having(chunks=True))}, not '1f1b'"),
     ({"vertical_sync": True}, "vertical_sync applies to schedule 'pipedream' only"),
     ({"split_backward": True, "batch_weight_grads": True},
      "batch_weight_grads and split_backward exclude each other: the weight gradients are either batched "

@@ -129,9 +129,13 @@ def test_having_asks_about_capabilities_only(field):
 
 
 def test_having_compares_weight_grads_given_as_any_sequence(fresh):
-    assert registry.having(weight_grads=[]) == registry.having(weight_grads=()) == ("zb-h1", "dp")
-    assert registry.having(weight_grads=["batched", "immediate"]) == ("gpipe", "1f1b", "interleaved-1f1b", "pipedream")
-    assert registry.having(chunks=True) == ("interleaved-1f1b",)
+    def declared(names):  # the library's schedules have their own tests
+        return tuple(n for n in names if n not in LIBRARY)
+
+    assert registry.having(weight_grads=[]) == registry.having(weight_grads=())
+    assert declared(registry.having(weight_grads=[])) == ("zb-h1", "dp")
+    assert declared(registry.having(weight_grads=["batched", "immediate"])) == ("gpipe", "1f1b", "interleaved-1f1b", "pipedream")
+    assert declared(registry.having(chunks=True)) == ("interleaved-1f1b",)
 
 
 def test_either_phrases_a_list_of_names():

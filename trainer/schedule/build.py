@@ -41,7 +41,8 @@ def build(
     ``num_stages`` physical stages (for a data-parallel schedule, ``dp``: the number of workers),
     each with ``replicas[s]`` workers; ``microbatches`` per iteration (sync schedules) or in total
     (asynchronous ones, ``pipedream``, which update once per ``per_update`` of them). ``chunks``
-    model chunks per worker for a schedule that takes chunks (``interleaved-1f1b``).
+    model chunks per worker for a schedule that takes chunks (``interleaved-1f1b``); 1 there means
+    the schedule's ``default_chunks``, as for a run (runtime/layout.py).
     ``split_backward`` splits each backward into BI and W (default: only where the schedule
     needs it, ``zb-h1``).
     ``batch_weight_grads``: each backward is a BI and one ``W(-1)`` right before each update of
@@ -59,6 +60,8 @@ def build(
         raise ScheduleError(f"microbatches must be >= 1, got {microbatches}")
     if chunks < 1:
         raise ScheduleError(f"chunks must be >= 1, got {chunks}")
+    if spec.chunks and chunks == 1:  # as the runtime's layout does: a run asking for 1 gets the default
+        chunks = spec.default_chunks
     physical = 1 if spec.data_parallel else num_stages
     units = physical * chunks * microbatches
     if units > MAX_UNITS:
