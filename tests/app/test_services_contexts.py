@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import bz2
+import gzip
 import hashlib
 import io
 import os
@@ -123,3 +125,62 @@ def test_store_keeps_one_copy_per_content(session):
     again, new_again = contexts.store(session, content, "other-name.tar.gz", **LIMITS)
     assert new and not new_again and again.sha256 == row.sha256 == hashlib.sha256(content).hexdigest()
     assert (row.files, row.kind) == (1, "tar.gz")
+
+
+def compressed_tar(members: list[tuple[str, bytes]], *, compression: str, trailing: bytes = b"") -> bytes:
+    """A tar of ``members`` (+ ``trailing`` bytes after its end-of-archive blocks), compressed."""
+    buffer = io.BytesIO()
+    with tarfile.open(fileobj=buffer, mode="w") as archive:
+        for name, data in members:
+            info = tarfile.TarInfo(name)
+            info.size = len(data)
+            archive.addfile(info, io.BytesIO(data))
+    raw = buffer.getvalue() + trailing
+    return bz2.compress(raw) if compression == "bz2" else gzip.compress(raw)
+
+
+@pytest.mark.parametrize("compression", ["bz2", "gz"])
+def test_a_bomb_is_refused_at_the_member_that_crosses_the_limit(compression):
+    limit = 1 << 20
+    small = compressed_tar([("task.py", b"x = 1\n"), ("a.bin", b"\0" * (limit // 2)), ("b.bin", b"\0" * limit),
+                            ("c.bin", b"\0" * limit)], compression=compression)
+    with pytest.raises(ServiceError) as caught:
+        contexts.check_archive(small, max_bytes=1 << 20, max_unpacked=limit)
+    assert caught.value.status == 413 and "'b.bin'" in caught.value.message, caught.value.message
+
+
+@pytest.mark.parametrize("compression", ["bz2", "gz"])
+def test_bytes_hidden_after_the_archive_s_end_are_decompressed_only_up_to_what_the_members_account_for(compression):
+    # 64 MiB of zeros after the end-of-archive blocks: no header declares them
+    bomb = compressed_tar([("task.py", b"x = 1\n")], compression=compression, trailing=b"\0" * (64 << 20))
+    with pytest.raises(ServiceError) as caught:
+        contexts.check_archive(bomb, max_bytes=1 << 20, max_unpacked=1 << 30)
+    assert caught.value.status == 413 and "'task.py'" in caught.value.message, caught.value.message
+    stopped_at = int(caught.value.message.split("stopped at ")[1].split(" bytes")[0])
+    assert stopped_at < 1 << 20  # the check read well under 1 MiB of the 64, not the whole stream
+
+
+def test_a_zip_member_crossing_the_limit_is_named_and_a_lying_member_is_damaged():
+    limit = 1 << 20
+    entries = [("a.bin", b"\0" * (limit // 2), None), ("b.bin", b"\0" * limit, None)]
+    buffer = io.BytesIO()
+    with zipfile.ZipFile(buffer, "w", compression=zipfile.ZIP_DEFLATED) as archive:
+        for name, data, _ in entries:
+            archive.writestr(name, data)
+    with pytest.raises(ServiceError) as caught:
+        contexts.check_archive(buffer.getvalue(), max_bytes=1 << 20, max_unpacked=limit)
+    assert caught.value.status == 413 and "'b.bin'" in caught.value.message
+    good = bytearray(zip_of([("task.py", b"x = 1\n" * 100, 0o100644)]))
+    at = good.index(b"x = 1\n")
+    good[at] = ord("y")  # the stored bytes no longer match the member's CRC
+    refused(bytes(good), "damaged")
+
+
+def test_a_zip_member_with_permission_bits_but_no_type_bits_is_a_regular_file():
+    buffer = io.BytesIO()
+    with zipfile.ZipFile(buffer, "w") as archive:
+        archive.writestr("task.py", "x = 1\n")  # external_attr 0o600 << 16: no S_IFREG
+        archive.writestr("pkg/__init__.py", "")
+    assert (zipfile.ZipFile(io.BytesIO(buffer.getvalue())).getinfo("task.py").external_attr >> 16) == 0o600
+    kind, members = contexts.check_archive(buffer.getvalue(), **LIMITS)
+    assert kind == "zip" and sorted(m.name for m in members if not m.is_dir) == ["pkg/__init__.py", "task.py"]

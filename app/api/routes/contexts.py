@@ -39,10 +39,12 @@ def public(row: CodeContext) -> ContextPublic:
                413: {"model": Message, "description": "Too large, packed or unpacked."},
                422: {"model": ValidationFailed, "description": "Not an archive, or a member is refused."}},
 )
-async def upload_context(session: SessionDep, _: WriteAccess, response: Response,
-                         file: Annotated[UploadFile, File(description="The project, .tar.gz or .zip")]) -> ContextPublic:
+def upload_context(session: SessionDep, _: WriteAccess, response: Response,
+                   file: Annotated[UploadFile, File(description="The project, .tar.gz or .zip")]) -> ContextPublic:
+    # A plain `def`: FastAPI runs it in its thread pool, so checking an archive (decompressing it
+    # member by member, seconds for a large one) never holds the event loop other requests need.
     settings = get_settings()
-    content = await file.read(settings.max_upload_bytes + 1)  # never more than the limit in memory
+    content = file.file.read(settings.max_upload_bytes + 1)  # never more than the limit in memory
     row, new = contexts.store(session, content, file.filename or "context",
                               max_bytes=settings.max_upload_bytes, max_unpacked=settings.max_context_bytes)
     if not new:
