@@ -187,9 +187,12 @@ def register(cli: typer.Typer) -> None:
         name_option: Optional[str] = typer.Option(None, "--name", help="The same as NAME."),
         scope: str = typer.Option("read", "--scope", help="read (GET routes), write (all but token management) or admin (everything)."),
         expires_in: Optional[str] = typer.Option(None, "--expires-in", help="Stop working after this long: 30d, 12h, 90m, 45s, 2w (default: never)."),
+        user: str = typer.Option("admin", "--user", help="Whose token it is (created if new): what it submits, "
+                                 "registers and uploads is that user's, and it sees only that user's work (everyone's "
+                                 "with --scope admin). Default: the admin user."),
     ) -> None:
         """Create a token in the configured database and print it (shown once). Run it on the server
-        machine: it writes the database directly, so it needs no token."""
+        machine (an admin's way to make users' tokens): it writes the database directly, so it needs no token."""
         import re
         from datetime import timedelta
 
@@ -203,6 +206,8 @@ def register(cli: typer.Typer) -> None:
             fail(f"NAME {name!r}: letters, digits and _.:- or spaces, at most 120, starting with a letter or digit", 2)
         if scope not in SCOPES:
             fail(f"--scope must be one of {', '.join(SCOPES)}, got {scope!r}", 2)
+        if not re.match(NAME_PATTERN, user) or len(user) > 120:
+            fail(f"--user {user!r}: letters, digits and _.:- or spaces, at most 120, starting with a letter or digit", 2)
         try:
             expires_at = utcnow() + timedelta(seconds=parse_duration(expires_in)) if expires_in is not None else None
         except ValueError as exc:
@@ -214,13 +219,14 @@ def register(cli: typer.Typer) -> None:
 
         try:
             with get_sessionmaker()() as session:
-                row, secret = create_token(session, name, scope, expires_at=expires_at)
+                row, secret = create_token(session, name, scope, expires_at=expires_at, user=user)
                 session.commit()
         except SQLAlchemyError as exc:
             fail(f"cannot write the token to the database (run `pipeboard migrate`?): {str(exc).splitlines()[0]}")
         typer.echo(secret)
         until = f", expires {expires_at.isoformat(timespec='seconds')}" if expires_at else ""
-        typer.echo(f"token {row.id} {name!r} scope={scope}{until}; store it now, it is not shown again", err=True)
+        typer.echo(f"token {row.id} {name!r} of user {user!r} scope={scope}{until}; store it now, it is not shown again",
+                   err=True)
 
     @cli.command("submit")
     def submit(
@@ -289,4 +295,3 @@ def register(cli: typer.Typer) -> None:
         if wait:
             # From the retry on: the previous attempt's `end` is already in the log.
             finish_with(wait_for(api, job_id, after=max(0, job["last_event_seq"] - 1)))
-

@@ -10,6 +10,7 @@ the failing op named.
 
 from __future__ import annotations
 
+import posixpath
 from functools import lru_cache
 from typing import Any
 
@@ -49,16 +50,26 @@ def to_public(row: Model) -> ModelPublic:
                        created_at=row.created_at)
 
 
-def list_models(session: Session, offset: int, limit: int) -> tuple[list[ModelPublic], int]:
-    registered = [to_public(r) for r in session.scalars(select(Model).order_by(Model.id)).all()]
+def list_models(session: Session, offset: int, limit: int, owner_id: int | None = None) -> tuple[list[ModelPublic], int]:
+    """The zoo, then registered models (only `owner_id`'s when given)."""
+    mine = [Model.owner_id == owner_id] if owner_id is not None else []
+    registered = [to_public(r) for r in session.scalars(select(Model).where(*mine).order_by(Model.id)).all()]
     names = {m.name for m in registered}
     everything = [m for m in zoo_public() if m.name not in names] + registered
     return everything[offset : offset + limit], len(everything)
 
 
-def get(session: Session, ref: str) -> ModelPublic:
-    row = session.get(Model, int(ref)) if ref.isdigit() and len(ref) < 12 else session.scalar(select(Model).where(Model.name == ref))
-    if row is not None:
+def find(session: Session, ref: str) -> Model | None:
+    """A registered model by id or name."""
+    if ref.isdigit() and len(ref) < 12:
+        return session.get(Model, int(ref))
+    return session.scalar(select(Model).where(Model.name == ref))
+
+
+def get(session: Session, ref: str, owner_id: int | None = None) -> ModelPublic:
+    """A registered model (only `owner_id`'s when given: another's is not found) or a zoo model."""
+    row = find(session, ref)
+    if row is not None and (owner_id is None or row.owner_id == owner_id):
         return to_public(row)
     for m in zoo_public():
         if m.name == ref:
@@ -66,9 +77,9 @@ def get(session: Session, ref: str) -> ModelPublic:
     raise NotFound("model", ref)
 
 
-def register(session: Session, body: ModelCreate) -> Model:
-    """Store the model as ``validating`` and queue its validation; 409 for a taken name, 422 for a
-    context that is not stored or a file path without one."""
+def register(session: Session, body: ModelCreate, owner_id: int | None = None) -> Model:
+    """Store the model as ``validating`` (`owner_id`'s) and queue its validation; 409 for a taken
+    name, 422 for a context that is not stored, a file path without one or outside it."""
     from pipeboard.trainer import zoo
 
     if body.name in zoo.names() or session.scalar(select(Model.id).where(Model.name == body.name)) is not None:
@@ -77,14 +88,16 @@ def register(session: Session, body: ModelCreate) -> Model:
     if path.endswith(".py") and body.context is None:
         raise ServiceError(f"context: {body.source!r} names a file; upload the project (POST /contexts) and give its "
                            "sha256 as `context`", status=422, field="context")
-    if body.context is not None and session.get(CodeContext, body.context) is None:
-        raise ServiceError(f"context: no code context {body.context} (upload it first: POST /contexts)",
-                           status=422, field="context")
+    context = session.get(CodeContext, body.context) if body.context is not None else None
+    if body.context is not None and context is None:
+        raise ServiceError(unknown_context(body.context), status=422, field="context")
+    if context is not None and path.endswith(".py"):
+        check_source_in_context(body.source, context)
     begin_write(session)
     row = Model(name=body.name, source=body.source, kind="context" if body.context else "import", config=body.config,
                 context_sha256=body.context, data=body.data, status=ModelStatus.VALIDATING,
                 description=f"task factory {body.source}" + (f" in context {body.context[:12]}" if body.context else ""),
-                message="queued for validation on a worker")
+                message="queued for validation on a worker", owner_id=owner_id)
     session.add(row)
     session.commit()
     try:
@@ -95,6 +108,27 @@ def register(session: Session, body: ModelCreate) -> Model:
         session.commit()
         raise ServiceError(row.message, status=503, field="broker") from None
     return row
+
+
+def unknown_context(digest: str) -> str:
+    """The one answer for a context that is not stored and for one the user may not use."""
+    return f"context: no code context {digest} (upload it first: POST /contexts)"
+
+
+def check_source_in_context(source: str, context: CodeContext) -> None:
+    """A task factory file must be a file of its own context: no absolute path, no `..` out of it
+    (into another user's context unpacked beside it), no name the archive does not hold."""
+    from pipeboard.app.services import contexts
+
+    path = source.rpartition(":")[0]
+    wanted = posixpath.normpath(path.replace("\\", "/"))
+    outside = posixpath.isabs(path) or wanted == ".." or wanted.startswith("../")
+    names = set() if outside else {posixpath.normpath(m.name.replace("\\\\", "/"))
+                                   for m in contexts.list_members(bytes(context.content))[1] if not m.is_dir}
+    if outside or wanted not in names:
+        raise ServiceError(f"source: {source!r} must name a .py file inside the model's code context "
+                           f"{context.sha256[:12]} (a path relative to the project's top folder)",
+                           status=422, field="source")
 
 
 def enqueue_validation(model_id: int) -> None:

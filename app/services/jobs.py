@@ -97,7 +97,7 @@ def validate_model_args(name: str, model_args: dict[str, Any]) -> None:
 
 
 def submit(session: Session, spec: JobCreate, *, kind: str = "train", enqueue: bool = True,
-           submitted_by: str | None = None) -> Job:
+           submitted_by: str | None = None, owner_id: int | None = None) -> Job:
     if kind == "train":
         validate_model(session, spec.model, spec.model_args, spec.data)
     begin_write(session)
@@ -108,6 +108,7 @@ def submit(session: Session, spec: JobCreate, *, kind: str = "train", enqueue: b
         priority=spec.priority,
         spec=spec.model_dump(mode="json"),
         submitted_by=submitted_by,
+        owner_id=owner_id,  # the submitting token's user (app/api/ownership.py)
         attempt=1,
     )
     session.add(job)
@@ -172,9 +173,10 @@ def get(session: Session, job_id: int) -> Job:
     return job
 
 
-def list_jobs(session: Session, *, offset: int, limit: int, status: str | None = None, kind: str | None = None) -> tuple[list[Job], int]:
+def list_jobs(session: Session, *, offset: int, limit: int, status: str | None = None, kind: str | None = None,
+              owner_id: int | None = None) -> tuple[list[Job], int]:
     reap_stale(session)
-    where = []
+    where = [Job.owner_id == owner_id] if owner_id is not None else []
     if status:
         where.append(Job.status == JobStatus(status))
     if kind:

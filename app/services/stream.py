@@ -67,11 +67,6 @@ class _Cursor:
                     yield out
 
 
-def job_exists(job_id: int) -> bool:
-    with get_sessionmaker()() as s:
-        return s.get(Job, job_id) is not None
-
-
 def _final_without_more(cursor: _Cursor) -> str | None:
     """A job already final whose log the client has fully read (e.g. resumed after its end):
     repeat the end so the client stops instead of waiting forever. Also reaps stale jobs, so a

@@ -16,7 +16,7 @@ def test_defaults_are_embedded_sqlite_files_under_data_dir(tmp_path: Path) -> No
     assert settings.broker_url == f"sqlalchemy+sqlite:///{tmp_path}/d/broker.sqlite"
     assert settings.result_backend == f"db+sqlite:///{tmp_path}/d/results.sqlite"
     assert settings.redis_url == ""
-    assert settings.read_auth is False
+    assert settings.read_auth is True  # reads need a token by default
     assert settings.problems() == []
 
 
@@ -28,11 +28,11 @@ def test_relative_data_dir_becomes_absolute(tmp_path: Path, monkeypatch: pytest.
 def test_environment_overrides_with_prefix(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("PIPEBOARD_DATABASE_URL", "postgresql+psycopg://u:p@db/pipeboard")
     monkeypatch.setenv("PIPEBOARD_BROKER_URL", "redis://cache:6379/0")
-    monkeypatch.setenv("PIPEBOARD_READ_AUTH", "true")
+    monkeypatch.setenv("PIPEBOARD_READ_AUTH", "false")
     monkeypatch.setenv("PIPEBOARD_MAX_UPLOAD_BYTES", "1024")
     settings = Settings()
     assert settings.database_url == "postgresql+psycopg://u:p@db/pipeboard"
-    assert settings.read_auth is True
+    assert settings.read_auth is False
     assert settings.max_upload_bytes == 1024
     # A Redis broker also serves as result backend and pub/sub unless told otherwise.
     assert settings.result_backend == "redis://cache:6379/0"

@@ -9,9 +9,11 @@ from fastapi import APIRouter, Header, Query
 from fastapi.responses import StreamingResponse
 
 from pipeboard.app.api.common import AUTH_RESPONSES, NOT_FOUND, JobId, ServiceRoute
+from pipeboard.app.api import ownership
+from pipeboard.app.api.deps import SessionDep
 from pipeboard.app.api.security import ReadAccess
 from pipeboard.app.services import stream
-from pipeboard.app.services.errors import NotFound, ServiceError
+from pipeboard.app.services.errors import ServiceError
 
 MAX_EVENT_ID = 2**31 - 1
 # 1 to 10 ASCII digits: str.isdigit() is true for "²" and other Unicode digits int() refuses,
@@ -45,15 +47,16 @@ router = APIRouter(prefix="/jobs", tags=["jobs"], route_class=ServiceRoute, resp
 )
 def job_events(
     job_id: JobId,
-    _: ReadAccess,
+    session: SessionDep,
+    principal: ReadAccess,
     last_event_id: Annotated[int | None, Query(ge=0, le=2**31 - 1, description="Resume after this id.")] = None,
     last_event_id_header: Annotated[str | None, Header(alias="Last-Event-ID", include_in_schema=False)] = None,
 ) -> StreamingResponse:
     resume = last_event_id
     if resume is None and last_event_id_header is not None:
         resume = parse_last_event_id(last_event_id_header)
-    if not stream.job_exists(job_id):
-        raise NotFound("job", job_id)
+    ownership.job_for(session, principal, job_id)  # another user's job: 404, as a missing one
+    session.commit()  # end the read here: the stream reads with sessions of its own for as long as it runs
     return StreamingResponse(
         stream.stream(job_id, resume or 0),
         media_type="text/event-stream",

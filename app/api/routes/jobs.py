@@ -11,6 +11,7 @@ from fastapi.responses import Response
 from pipeboard.app.api.deps import SessionDep
 from pipeboard.app.schemas import Message, ValidationFailed
 from pipeboard.app.api.common import AUTH_RESPONSES, NOT_FOUND, JobId, Limit, Offset, ServiceRoute
+from pipeboard.app.api import ownership
 from pipeboard.app.api.security import ReadAccess, WriteAccess
 from pipeboard.app.schemas import JobCreate, JobPublic, JobStatus, MetricsPublic, Page, TimelinePublic
 from pipeboard.app.services import jobs, rundata
@@ -35,7 +36,8 @@ CONFLICT = {409: {"model": Message, "description": "The job's status does not al
     responses={422: {"model": ValidationFailed, "description": "Invalid spec (the message names the field)."}},
 )
 def submit_job(spec: JobCreate, session: SessionDep, principal: WriteAccess) -> JobPublic:
-    job = jobs.submit(session, spec, submitted_by=principal.name)
+    ownership.check_job_model(session, principal, spec.model)  # another user's model reads as unknown
+    job = jobs.submit(session, spec, submitted_by=principal.name, owner_id=principal.user_id)
     return jobs.to_public(session, job)
 
 
@@ -47,19 +49,20 @@ def submit_job(spec: JobCreate, session: SessionDep, principal: WriteAccess) -> 
 )
 def list_jobs(
     session: SessionDep,
-    _: ReadAccess,
+    principal: ReadAccess,
     offset: Offset = 0,
     limit: Limit = 50,
     status: Annotated[JobStatus | None, Query(description="Only jobs with this status.")] = None,
     kind: Annotated[Literal["train", "profile"] | None, Query(description="Only jobs of this kind.")] = None,
 ) -> Page[JobPublic]:
-    rows, count = jobs.list_jobs(session, offset=offset, limit=limit, status=status, kind=kind)
+    rows, count = jobs.list_jobs(session, offset=offset, limit=limit, status=status, kind=kind,
+                                 owner_id=ownership.owner_scope(principal))
     return Page(data=jobs.to_public_many(session, rows), count=count)
 
 
 @router.get("/{job_id}", response_model=JobPublic, summary="Get a job", description="Status, queue position, spec, summary and error.", responses=NOT_FOUND)
-def get_job(job_id: JobId, session: SessionDep, _: ReadAccess) -> JobPublic:
-    return jobs.to_public(session, jobs.get(session, job_id))
+def get_job(job_id: JobId, session: SessionDep, principal: ReadAccess) -> JobPublic:
+    return jobs.to_public(session, ownership.job_for(session, principal, job_id))
 
 
 @router.post(
@@ -69,7 +72,8 @@ def get_job(job_id: JobId, session: SessionDep, _: ReadAccess) -> JobPublic:
     description="A queued job never starts; a running job's whole process group is ended within seconds.",
     responses={**NOT_FOUND, **CONFLICT},
 )
-def cancel_job(job_id: JobId, session: SessionDep, _: WriteAccess) -> JobPublic:
+def cancel_job(job_id: JobId, session: SessionDep, principal: WriteAccess) -> JobPublic:
+    ownership.job_for(session, principal, job_id)  # another user's job: 404, as a missing one
     return jobs.to_public(session, jobs.cancel(session, job_id))
 
 
@@ -83,7 +87,8 @@ def cancel_job(job_id: JobId, session: SessionDep, _: WriteAccess) -> JobPublic:
         "killed process, a dead worker or a lost host is retried automatically, up to the job's `max_attempts`.)"),
     responses={**NOT_FOUND, **CONFLICT},
 )
-def retry_job(job_id: JobId, session: SessionDep, _: WriteAccess) -> JobPublic:
+def retry_job(job_id: JobId, session: SessionDep, principal: WriteAccess) -> JobPublic:
+    ownership.job_for(session, principal, job_id)
     return jobs.to_public(session, jobs.retry(session, job_id))
 
 
@@ -100,7 +105,7 @@ def retry_job(job_id: JobId, session: SessionDep, _: WriteAccess) -> JobPublic:
 def get_timeline(
     job_id: JobId,
     session: SessionDep,
-    _: ReadAccess,
+    principal: ReadAccess,
     source: Annotated[Literal["measured", "predicted"], Query()] = "measured",
     step_from: Annotated[int | None, Query(ge=0, le=2**31 - 1)] = None,
     step_to: Annotated[int | None, Query(ge=0, le=2**31 - 1)] = None,
@@ -109,7 +114,7 @@ def get_timeline(
     after_seq: Annotated[int | None, Query(ge=0, le=2**31 - 1)] = None,
     limit: Annotated[int, Query(ge=1, le=200_000)] = 20_000,
 ) -> TimelinePublic:
-    jobs.get(session, job_id)
+    ownership.job_for(session, principal, job_id)
     return rundata.timeline(session, job_id, source=source, step_from=step_from, step_to=step_to, t_from=t_from, t_to=t_to, after_seq=after_seq, limit=limit)
 
 
@@ -123,13 +128,13 @@ def get_timeline(
 def get_metrics(
     job_id: JobId,
     session: SessionDep,
-    _: ReadAccess,
+    principal: ReadAccess,
     step_from: Annotated[int | None, Query(ge=0, le=2**31 - 1)] = None,
     step_to: Annotated[int | None, Query(ge=0, le=2**31 - 1)] = None,
     after_seq: Annotated[int | None, Query(ge=0, le=2**31 - 1)] = None,
     limit: Annotated[int, Query(ge=1, le=100_000)] = 5000,
 ) -> MetricsPublic:
-    jobs.get(session, job_id)
+    ownership.job_for(session, principal, job_id)
     return rundata.metrics(session, job_id, step_from=step_from, step_to=step_to, after_seq=after_seq, limit=limit)
 
 
@@ -143,9 +148,9 @@ def get_metrics(
 def get_trace(
     job_id: JobId,
     session: SessionDep,
-    _: ReadAccess,
+    principal: ReadAccess,
     source: Annotated[Literal["measured", "predicted"], Query()] = "measured",
 ) -> Response:
-    jobs.get(session, job_id)
+    ownership.job_for(session, principal, job_id)
     body = json.dumps(rundata.chrome_trace(session, job_id, source))
     return Response(body, media_type="application/json", headers={"Content-Disposition": f'attachment; filename="job-{job_id}-{source}.trace.json"'})

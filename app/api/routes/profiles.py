@@ -10,9 +10,11 @@ from pipeboard.app.api.deps import SessionDep
 from pipeboard.app.schemas import Message, ValidationFailed
 from pipeboard.app.api.common import AUTH_RESPONSES, NOT_FOUND, Limit, Offset, ProfileId, ServiceRoute
 from pipeboard.app.core.config import get_settings
+from pipeboard.app.api import ownership
 from pipeboard.app.api.security import ReadAccess, WriteAccess
 from pipeboard.app.schemas import JobCreate, JobPublic, Page, ProfileCreate, ProfilePublic
 from pipeboard.app.services import jobs, profiles
+from pipeboard.app.services.errors import NotFound
 
 router = APIRouter(prefix="/profiles", tags=["profiles"], route_class=ServiceRoute, responses=AUTH_RESPONSES)
 
@@ -29,12 +31,14 @@ router = APIRouter(prefix="/profiles", tags=["profiles"], route_class=ServiceRou
     ),
     responses={422: {"model": ValidationFailed, "description": "Unknown model or invalid arguments."}},
 )
-def create_profile(body: ProfileCreate, session: SessionDep, _: WriteAccess) -> JobPublic:
+def create_profile(body: ProfileCreate, session: SessionDep, principal: WriteAccess) -> JobPublic:
+    ownership.check_job_model(session, principal, body.model, field="model")  # another user's: unknown
     _, kind, _, _ = profiles.resolve_model(session, body.model)  # 422 naming `model` before anything is queued
     if kind == "zoo":
         jobs.validate_model_args(body.model, body.model_args)
     spec = JobCreate(name=f"profile {body.model}", model=body.model, batch_size=body.batch_size, workers=1, stop={"steps": 1})
-    job = jobs.submit(session, spec, kind="profile", enqueue=False)
+    job = jobs.submit(session, spec, kind="profile", enqueue=False, submitted_by=principal.name,
+                      owner_id=principal.user_id)
     job.spec = {**job.spec, "model_args": body.model_args, "device": body.device, "repeats": body.repeats}
     session.commit()
     jobs.enqueue_or_fail(session, job.id)
@@ -54,7 +58,7 @@ def create_profile(body: ProfileCreate, session: SessionDep, _: WriteAccess) -> 
 )
 async def upload_profile(
     session: SessionDep,
-    _: WriteAccess,
+    principal: WriteAccess,
     file: Annotated[UploadFile, File(description="graph.txt or profile JSON")],
     name: Annotated[str | None, Query(max_length=200, description="Name to store it under (default: the file name).")] = None,
 ) -> ProfilePublic:
@@ -62,6 +66,7 @@ async def upload_profile(
     content = await file.read(limit + 1)  # never more than the limit in memory
     data = profiles.parse_upload(content, file.filename or "upload", limit)
     row = profiles.store(session, data, name=(name or file.filename or "upload")[:200], origin="upload")
+    row.owner_id = principal.user_id  # an uploaded profile is its uploader's (app/api/ownership.py)
     session.commit()
     return profiles.to_public(row)
 
@@ -72,13 +77,14 @@ async def upload_profile(
     summary="List profiles",
     description="Newest first, without per-layer rows (GET one profile for those).",
 )
-def list_profiles(session: SessionDep, _: ReadAccess, offset: Offset = 0, limit: Limit = 50) -> Page[ProfilePublic]:
+def list_profiles(session: SessionDep, principal: ReadAccess, offset: Offset = 0, limit: Limit = 50) -> Page[ProfilePublic]:
     from sqlalchemy import func, select
 
     from pipeboard.app.models import Profile
 
-    count = session.scalar(select(func.count()).select_from(Profile)) or 0
-    rows = session.scalars(select(Profile).order_by(Profile.id.desc()).offset(offset).limit(limit)).all()
+    visible = ownership.profile_filter(principal)
+    count = session.scalar(select(func.count()).select_from(Profile).where(visible)) or 0
+    rows = session.scalars(select(Profile).where(visible).order_by(Profile.id.desc()).offset(offset).limit(limit)).all()
     return Page(data=[profiles.to_public(r).model_copy(update={"layers": []}) for r in rows], count=count)
 
 
@@ -89,7 +95,8 @@ def list_profiles(session: SessionDep, _: ReadAccess, offset: Offset = 0, limit:
     description="Per-layer rows (forward/backward ms, activation and parameter bytes); `include_data` adds the full JSON.",
     responses=NOT_FOUND,
 )
-def get_profile(profile_id: ProfileId, session: SessionDep, _: ReadAccess, include_data: bool = False) -> ProfilePublic:
-    return profiles.to_public(profiles.get(session, profile_id), include_data=include_data)
-
-
+def get_profile(profile_id: ProfileId, session: SessionDep, principal: ReadAccess, include_data: bool = False) -> ProfilePublic:
+    row = profiles.get(session, profile_id)
+    if not ownership.profile_visible(session, principal, row):
+        raise NotFound("profile", profile_id)
+    return profiles.to_public(row, include_data=include_data)

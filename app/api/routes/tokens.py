@@ -11,10 +11,17 @@ from pipeboard.app.api.common import AUTH_RESPONSES, NOT_FOUND, Limit, Offset, S
 from pipeboard.app.api import security
 from pipeboard.app.api.security import AdminAccess, ReadAccess
 from pipeboard.app.models import ApiToken
-from pipeboard.app.schemas import Me, Page, TokenCreate, TokenCreated, TokenPublic
+from pipeboard.app.schemas import NAME_PATTERN, Me, Page, TokenCreate, TokenCreated, TokenPublic
 from pipeboard.app.services import tokens
 from pipeboard.app.services.errors import NotFound
+from pipeboard.app.services.tokens import FIRST_ADMIN
 from pipeboard.app.services.tx import begin_write
+
+class UserTokenCreate(TokenCreate):
+    user: str = Field(default=FIRST_ADMIN, pattern=NAME_PATTERN, description=(
+        "Whose token it is (created if new): what it submits, registers and uploads is that user's, and it sees only "
+        "that user's work (everyone's with scope `admin`). Default: the admin user."))
+
 
 class WhoAmI(Me):
     user: str | None = Field(default=None, description="The user the token belongs to: whose work it sees and acts on.")
@@ -34,14 +41,15 @@ def public(row: ApiToken) -> TokenPublic:
     status_code=201,
     summary="Create an API token",
     description=(
-        "Returns the secret once; only its SHA-256 hash is stored. `scope`: `read` (GET routes), `write` (every "
+        "Returns the secret once; only its SHA-256 hash is stored. `user`: whose token it is (created if new; "
+        "default the admin user). `scope`: `read` (GET routes), `write` (every "
         "route but token management) or `admin` (everything). `expires_in_s` or `expires_at` (not both) make it "
         "stop working then (401 `expired`). Needs an admin token (403 for any other); on the server machine "
         "`pipeboard token create NAME --scope write` does the same without one."
     ),
 )
-def create_token(body: TokenCreate, session: SessionDep, _: AdminAccess) -> TokenCreated:
-    row, secret = tokens.create_token(session, body.name, body.scope, expires_at=body.expiry())
+def create_token(body: UserTokenCreate, session: SessionDep, _: AdminAccess) -> TokenCreated:
+    row, secret = tokens.create_token(session, body.name, body.scope, expires_at=body.expiry(), user=body.user)
     session.commit()
     return TokenCreated(**public(row).model_dump(), token=secret)
 
