@@ -223,6 +223,14 @@ def capture_layers(model: nn.Module, example_input: Any, layers: Sequence[str] |
     return _layer_graph(model, top_gm, names, inputs, getattr(gm, "_out_spec", None))
 
 
+def _describe(module: nn.Module) -> str:
+    """A leaf module's one-line repr (``Linear(in_features=4, ...)``: its shape matters to a
+    reader and to what the runtime batches), a block's class name."""
+    if next(module.children(), None) is None:
+        return " ".join(repr(module).split())[:200]
+    return type(module).__name__
+
+
 def _layer_graph(model: nn.Module, gm: fx.GraphModule, names: dict[fx.Node, str], inputs: tuple,
                  out_spec) -> LayerGraph:
     values: dict[fx.Node, Any] = {}
@@ -264,7 +272,7 @@ def _layer_graph(model: nn.Module, gm: fx.GraphModule, names: dict[fx.Node, str]
             if paths is None:
                 raise UntraceableModelError(f"layer {name!r} hands on a value that is not tensors")
             base = name.split("#")[0]
-            desc = type(model.get_submodule(base)).__name__ if base != "forward" else type(model).__name__
+            desc = _describe(model.get_submodule(base)) if base != "forward" else type(model).__name__
             layers.append(LayerNode(name, n, "layer", list(dict.fromkeys(deps)), list(dict.fromkeys(helpers)),
                                     desc=desc, paths=paths if paths != [()] else []))
         elif n.op == "call_function":  # getitem of a layer's tuple
