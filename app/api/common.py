@@ -11,6 +11,7 @@ from starlette.routing import Match, Mount, get_route_path
 from starlette.types import Scope
 
 from pipeboard.app.api.bodies import body_limit, check_content_type, has_body
+from pipeboard.app.api.nesting import nesting_problem
 from pipeboard.app.core.config import get_settings
 from pipeboard.app.schemas import Message, ValidationFailed
 from pipeboard.app.services.errors import ServiceError
@@ -20,7 +21,8 @@ PROBED_METHODS = ("GET", "HEAD", "POST", "PUT", "PATCH", "DELETE", "OPTIONS")
 
 class ServiceRoute(APIRoute):
     """A route whose handler may raise ServiceError: it becomes `{"detail": message}` with the
-    error's status, so route functions stay free of try/except boilerplate.
+    error's status, so route functions stay free of try/except boilerplate. A JSON body nested
+    past MAX_JSON_DEPTH is a 422 naming the body before FastAPI parses it.
 
     Its body must come in the content type it declares and stay within its size limit
     (app/api/bodies.py): MAX_UPLOAD_BYTES on upload routes, MAX_BODY_BYTES on the others, read when
@@ -54,6 +56,10 @@ class ServiceRoute(APIRoute):
         async def translating_handler(request: Request) -> Response:
             if kind is not None and has_body(request):
                 check_content_type(request, kind)
+                if kind == "json":  # measured before any parser recurses into it (app/api/nesting.py)
+                    problem = nesting_problem(await request.body(), "body")
+                    if problem:
+                        raise HTTPException(status_code=422, detail=problem)
             try:
                 return await handler(request)
             except ServiceError as exc:

@@ -61,6 +61,10 @@ class Settings(BaseSettings):
         "More Host header values the API answers, comma-separated (`*.example.com` matches subdomains), besides "
         "localhost, 127.0.0.1, ::1 and BIND_HOST (with a wildcard BIND_HOST, this machine's names and addresses); "
         "any other Host gets 400, against DNS rebinding. `*` allows all."))
+    data_roots: Annotated[list[Path], NoDecode] = Field(default_factory=list, description=(
+        "Folders a job's or a model's `data` may name, colon- or comma-separated (e.g. /datasets:/scratch/data). "
+        "Any other absolute path is refused with one answer, whether or not it exists; a relative `data` names a "
+        "file or folder inside the model's code context. None by default: zoo models use their built-in data."))
     cors_origins: Annotated[list[str], NoDecode] = Field(default_factory=list, description=(
         "Origins whose pages may call the API from a browser, comma-separated (e.g. https://ci.example.com); "
         "none by default (no CORS headers at all)."))
@@ -107,6 +111,21 @@ class Settings(BaseSettings):
         if isinstance(value, str):
             return [part.strip() for part in value.split(",") if part.strip()]
         return value
+
+    @field_validator("data_roots", mode="before")
+    @classmethod
+    def _path_list(cls, value: object) -> object:
+        if isinstance(value, str):
+            return [part.strip() for part in value.replace(",", ":").split(":") if part.strip()]
+        return value
+
+    @field_validator("data_roots")
+    @classmethod
+    def _absolute_roots(cls, value: list[Path]) -> list[Path]:
+        for root in value:
+            if not root.expanduser().is_absolute():
+                raise ValueError(f"{str(root)!r}: each data root must be an absolute path")
+        return [root.expanduser().resolve() for root in value]
 
     @field_validator("allowed_hosts")
     @classmethod

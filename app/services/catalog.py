@@ -19,6 +19,8 @@ from sqlalchemy.orm import Session
 
 from pipeboard.app.models import CodeContext, Model, ModelStatus
 from pipeboard.app.schemas import ModelCreate, ModelPublic
+from pipeboard.app.core.config import get_settings
+from pipeboard.app.services.data_paths import check_data_root
 from pipeboard.app.services.errors import NotFound, ServiceError
 from pipeboard.app.services.tx import begin_write
 
@@ -93,6 +95,8 @@ def register(session: Session, body: ModelCreate, owner_id: int | None = None) -
         raise ServiceError(unknown_context(body.context), status=422, field="context")
     if context is not None and path.endswith(".py"):
         check_source_in_context(body.source, context)
+    if body.data is not None:
+        check_data(body.data, context)
     begin_write(session)
     row = Model(name=body.name, source=body.source, kind="context" if body.context else "import", config=body.config,
                 context_sha256=body.context, data=body.data, status=ModelStatus.VALIDATING,
@@ -115,20 +119,35 @@ def unknown_context(digest: str) -> str:
     return f"context: no code context {digest} (upload it first: POST /contexts)"
 
 
-def check_source_in_context(source: str, context: CodeContext) -> None:
-    """A task factory file must be a file of its own context: no absolute path, no `..` out of it
-    (into another user's context unpacked beside it), no name the archive does not hold."""
+def inside_context(path: str, context: CodeContext, folders: bool = False) -> bool:
+    """Whether `path` names a file (or, with `folders`, a folder) of the context's archive: no
+    absolute path, no `..` out of it into another user's context unpacked beside it."""
     from pipeboard.app.services import contexts
 
-    path = source.rpartition(":")[0]
     wanted = posixpath.normpath(path.replace("\\", "/"))
-    outside = posixpath.isabs(path) or wanted == ".." or wanted.startswith("../")
-    names = set() if outside else {posixpath.normpath(m.name.replace("\\\\", "/"))
-                                   for m in contexts.list_members(bytes(context.content))[1] if not m.is_dir}
-    if outside or wanted not in names:
+    if posixpath.isabs(path) or path.startswith("~") or wanted == ".." or wanted.startswith("../"):
+        return False
+    members = contexts.list_members(bytes(context.content))[1]
+    names = {posixpath.normpath(m.name.replace("\\", "/")) for m in members if folders or not m.is_dir}
+    return wanted in names or (folders and any(n.startswith(wanted + "/") for n in names))
+
+
+def check_source_in_context(source: str, context: CodeContext) -> None:
+    if not inside_context(source.rpartition(":")[0], context):
         raise ServiceError(f"source: {source!r} must name a .py file inside the model's code context "
                            f"{context.sha256[:12]} (a path relative to the project's top folder)",
                            status=422, field="source")
+
+
+def check_data(data: str, context: CodeContext | None) -> None:
+    """A model's `data`: relative, inside its context; otherwise under the data roots (one answer
+    for every path outside them, app/services/data_paths.py)."""
+    if context is not None and not (posixpath.isabs(data) or data.startswith("~")):
+        if not inside_context(data, context, folders=True):
+            raise ServiceError(f"data: {data!r} must name a file or folder inside the model's code context "
+                               f"{context.sha256[:12]}", status=422, field="data")
+        return
+    check_data_root(data, get_settings().data_roots, field="data")
 
 
 def enqueue_validation(model_id: int) -> None:

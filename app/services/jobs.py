@@ -28,7 +28,7 @@ from pipeboard.app.core.config import get_settings
 from pipeboard.app.core.lifetime import group_alive
 from pipeboard.app.models import Job, JobEvent, JobStatus, Model, ModelStatus
 from pipeboard.app.schemas import JobCreate, JobPublic
-from pipeboard.app.services import attempts, events, fidelity
+from pipeboard.app.services import attempts, data_paths, events, fidelity
 from pipeboard.app.services.errors import NotFound, ServiceError
 from pipeboard.app.services.tx import begin_write
 
@@ -56,15 +56,17 @@ def validate_model(session: Session, name: str, model_args: dict[str, Any], data
             raise ServiceError(f"model: {name!r} failed validation: {row.message}", status=422, field="model")
         if data is not None and row.context_sha256 and not os.path.isabs(data):
             check_data_in_context(session, row.context_sha256, data)
+        elif data is not None:  # one answer for every path outside the data roots (app/services/data_paths.py)
+            data_paths.check_data_root(data, get_settings().data_roots, field="data")
         return
     names = list(zoo.names())
     if name not in names:
         raise ServiceError(f"model: unknown model {name!r}; known: {', '.join(names)}, or a registered model "
                            "(POST /api/v1/models)", status=422, field="model")
     validate_model_args(name, model_args)
-    if data is not None and not os.path.exists(os.path.expanduser(data)):
+    if data is not None:
         # zoo tasks read their data on the worker; the embedded default shares this file system
-        raise ServiceError(f"data: {data} does not exist", status=422, field="data")
+        data_paths.check_data_root(data, get_settings().data_roots, field="data")
 
 
 def check_data_in_context(session: Session, digest: str, data: str) -> None:

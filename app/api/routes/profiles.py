@@ -11,10 +11,11 @@ from pipeboard.app.schemas import Message, ValidationFailed
 from pipeboard.app.api.common import AUTH_RESPONSES, NOT_FOUND, Limit, Offset, ProfileId, ServiceRoute
 from pipeboard.app.core.config import get_settings
 from pipeboard.app.api import ownership
+from pipeboard.app.api.nesting import nesting_problem
 from pipeboard.app.api.security import ReadAccess, WriteAccess
 from pipeboard.app.schemas import JobCreate, JobPublic, Page, ProfileCreate, ProfilePublic
 from pipeboard.app.services import jobs, profiles
-from pipeboard.app.services.errors import NotFound
+from pipeboard.app.services.errors import NotFound, ServiceError
 
 router = APIRouter(prefix="/profiles", tags=["profiles"], route_class=ServiceRoute, responses=AUTH_RESPONSES)
 
@@ -64,6 +65,9 @@ async def upload_profile(
 ) -> ProfilePublic:
     limit = get_settings().max_upload_bytes
     content = await file.read(limit + 1)  # never more than the limit in memory
+    problem = nesting_problem(content, "file") if content.lstrip()[:1] in (b"{", b"[") else None
+    if problem:  # before json.loads recurses into it (app/api/nesting.py)
+        raise ServiceError(problem, status=422, field="file")
     data = profiles.parse_upload(content, file.filename or "upload", limit)
     row = profiles.store(session, data, name=(name or file.filename or "upload")[:200], origin="upload")
     row.owner_id = principal.user_id  # an uploaded profile is its uploader's (app/api/ownership.py)
