@@ -2,9 +2,10 @@
 
 The API only stores the registration (status ``validating``) and queues ``pipeboard.validate_model``;
 the worker unpacks the model's code context (if any) and runs ``python -m pipeboard.trainer.validate``
-there, in a new process group, with a wall-clock limit and an address-space limit (RLIMIT_AS), so
-a factory that raises, hangs, allocates without end or crashes ends as ``failed`` with its
-message, and the API (and the worker) keep answering.
+there, as a process tree that ends whole (app/services/proctree.py: ``setsid`` children too), with a
+wall-clock limit and an address-space limit (RLIMIT_AS), so a factory that raises, hangs,
+allocates without end, crashes or leaves children behind ends as ``failed`` with its message at
+the limit, and the API (and the worker) keep answering.
 """
 
 from __future__ import annotations
@@ -15,6 +16,7 @@ import resource
 import signal
 import subprocess
 import sys
+import tempfile
 from pathlib import Path
 from typing import Any
 
@@ -23,7 +25,7 @@ from sqlalchemy.orm import Session
 
 from pipeboard.app.core.config import get_settings
 from pipeboard.app.models import Model, ModelStatus
-from pipeboard.app.services import contexts
+from pipeboard.app.services import contexts, proctree
 from pipeboard.app.services.tx import begin_write
 
 OUTPUT_LIMIT = 64 * 1024  # bytes of the child's output kept for the message
@@ -55,20 +57,22 @@ def run_validation(source: str, config: dict[str, Any], data: str | None, workdi
     # PYTHONSAFEPATH: `-m` must not put the context folder first on sys.path, where a project's
     # `profile.py` would replace the standard library's (the factory's folder goes last instead).
     env = dict(os.environ, PYTHONUNBUFFERED="1", PYTHONSAFEPATH="1")
-    proc = subprocess.Popen(cmd, cwd=str(workdir), env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-                            stdin=subprocess.DEVNULL, start_new_session=True, preexec_fn=_limits(memory_bytes))
-    try:
-        out, _ = proc.communicate(timeout=time_limit_s)
-    except subprocess.TimeoutExpired:
-        os.killpg(proc.pid, signal.SIGKILL)
-        proc.communicate()
-        return {"ok": False, "message": f"validation took longer than {time_limit_s:g} s (the factory, the data "
-                                        "or the model's forward did not finish); stopped"}
-    finally:
+    # Output to a file, not a pipe: a child that outlives the check (setsid) would hold a pipe open
+    # and keep a reader waiting; the tree ends whole at the limit (app/services/proctree.py).
+    with tempfile.TemporaryFile() as output:
+        proc = proctree.spawn(cmd, cwd=str(workdir), env=env, stdout=output, preexec_fn=_limits(memory_bytes))
         try:
-            os.killpg(proc.pid, signal.SIGKILL)  # nothing the factory started outlives the check
-        except ProcessLookupError:
-            pass
+            proc.wait(timeout=time_limit_s)
+            timed_out = False
+        except subprocess.TimeoutExpired:
+            timed_out = True
+        finally:
+            proctree.end(proc)  # nothing the factory started outlives the check
+        if timed_out:
+            return {"ok": False, "message": f"validation took longer than {time_limit_s:g} s (the factory, the data "
+                                            "or the model's forward did not finish); stopped"}
+        output.seek(max(0, output.seek(0, os.SEEK_END) - OUTPUT_LIMIT))
+        out = output.read()
     text = out[-OUTPUT_LIMIT:].decode("utf-8", "replace")
     for line in reversed(text.splitlines()):
         if line.startswith("{"):

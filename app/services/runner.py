@@ -368,9 +368,10 @@ class JobRun:
         when stopped by ``time_limit``. Raises Stopped on cancel, ServiceError (with the log's tail)
         on failure."""
         self.check()
+        from pipeboard.app.services import proctree  # a tree that ends whole, setsid children too
+
         with open(log_path, "wb") as log_file:
-            proc = subprocess.Popen(cmd, stdout=log_file, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
-                                    env=child_env(), start_new_session=True, cwd=str(cwd or log_path.parent))
+            proc = proctree.spawn(cmd, stdout=log_file, env=child_env(), cwd=str(cwd or log_path.parent))
         with self.lock:
             self.proc = proc
         self.record_group(proc.pid)
@@ -387,12 +388,10 @@ class JobRun:
                     break
                 time.sleep(POLL_S)
         finally:
-            # Whatever the leader did, nothing of the group outlives the phase.
-            _signal_group(proc.pid, signal.SIGKILL)
-            try:
-                proc.wait(timeout=5)  # reap the leader: no zombie left in the group either
-            except subprocess.TimeoutExpired:
-                log.warning("job %s: process %s did not exit after SIGKILL", self.job_id, proc.pid)
+            # Whatever the leader did, nothing it started outlives the phase (its group, setsid
+            # children too); bounded, and the leader reaped: no zombie left either.
+            if proctree.end(proc):
+                log.warning("job %s: processes of %s did not exit after SIGKILL", self.job_id, proc.pid)
             with self.lock:
                 self.proc = None
         if self.stop.is_set():
