@@ -142,3 +142,20 @@ def test_an_all_reduce_needs_the_weight_gradients_first():
     acts[i], acts[i + 1] = acts[i + 1], acts[i]  # ALLREDUCE before W(-1)
     with pytest.raises(ScheduleError, match="before the weight gradients"):
         validate(schedule)
+
+
+def test_some_backwards_split_and_others_full_pass_but_not_both_for_one_microbatch():
+    """DualPipeV splits only its last backwards: each (stage, microbatch) needs one B or one BI."""
+    BI, W = Kind.BACKWARD_INPUT, Kind.BACKWARD_WEIGHT
+    w0 = [Action(F, 0, 0), Action(SA, 0, 0, peer=1), Action(F, 0, 1), Action(RG, 0, 0, peer=1),
+          Action(SA, 0, 1, peer=1), Action(B, 0, 0), Action(RG, 0, 1, peer=1), Action(BI, 0, 1), Action(W, 0, 1),
+          Action(ST, 0, -1, 1)]
+    w1 = [Action(RA, 1, 0, peer=0), Action(F, 1, 0), Action(BI, 1, 0), Action(SG, 1, 0, peer=0), Action(W, 1, 0),
+          Action(RA, 1, 1, peer=0), Action(F, 1, 1), Action(B, 1, 1), Action(SG, 1, 1, peer=0), Action(ST, 1, -1, 1)]
+    assert validate(two_stage(w0, w1, m=2)).workers == 2
+    both = w0[:6] + [Action(BI, 0, 0)] + w0[6:]
+    with pytest.raises(ScheduleError, match="B0@s0 and BI0@s0 both compute one input gradient"):
+        validate(two_stage(both, w1, m=2))
+    neither = [a for a in w0 if not (a.kind is BI or a.kind is W)]
+    with pytest.raises(ScheduleError, match="missing BI1@s0: no worker runs it"):
+        validate(two_stage(neither, w1, m=2))

@@ -55,15 +55,22 @@ def _where(schedule: Schedule) -> dict[tuple[Kind, int, int], int]:
             if key in where:
                 raise ScheduleError(f"{a} appears twice (workers {where[key]} and {w})")
             where[key] = w
+    # Each (stage, microbatch) has a forward and one backward: a full B or a BI (a schedule may
+    # split some backwards and not others, as DualPipeV does; a BI's W, per microbatch or
+    # batched, is checked by the replay).
     split = any(k[0] is Kind.BACKWARD_INPUT for k in where)
-    needed = (Kind.FORWARD, Kind.BACKWARD_INPUT) if split else (Kind.FORWARD, Kind.BACKWARD)
+    full = not split or any(k[0] is Kind.BACKWARD for k in where)
     for s in range(schedule.num_stages):
         for mb in range(schedule.microbatches):
-            for kind in needed:
-                if (kind, s, mb) not in where:
-                    raise ScheduleError(f"missing {kind.value}{mb}@s{s}: no worker runs it")
-    # (a BI's W, per microbatch or batched, is checked by the replay)
-    allowed = needed + (Kind.BACKWARD_WEIGHT,) if split else needed
+            if (Kind.FORWARD, s, mb) not in where:
+                raise ScheduleError(f"missing {Kind.FORWARD.value}{mb}@s{s}: no worker runs it")
+            has_full, has_half = (Kind.BACKWARD, s, mb) in where, (Kind.BACKWARD_INPUT, s, mb) in where
+            if has_full and has_half:
+                raise ScheduleError(f"B{mb}@s{s} and BI{mb}@s{s} both compute one input gradient")
+            if not (has_full or has_half):
+                kind = Kind.BACKWARD if full and not split else Kind.BACKWARD_INPUT
+                raise ScheduleError(f"missing {kind.value}{mb}@s{s}: no worker runs it")
+    allowed = (Kind.FORWARD,) + ((Kind.BACKWARD,) if full else ()) + ((Kind.BACKWARD_INPUT, Kind.BACKWARD_WEIGHT) if split else ())
     extra = [k for k in where if k[0] not in allowed or not 0 <= k[2] < schedule.microbatches]
     if extra:
         raise ScheduleError(f"unexpected compute actions, e.g. {extra[0][0].value}{extra[0][2]}@s{extra[0][1]}")
