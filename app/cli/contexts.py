@@ -41,12 +41,12 @@ def ensure_context(api: Any, folder: Path) -> str:
 def register_model(api: Any, spec: dict[str, Any], digest: str, quiet: bool = False) -> str:
     """The name of the model for the spec's task factory in context ``digest``, registered if new,
     once a worker has validated it (exit 2 with its message if validation failed)."""
-    source = spec["model"]
+    source = spec["model"]["name"]  # a job specification (app/schemas/jobspec.py)
     name = model_name(source, digest)
     if not api.exists(f"/models/{name}"):
-        body = {"name": name, "source": source, "context": digest, "config": spec.get("model_args") or {}}
-        if spec.get("data"):
-            body["data"] = spec["data"]
+        body = {"name": name, "source": source, "context": digest, "config": spec["model"]["args"]}
+        if spec["model"]["data"]:
+            body["data"] = spec["model"]["data"]
         api.call("POST", "/models", json=body)
         if not quiet:
             typer.echo(f"model {name} registered; a worker is validating it", err=True)

@@ -108,15 +108,17 @@ def load_spec(path: Path) -> dict[str, Any]:
         fail(f"{path}: the top level must be a mapping of job fields", 2)
     from pydantic import ValidationError
 
-    from pipeboard.app.schemas import JobCreate
+    from pipeboard.app.schemas import JobSpec
 
-    try:
-        JobCreate.model_validate(spec)  # the server checks again; this catches typos offline
+    try:  # the server checks again; this catches typos offline, and sends the spec as version 2
+        checked = JobSpec.model_validate(spec)
     except ValidationError as exc:
         first = exc.errors()[0]
         where = ".".join(str(p) for p in first["loc"]) or "spec"
         fail(f"{path}: {where}: {first['msg']}", 2)
-    return spec
+    for field, why in checked.problems():
+        fail(f"{path}: {field}: {why}", 2)
+    return checked.model_dump(mode="json")
 
 
 def describe_event(message: dict[str, Any]) -> str | None:
@@ -245,7 +247,7 @@ def register(cli: typer.Typer) -> None:
         if context is not None:
             from pipeboard.app.cli.contexts import ensure_context, register_model
 
-            spec = {**spec, "model": register_model(api, spec, ensure_context(api, context), quiet)}
+            spec["model"]["name"] = register_model(api, spec, ensure_context(api, context), quiet)
         job = api.call("POST", "/jobs", json=spec)
         typer.echo(f"job {job['id']} queued (position {job.get('queue_position')})")
         if wait:
@@ -295,3 +297,4 @@ def register(cli: typer.Typer) -> None:
         if wait:
             # From the retry on: the previous attempt's `end` is already in the log.
             finish_with(wait_for(api, job_id, after=max(0, job["last_event_seq"] - 1)))
+

@@ -1,11 +1,16 @@
 """`pipeboard train`: run a model's pipeline for real (pipeboard.trainer.runtime) with a progress bar.
 
+    pipeboard train --config run.json [--json] [--job-id N [--attempt A]] [--events-jsonl PATH] [--torchrun]
     pipeboard train --model SPEC [--model-arg k=v ...] [--data PATH] [--plan plan.json | --stages P]
         --schedule NAME --batch-size B --microbatches M [--epochs E | --steps S | --target METRIC]
         [--workers N] [--checkpoint-dir D [--checkpoint-every N] [--checkpoint-keep K] [--resume]] [--json]
         [--job-id N [--attempt A]] [--events-jsonl PATH]
         [--weight-grads batched|immediate] [--cpu-matmul default|onednn] [--precision fp32|bf16]
         [--loader-workers N]
+
+A run file (`--config`) is the whole run configuration as one JSON object, the fields of
+pipeboard.trainer.runtime.config.RunConfig (a key it does not have is refused): the service hands
+each job's specification to its run this way (app/services/runner.py), parsed once, here.
 
 SPEC is a zoo name or a task factory (`package.module:function`, `path/to/file.py:function`)
 returning a pipeboard.trainer.Task; the task is built and checked here, before any worker starts.
@@ -28,14 +33,17 @@ import typer
 from pipeboard.app.cli.common import RegistryHelpCommand, fail, parse_model_args
 
 
-def _plan_layout(path: str) -> tuple[list[list[str]], list[int]]:
+def _load_plan(path: str) -> Any:
     from pipeboard.trainer.plan.model import Plan
 
     try:
-        plan = Plan.load(path)
+        return Plan.load(path)
     except OSError as exc:
         raise ValueError(f"--plan: cannot read {path}: {exc.strerror}") from None
-    return [list(s.layers) for s in plan.stages], [int(s.replicas) for s in plan.stages]
+
+
+# the options that are the run's configuration: with --config, the file says them all
+NOT_RUN_OPTIONS = frozenset({"config", "as_json", "job_id", "attempt", "events_jsonl", "torchrun"})
 
 
 class ProgressSink:
@@ -78,7 +86,10 @@ def register(cli: typer.Typer) -> None:
 
     @cli.command("train", cls=RegistryHelpCommand, epilog="{schedules listed}")
     def train(
-        model: str = typer.Option(..., "--model", help="Zoo name (`pipeboard models`) or task factory "
+        ctx: typer.Context,
+        config: Optional[str] = typer.Option(
+            None, "--config", help="The run configuration as one JSON file (RunConfig's fields), instead of the options below."),
+        model: Optional[str] = typer.Option(None, "--model", help="Zoo name (`pipeboard models`) or task factory "
                                   "package.module:function or path/to/file.py:function returning a pipeboard.trainer.Task."),
         model_arg: list[str] = typer.Option([], "--model-arg", help="Model argument k=v (repeatable), passed to the factory."),
         data: Optional[str] = typer.Option(None, "--data", help="Data location (a file or folder), passed to the factory as data=."),
@@ -88,9 +99,9 @@ def register(cli: typer.Typer) -> None:
             None, "--loader-workers", help="DataLoader worker processes per loading stage (default: the task's)."),
         plan: Optional[str] = typer.Option(None, "--plan", help="Plan JSON (`pipeboard plan`): stages and replicas."),
         stages: Optional[int] = typer.Option(None, "--stages", help="Split uniformly into P stages (no plan)."),
-        schedule: str = typer.Option(..., "--schedule", help="{schedules} (listed below)."),
-        batch_size: int = typer.Option(..., "--batch-size", help="Samples per training step."),
-        microbatches: int = typer.Option(..., "--microbatches", help="Microbatches per step."),
+        schedule: Optional[str] = typer.Option(None, "--schedule", help="{schedules} (listed below)."),
+        batch_size: Optional[int] = typer.Option(None, "--batch-size", help="Samples per training step."),
+        microbatches: Optional[int] = typer.Option(None, "--microbatches", help="Microbatches per step."),
         epochs: Optional[float] = typer.Option(None, "--epochs"),
         steps: Optional[int] = typer.Option(None, "--steps"),
         target: Optional[float] = typer.Option(None, "--target", help="Stop when the validation metric reaches this."),
@@ -134,10 +145,20 @@ def register(cli: typer.Typer) -> None:
     ) -> None:
         """Train a model (a zoo task or your own) with a pipeline schedule, one process per stage replica."""
         from pipeboard.trainer.runtime.config import ConfigError, RunConfig
-        from pipeboard.trainer.schedule import registry
 
         from pipeboard.app.core.lifetime import Terminated
 
+        if config is not None:
+            # by the source's name: typer may carry its own copy of click's ParameterSource
+            flags = [p for p in ctx.params if p not in NOT_RUN_OPTIONS
+                     and getattr(ctx.get_parameter_source(p), "name", "") in ("COMMANDLINE", "ENVIRONMENT")]
+            if flags:
+                fail(f"--{flags[0].replace('_', '-')}: with --config the run file gives every run option")
+        else:
+            for name, value in (("model", model), ("schedule", schedule), ("batch_size", batch_size),
+                                ("microbatches", microbatches)):
+                if value is None:
+                    fail(f"--{name.replace('_', '-')}: required (or give the whole run as --config FILE)")
         if plan is not None and stages is not None:
             fail("--plan and --stages: give one of them")
         try:
@@ -148,22 +169,20 @@ def register(cli: typer.Typer) -> None:
                 # resumes from a checkpoint at or before the last step the service has)
                 raise_on_sigterm()
                 die_with_parent_if_asked()
-            plan_stages, replicas = _plan_layout(plan) if plan else (None, None)
-            # data parallel: the plan's layers all on one stage, its workers all replicas of it
-            dp = registry.known(schedule) and registry.is_data_parallel(schedule)
-            cfg = RunConfig(
-                model=model, model_args=parse_model_args(model_arg), data=data, precision=precision,
-                loader_workers=loader_workers, schedule=schedule, batch_size=batch_size,
-                microbatches=microbatches, stages=plan_stages, replicas=replicas if not dp else None,
-                num_stages=stages, workers=workers if (workers or not replicas or not dp) else sum(replicas),
-                chunks=chunks, vertical_sync=vertical_sync, weight_grads=weight_grads, epochs=epochs, steps=steps, target=target, max_steps=max_steps, seed=seed,
-                lr=lr, optimizer=optimizer, eval_every=eval_every, checkpoint_dir=checkpoint_dir,
-                checkpoint_every=checkpoint_every, checkpoint_keep=checkpoint_keep, resume=resume,
-                resume_at_most=resume_at_most,
-                hang_timeout_s=hang_timeout, device=device,
-                cpu_matmul=cpu_matmul)
-            if dp and plan_stages is not None:
-                cfg.stages = [[n for s in plan_stages for n in s]]
+            if config is not None:
+                cfg = RunConfig.load(config)
+            else:
+                cfg = RunConfig(
+                    model=model, model_args=parse_model_args(model_arg), data=data, precision=precision,
+                    loader_workers=loader_workers, schedule=schedule, batch_size=batch_size,
+                    microbatches=microbatches, num_stages=stages, workers=workers, chunks=chunks,
+                    vertical_sync=vertical_sync, weight_grads=weight_grads, epochs=epochs, steps=steps, target=target,
+                    max_steps=max_steps, seed=seed, lr=lr, optimizer=optimizer, eval_every=eval_every,
+                    checkpoint_dir=checkpoint_dir, checkpoint_every=checkpoint_every, checkpoint_keep=checkpoint_keep,
+                    resume=resume, resume_at_most=resume_at_most, hang_timeout_s=hang_timeout, device=device,
+                    cpu_matmul=cpu_matmul)
+                if plan is not None:
+                    cfg = cfg.with_plan(_load_plan(plan))
             cfg.validate()
             from pipeboard.trainer.runtime.launch import run_training
             from pipeboard.trainer.runtime.sinks import JsonlSink, MultiSink

@@ -25,7 +25,8 @@ from sqlalchemy.orm import Session
 from pipeboard.app.core.config import get_settings
 from pipeboard.app.models import AttemptNode, EventSource, Job, JobAttempt, JobStatus, MetricPoint, WorkerHeartbeat
 from pipeboard.app.models import TimelineEvent as TimelineEventRow
-from pipeboard.app.schemas import AttemptPublic, JobCreate
+from pipeboard.app.schemas import AttemptPublic
+from pipeboard.app.schemas.jobspec import stored
 from pipeboard.app.services.tx import begin_write
 
 def utcnow() -> datetime:
@@ -33,16 +34,16 @@ def utcnow() -> datetime:
 
 
 def max_attempts(spec: dict[str, Any]) -> int:
-    """The job's attempt budget; specs stored before the field existed get the default."""
-    return int(spec.get("max_attempts") or JobCreate.model_fields["max_attempts"].default)
+    """The job's attempt budget (its specification, app/schemas/jobspec.py)."""
+    return stored(spec).checkpoints.max_attempts
 
 
 def checkpoint_every(spec: dict[str, Any]) -> int:
-    return int(spec.get("checkpoint_every") or JobCreate.model_fields["checkpoint_every"].default)
+    return stored(spec).checkpoints.every
 
 
 def nodes_of(spec: dict[str, Any]) -> int:
-    return int(spec.get("nodes") or 1)
+    return stored(spec).layout.nodes
 
 
 def open_row(session: Session, job_id: int, attempt: int, trigger: str, nodes: int = 1, prefer: str | None = None) -> None:

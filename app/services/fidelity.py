@@ -32,6 +32,7 @@ from sqlalchemy.orm import Session
 from pipeboard.app.models import EventSource, Job, JobEvent, MetricPoint, Profile
 from pipeboard.app.models import Plan as PlanRow
 from pipeboard.app.models import TimelineEvent as TimelineEventRow
+from pipeboard.app.schemas.jobspec import stored
 from pipeboard.app.services import events, planning
 
 log = logging.getLogger(__name__)
@@ -108,14 +109,10 @@ def _plan_inputs(session: Session, job: Job) -> tuple[Any, Any, list[int]] | Non
         return None
     plan = session.get(PlanRow, job.plan_id)
     profile = session.get(Profile, job.profile_id) if job.profile_id is not None else None
-    spec = job.spec
-    hyper = spec.get("hyperparameters") or {}
-    chunks = int(hyper.get("chunks") or 1)
-    micro = int(spec["microbatches"])
-    schedule = spec["schedule"]
-    weight_grads = spec.get("weight_grads") or "batched"
+    layout = stored(job.spec).layout
+    chunks, micro, schedule = layout.chunks, layout.microbatches, layout.schedule
     sched = planning.runtime_schedule(plan.data, schedule, micro, chunks=chunks,
-                                      vertical_sync=bool(hyper.get("vertical_sync")), weight_grads=weight_grads)
+                                      vertical_sync=layout.vertical_sync, weight_grads=layout.weight_grads)
     costs = planning.profile_costs(plan.data, schedule, micro, profile.data if profile else None, chunks)
     if costs is None:
         costs = (data_parallel_costs_from_plan(plan.data)[0] if registry.is_data_parallel(schedule)
@@ -144,9 +141,9 @@ def correct(session: Session, job: Job, attempt: int, after: int = CORRECT_AFTER
     costs, sched, replicas = inputs
     rows = session.scalars(select(T).where(*mine, T.step > first, T.step < first + after)).all()
     measured = [TimelineEvent(r.worker, r.stage, r.replica, r.microbatch, r.kind, r.start, r.end, r.step) for r in rows]
-    schedule = job.spec["schedule"]
-    chunks = int((job.spec.get("hyperparameters") or {}).get("chunks") or 1)
-    fit = refit(costs, measured, schedule=schedule, microbatches=int(job.spec["microbatches"]),
+    layout = stored(job.spec).layout
+    schedule, chunks = layout.schedule, layout.chunks
+    fit = refit(costs, measured, schedule=schedule, microbatches=layout.microbatches,
                 batch_weight_grads=bool(sched.meta.get("batch_weight_grads")), replicas=replicas, chunks=chunks)
     return {"corrected_step_s": fit.step_s, "corrected_after_step": first + after, "terms": moved_terms(fit.terms)}
 

@@ -26,8 +26,9 @@ from sqlalchemy.orm import Session
 
 from pipeboard.app.core.config import get_settings
 from pipeboard.app.core.lifetime import group_alive
-from pipeboard.app.models import Job, JobEvent, JobStatus, Model, ModelStatus
-from pipeboard.app.schemas import JobCreate, JobPublic
+from pipeboard.app.models import Job, JobEvent, JobStatus, Model, ModelStatus, WorkerHeartbeat
+from pipeboard.app.schemas import JobPublic, JobSpec
+from pipeboard.app.schemas.jobspec import stored
 from pipeboard.app.services import attempts, data_paths, events, fidelity
 from pipeboard.app.services.errors import NotFound, ServiceError
 from pipeboard.app.services.tx import begin_write
@@ -43,30 +44,30 @@ def utcnow() -> datetime:
 
 def validate_model(session: Session, name: str, model_args: dict[str, Any], data: str | None = None) -> None:
     """Jobs train zoo models with arguments they take, or registered models a worker has
-    validated; 422 naming `model`, `model_args.<key>` or `data` otherwise, before anything is queued."""
+    validated; 422 naming `model.name`, `model.args.<key>` or `model.data` otherwise, before anything is queued."""
     from pipeboard.trainer import zoo
 
     row = session.scalar(select(Model).where(Model.name == name))
     if row is not None:
         status = ModelStatus(row.status)
         if status is ModelStatus.VALIDATING:
-            raise ServiceError(f"model: {name!r} is still being validated by a worker (GET /api/v1/models/{name})",
-                               status=422, field="model")
+            raise ServiceError(f"model.name: {name!r} is still being validated by a worker (GET /api/v1/models/{name})",
+                               status=422, field="model.name")
         if status is ModelStatus.FAILED:
-            raise ServiceError(f"model: {name!r} failed validation: {row.message}", status=422, field="model")
+            raise ServiceError(f"model.name: {name!r} failed validation: {row.message}", status=422, field="model.name")
         if data is not None and row.context_sha256 and not os.path.isabs(data):
             check_data_in_context(session, row.context_sha256, data)
         elif data is not None:  # one answer for every path outside the data roots (app/services/data_paths.py)
-            data_paths.check_data_root(data, get_settings().data_roots, field="data")
+            data_paths.check_data_root(data, get_settings().data_roots)
         return
     names = list(zoo.names())
     if name not in names:
-        raise ServiceError(f"model: unknown model {name!r}; known: {', '.join(names)}, or a registered model "
-                           "(POST /api/v1/models)", status=422, field="model")
+        raise ServiceError(f"model.name: unknown model {name!r}; known: {', '.join(names)}, or a registered model "
+                           "(POST /api/v1/models)", status=422, field="model.name")
     validate_model_args(name, model_args)
     if data is not None:
         # zoo tasks read their data on the worker; the embedded default shares this file system
-        data_paths.check_data_root(data, get_settings().data_roots, field="data")
+        data_paths.check_data_root(data, get_settings().data_roots)
 
 
 def check_data_in_context(session: Session, digest: str, data: str) -> None:
@@ -75,11 +76,11 @@ def check_data_in_context(session: Session, digest: str, data: str) -> None:
 
     wanted = os.path.normpath(data).replace(os.sep, "/").strip("/")
     if wanted.startswith("..") or wanted == ".":
-        raise ServiceError(f"data: {data!r} must name a file or folder inside the code context", status=422, field="data")
+        raise ServiceError(f"model.data: {data!r} must name a file or folder inside the code context", status=422, field="model.data")
     members = contexts.list_members(bytes(contexts.get(session, digest).content))[1]
     names = {m.name.rstrip("/").removeprefix("./") for m in members}
     if wanted not in names and not any(n.startswith(wanted + "/") for n in names):
-        raise ServiceError(f"data: {data!r} is not in the model's code context", status=422, field="data")
+        raise ServiceError(f"model.data: {data!r} is not in the model's code context", status=422, field="model.data")
 
 
 @lru_cache(maxsize=1)
@@ -90,21 +91,53 @@ def zoo_args() -> dict[str, frozenset[str]]:
     return {d["name"]: frozenset(d.get("args") or {}) for d in zoo.describe()}
 
 
-def validate_model_args(name: str, model_args: dict[str, Any]) -> None:
+def validate_model_args(name: str, model_args: dict[str, Any], where: str = "model.args") -> None:
+    """422 naming ``<where>.<key>`` for an argument the zoo model does not take."""
     accepted = zoo_args().get(name, frozenset())
     for key in model_args:
         if key not in accepted:
             takes = ", ".join(sorted(accepted)) or "no arguments"
-            raise ServiceError(f"model_args.{key}: {name} does not take {key!r} (it takes: {takes})", status=422, field=f"model_args.{key}")
+            raise ServiceError(f"{where}.{key}: {name} does not take {key!r} (it takes: {takes})", status=422,
+                               field=f"{where}.{key}")
 
 
-def submit(session: Session, spec: JobCreate, *, kind: str = "train", enqueue: bool = True,
-           submitted_by: str | None = None, owner_id: int | None = None) -> Job:
+def live_hosts(session: Session) -> set[str]:
+    """Hosts with a worker whose heartbeat is fresh."""
+    cutoff = utcnow().timestamp() - get_settings().stale_after_seconds
+    rows = session.execute(select(WorkerHeartbeat.host, WorkerHeartbeat.hostname, WorkerHeartbeat.seen_at)).all()
+    return {host or node for host, node, seen in rows if seen.timestamp() >= cutoff}
+
+
+def gpu_workers(session: Session) -> int:
+    """Live workers that report a GPU. Heartbeats carry no GPU inventory yet (the GPU issue adds
+    it), so none does, and a `cuda` job is refused rather than trained on the CPU."""
+    return 0
+
+
+def check_spec(session: Session, spec: JobSpec, kind: str = "train") -> None:
+    """The checks of a specification that need the database, at the door: the model (and its
+    data), the hosts a job on several hosts needs, a GPU for `cuda`; and the fields against each
+    other and the schedule registry (JobSpec.problems). 422 naming the field."""
+    for field, why in spec.problems():
+        raise ServiceError(f"{field}: {why}", status=422, field=field)
     if kind == "train":
-        validate_model(session, spec.model, spec.model_args, spec.data)
+        validate_model(session, spec.model.name, spec.model.args, spec.model.data)
+    if spec.machine.device == "cuda" and gpu_workers(session) == 0:
+        raise ServiceError("machine.device: device cuda: no live worker reports a GPU (GET /health); use cpu, "
+                           "or start a worker on a host with one", status=422, field="machine.device")
+    if spec.layout.nodes > 1:
+        hosts = live_hosts(session)
+        if spec.layout.nodes > len(hosts):
+            raise ServiceError(f"layout.nodes: the job needs {spec.layout.nodes} hosts; {len(hosts)} host(s) have a live "
+                               f"worker ({', '.join(sorted(hosts)) or 'none'})", status=422, field="layout.nodes")
+
+
+def submit(session: Session, spec: JobSpec, *, kind: str = "train", enqueue: bool = True,
+           submitted_by: str | None = None, owner_id: int | None = None) -> Job:
+    check_spec(session, spec, kind)
     begin_write(session)
     job = Job(
-        name=spec.name or f"{spec.model} {spec.schedule}",
+        name=spec.name or f"{spec.model.name} {spec.layout.schedule}",
         kind=kind,
         status=JobStatus.QUEUED,
         priority=spec.priority,
@@ -115,7 +148,7 @@ def submit(session: Session, spec: JobCreate, *, kind: str = "train", enqueue: b
     )
     session.add(job)
     session.flush()
-    attempts.open_row(session, job.id, 1, "submit", spec.nodes)
+    attempts.open_row(session, job.id, 1, "submit", spec.layout.nodes)
     events.append(session, job.id, [("status", {"status": "queued", "message": "submitted"})], commit=False)
     session.commit()
     if enqueue:
@@ -212,7 +245,7 @@ def to_public(session: Session, job: Job, *, position: int | None | bool = False
         status=job.status.value,
         priority=job.priority,
         queue_position=queue_position(session, job) if position is False else position,
-        spec=job.spec,
+        spec=stored(job.spec),
         attempt=job.attempt,
         error=job.error,
         created_at=job.created_at,

@@ -11,7 +11,6 @@ ends the attempt (retried from the checkpoint, or failed), unless the leader did
 
 from __future__ import annotations
 
-import json
 import logging
 import threading
 
@@ -22,7 +21,7 @@ from pipeboard.app.models import AttemptNode, Job, JobAttempt
 from pipeboard.app.models import Plan as PlanRow
 from pipeboard.app.services import attempts, jobs, multihost, profiles
 from pipeboard.app.services.errors import PhaseFailed
-from pipeboard.app.services.runner import JobRun, Stopped, checkpoint_dir, job_workers, train_command
+from pipeboard.app.services.runner import JobRun, Stopped, checkpoint_dir, spec_of, train_command, write_run_file
 from pipeboard.app.services.tx import begin_write
 
 log = logging.getLogger(__name__)
@@ -72,18 +71,18 @@ class MemberRun(JobRun):
 
     def run_agent(self) -> None:
         job = self.session.get(Job, self.job_id)
-        spec = job.spec
+        spec = spec_of(job)
         workdir = get_settings().data_dir / "jobs" / str(job.id) / f"attempt-{self.attempt}"
         workdir.mkdir(parents=True, exist_ok=True)
-        plan_path = workdir / "plan.json"
-        plan_path.write_text(json.dumps(self.session.get(PlanRow, job.plan_id).data))
-        source, _, default_args, model_id = profiles.resolve_model(self.session, spec["model"], check_zoo=False)
-        train = train_command(job.id, spec, plan_path, source, default_args, checkpoint_dir=checkpoint_dir(job.id),
-                              attempt=self.attempt, recorded=attempts.recorded_step(self.session, job.id))
+        source, _, default_args, model_id = profiles.resolve_model(self.session, spec.model.name, check_zoo=False)
+        run_path = write_run_file(workdir / "run.json", spec, self.session.get(PlanRow, job.plan_id).data, source,
+                                  default_args, checkpoint_dir=checkpoint_dir(job.id),
+                                  recorded=attempts.recorded_step(self.session, job.id))
+        train = train_command(job.id, run_path, attempt=self.attempt)
         endpoint = self.session.scalar(select(JobAttempt.rendezvous).where(JobAttempt.job_id == job.id,
                                                                            JobAttempt.attempt == self.attempt))
-        command = multihost.agent_command(job, self.attempt, train, nodes=attempts.nodes_of(spec),
-                                          processes=job_workers(spec), endpoint=endpoint, is_host=False)
+        command = multihost.agent_command(job, self.attempt, train, nodes=spec.layout.nodes,
+                                          processes=spec.layout.processes, endpoint=endpoint, is_host=False)
         self.run_child(command, workdir / f"agent-{get_settings().node_name}.log", phase="train",
                        cwd=self.code_dir(model_id, workdir))
 

@@ -28,7 +28,7 @@ from sqlalchemy.orm import Session
 
 from pipeboard.app.core.config import get_settings
 from pipeboard.app.models import AttemptNode, Job, JobAttempt, JobStatus, WorkerHeartbeat
-from pipeboard.app.services import jobs
+from pipeboard.app.services import attempts, jobs
 from pipeboard.app.services.errors import RUN_LOST_EXIT, PhaseFailed, ServiceError
 from pipeboard.app.services.tx import begin_write
 
@@ -110,7 +110,7 @@ def agent_command(job: Job, attempt: int, train: list[str], *, nodes: int, proce
 def lead(session: Session, job: Job, attempt: int, train: list[str], processes: int, stopped: Callable[[], bool]) -> list[str]:
     """On the leader: reserve the other hosts, record the rendezvous, send each its join task;
     returns this host's agent command (it hosts the rendezvous)."""
-    nodes = int(job.spec.get("nodes") or 1)
+    nodes = attempts.nodes_of(job.spec)
     chosen = reserve(session, job.id, attempt, nodes - 1, stopped)
     host = address()
     endpoint = f"{host}:{free_port(host)}"

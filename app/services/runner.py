@@ -30,7 +30,8 @@ from pipeboard.app.core.db import get_sessionmaker
 from pipeboard.app.models import EventSource, Job, JobAttempt, JobStatus, Model
 from pipeboard.app.models import Plan as PlanRow
 from pipeboard.app.models import TimelineEvent as TimelineEventRow
-from pipeboard.app.schemas import JobCreate
+from pipeboard.app.schemas import JobSpec
+from pipeboard.app.schemas.jobspec import stored
 from pipeboard.app.services import attempts, contexts, events, fidelity, jobs, multihost, planning, profiles
 from pipeboard.app.services.errors import PhaseFailed, ServiceError
 from pipeboard.app.services.tx import begin_write
@@ -242,23 +243,22 @@ class JobRun:
         return target
 
     def profile_phase(self, job: Job, workdir: Path) -> int:
-        spec = job.spec
-        model = spec["model"]
+        spec = spec_of(job)
+        model = spec.model.name
         source, _, default_args, model_id = profiles.resolve_model(self.session, model, check_zoo=False)
-        args = {**default_args, **(spec.get("model_args") or {})}
+        args = {**default_args, **spec.model.args}
         code_dir = self.code_dir(model_id, workdir)
-        batch = int(spec.get("batch_size") or 32)
-        device = spec.get("device", "cpu")
+        batch = spec.model.batch_size
+        device = spec.machine.device
         calibration: list[str] = []
         if job.kind == "train":
             # The simulator charges one profiled batch per microbatch: measure at that size; the
             # batched weight gradients (W(-1)) at the whole batch; the link and the runtime's
             # per-action overhead; all with the torch threads each worker will have.
-            whole, batch = batch, max(1, batch // int(spec.get("microbatches") or 1))
-            calibration = profiles.calibration_args(job_workers(spec), whole, weight_grads_of(spec),
-                                                    (spec.get("hyperparameters") or {}).get("optimizer"),
-                                                    int(spec.get("microbatches") or 1))
-        key = profiles.cache_key(model + (f" data={spec['data']}" if spec.get("data") else ""), args, batch, device,
+            whole, batch = batch, max(1, batch // spec.layout.microbatches)
+            calibration = profiles.calibration_args(spec.layout.processes, whole, spec.layout.weight_grads,
+                                                    spec.optimizer.name, spec.layout.microbatches)
+        key = profiles.cache_key(model + (f" data={spec.model.data}" if spec.model.data else ""), args, batch, device,
                                  calibration=calibration)
         row = profiles.cached(self.session, key, calibrated_too=job.kind == "profile")
         if row is None:
@@ -273,10 +273,10 @@ class JobRun:
             out = workdir / "profile.json"
             cmd = [sys.executable, "-m", "pipeboard.app.services.profile_run", "--source", source,
                    "--model-args", json.dumps(args), "--batch-size", str(batch), "--device", device,
-                   "--repeats", str(spec.get("repeats", 5)), "-o", str(out), *calibration,
+                   "--repeats", str(getattr(spec, "repeats", 5)), "-o", str(out), *calibration,
                    *profiles.machine_cache_args(calibration)]
-            if spec.get("data"):
-                cmd += ["--data", spec["data"]]
+            if spec.model.data:
+                cmd += ["--data", spec.model.data]
             self.run_child(cmd, workdir / "profile.log", phase="profile", cwd=code_dir)
             row = profiles.store(self.session, json.loads(out.read_text()), name=key, origin="profiled", model_id=model_id)
         else:
@@ -287,25 +287,25 @@ class JobRun:
         return row.id
 
     def train_job(self, job: Job, workdir: Path) -> None:
-        spec = job.spec
+        layout = spec_of(job).layout
         if job.plan_id is not None and self.attempt > 1:  # a resumed attempt: the checkpoints' plan
             return self.train_phase(job, workdir, self.stored_plan(job, workdir))
         profile_id = self.profile_phase(job, workdir)
         self.check()
         prof = profiles.get(self.session, profile_id)
-        levels = planning.levels_of(spec.get("levels"), spec.get("workers"))
-        hyper = spec.get("hyperparameters") or {}
+        dumped = layout.model_dump(mode="json")
+        levels = planning.levels_of(dumped["levels"], dumped["workers"])
         # the plan the job's own schedule runs fastest under the cost model that predicts it
-        plan_obj = planning.make_plan(prof.data, levels, memory_bytes=spec.get("memory_bytes"), method=spec["method"],
-                                      schedule=spec["schedule"], microbatches=int(spec["microbatches"]),
-                                      weight_grads=weight_grads_of(spec), chunks=int(hyper.get("chunks") or 1))
-        micro = max(1, int(spec["batch_size"]) // int(spec["microbatches"]))
-        sched, sim = planning.simulate(plan_obj, spec["schedule"], int(spec["microbatches"]), samples_per_microbatch=micro,
-                                       chunks=int(hyper.get("chunks") or 1), vertical_sync=bool(hyper.get("vertical_sync")),
-                                       weight_grads=weight_grads_of(spec), profile_data=prof.data)
-        predicted = planning.predicted_summary(plan_obj, sched, sim, int(spec["microbatches"]), timeline_limit=0)
-        request = {k: spec.get(k) for k in ("levels", "workers", "memory_bytes", "method", "schedule", "microbatches")}
-        request["weight_grads"] = weight_grads_of(spec)
+        plan_obj = planning.make_plan(prof.data, levels, memory_bytes=layout.memory_bytes, method=layout.method,
+                                      schedule=layout.schedule, microbatches=layout.microbatches,
+                                      weight_grads=layout.weight_grads, chunks=layout.chunks)
+        micro = max(1, spec_of(job).model.batch_size // layout.microbatches)
+        sched, sim = planning.simulate(plan_obj, layout.schedule, layout.microbatches, samples_per_microbatch=micro,
+                                       chunks=layout.chunks, vertical_sync=layout.vertical_sync,
+                                       weight_grads=layout.weight_grads, profile_data=prof.data)
+        predicted = planning.predicted_summary(plan_obj, sched, sim, layout.microbatches, timeline_limit=0)
+        request = {k: dumped[k] for k in ("levels", "workers", "memory_bytes", "method", "schedule", "microbatches",
+                                          "weight_grads")}
         plan_row = PlanRow(profile_id=profile_id, request=request, data=plan_obj.to_dict(), predicted=predicted)
         begin_write(self.session)
         self.session.add(plan_row)
@@ -333,19 +333,21 @@ class JobRun:
         return plan_path
 
     def train_phase(self, job: Job, workdir: Path, plan_path: Path) -> None:
-        spec = job.spec
+        spec = spec_of(job)
         self.progress("train", "starting training" if self.attempt <= 1 else
                       f"attempt {self.attempt}: resuming training from the newest checkpoint")
-        source, _, default_args, model_id = profiles.resolve_model(self.session, spec["model"], check_zoo=False)
-        time_s = (spec.get("stop") or {}).get("time_s")
+        source, _, default_args, model_id = profiles.resolve_model(self.session, spec.model.name, check_zoo=False)
+        time_s = spec.length.time_s
         if time_s is not None:  # the training time earlier attempts had counts
             time_s = max(1.0, time_s - attempts.trained_s(self.session, job.id, self.attempt))
-        command = train_command(job.id, spec, plan_path, source, default_args, checkpoint_dir=checkpoint_dir(job.id),
-                                attempt=self.attempt, recorded=attempts.recorded_step(self.session, job.id))
-        several = attempts.nodes_of(spec) > 1
+        run_path = write_run_file(plan_path.parent / "run.json", spec, json.loads(plan_path.read_text()), source,
+                                  default_args, checkpoint_dir=checkpoint_dir(job.id),
+                                  recorded=attempts.recorded_step(self.session, job.id))
+        command = train_command(job.id, run_path, attempt=self.attempt)
+        several = spec.layout.nodes > 1
         if several:  # torch's elastic agent here, and on the hosts reserved with this one
-            self.progress("train", f"reserving {attempts.nodes_of(spec)} hosts")
-            command = multihost.lead(self.session, job, self.attempt, command, job_workers(spec), self.stop.is_set)
+            self.progress("train", f"reserving {spec.layout.nodes} hosts")
+            command = multihost.lead(self.session, job, self.attempt, command, spec.layout.processes, self.stop.is_set)
             self.progress("train", "starting torch's elastic agent on every host (c10d rendezvous)")
         watch = fidelity.Watch(job.id, self.attempt)  # live prediction figures while it trains
         watch.start()
@@ -401,16 +403,9 @@ class JobRun:
         return timed_out
 
 
-def weight_grads_of(spec: dict[str, Any]) -> str:
-    """The job's weight-gradient mode; specs stored before the field existed get the default."""
-    return spec.get("weight_grads") or JobCreate.model_fields["weight_grads"].default
-
-
-def job_workers(spec: dict[str, Any]) -> int:
-    """Worker processes the job's cluster has (the product of its levels' workers)."""
-    from pipeboard.trainer.plan.cluster import total_workers
-
-    return total_workers(planning.levels_of(spec.get("levels"), spec.get("workers")))
+def spec_of(job: Job) -> JobSpec:
+    """The job's specification, typed (rows are version 2: migration 0005 converted older ones)."""
+    return stored(job.spec)
 
 
 def checkpoint_dir(job_id: int) -> Path:
@@ -418,43 +413,51 @@ def checkpoint_dir(job_id: int) -> Path:
     return get_settings().data_dir / "jobs" / str(job_id) / "checkpoints"
 
 
-def train_command(job_id: int, spec: dict[str, Any], plan_path: Path, source: str | None = None,
-                  default_args: dict[str, Any] | None = None, *, checkpoint_dir: Path | None = None,
-                  attempt: int = 1, recorded: int | None = None) -> list[str]:
-    """``pipeboard train`` for the job: ``source`` is the model's task factory (a registered
-    model's; default the zoo name), with its registered arguments under the job's own; with
-    ``checkpoint_dir`` it checkpoints every ``checkpoint_every`` steps and resumes from the newest
-    complete checkpoint at or before ``recorded``, the last step the job has measurements of (a
-    lost run may have checkpointed steps it never reported: those are trained again)."""
-    cmd = pipeboard_command() + ["train", "--model", source or spec["model"]]
-    for k, v in {**(default_args or {}), **(spec.get("model_args") or {})}.items():
-        cmd += ["--model-arg", f"{k}={v}"]
-    if spec.get("data"):
-        cmd += ["--data", spec["data"]]
-    cmd += ["--plan", str(plan_path), "--schedule", spec["schedule"], "--batch-size", str(spec["batch_size"]),
-            "--microbatches", str(spec["microbatches"]), "--weight-grads", weight_grads_of(spec),
-            "--job-id", str(job_id), "--attempt", str(attempt), "--json"]
+# the run trains "forever" under a time rule: the runner stops it at the limit
+EPOCHS_UNDER_A_TIME_RULE = 100000.0
+
+
+def run_config(spec: JobSpec, plan: dict[str, Any], source: str | None = None,
+               default_args: dict[str, Any] | None = None, *, checkpoint_dir: Path | None = None,
+               recorded: int | None = None) -> dict[str, Any]:
+    """The run's configuration (trainer/runtime/config.py's RunConfig, plain) from the job's
+    specification and its plan: every field of the specification that concerns the run goes here,
+    and nowhere else (tests/app/test_jobspec.py fails for one that does not arrive). ``source`` is
+    the model's task factory (a registered model's; default the zoo name), with its registered
+    arguments under the job's own; with ``checkpoint_dir`` the run checkpoints every
+    ``checkpoints.every`` steps and resumes from the newest complete checkpoint at or before
+    ``recorded``, the last step the job has measurements of (a lost run may have checkpointed steps
+    it never reported: those are trained again)."""
+    from pipeboard.trainer.plan.model import Plan
+    from pipeboard.trainer.runtime.config import RunConfig
+
+    length = spec.length
+    stop = {"epochs": length.epochs, "steps": length.steps, "target": length.target}
+    if length.time_s is not None:
+        stop["epochs"] = EPOCHS_UNDER_A_TIME_RULE
+    cfg = RunConfig(
+        model=source or spec.model.name, model_args={**(default_args or {}), **spec.model.args}, data=spec.model.data,
+        batch_size=spec.model.batch_size, microbatches=spec.layout.microbatches, schedule=spec.layout.schedule,
+        chunks=spec.layout.chunks, vertical_sync=spec.layout.vertical_sync, weight_grads=spec.layout.weight_grads,
+        **stop, eval_every=length.eval_every, seed=spec.optimizer.seed, lr=spec.optimizer.lr,
+        optimizer=spec.optimizer.name, device=spec.machine.device, precision=spec.machine.precision)
     if checkpoint_dir is not None:
-        cmd += ["--checkpoint-dir", str(checkpoint_dir), "--checkpoint-every", str(attempts.checkpoint_every(spec)),
-                "--checkpoint-keep", str(get_settings().checkpoint_keep), "--resume"]
-        if recorded is not None:
-            cmd += ["--resume-at-most", str(recorded)]
-    stop = spec.get("stop") or {}
-    if stop.get("epochs") is not None:
-        cmd += ["--epochs", str(stop["epochs"])]
-    elif stop.get("steps") is not None:
-        cmd += ["--steps", str(stop["steps"])]
-    elif stop.get("target") is not None:
-        cmd += ["--target", str(stop["target"])]
-    else:  # time rule: train "forever" and the runner stops it at the limit
-        cmd += ["--epochs", "100000"]
-    hyper = spec.get("hyperparameters") or {}
-    for key in ("lr", "optimizer", "seed", "eval_every", "chunks"):
-        if hyper.get(key) is not None:
-            cmd += [f"--{key.replace('_', '-')}", str(hyper[key])]
-    if hyper.get("vertical_sync"):
-        cmd.append("--vertical-sync")
-    return cmd
+        cfg = cfg.with_(checkpoint_dir=str(checkpoint_dir), checkpoint_every=spec.checkpoints.every,
+                        checkpoint_keep=get_settings().checkpoint_keep, resume=True, resume_at_most=recorded)
+    return cfg.with_plan(Plan.from_dict(plan)).to_dict()
+
+
+def write_run_file(path: Path, spec: JobSpec, plan: dict[str, Any], source: str | None = None,
+                   default_args: dict[str, Any] | None = None, **checkpoints: Any) -> Path:
+    """The run's whole configuration as one file, for ``pipeboard train --config``."""
+    path.write_text(json.dumps(run_config(spec, plan, source, default_args, **checkpoints), indent=1))
+    return path
+
+
+def train_command(job_id: int, run_path: Path, *, attempt: int = 1) -> list[str]:
+    """``pipeboard train`` for the job's attempt: the run file says what to train, the rest whom to report to."""
+    return pipeboard_command() + ["train", "--config", str(run_path), "--job-id", str(job_id),
+                                  "--attempt", str(attempt), "--json"]
 
 
 def _signal_group(pgid: int, sig: int) -> None:

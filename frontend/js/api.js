@@ -98,8 +98,8 @@ export function normalizeJob(job) {
     spec,
     summary,
     name: job.name || spec.name || `job ${job.id}`,
-    model: spec.model ?? job.model ?? '',
-    schedule: spec.schedule ?? job.schedule ?? '',
+    model: spec.model?.name ?? '', // the job specification, version 2 (app/schemas/jobspec.py)
+    schedule: spec.layout?.schedule ?? '',
     queuePosition: job.queue_position ?? null,
     samplesPerS: summary.samples_per_s ?? job.samples_per_s ?? null,
     bestMetric: bestMetric(summary),

@@ -19,10 +19,10 @@ def run(*args: str, env: dict[str, str] | None = None) -> subprocess.CompletedPr
 
 
 def test_example_job_spec_is_valid():
-    from pipeboard.app.schemas import JobCreate
+    from pipeboard.app.schemas import JobSpec
 
-    spec = JobCreate.model_validate(yaml.safe_load((ROOT / "examples" / "job.yaml").read_text()))
-    assert spec.model == "mlp-digits" and spec.stop.steps == 40
+    spec = JobSpec.model_validate(yaml.safe_load((ROOT / "examples" / "job.yaml").read_text()))
+    assert spec.model.name == "mlp-digits" and spec.length.steps == 40 and spec.problems() == []
 
 
 def test_bad_specs_fail_offline_with_one_line(tmp_path: Path):
@@ -31,7 +31,10 @@ def test_bad_specs_fail_offline_with_one_line(tmp_path: Path):
     bad = tmp_path / "bad.yaml"
     bad.write_text("model: mlp-digits\nstop: {steps: 1, epochs: 2}\n")
     rule = run("submit", str(bad), "--url", "http://127.0.0.1:9")
-    assert rule.returncode == 2 and "stop" in rule.stderr and "Traceback" not in rule.stderr
+    assert rule.returncode == 2 and "length: give exactly one" in rule.stderr and "Traceback" not in rule.stderr
+    bad.write_text("version: 2\nmodel: {name: mlp-digits, batch_size: 32}\nlayout: {microbatches: 64}\n")
+    uneven = run("submit", str(bad), "--url", "http://127.0.0.1:9")
+    assert uneven.returncode == 2 and "layout.microbatches: 64 microbatches do not divide" in uneven.stderr
     bad.write_text("model: [unclosed\n")
     assert run("submit", str(bad)).returncode == 2
 

@@ -59,7 +59,7 @@ def test_bad_uploads_name_the_field(client, monkeypatch):
 def test_profile_request_queues_a_profile_job(client):
     queued = client.post("/api/v1/profiles", json={"model": "mlp-digits", "batch_size": 16})
     assert queued.status_code == 202, queued.text
-    assert queued.json()["status"] == "queued" and queued.json()["spec"]["model"] == "mlp-digits"
+    assert queued.json()["status"] == "queued" and queued.json()["spec"]["model"]["name"] == "mlp-digits"
     listed = client.get("/api/v1/jobs", params={"kind": "profile"}).json()
     assert listed["count"] == 1
     unknown = client.post("/api/v1/profiles", json={"model": "nope"})

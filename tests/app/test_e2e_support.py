@@ -293,7 +293,7 @@ def check_resumed_run(dep: Deployment, job_id: int, messages: list[dict[str, Any
     first, second = job["attempts"]
     assert first["status"] == "failed" and (second["trigger"], second["status"]) == ("auto", "succeeded")
     resume = second["resume_step"]
-    every = job["spec"]["checkpoint_every"]
+    every = job["spec"]["checkpoints"]["every"]
     assert resume > 0 and resume % every == 0, "attempt 2 continues from a checkpoint, not from step 0"
     marks = [m["data"] for m in messages if m["event"] == "attempt"]
     assert [(m["attempt"], m["resume_step"]) for m in marks] == [(1, 0), (2, resume)]

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 from collections.abc import Iterator
 
 import pytest
@@ -91,3 +92,84 @@ def test_0002_adds_the_admin_scope_and_expiry(connection: Connection) -> None:
     connection.commit()
     assert "expires_at" not in {c["name"] for c in inspect(connection).get_columns("api_tokens")}
     assert connection.execute(text("SELECT scope FROM api_tokens WHERE name = 'boss'")).scalar() == "write"
+
+
+# A train job's spec as the version-1 API stored it (JobCreate.model_dump), a profiling job's, and
+# one whose stop target was stored as NaN (version 1 let it in).
+V1_TRAIN = {"name": "old", "model": "mlp-digits", "model_args": {"hidden": 16}, "data": None, "workers": 2,
+            "levels": None, "memory_bytes": None, "method": "uniform", "schedule": "1f1b", "microbatches": 2,
+            "batch_size": 16, "weight_grads": "batched",
+            "hyperparameters": {"lr": 0.05, "optimizer": "sgd", "seed": 3, "eval_every": None, "vertical_sync": False,
+                                "chunks": 1},
+            "stop": {"epochs": None, "steps": 2, "target": None, "time_s": None}, "priority": 0,
+            "checkpoint_every": 20, "max_attempts": 2, "nodes": 1}
+V1_PROFILE = {**V1_TRAIN, "name": "profile mlp-digits", "workers": 1, "batch_size": 5, "microbatches": 4,
+              "stop": {"epochs": None, "steps": 1, "target": None, "time_s": None},
+              "model_args": {}, "device": "cpu", "repeats": 3}
+V1_NAN = {**V1_TRAIN, "name": "nan", "stop": {"epochs": None, "steps": None, "target": float("nan"), "time_s": None}}
+
+
+def insert_job(connection: Connection, job_id: int, kind: str, status: str, spec: dict) -> None:
+    from sqlalchemy import JSON, bindparam, text
+
+    connection.execute(text("INSERT INTO jobs (id, name, kind, status, priority, spec, created_at, attempt, "
+                            "cancel_requested) VALUES (:id, :name, :kind, :status, 0, :spec, CURRENT_TIMESTAMP, 1, false)")
+                       .bindparams(bindparam("spec", type_=JSON)),
+                       {"id": job_id, "name": spec["name"], "kind": kind, "status": status, "spec": spec})
+    connection.execute(text("INSERT INTO job_attempts (job_id, attempt, trigger, status, created_at, nodes) "
+                            "VALUES (:id, 1, 'submit', :status, CURRENT_TIMESTAMP, 1)"), {"id": job_id, "status": status})
+
+
+@pytest.mark.parametrize("empty_db_url", ["sqlite"], indirect=True)
+def test_0005_makes_todays_job_rows_version_2_and_they_load_and_run(empty_db_url, connection, monkeypatch, tmp_path):
+    from sqlalchemy import text
+
+    from pipeboard.app.core.config import get_settings
+    from pipeboard.app.core.db import get_sessionmaker, reset_engine
+    from pipeboard.app.models import Job
+    from pipeboard.app.schemas import JobSpec, ProfileJobSpec
+    from pipeboard.app.services import runner
+
+    config = config_on(connection)
+    command.upgrade(config, "0004")
+    insert_job(connection, 1, "train", "queued", V1_TRAIN)
+    insert_job(connection, 2, "profile", "succeeded", V1_PROFILE)
+    insert_job(connection, 3, "train", "queued", V1_NAN)
+    connection.commit()
+    command.upgrade(config, "0005")
+    connection.commit()
+    rows = {r.id: r for r in connection.execute(text("SELECT id, status, error, spec FROM jobs")).all()}
+    spec = {i: json.loads(r.spec) if isinstance(r.spec, str) else r.spec for i, r in rows.items()}
+
+    train = JobSpec.model_validate(spec[1])
+    assert spec[1] == train.model_dump(mode="json")  # stored whole, as the API stores a new job's
+    assert (train.model.args, train.layout.method, train.layout.microbatches) == ({"hidden": 16}, "uniform", 2)
+    assert (train.optimizer.name, train.optimizer.lr, train.optimizer.seed, train.length.steps) == ("sgd", 0.05, 3, 2)
+    assert train.problems() == []
+    profile = ProfileJobSpec.model_validate(spec[2])
+    assert profile.repeats == 3 and profile.machine.device == "cpu" and profile.layout.microbatches == 1
+    # the NaN is dropped; the queued job that held it fails, saying why
+    assert JobSpec.model_validate(spec[3]).length.target is None
+    assert rows[3].status == "failed" and "non-finite number (stop.target)" in rows[3].error
+
+    command.downgrade(config, "0004")  # and back: version 1's flat fields
+    connection.commit()
+    back = json.loads(connection.execute(text("SELECT spec FROM jobs WHERE id = 1")).scalar())
+    assert back["model"] == "mlp-digits" and back["hyperparameters"]["optimizer"] == "sgd" and back["stop"]["steps"] == 2
+    command.upgrade(config, "heads")
+    connection.commit()
+
+    # the migrated row runs: the worker's own path (profile, plan, train) from that row
+    monkeypatch.setenv("PIPEBOARD_DATABASE_URL", empty_db_url)
+    monkeypatch.setenv("PIPEBOARD_DATA_DIR", str(tmp_path / "data"))
+    get_settings.cache_clear()
+    reset_engine()
+    try:
+        assert runner.run_next(job_id=1, attempt=1) == 1
+        with get_sessionmaker()() as s:
+            job = s.get(Job, 1)
+            assert job.status.value == "succeeded", job.error
+            assert job.summary["steps"] == 2
+    finally:
+        reset_engine()
+        get_settings.cache_clear()

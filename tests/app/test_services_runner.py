@@ -102,28 +102,17 @@ def test_sink_ends_its_group_when_the_job_is_over(live_db):
             proc.kill()
 
 
-@pytest.mark.parametrize("stop", [{"steps": 7}, {"epochs": 1.5}, {"target": 0.9}, {"time_s": 30}])
-def test_train_command_carries_the_spec(stop):
-    from pathlib import Path
-
-    spec = {"model": "mlp-digits", "model_args": {"hidden": 16}, "schedule": "1f1b", "batch_size": 32, "microbatches": 4,
-            "stop": stop, "hyperparameters": {"lr": 0.1, "seed": 3, "vertical_sync": True, "chunks": 1}}
-    cmd = runner.train_command(5, spec, Path("/tmp/plan.json"))
-    assert cmd[cmd.index("--job-id") + 1] == "5" and cmd[cmd.index("--model-arg") + 1] == "hidden=16"
-    assert "--vertical-sync" in cmd and cmd[cmd.index("--lr") + 1] == "0.1"
-    key = next(iter(stop))
-    flag = {"steps": "--steps", "epochs": "--epochs", "target": "--target", "time_s": "--epochs"}[key]
-    assert flag in cmd
-
-
 def test_a_train_jobs_profile_phase_stores_the_calibration(live_db, tmp_path):
     """The real profiling child: the profile at the microbatch size carries the link, the
     runtime's per-action overhead and the layers' weight gradients timed at the whole batch."""
     from pipeboard.app.models import Profile as ProfileRow
     from pipeboard.trainer.profile.schema import Profile
 
-    spec = {"model": "mlp-digits", "model_args": {"hidden": 16}, "workers": 2, "schedule": "1f1b", "batch_size": 16,
-            "microbatches": 4, "weight_grads": "batched", "repeats": 2}
+    from pipeboard.app.schemas import JobSpec
+
+    spec = JobSpec.model_validate({"model": {"name": "mlp-digits", "args": {"hidden": 16}, "batch_size": 16},
+                                   "layout": {"workers": 2, "schedule": "1f1b", "microbatches": 4,
+                                              "weight_grads": "batched"}}).model_dump(mode="json")
     job_id = new_job("running", kind="train")
     with get_sessionmaker()() as s:
         s.execute(update(Job).where(Job.id == job_id).values(spec=spec))
@@ -148,7 +137,6 @@ def test_a_train_jobs_profile_phase_stores_the_calibration(live_db, tmp_path):
         assert run.profile_phase(run.session.get(Job, job_id), tmp_path) == profile_id
     finally:
         run.session.close()
-    assert runner.job_workers({"levels": [{"workers": 2, "bandwidth": 1e9}, {"workers": 3, "bandwidth": 1e8}]}) == 6
     assert "--weight-batch-size" not in runner.profiles.calibration_args(2, 16, "immediate")
 
 

@@ -1,6 +1,6 @@
 """`weight_grads` ("batched" | "immediate", as `pipeboard train --weight-grads`) through the service:
 the job and what-if fields (default, explicit, refused values), the predicted timeline built with
-the same choice, the training command a job runs, and `pipeboard simulate --weight-grads`."""
+the same choice, the run configuration a job runs with, and `pipeboard simulate --weight-grads`."""
 
 from __future__ import annotations
 
@@ -9,13 +9,15 @@ from collections import Counter
 from pathlib import Path
 
 import pytest
-import typer
 from sqlalchemy import update
 from typer.testing import CliRunner
 
 from pipeboard.app.cli import cli
 from pipeboard.app.models import Job
-from pipeboard.app.services.runner import train_command
+from pipeboard.app.schemas import JobSpec
+from pipeboard.app.services import planning
+from pipeboard.app.services.runner import run_config
+from tests.app.test_services_planning import calibrated_chain
 from tests.shared_data import graph_txt
 
 JOB = {"model": "mlp-digits", "workers": 2, "schedule": "1f1b", "microbatches": 4, "batch_size": 16, "stop": {"steps": 3}}
@@ -43,10 +45,10 @@ def compute_kinds(timeline: list[dict]) -> Counter:
 def test_a_job_defaults_to_batched_and_keeps_an_explicit_choice(client):
     default = submit(client)
     assert default.status_code == 201, default.text
-    assert default.json()["spec"]["weight_grads"] == "batched"
+    assert default.json()["spec"]["layout"]["weight_grads"] == "batched"
     chosen = submit(client, weight_grads="immediate")
     assert chosen.status_code == 201, chosen.text
-    assert client.get(f"/api/v1/jobs/{chosen.json()['id']}").json()["spec"]["weight_grads"] == "immediate"
+    assert client.get(f"/api/v1/jobs/{chosen.json()['id']}").json()["spec"]["layout"]["weight_grads"] == "immediate"
 
 
 @pytest.mark.parametrize("bad", ["lazy", "", 1, None])
@@ -54,47 +56,46 @@ def test_a_job_refuses_other_values_naming_the_field(client, bad):
     refused = submit(client, weight_grads=bad)
     assert refused.status_code == 422
     detail = refused.json()["detail"]
-    assert detail.startswith("weight_grads") and "batched" in detail and "immediate" in detail, detail
+    assert detail.startswith("layout.weight_grads") and "batched" in detail and "immediate" in detail, detail
 
 
 def test_openapi_describes_the_field(client):
     schemas = client.get("/openapi.json").json()["components"]["schemas"]
-    for name in ("JobCreate", "PlanCreate"):
+    for name in ("LayoutSection", "PlanCreate"):
         prop = schemas[name]["properties"]["weight_grads"]
         assert prop["default"] == "batched" and prop["enum"] == ["batched", "immediate"], prop
         assert "input gradients" in prop["description"] and "zb-h1" in prop["description"]
 
 
-def test_a_job_stored_before_the_field_still_reads_retries_and_trains_batched(client, session):
+def plan_of(spec: JobSpec) -> dict:
+    return planning.make_plan(calibrated_chain(), planning.levels_of(None, spec.layout.workers), memory_bytes=None,
+                              method="uniform").to_dict()
+
+
+def test_a_job_stored_without_the_field_reads_retries_and_trains_batched(client, session):
     job = submit(client).json()
-    spec = {k: v for k, v in job["spec"].items() if k != "weight_grads"}
+    spec = {**job["spec"], "layout": {k: v for k, v in job["spec"]["layout"].items() if k != "weight_grads"}}
     session.execute(update(Job).where(Job.id == job["id"]).values(spec=spec))
     session.commit()
-    assert "weight_grads" not in client.get(f"/api/v1/jobs/{job['id']}").json()["spec"]
+    assert client.get(f"/api/v1/jobs/{job['id']}").json()["spec"]["layout"]["weight_grads"] == "batched"
     client.post(f"/api/v1/jobs/{job['id']}/cancel")
     retried = client.post(f"/api/v1/jobs/{job['id']}/retry")
     assert retried.status_code == 200 and retried.json()["status"] == "queued", retried.text
-    cmd = train_command(job["id"], retried.json()["spec"], Path("plan.json"))
-    assert cmd[cmd.index("--weight-grads") + 1] == "batched"
+    typed = JobSpec.model_validate(spec)
+    assert run_config(typed, plan_of(typed))["weight_grads"] == "batched"
 
 
 # --- the command a job runs -------------------------------------------------------------------
 
 
-def parse_train(cmd: list[str]) -> dict:
-    """`pipeboard train`'s own parser on the runner's arguments (parsed, not run)."""
-    args = cmd[cmd.index("train") + 1:]
-    train = typer.main.get_command(cli).commands["train"]
-    with train.make_context("train", args) as ctx:
-        return ctx.params
-
-
 @pytest.mark.parametrize("choice", ["batched", "immediate"])
-def test_train_command_passes_the_choice_to_pipeboard_train(choice):
-    spec = {**JOB, "method": "pipedream", "weight_grads": choice, "hyperparameters": {"seed": 3}}
-    params = parse_train(train_command(7, spec, Path("plan.json")))
-    assert params["weight_grads"] == choice
-    assert (params["schedule"], params["microbatches"], params["job_id"], params["seed"]) == ("1f1b", 4, 7, 3)
+def test_the_run_configuration_carries_the_choice(choice):
+    from pipeboard.trainer.runtime.config import RunConfig
+
+    spec = JobSpec.model_validate({**JOB, "method": "pipedream", "weight_grads": choice, "hyperparameters": {"seed": 3}})
+    cfg = RunConfig.from_dict(run_config(spec, plan_of(spec)))
+    assert cfg.weight_grads == choice
+    assert (cfg.schedule, cfg.microbatches, cfg.seed) == ("1f1b", 4, 3)
 
 
 # --- the what-if ------------------------------------------------------------------------------

@@ -114,11 +114,19 @@ def test_new_job_form_names_bad_fields_then_submits(server, page, shoot) -> None
     assert page.inner_text("#f-weight-grads-hint") == "in every backward"
     page.wait_for_selector("#what-if-gantt .point", state="attached")
     shoot(page, "new-job-weight-grads-immediate")
+    # Device and precision: cuda is refused naming machine.device while no worker reports a GPU
+    page.select_option("#f-device", "cuda")
+    page.click("#submit-job")
+    page.wait_for_function("() => document.querySelector('#form-error').textContent.includes('machine.device')")
+    assert page.get_attribute("#f-device", "aria-invalid") == "true"
+    page.select_option("#f-device", "cpu")
+    page.select_option("#f-precision", "bf16")
     page.click("#submit-job")
     page.wait_for_url(re.compile(r"#/jobs/\d+$"))
     job_id = int(page.url.rsplit("/", 1)[1])
     job = server.api("GET", f"/jobs/{job_id}")
-    assert job["name"] == "from-the-form" and job["spec"]["weight_grads"] == "immediate"
+    assert job["name"] == "from-the-form" and job["spec"]["layout"]["weight_grads"] == "immediate"
+    assert job["spec"]["machine"] == {"device": "cpu", "precision": "bf16"}
     page.get_by_text("Queued").first.wait_for()
     page.locator("h1", has_text="from-the-form").wait_for()
     shoot(page, "job-queued")
@@ -166,17 +174,11 @@ def test_open_in_perfetto_hands_over_the_trace(server, page, browser_context) ->
         import json
 
         received = json.loads(popup.evaluate("() => window.received"))
-        expected = json.loads(httpx_get(f"{server.url}/api/v1/jobs/{job['id']}/trace"))
+        expected = server.api("GET", f"/jobs/{job['id']}/trace")  # with the token: reads need one
         assert received == expected
         assert page.errors == []
     finally:
         browser_context.unroute("https://ui.perfetto.dev/**")
-
-
-def httpx_get(url: str) -> str:
-    import httpx
-
-    return httpx.get(url, timeout=30).text
 
 
 def test_unknown_page_and_unknown_job(server, page) -> None:

@@ -29,7 +29,7 @@ def test_the_api_lists_the_added_schedule(server) -> None:
     assert names[:6] == ["gpipe", "1f1b", "interleaved-1f1b", "zb-h1", "pipedream", "dp"] and names[-1] == TWIN
     assert listed["count"] == len(names)
     schemas = httpx.get(f"{server.url}/openapi.json", timeout=30).json()["components"]["schemas"]
-    assert schemas["JobCreate"]["properties"]["schedule"]["enum"] == names
+    assert schemas["LayoutSection"]["properties"]["schedule"]["enum"] == names
     assert schemas["PlanCreate"]["properties"]["schedule"]["enum"] == names
 
 
@@ -78,7 +78,7 @@ def test_a_job_with_the_added_schedule_plans_and_runs(server, page, shoot) -> No
     page.wait_for_url(lambda url: "#/jobs/" in url)
     job_id = int(page.url.rsplit("/", 1)[1])
     job = server.api("GET", f"/jobs/{job_id}")
-    assert job["spec"]["schedule"] == TWIN and job["spec"]["hyperparameters"]["chunks"] == 1
+    assert job["spec"]["layout"]["schedule"] == TWIN and job["spec"]["layout"]["chunks"] == 1
     page.wait_for_selector("h1 + .badge.status-succeeded", timeout=150000)
     assert server.api("GET", f"/jobs/{job_id}")["summary"]["steps"] == 3
     assert [e for e in page.errors if "404" not in e] == []

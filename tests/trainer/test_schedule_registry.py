@@ -221,7 +221,7 @@ def test_a_schedule_from_one_file_runs_in_the_runtime_layout_and_the_predictor(p
 
 def test_a_schedule_from_one_file_is_in_the_api(plugin, client):
     from pipeboard.app.main import create_app
-    from pipeboard.app.schemas import JobCreate, PlanCreate
+    from pipeboard.app.schemas import JobSpec, PlanCreate
 
     listed = client.get("/api/v1/schedules").json()
     assert listed["count"] == len(registry.names()) and [s["name"] for s in listed["data"]] == list(registry.names())
@@ -229,16 +229,16 @@ def test_a_schedule_from_one_file_is_in_the_api(plugin, client):
     assert twin["description"] == plugin.description and twin["synchronous"] and not twin["default"]
     assert [s["name"] for s in listed["data"] if s["default"]] == [registry.DEFAULT]
     schemas = create_app().openapi()["components"]["schemas"]
-    for model in ("JobCreate", "PlanCreate"):
+    for model in ("LayoutSection", "PlanCreate"):  # a job's schedule is in its specification's layout
         field = schemas[model]["properties"]["schedule"]
         assert field["enum"] == list(registry.names()) and field["default"] == registry.DEFAULT
         assert PLUGIN_NAME in field["description"] and plugin.description.rstrip(".") in field["description"]
-    assert JobCreate(model="mlp-digits", schedule=PLUGIN_NAME).schedule == PLUGIN_NAME
+    assert JobSpec(model={"name": "mlp-digits"}, layout={"schedule": PLUGIN_NAME}).layout.schedule == PLUGIN_NAME
     assert PlanCreate(model="mlp-digits", levels=[{"workers": 2, "bandwidth": 1e9}], schedule=PLUGIN_NAME)
     registry.unregister(PLUGIN_NAME)
     refused = client.post("/api/v1/jobs", json={"model": "mlp-digits", "schedule": PLUGIN_NAME})
-    assert refused.status_code == 422 and refused.json()["detail"].startswith("schedule: Input should be 'gpipe'")
-    assert PLUGIN_NAME not in create_app().openapi()["components"]["schemas"]["JobCreate"]["properties"]["schedule"]["enum"]
+    assert refused.status_code == 422 and refused.json()["detail"].startswith("layout.schedule: Input should be 'gpipe'")
+    assert PLUGIN_NAME not in create_app().openapi()["components"]["schemas"]["LayoutSection"]["properties"]["schedule"]["enum"]
 
 
 # --- ... and through PIPEBOARD_SCHEDULES, in fresh processes -------------------------------------
@@ -305,7 +305,7 @@ def test_the_openapi_and_the_schedules_endpoint_list_a_schedule_from_one_file(tm
     assert r.returncode == 0, r.stderr
     out = json.loads(r.stdout)
     schemas = out["openapi"]["components"]["schemas"]
-    for model in ("JobCreate", "PlanCreate"):
+    for model in ("LayoutSection", "PlanCreate"):
         assert schemas[model]["properties"]["schedule"]["enum"][-1] == PLUGIN_NAME
     assert "/api/v1/schedules" in out["openapi"]["paths"]
     assert [s["name"] for s in out["schedules"]["data"]][-1] == PLUGIN_NAME

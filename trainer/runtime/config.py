@@ -7,7 +7,9 @@ the schedule registry (trainer/schedule/registry.py), never from comparing its n
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field, replace
+import json
+from dataclasses import MISSING, dataclass, field, fields, replace
+from pathlib import Path
 from typing import Any
 
 from pipeboard.trainer.precision import PRECISIONS
@@ -88,6 +90,47 @@ class RunConfig:
 
     def with_(self, **changes: Any) -> RunConfig:
         return replace(self, **changes)
+
+    @classmethod
+    def from_dict(cls, data: Any) -> RunConfig:
+        """A configuration from its plain form (a run file: `pipeboard train --config`). A key it
+        does not have is refused by name rather than ignored: an option lost between the service
+        and the run must fail loudly. Values are checked by ``validate``."""
+        if not isinstance(data, dict):
+            raise ConfigError(f"run configuration: must be a JSON object, got {type(data).__name__}")
+        known = {f.name: f for f in fields(cls)}
+        unknown = sorted(k for k in data if k not in known)
+        if unknown:
+            raise ConfigError(f"{unknown[0]}: not a field of the run configuration (trainer/runtime/config.py)")
+        missing = [n for n, f in known.items() if f.default is MISSING and f.default_factory is MISSING and n not in data]
+        if missing:
+            raise ConfigError(f"{missing[0]}: the run configuration needs it")
+        return cls(**data)
+
+    @classmethod
+    def load(cls, path: str | Path) -> RunConfig:
+        try:
+            text = Path(path).read_text()
+        except OSError as exc:
+            raise ConfigError(f"--config: cannot read {path}: {exc.strerror}") from None
+        try:
+            data = json.loads(text)
+        except ValueError as exc:
+            raise ConfigError(f"--config: {path} is not JSON: {exc}") from None
+        return cls.from_dict(data)
+
+    def to_dict(self) -> dict[str, Any]:
+        return {f.name: getattr(self, f.name) for f in fields(self)}
+
+    def with_plan(self, plan: Any) -> RunConfig:
+        """The layout of a plan (pipeboard.trainer.plan.Plan): its stages and replicas; under a
+        data-parallel schedule its layers all on one stage, its workers all replicas of it."""
+        stages = [list(s.layers) for s in plan.stages]
+        replicas = [int(s.replicas) for s in plan.stages]
+        if registry.known(self.schedule) and registry.is_data_parallel(self.schedule):
+            return replace(self, stages=[[n for s in stages for n in s]], replicas=None, num_stages=None,
+                           workers=self.workers or sum(replicas))
+        return replace(self, stages=stages, replicas=replicas, num_stages=None)
 
     @property
     def microbatch_size(self) -> int:

@@ -13,7 +13,7 @@ from pipeboard.app.schemas import Message, ValidationFailed
 from pipeboard.app.api.common import AUTH_RESPONSES, NOT_FOUND, JobId, Limit, Offset, ServiceRoute
 from pipeboard.app.api import ownership
 from pipeboard.app.api.security import ReadAccess, WriteAccess
-from pipeboard.app.schemas import JobCreate, JobPublic, JobStatus, MetricsPublic, Page, TimelinePublic
+from pipeboard.app.schemas import JobPublic, JobSpec, JobStatus, MetricsPublic, Page, TimelinePublic
 from pipeboard.app.services import jobs, rundata
 
 router = APIRouter(prefix="/jobs", tags=["jobs"], route_class=ServiceRoute, responses=AUTH_RESPONSES)
@@ -27,16 +27,18 @@ CONFLICT = {409: {"model": Message, "description": "The job's status does not al
     status_code=201,
     summary="Submit a job",
     description=(
-        "Queues profile -> plan -> train of a zoo model as Celery work. `workers` runs that many local "
-        "processes; `levels` plans for a cluster instead. `stop` takes exactly one of epochs, steps, target "
-        "(the model's metric) or time_s. `weight_grads` (`batched`, default, or `immediate`) is passed to `pipeboard "
-        "train --weight-grads`, and the predicted timeline is simulated with it. Higher `priority` runs first; the "
-        "answer carries the queue position."
+        "Queues profile -> plan -> train of a model as Celery work. The body is the job's specification "
+        "(version 2, in sections: `model`, `layout`, `length`, `optimizer`, `machine`, `checkpoints`), checked "
+        "here once: a field it does not know, a non-finite number, fields that disagree (microbatches that do not "
+        "divide the batch, chunks the schedule does not take, more `layout.nodes` than live hosts, `machine.device` "
+        "cuda with no GPU worker) are a 422 naming the field, and nothing is queued. The run receives the "
+        "specification whole. The flat version-1 body (`model`, `schedule`, `stop`, `hyperparameters`, ...) is "
+        "still accepted and stored as version 2. Higher `priority` runs first; the answer carries the queue position."
     ),
     responses={422: {"model": ValidationFailed, "description": "Invalid spec (the message names the field)."}},
 )
-def submit_job(spec: JobCreate, session: SessionDep, principal: WriteAccess) -> JobPublic:
-    ownership.check_job_model(session, principal, spec.model)  # another user's model reads as unknown
+def submit_job(spec: JobSpec, session: SessionDep, principal: WriteAccess) -> JobPublic:
+    ownership.check_job_model(session, principal, spec.model.name)  # another user's model reads as unknown
     job = jobs.submit(session, spec, submitted_by=principal.name, owner_id=principal.user_id)
     return jobs.to_public(session, job)
 

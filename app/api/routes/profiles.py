@@ -13,7 +13,7 @@ from pipeboard.app.core.config import get_settings
 from pipeboard.app.api import ownership
 from pipeboard.app.api.nesting import nesting_problem
 from pipeboard.app.api.security import ReadAccess, WriteAccess
-from pipeboard.app.schemas import JobCreate, JobPublic, Page, ProfileCreate, ProfilePublic
+from pipeboard.app.schemas import JobPublic, Page, ProfileCreate, ProfileJobSpec, ProfilePublic
 from pipeboard.app.services import jobs, profiles
 from pipeboard.app.services.errors import NotFound, ServiceError
 
@@ -36,13 +36,11 @@ def create_profile(body: ProfileCreate, session: SessionDep, principal: WriteAcc
     ownership.check_job_model(session, principal, body.model, field="model")  # another user's: unknown
     _, kind, _, _ = profiles.resolve_model(session, body.model)  # 422 naming `model` before anything is queued
     if kind == "zoo":
-        jobs.validate_model_args(body.model, body.model_args)
-    spec = JobCreate(name=f"profile {body.model}", model=body.model, batch_size=body.batch_size, workers=1, stop={"steps": 1})
-    job = jobs.submit(session, spec, kind="profile", enqueue=False, submitted_by=principal.name,
-                      owner_id=principal.user_id)
-    job.spec = {**job.spec, "model_args": body.model_args, "device": body.device, "repeats": body.repeats}
-    session.commit()
-    jobs.enqueue_or_fail(session, job.id)
+        jobs.validate_model_args(body.model, body.model_args, where="model_args")
+    spec = ProfileJobSpec(name=f"profile {body.model}", repeats=body.repeats, length={"steps": 1},
+                          model={"name": body.model, "args": body.model_args, "batch_size": body.batch_size},
+                          layout={"workers": 1, "microbatches": 1}, machine={"device": body.device})
+    job = jobs.submit(session, spec, kind="profile", submitted_by=principal.name, owner_id=principal.user_id)
     return jobs.to_public(session, job)
 
 
@@ -104,3 +102,5 @@ def get_profile(profile_id: ProfileId, session: SessionDep, principal: ReadAcces
     if not ownership.profile_visible(session, principal, row):
         raise NotFound("profile", profile_id)
     return profiles.to_public(row, include_data=include_data)
+
+

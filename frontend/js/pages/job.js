@@ -70,7 +70,7 @@ export async function render(container, { id }) {
     const j = state.job;
     clear(header).append(...[
       h('h1', { style: 'margin:0' }, `#${j.id} ${j.name}`), statusBadge(j.status),
-      h('span', { class: 'muted', id: 'job-subtitle' }, `${j.model} · ${j.schedule} · ${j.spec.microbatches ?? '?'} microbatches · batch ${j.spec.batch_size ?? '?'}`
+      h('span', { class: 'muted', id: 'job-subtitle' }, `${j.model} · ${j.schedule} · ${j.spec.layout?.microbatches ?? '?'} microbatches · batch ${j.spec.model?.batch_size ?? '?'}`
         + (j.submitted_by ? ` · submitted by ${j.submitted_by}` : '')),
       h('span', { class: 'spacer' }),
       j.plan_id ? h('a', { class: 'button', href: `#/plans/${j.plan_id}` }, 'Plan') : null,

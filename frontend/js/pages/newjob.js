@@ -15,19 +15,29 @@ const WEIGHT_GRADS_TITLE = 'batched: each backward computes input gradients only
   + 'update computes the weight gradients of all its microbatches (faster on small microbatches); immediate: each '
   + 'backward computes both. Same gradients.';
 const STOPS = [['steps', 'steps'], ['epochs', 'epochs'], ['target', 'target metric'], ['time_s', 'time (s)']];
+const DEVICES = ['cpu', 'cuda']; // machine.device: cuda is refused while no worker reports a GPU
+const PRECISIONS = ['fp32', 'bf16']; // machine.precision
+// the hyper-parameters field's keys -> [section, field] of the job specification
+const HYPER_FIELDS = { lr: ['optimizer', 'lr'], seed: ['optimizer', 'seed'], optimizer: ['optimizer', 'name'], eval_every: ['length', 'eval_every'] };
 const LOCAL_BANDWIDTH = 5e9; // what the service assumes between local worker processes
-// API field (as error messages name it) -> the form control to mark and focus.
+// The job specification's field (as error messages name it, e.g. "layout.microbatches") -> the
+// form control to mark and focus; a section alone names the controls that fill it.
 const FIELD_IDS = {
-  name: 'f-name', model: 'f-model', model_args: 'f-model-args', data: 'f-data', workers: 'f-workers', levels: 'f-levels',
-  memory_bytes: 'f-memory', method: 'f-method', schedule: 'f-schedule', weight_grads: 'f-weight-grads', microbatches: 'f-microbatches', batch_size: 'f-batch',
-  stop: 'f-stop-value', hyperparameters: 'f-hyper', 'hyper-parameters': 'f-hyper', priority: 'f-priority', source: 'f-import-path', context: 'f-import-archive',
+  name: 'f-name', 'model.name': 'f-model', 'model.args': 'f-model-args', 'model.data': 'f-data', 'model.batch_size': 'f-batch',
+  'layout.workers': 'f-workers', 'layout.levels': 'f-levels', 'layout.memory_bytes': 'f-memory', 'layout.method': 'f-method',
+  'layout.schedule': 'f-schedule', 'layout.weight_grads': 'f-weight-grads', 'layout.microbatches': 'f-microbatches',
+  'layout.chunks': 'f-chunks', 'layout.vertical_sync': 'f-vertical-sync', layout: 'f-workers', length: 'f-stop-value',
+  'length.eval_every': 'f-hyper', optimizer: 'f-hyper', 'hyper-parameters': 'f-hyper', 'machine.device': 'f-device',
+  'machine.precision': 'f-precision', priority: 'f-priority', source: 'f-import-path', context: 'f-import-archive',
 };
 
-/** Mark the control named at the start of `message` ("microbatches: ...") invalid and focus it. */
+/** Mark the control named at the start of `message` ("layout.microbatches: ...") invalid and focus it. */
 function markField(form, message) {
   form.querySelectorAll('[aria-invalid]').forEach((el) => el.removeAttribute('aria-invalid'));
-  const name = /^([A-Za-z_.\-]+):/.exec(message || '')?.[1]?.split('.')[0];
-  const el = name && document.getElementById(FIELD_IDS[name]);
+  const named = /^([A-Za-z_.\-]+):/.exec(message || '')?.[1] || '';
+  const parts = named.split('.');
+  const id = FIELD_IDS[parts.slice(0, 2).join('.')] || FIELD_IDS[parts[0]];
+  const el = id && document.getElementById(id);
   if (!el) return;
   el.setAttribute('aria-invalid', 'true');
   el.setAttribute('aria-describedby', 'form-error');
@@ -76,7 +86,10 @@ export async function render(container) {
     batchSize: num({ min: 1, max: 65536, value: 32 }),
     stopKind: h('select', {}, STOPS.map(([v, t]) => h('option', { value: v }, t))),
     stopValue: num({ min: 0, step: 'any', value: 20 }),
-    hyper: h('input', { type: 'text', placeholder: 'e.g. lr=0.05, seed=1' }),
+    hyper: h('input', { type: 'text', placeholder: 'e.g. lr=0.05, seed=1, optimizer=sgd' }),
+    device: h('select', { title: 'cuda is refused while no worker reports a GPU' }, DEVICES.map((v) => h('option', { value: v }, v))),
+    precision: h('select', { title: 'bf16: forwards under autocast, float32 master weights' },
+      PRECISIONS.map((v) => h('option', { value: v }, v))),
     priority: num({ min: -100, max: 100, value: 0 }),
   };
   els.levels.value = '4 10\n2 1.25';
@@ -123,6 +136,10 @@ export async function render(container) {
         field('f-stop-value', 'Stop value', els.stopValue),
         field('f-hyper', 'Hyper-parameters', els.hyper),
         field('f-priority', 'Priority', els.priority))),
+    h('fieldset', {}, h('legend', {}, 'Machine'),
+      h('div', { class: 'fields' },
+        field('f-device', 'Device', els.device),
+        field('f-precision', 'Precision', els.precision))),
     h('div', { class: 'toolbar' }, submit, formError));
 
   const whatIf = h('section', { class: 'panel', id: 'what-if', 'aria-labelledby': 'what-if-title' },
@@ -136,7 +153,7 @@ export async function render(container) {
   function levelsFromText() {
     return els.levels.value.split('\n').map((l) => l.trim()).filter(Boolean).map((line, i) => {
       const [w, bw] = line.split(/[\s,]+/).map(Number);
-      if (!Number.isInteger(w) || w < 1 || !(bw > 0)) throw new Error(`levels: line ${i + 1} "${line}" is not "workers bandwidth-GB/s"`);
+      if (!Number.isInteger(w) || w < 1 || !(bw > 0)) throw new Error(`layout.levels: line ${i + 1} "${line}" is not "workers bandwidth-GB/s"`);
       return { workers: w, bandwidth: bw * 1e9 };
     });
   }
@@ -153,37 +170,45 @@ export async function render(container) {
     els.schedule.title = s?.description || '';
   }
 
-  /** The hyper-parameters field, plus the chunks and vertical sync the chosen schedule takes. */
-  function hyperparameters() {
-    let out;
-    try { out = parseArgs(els.hyper.value); } catch (e) { throw new Error(e.message.replace('model args', 'hyper-parameters')); }
-    if (!chunksBox.hidden) out.chunks = Number(els.chunks.value);
-    if (!verticalSyncBox.hidden && els.verticalSync.checked) out.vertical_sync = true;
-    return out;
+  /** The hyper-parameters field's keys, each put in its section of `out` (optimizer, length). */
+  function putHyperparameters(out) {
+    let given;
+    try { given = parseArgs(els.hyper.value); } catch (e) { throw new Error(e.message.replace('model args', 'hyper-parameters')); }
+    for (const [key, value] of Object.entries(given)) {
+      const where = HYPER_FIELDS[key];
+      if (!where) throw new Error(`hyper-parameters: ${key} is not one (${Object.keys(HYPER_FIELDS).join(', ')})`);
+      out[where[0]][where[1]] = value;
+    }
   }
 
-  /** The job spec from the form; throws Error naming the field on bad input. */
+  /** The job specification (version 2, app/schemas/jobspec.py) from the form; throws Error naming the field on bad input. */
   function spec() {
     const model = els.model.value;
-    if (!model || model === '__import__') throw new Error('model: pick a model (register your task first)');
-    if (!chosenSchedule()) throw new Error('schedule: no schedule chosen (the list could not be loaded)');
+    if (!model || model === '__import__') throw new Error('model.name: pick a model (register your task first)');
+    if (!chosenSchedule()) throw new Error('layout.schedule: no schedule chosen (the list could not be loaded)');
     const out = {
-      model,
-      model_args: parseArgs(els.modelArgs.value),
-      method: els.method.value,
-      schedule: els.schedule.value,
-      weight_grads: els.weightGrads.value,
-      microbatches: Number(els.microbatches.value),
-      batch_size: Number(els.batchSize.value),
-      hyperparameters: hyperparameters(),
+      version: 2,
       priority: Number(els.priority.value || 0),
-      stop: { [els.stopKind.value]: Number(els.stopValue.value) },
+      model: { name: model, args: parseArgs(els.modelArgs.value), batch_size: Number(els.batchSize.value) },
+      layout: {
+        method: els.method.value,
+        schedule: els.schedule.value,
+        weight_grads: els.weightGrads.value,
+        microbatches: Number(els.microbatches.value),
+      },
+      length: { [els.stopKind.value]: Number(els.stopValue.value) },
+      optimizer: {},
+      machine: { device: els.device.value, precision: els.precision.value },
     };
+    putHyperparameters(out);
+    // the chunks and vertical sync the chosen schedule takes
+    if (!chunksBox.hidden) out.layout.chunks = Number(els.chunks.value);
+    if (!verticalSyncBox.hidden && els.verticalSync.checked) out.layout.vertical_sync = true;
     if (els.name.value.trim()) out.name = els.name.value.trim();
-    if (els.data.value.trim()) out.data = els.data.value.trim();
-    if (els.memory.value) out.memory_bytes = Number(els.memory.value) * 1e9;
-    if (els.clusterMode.value === 'levels') out.levels = levelsFromText();
-    else out.workers = Number(els.workers.value);
+    if (els.data.value.trim()) out.model.data = els.data.value.trim();
+    if (els.memory.value) out.layout.memory_bytes = Number(els.memory.value) * 1e9;
+    if (els.clusterMode.value === 'levels') out.layout.levels = levelsFromText();
+    else out.layout.workers = Number(els.workers.value);
     return out;
   }
 
@@ -199,12 +224,13 @@ export async function render(container) {
       return;
     }
     controller = new AbortController();
+    const { model: m, layout: l } = s;
     const body = {
-      model: s.model, model_args: s.model_args, batch_size: s.batch_size, method: s.method, schedule: s.schedule,
-      weight_grads: s.weight_grads, microbatches: s.microbatches, levels: s.levels || [{ workers: s.workers, bandwidth: LOCAL_BANDWIDTH }], timeline_limit: 20000,
+      model: m.name, model_args: m.args, batch_size: m.batch_size, method: l.method, schedule: l.schedule,
+      weight_grads: l.weight_grads, microbatches: l.microbatches, levels: l.levels || [{ workers: l.workers, bandwidth: LOCAL_BANDWIDTH }], timeline_limit: 20000,
     };
-    if (s.memory_bytes) body.memory_bytes = s.memory_bytes;
-    if (chosenSchedule()?.chunks && s.hyperparameters.chunks) body.chunks = s.hyperparameters.chunks;
+    if (l.memory_bytes) body.memory_bytes = l.memory_bytes;
+    if (chosenSchedule()?.chunks && l.chunks) body.chunks = l.chunks;
     box.setAttribute('aria-busy', 'true');
     box.prepend(notice('loading', 'Planning… (a model’s first plan profiles it: a few seconds)'));
     try {

@@ -15,77 +15,18 @@ from pydantic_core import PydanticCustomError, core_schema
 
 from pipeboard.trainer.schedule import registry as schedules
 
+from pipeboard.app.schemas.common import (  # noqa: F401  (re-exported: `from pipeboard.app.schemas import X`)
+    DEFAULT_CHECKPOINT_EVERY, MAX_JOB_NODES, MAX_JOB_WORKERS, MAX_PLAN_WORKERS, NAME_PATTERN, Level, Method,
+    ScheduleName, WeightGrads, _described, schedule_description, schedule_field, total_workers, weight_grads_description,
+    weight_grads_field)
+from pipeboard.app.schemas.jobspec import JobSpec, ProfileJobSpec  # noqa: F401
+
 T = TypeVar("T")
 
-Method = Literal["pipedream", "uniform", "time", "params", "dp"]
-WeightGrads = Literal["batched", "immediate"]
-
-
-# --- schedules: from the registry (trainer/schedule/registry.py), read when a request is
-# validated and when the OpenAPI document is made, so a schedule registered after this module
-# was imported counts too -------------------------------------------------------------------------
-
-
-def _known_schedule(value: str) -> str:
-    if not schedules.known(value):
-        raise PydanticCustomError("enum", "Input should be {expected}", {"expected": schedules.either(schedules.names())})
-    return value
-
-
-class _RegisteredSchedule:
-    """Validates a schedule name against the registry; its JSON schema is the registry's enum."""
-
-    @classmethod
-    def __get_pydantic_core_schema__(cls, _source: Any, _handler: Any) -> core_schema.CoreSchema:
-        return core_schema.no_info_after_validator_function(_known_schedule, core_schema.str_schema())
-
-    @classmethod
-    def __get_pydantic_json_schema__(cls, _schema: Any, _handler: Any) -> dict[str, Any]:
-        return {"type": "string", "enum": list(schedules.names())}
-
-
-ScheduleName = Annotated[str, _RegisteredSchedule]
-
-
-def _described(text: Callable[[], str]) -> Callable[[dict[str, Any]], None]:
-    """A field's ``json_schema_extra`` that writes its description when the schema is made."""
-
-    def extra(schema: dict[str, Any]) -> None:
-        schema["description"] = text()
-
-    return extra
-
-
-def _ignoring() -> str:
-    return schedules.either(schedules.having(weight_grads=()), quote="", conj="and")
-
-
-def schedule_description(what: str) -> str:
-    return (f"{what} One of the registered schedules (`GET /schedules` says what each can do): "
-            + "; ".join(f"`{s.name}`: {s.description.rstrip('.')}" for s in schedules.specs()) + ".")
-
-
-def weight_grads_description() -> str:
-    return (
-        "How backwards compute weight gradients (`pipeboard train --weight-grads`). `batched` (default): each "
-        "backward computes input gradients only, and one pass right before each weight update computes the weight "
-        "gradients of all its microbatches at once (one matmul per Linear layer; faster on small microbatches); "
-        f"`immediate`: each backward computes both. Same gradients up to float rounding. {_ignoring()} ignore it."
-    )
-
-
-def schedule_field(what: str) -> Any:
-    return Field(default=schedules.DEFAULT, json_schema_extra=_described(lambda: schedule_description(what)))
-
-
-def weight_grads_field() -> Any:
-    return Field(default="batched", json_schema_extra=_described(weight_grads_description))
 JobStatus = Literal["queued", "running", "succeeded", "failed", "cancelled"]
 Scope = Literal["read", "write", "admin"]
 MAX_TOKEN_LIFETIME_S = 10 * 365 * 86400  # an expiry further out is no expiry
 
-# Names are free text in the database but short, printable identifiers in the API.
-NAME_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9_.:\- ]{0,119}$"
 
 
 class Page(BaseModel, Generic[T]):
@@ -186,7 +127,7 @@ class ProfileCreate(BaseModel):
     model_config = ConfigDict(json_schema_extra={"examples": [{"model": "mlp-digits", "batch_size": 32}]})
 
     model: str = Field(min_length=1, max_length=300, description="A zoo name or a registered model's name.")
-    model_args: dict[str, Any] = Field(default_factory=dict, description="Arguments of the zoo model.")
+    model_args: dict[str, str | int | float | bool] = Field(default_factory=dict, description="Arguments of the model.")
     batch_size: int = Field(default=32, ge=1, le=65536)
     device: Literal["cpu", "cuda"] = "cpu"
     repeats: int = Field(default=5, ge=1, le=100, description="Timed repetitions per layer.")
@@ -244,25 +185,6 @@ class SchedulePublic(BaseModel):
 # --- plans ------------------------------------------------------------------------------------
 
 
-MAX_PLAN_WORKERS = 4096  # what the inline what-if answers quickly
-MAX_JOB_WORKERS = 64  # local processes a job may start
-MAX_JOB_NODES = 16  # worker hosts one job may span
-DEFAULT_CHECKPOINT_EVERY = 20  # steps: a lost attempt redoes at most this many
-
-
-def total_workers(levels: list[Level] | None) -> int:
-    n = 1
-    for level in levels or []:
-        n *= level.workers
-    return n
-
-
-class Level(BaseModel):
-    model_config = ConfigDict(strict=True)  # JSON numbers only: `true` is not 1, "4" is not 4
-
-    workers: int = Field(ge=1, le=65536, description="Workers at this level (level 1 innermost).")
-    bandwidth: float = Field(gt=0, le=1e15, description="Bandwidth between workers of this level, bytes/s.")
-
 
 class PlanCreate(BaseModel):
     """Plan a profile for a cluster and simulate the result: the dashboard's what-if."""
@@ -309,94 +231,6 @@ class PlanPublic(BaseModel):
 
 
 # --- jobs -------------------------------------------------------------------------------------
-
-
-class StopRule(BaseModel):
-    """Exactly one of epochs, steps, target (the model's metric) or time_s."""
-
-    epochs: float | None = Field(default=None, gt=0, le=10000)
-    steps: int | None = Field(default=None, ge=1, le=10_000_000)
-    target: float | None = Field(default=None, description="Stop when the model's validation metric reaches this.")
-    time_s: float | None = Field(default=None, gt=0, le=7 * 86400, description="Stop after this much training time.")
-
-    @model_validator(mode="after")
-    def _exactly_one(self) -> StopRule:
-        given = [k for k in ("epochs", "steps", "target", "time_s") if getattr(self, k) is not None]
-        if len(given) != 1:
-            raise ValueError(f"stop: give exactly one of epochs, steps, target, time_s (got {given or 'none'})")
-        return self
-
-
-class Hyperparameters(BaseModel):
-    """What `pipeboard train` takes besides the layout; unknown keys are refused, not ignored."""
-
-    model_config = ConfigDict(extra="forbid")
-
-    lr: float | None = Field(default=None, gt=0, le=100, description="Learning rate (default: the model's).")
-    optimizer: Literal["adam", "sgd"] | None = Field(default=None, description="Default: the model's.")
-    seed: int = Field(default=0, ge=0, le=2**31 - 1)
-    eval_every: int | None = Field(default=None, ge=1, le=1_000_000, description="Steps between validations (target rule).")
-    vertical_sync: bool = Field(default=False, json_schema_extra=_described(lambda: (
-        f"{schedules.either(schedules.having(vertical_sync=True), quote='')}: vertical sync of weight versions.")))
-    chunks: int = Field(default=1, ge=1, le=16, json_schema_extra=_described(lambda: (
-        f"{schedules.either(schedules.having(chunks=True), quote='')}: model chunks per worker.")))
-
-
-class JobCreate(BaseModel):
-    model_config = ConfigDict(
-        json_schema_extra={
-            "examples": [
-                {
-                    "name": "digits-1f1b",
-                    "model": "mlp-digits",
-                    "workers": 2,
-                    "method": "pipedream",
-                    "schedule": "1f1b",
-                    "microbatches": 4,
-                    "batch_size": 32,
-                    "stop": {"steps": 20},
-                }
-            ]
-        }
-    )
-
-    name: str | None = Field(default=None, pattern=NAME_PATTERN)
-    model: str = Field(min_length=1, max_length=300, description="A zoo model or a registered, validated model (see GET /models).")
-    model_args: dict[str, str | int | float | bool] = Field(default_factory=dict)
-    data: str | None = Field(default=None, max_length=300, description="Data location passed to the task factory as `data=` (`--data`): relative to the model's code context, or absolute on the workers. Checked at submit time. Zoo models ship their own data, so usually empty.")
-    workers: int | None = Field(default=None, ge=1, le=64, description="Local worker processes (default 2); or give `levels`.")
-    levels: list[Level] | None = Field(default=None, min_length=1, max_length=4, description="Cluster levels for the planner, innermost first.")
-    memory_bytes: float | None = Field(default=None, gt=0)
-    method: Method = "pipedream"
-    schedule: ScheduleName = schedule_field("The pipeline schedule the job trains with.")
-    microbatches: int = Field(default=4, ge=1, le=1024)
-    batch_size: int = Field(default=32, ge=1, le=65536)
-    weight_grads: WeightGrads = weight_grads_field()
-    hyperparameters: Hyperparameters = Field(default_factory=lambda: Hyperparameters())
-    stop: StopRule = Field(default_factory=lambda: StopRule(steps=50))
-    priority: int = Field(default=0, ge=-100, le=100, description="Higher runs first.")
-    checkpoint_every: int = Field(default=DEFAULT_CHECKPOINT_EVERY, ge=1, le=10_000_000, description=(
-        "Training steps between checkpoints (kept under the data folder, the newest few); an attempt that fails "
-        "resumes from the newest complete one."))
-    max_attempts: int = Field(default=2, ge=1, le=10, description=(
-        "Attempts in all, the first included: an attempt lost to a killed process, a dead worker or a lost host is "
-        "retried automatically from the newest checkpoint until this many have run (a manual retry starts a new count)."))
-    nodes: int = Field(default=1, ge=1, le=MAX_JOB_NODES, description=(
-        "Worker hosts the job trains on at once, reserved together: each host's worker starts torch's elastic agent "
-        "(c10d rendezvous) for an equal share of the job's worker processes."))
-
-    @model_validator(mode="after")
-    def _workers_or_levels(self) -> JobCreate:
-        if self.workers is not None and self.levels is not None:
-            raise ValueError("give either 'workers' or 'levels', not both")
-        if self.workers is None and self.levels is None:
-            self.workers = 2
-        if self.levels and total_workers(self.levels) > MAX_JOB_WORKERS:
-            raise ValueError(f"levels: a job runs at most {MAX_JOB_WORKERS} worker processes in all")
-        processes = self.workers if self.workers is not None else total_workers(self.levels)
-        if processes % self.nodes:
-            raise ValueError(f"nodes: {self.nodes} hosts cannot share the job's {processes} worker processes evenly")
-        return self
 
 
 class AttemptPublic(BaseModel):
@@ -450,7 +284,7 @@ class JobPublic(BaseModel):
     status: JobStatus
     priority: int
     queue_position: int | None = Field(default=None, description="1 = next to run; null unless queued.")
-    spec: dict[str, Any]
+    spec: JobSpec | ProfileJobSpec = Field(description="The job's specification, as submitted (version 2).")
     attempt: int = 0
     error: str | None = None
     created_at: datetime | None = None

@@ -1,0 +1,98 @@
+"""Shapes shared by several resources: schedule names from the registry, planner methods, cluster
+levels, names, and the limits on what one job may ask for."""
+
+from __future__ import annotations
+
+from typing import Annotated, Any, Callable, Literal
+
+from pydantic import BaseModel, ConfigDict, Field
+from pydantic_core import PydanticCustomError, core_schema
+
+from pipeboard.trainer.schedule import registry as schedules
+
+Method = Literal["pipedream", "uniform", "time", "params", "dp"]
+WeightGrads = Literal["batched", "immediate"]
+
+
+# --- schedules: from the registry (trainer/schedule/registry.py), read when a request is
+# validated and when the OpenAPI document is made, so a schedule registered after this module
+# was imported counts too -------------------------------------------------------------------------
+
+
+def _known_schedule(value: str) -> str:
+    if not schedules.known(value):
+        raise PydanticCustomError("enum", "Input should be {expected}", {"expected": schedules.either(schedules.names())})
+    return value
+
+
+class _RegisteredSchedule:
+    """Validates a schedule name against the registry; its JSON schema is the registry's enum."""
+
+    @classmethod
+    def __get_pydantic_core_schema__(cls, _source: Any, _handler: Any) -> core_schema.CoreSchema:
+        return core_schema.no_info_after_validator_function(_known_schedule, core_schema.str_schema())
+
+    @classmethod
+    def __get_pydantic_json_schema__(cls, _schema: Any, _handler: Any) -> dict[str, Any]:
+        return {"type": "string", "enum": list(schedules.names())}
+
+
+ScheduleName = Annotated[str, _RegisteredSchedule]
+
+
+def _described(text: Callable[[], str]) -> Callable[[dict[str, Any]], None]:
+    """A field's ``json_schema_extra`` that writes its description when the schema is made."""
+
+    def extra(schema: dict[str, Any]) -> None:
+        schema["description"] = text()
+
+    return extra
+
+
+def _ignoring() -> str:
+    return schedules.either(schedules.having(weight_grads=()), quote="", conj="and")
+
+
+def schedule_description(what: str) -> str:
+    return (f"{what} One of the registered schedules (`GET /schedules` says what each can do): "
+            + "; ".join(f"`{s.name}`: {s.description.rstrip('.')}" for s in schedules.specs()) + ".")
+
+
+def weight_grads_description() -> str:
+    return (
+        "How backwards compute weight gradients (`pipeboard train --weight-grads`). `batched` (default): each "
+        "backward computes input gradients only, and one pass right before each weight update computes the weight "
+        "gradients of all its microbatches at once (one matmul per Linear layer; faster on small microbatches); "
+        f"`immediate`: each backward computes both. Same gradients up to float rounding. {_ignoring()} ignore it."
+    )
+
+
+def schedule_field(what: str) -> Any:
+    return Field(default=schedules.DEFAULT, json_schema_extra=_described(lambda: schedule_description(what)))
+
+
+def weight_grads_field() -> Any:
+    return Field(default="batched", json_schema_extra=_described(weight_grads_description))
+
+# Names are free text in the database but short, printable identifiers in the API.
+NAME_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9_.:\- ]{0,119}$"
+
+
+MAX_PLAN_WORKERS = 4096  # what the inline what-if answers quickly
+MAX_JOB_WORKERS = 64  # local processes a job may start
+MAX_JOB_NODES = 16  # worker hosts one job may span
+DEFAULT_CHECKPOINT_EVERY = 20  # steps: a lost attempt redoes at most this many
+
+
+def total_workers(levels: list[Level] | None) -> int:
+    n = 1
+    for level in levels or []:
+        n *= level.workers
+    return n
+
+
+class Level(BaseModel):
+    model_config = ConfigDict(strict=True)  # JSON numbers only: `true` is not 1, "4" is not 4
+
+    workers: int = Field(ge=1, le=65536, description="Workers at this level (level 1 innermost).")
+    bandwidth: float = Field(gt=0, le=1e15, description="Bandwidth between workers of this level, bytes/s.")

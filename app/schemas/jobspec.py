@@ -1,0 +1,225 @@
+"""A job's specification (version 2): what `POST /jobs`, the new-job form and `pipeboard submit`
+fill, what the database stores as it is, and what the run receives whole (app/services/runner.py
+turns it into trainer/runtime/config.py's RunConfig, one file).
+
+It is checked once, here, at the door: unknown fields and non-finite numbers are refused, and the
+fields are checked against each other and against the schedule registry. The checks that need the
+database (the model, the live hosts, a GPU) are `app/services/jobs.py`'s `check_spec`.
+
+Sections, as a run's configuration is sectioned: `model` (what trains, on which data, in what
+batches), `layout` (how it is split and scheduled), `length` (when it stops), `optimizer`,
+`machine` (device and precision), `checkpoints`.
+
+The flat version-1 body (`{"model": "mlp-digits", "schedule": "1f1b", "stop": {...}, ...}`) is still
+accepted: `from_version_1` moves its fields into their sections before validation (migration 0005
+does the same to stored rows), so a field v1 never had, e.g. a top-level `device`, is refused by
+its name.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, model_validator
+from pydantic_core import PydanticCustomError
+
+from pipeboard.app.schemas.common import (
+    DEFAULT_CHECKPOINT_EVERY, MAX_JOB_NODES, MAX_JOB_WORKERS, NAME_PATTERN, Level, Method, ScheduleName, WeightGrads,
+    _described, schedule_field, total_workers, weight_grads_field)
+from pipeboard.trainer.schedule import registry as schedules
+
+SPEC_VERSION = 2
+DEFAULT_WORKERS = 2
+DEFAULT_STEPS = 50
+
+
+def spec_error(message: str) -> PydanticCustomError:
+    """A check across a section's fields: the 422 names the section (its location), the message the fields."""
+    return PydanticCustomError("value_error", message)
+
+
+class Section(BaseModel):
+    # every section: unknown keys are refused by name, and so are NaN and the infinities
+    model_config = ConfigDict(extra="forbid", allow_inf_nan=False)
+
+
+class ModelSection(Section):
+    name: str = Field(min_length=1, max_length=300, description="A zoo model or a registered, validated model (GET /models).")
+    args: dict[str, str | int | float | bool] = Field(default_factory=dict, description="Arguments of the task factory.")
+    data: str | None = Field(default=None, max_length=300, description=(
+        "Data location passed to the task factory as `data=`: relative to the model's code context, or absolute on "
+        "the workers. Checked at submit time. Zoo models ship their own data, so usually empty."))
+    batch_size: int = Field(default=32, ge=1, le=65536, description="Samples per training step.")
+
+
+class LayoutSection(Section):
+    workers: int | None = Field(default=None, ge=1, le=MAX_JOB_WORKERS, description=(
+        f"Worker processes (default {DEFAULT_WORKERS}); or give `levels`."))
+    levels: list[Level] | None = Field(default=None, min_length=1, max_length=4,
+                                       description="Cluster levels for the planner, innermost first.")
+    memory_bytes: float | None = Field(default=None, gt=0, description="Memory per worker: the planner's constraint.")
+    method: Method = Field(default="pipedream", description="How the planner splits the model.")
+    schedule: ScheduleName = schedule_field("The pipeline schedule the job trains with.")
+    microbatches: int = Field(default=4, ge=1, le=1024, description="Microbatches per step; they divide `model.batch_size`.")
+    chunks: int = Field(default=1, ge=1, le=16, json_schema_extra=_described(lambda: (
+        f"Model chunks per worker ({schedules.either(schedules.having(chunks=True), quote='')}; others take 1).")))
+    vertical_sync: bool = Field(default=False, json_schema_extra=_described(lambda: (
+        f"{schedules.either(schedules.having(vertical_sync=True), quote='')}: vertical sync of weight versions.")))
+    weight_grads: WeightGrads = weight_grads_field()
+    nodes: int = Field(default=1, ge=1, le=MAX_JOB_NODES, description=(
+        "Worker hosts the job trains on at once, reserved together (each runs an equal share of the processes)."))
+
+    @model_validator(mode="after")
+    def _consistent(self) -> LayoutSection:
+        if self.workers is not None and self.levels is not None:
+            raise spec_error("give either 'workers' or 'levels', not both")
+        if self.workers is None and self.levels is None:
+            self.workers = DEFAULT_WORKERS
+        if self.levels and total_workers(self.levels) > MAX_JOB_WORKERS:
+            raise spec_error(f"levels: a job runs at most {MAX_JOB_WORKERS} worker processes in all")
+        if self.processes % self.nodes:
+            raise spec_error(f"nodes: {self.nodes} hosts cannot share the job's {self.processes} worker processes evenly")
+        return self
+
+    @property
+    def processes(self) -> int:
+        return self.workers if self.workers is not None else total_workers(self.levels)
+
+
+class LengthSection(Section):
+    """Exactly one of epochs, steps, target (the model's metric) or time_s."""
+
+    epochs: float | None = Field(default=None, gt=0, le=10000)
+    steps: int | None = Field(default=None, ge=1, le=10_000_000)
+    target: float | None = Field(default=None, description="Stop when the model's validation metric reaches this.")
+    time_s: float | None = Field(default=None, gt=0, le=7 * 86400, description="Stop after this much training time.")
+    eval_every: int | None = Field(default=None, ge=1, le=1_000_000, description="Steps between validations (target rule).")
+
+    @model_validator(mode="after")
+    def _exactly_one(self) -> LengthSection:
+        given = [k for k in ("epochs", "steps", "target", "time_s") if getattr(self, k) is not None]
+        if len(given) != 1:
+            raise spec_error(f"give exactly one of epochs, steps, target, time_s (got {given or 'none'})")
+        return self
+
+
+class OptimizerSection(Section):
+    name: Literal["adam", "adamw", "sgd"] | None = Field(default=None, description="Default: the model's.")
+    lr: float | None = Field(default=None, gt=0, le=100, description="Learning rate (default: the model's).")
+    seed: int = Field(default=0, ge=0, le=2**31 - 1)
+
+
+class MachineSection(Section):
+    device: Literal["cpu", "cuda"] = Field(default="cpu", description=(
+        "Where the stages run: `cpu`, or `cuda` (refused while no live worker reports a GPU)."))
+    precision: Literal["fp32", "bf16"] = Field(default="fp32", description=(
+        "`fp32`, or `bf16`: forwards under autocast, float32 master weights and optimizer state."))
+
+
+class CheckpointSection(Section):
+    every: int = Field(default=DEFAULT_CHECKPOINT_EVERY, ge=1, le=10_000_000, description=(
+        "Training steps between checkpoints (kept under the data folder, the newest few); an attempt that fails "
+        "resumes from the newest complete one."))
+    max_attempts: int = Field(default=2, ge=1, le=10, description=(
+        "Attempts in all, the first included: an attempt lost to a killed process, a dead worker or a lost host is "
+        "retried automatically from the newest checkpoint until this many have run."))
+
+
+class JobSpec(Section):
+    """A train job (version 2). Fields left out take their defaults; unknown ones are refused."""
+
+    model_config = ConfigDict(extra="forbid", allow_inf_nan=False, json_schema_extra={"examples": [{
+        "version": 2, "name": "digits-1f1b", "model": {"name": "mlp-digits", "batch_size": 32},
+        "layout": {"workers": 2, "schedule": "1f1b", "microbatches": 4}, "length": {"steps": 20},
+        "machine": {"device": "cpu", "precision": "fp32"}}]})
+
+    version: Literal[2] = Field(default=SPEC_VERSION, description="The specification's version.")
+    name: str | None = Field(default=None, pattern=NAME_PATTERN)
+    priority: int = Field(default=0, ge=-100, le=100, description="Higher runs first.")
+    model: ModelSection
+    layout: LayoutSection = Field(default_factory=lambda: LayoutSection())
+    length: LengthSection = Field(default_factory=lambda: LengthSection(steps=DEFAULT_STEPS))
+    optimizer: OptimizerSection = Field(default_factory=lambda: OptimizerSection())
+    machine: MachineSection = Field(default_factory=lambda: MachineSection())
+    checkpoints: CheckpointSection = Field(default_factory=lambda: CheckpointSection())
+
+    @model_validator(mode="before")
+    @classmethod
+    def _version_1(cls, data: Any) -> Any:
+        if isinstance(data, dict) and "version" not in data and not isinstance(data.get("model"), dict):
+            return from_version_1(data)
+        return data
+
+    def problems(self) -> list[tuple[str, str]]:
+        """(field, why) for each way the fields disagree with each other or with the schedule
+        registry: checked once, at the door (app/services/jobs.py's check_spec, `pipeboard submit`),
+        before anything is queued. Not a validator, so that a row stored before a check existed
+        still loads."""
+        out = []
+        layout = self.layout
+        if self.model.batch_size % layout.microbatches:
+            out.append(("layout.microbatches", f"{layout.microbatches} microbatches do not divide "
+                                               f"model.batch_size {self.model.batch_size} evenly"))
+        schedule = schedules.get(layout.schedule)
+        if layout.chunks > 1 and not schedule.chunks:
+            out.append(("layout.chunks", f"{layout.schedule} runs one chunk per worker (schedules that take chunks: "
+                                         f"{schedules.either(schedules.having(chunks=True))})"))
+        if layout.vertical_sync and not schedule.vertical_sync:
+            out.append(("layout.vertical_sync", f"{layout.schedule} has no vertical sync (schedules that have it: "
+                                                f"{schedules.either(schedules.having(vertical_sync=True))})"))
+        return out
+
+
+# version 1's flat fields -> (section, field) in version 2
+V1_FIELDS: dict[str, tuple[str, str]] = {
+    "model": ("model", "name"), "model_args": ("model", "args"), "data": ("model", "data"),
+    "batch_size": ("model", "batch_size"),
+    **{k: ("layout", k) for k in ("workers", "levels", "memory_bytes", "method", "schedule", "microbatches",
+                                  "weight_grads", "nodes")},
+    "checkpoint_every": ("checkpoints", "every"), "max_attempts": ("checkpoints", "max_attempts"),
+}
+V1_HYPERPARAMETERS = {"lr": ("optimizer", "lr"), "optimizer": ("optimizer", "name"), "seed": ("optimizer", "seed"),
+                      "eval_every": ("length", "eval_every"), "chunks": ("layout", "chunks"),
+                      "vertical_sync": ("layout", "vertical_sync")}
+V1_STOP = {k: ("length", k) for k in ("epochs", "steps", "target", "time_s")}
+
+
+def from_version_1(flat: dict[str, Any]) -> dict[str, Any]:
+    """A version-1 body as version 2. Keys it does not know stay where they were, under the name
+    the client gave them (``hyperparameters.foo``), for the validation to refuse by that name."""
+    out: dict[str, Any] = {"version": SPEC_VERSION}
+    sections: dict[str, dict[str, Any]] = {}
+
+    def put(where: tuple[str, str], value: Any) -> None:
+        sections.setdefault(where[0], {})[where[1]] = value
+
+    for key, value in flat.items():
+        nested = {"hyperparameters": V1_HYPERPARAMETERS, "stop": V1_STOP}.get(key)
+        if key in V1_FIELDS:
+            put(V1_FIELDS[key], value)
+        elif nested is not None and isinstance(value, dict):
+            for inner, v in value.items():
+                if inner in nested:
+                    if v is not None:
+                        put(nested[inner], v)
+                else:
+                    out[f"{key}.{inner}"] = v
+        else:  # name, priority, or a field version 1 does not have either
+            out[key] = value
+    length = sections.get("length")
+    if length is not None and not any(k in length for k in V1_STOP):  # eval_every alone: v1's default stop rule
+        length["steps"] = DEFAULT_STEPS
+    return {**out, **sections}
+
+
+class ProfileJobSpec(JobSpec):
+    """A profiling job's (`POST /profiles`): the model section says what is measured, on which
+    device; ``repeats`` how many timed repetitions per layer."""
+
+    repeats: int = Field(default=5, ge=1, le=100, description="Timed repetitions per layer.")
+
+
+def stored(spec: dict[str, Any]) -> JobSpec:
+    """A job row's specification, typed (a profiling job's carries ``repeats``). The door's checks
+    across fields (``problems``) are not run again: a row accepted before a check existed loads."""
+    return (ProfileJobSpec if "repeats" in spec else JobSpec).model_validate(spec)
