@@ -24,7 +24,7 @@ import torch
 from torch import nn
 
 from pipeboard.trainer.precision import autocast
-from pipeboard.trainer.profile.fxgraph import as_tuple
+from pipeboard.trainer.profile.capture import as_tuple
 
 
 def make_optimizer(name: str, params: list[torch.Tensor]) -> torch.optim.Optimizer:

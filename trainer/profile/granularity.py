@@ -8,9 +8,10 @@ balance: a model's blocks. Three ways to say which modules are layers:
   is an error naming it.
 - **Default, a repeated stack**: the children of the model's ``ModuleList``/``Sequential``
   containers of two or more modules of one type (transformer blocks, residual blocks), plus every
-  module beside the path down to them (embeddings before, norm and head after). Where several
-  block types repeat, the type with the most instances wins (ResNet's 8 residual layers over its
-  4 stages that hold them; T5's encoder and decoder blocks are one type, both stacks count).
+  module beside the path down to them (embeddings before, norm and head after). Only the
+  outermost such containers count (a Mixtral's decoder layers, not the experts inside each; a
+  ResNet's stages, not the convolutions inside each block); among them the block type with the
+  most instances wins, every container of it counting (T5's encoder and decoder blocks).
 - **Default, no stack**: one layer per leaf module (a module without children).
 
 An op in no layer's module (glue in a forward between modules: a reshape, a mask, a residual
@@ -49,6 +50,10 @@ def repeated_stacks(model: nn.Module) -> list[str]:
             by_type.setdefault(kinds.pop(), []).append(path)
     if not by_type:
         return []
+    every = [p for paths in by_type.values() for p in paths]
+    # outermost only: a container inside another container's block is part of that block
+    by_type = {kind: kept for kind, paths in by_type.items()
+               if (kept := [p for p in paths if not any(p != q and p.startswith(q + ".") for q in every)])}
     counts = Counter({kind: sum(len(model.get_submodule(p)) for p in paths) for kind, paths in by_type.items()})
     best = counts.most_common(1)[0][0]
     return by_type[best]

@@ -136,6 +136,15 @@ def _outline(model: nn.Module, gm: fx.GraphModule, nodes: list[fx.Node], readers
         for src in n.all_input_nodes:
             if src not in members and src.op != "get_attr":
                 value(src)
+    # An input the layer updates in place (ResNet's `hidden += residual`, a ReLU(inplace=True)) is
+    # cloned first: at a stage boundary it is a leaf that requires grad, which autograd refuses
+    # to modify in place, and the sender's copy must stay as it was sent.
+    for n in nodes:
+        target = n.target
+        if isinstance(target, torch._ops.OpOverload) and target._schema.is_mutable and n.args \
+                and isinstance(n.args[0], fx.Node) and n.args[0] in inputs:
+            src = n.args[0]
+            env[src] = graph.call_function(torch.ops.aten.clone.default, (env[src],))
     for path, group in _leaf_calls(model, nodes):
         group_set = set(group)
         outside_in = list(dict.fromkeys(s for g in group for s in g.all_input_nodes
