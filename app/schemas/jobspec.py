@@ -18,7 +18,8 @@ its name.
 
 from __future__ import annotations
 
-from typing import Any, Literal
+from dataclasses import dataclass
+from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 from pydantic_core import PydanticCustomError
@@ -31,6 +32,20 @@ from pipeboard.trainer.schedule import registry as schedules
 SPEC_VERSION = 2
 DEFAULT_WORKERS = 2
 DEFAULT_STEPS = 50
+
+
+@dataclass(frozen=True)
+class Run:
+    """Marks a field the run receives as it is: the RunConfig field (trainer/runtime/config.py) it
+    sets. app/services/runner.py's run_config copies every marked field, so an option the run
+    takes is one field here (and its control in the form)."""
+
+    field: str
+
+
+def run_fields(section: type[BaseModel]) -> dict[str, str]:
+    """A section's marked fields: its field name -> the RunConfig field."""
+    return {name: m.field for name, info in section.model_fields.items() for m in info.metadata if isinstance(m, Run)}
 
 
 def spec_error(message: str) -> PydanticCustomError:
@@ -46,10 +61,10 @@ class Section(BaseModel):
 class ModelSection(Section):
     name: str = Field(min_length=1, max_length=300, description="A zoo model or a registered, validated model (GET /models).")
     args: dict[str, str | int | float | bool] = Field(default_factory=dict, description="Arguments of the task factory.")
-    data: str | None = Field(default=None, max_length=300, description=(
+    data: Annotated[str | None, Run("data")] = Field(default=None, max_length=300, description=(
         "Data location passed to the task factory as `data=`: relative to the model's code context, or absolute on "
         "the workers. Checked at submit time. Zoo models ship their own data, so usually empty."))
-    batch_size: int = Field(default=32, ge=1, le=65536, description="Samples per training step.")
+    batch_size: Annotated[int, Run("batch_size")] = Field(default=32, ge=1, le=65536, description="Samples per training step.")
 
 
 class LayoutSection(Section):
@@ -59,13 +74,13 @@ class LayoutSection(Section):
                                        description="Cluster levels for the planner, innermost first.")
     memory_bytes: float | None = Field(default=None, gt=0, description="Memory per worker: the planner's constraint.")
     method: Method = Field(default="pipedream", description="How the planner splits the model.")
-    schedule: ScheduleName = schedule_field("The pipeline schedule the job trains with.")
-    microbatches: int = Field(default=4, ge=1, le=1024, description="Microbatches per step; they divide `model.batch_size`.")
-    chunks: int = Field(default=1, ge=1, le=16, json_schema_extra=_described(lambda: (
+    schedule: Annotated[ScheduleName, Run("schedule")] = schedule_field("The pipeline schedule the job trains with.")
+    microbatches: Annotated[int, Run("microbatches")] = Field(default=4, ge=1, le=1024, description="Microbatches per step; they divide `model.batch_size`.")
+    chunks: Annotated[int, Run("chunks")] = Field(default=1, ge=1, le=16, json_schema_extra=_described(lambda: (
         f"Model chunks per worker ({schedules.either(schedules.having(chunks=True), quote='')}; others take 1).")))
-    vertical_sync: bool = Field(default=False, json_schema_extra=_described(lambda: (
+    vertical_sync: Annotated[bool, Run("vertical_sync")] = Field(default=False, json_schema_extra=_described(lambda: (
         f"{schedules.either(schedules.having(vertical_sync=True), quote='')}: vertical sync of weight versions.")))
-    weight_grads: WeightGrads = weight_grads_field()
+    weight_grads: Annotated[WeightGrads, Run("weight_grads")] = weight_grads_field()
     nodes: int = Field(default=1, ge=1, le=MAX_JOB_NODES, description=(
         "Worker hosts the job trains on at once, reserved together (each runs an equal share of the processes)."))
 
@@ -89,11 +104,11 @@ class LayoutSection(Section):
 class LengthSection(Section):
     """Exactly one of epochs, steps, target (the model's metric) or time_s."""
 
-    epochs: float | None = Field(default=None, gt=0, le=10000)
-    steps: int | None = Field(default=None, ge=1, le=10_000_000)
-    target: float | None = Field(default=None, description="Stop when the model's validation metric reaches this.")
+    epochs: Annotated[float | None, Run("epochs")] = Field(default=None, gt=0, le=10000)
+    steps: Annotated[int | None, Run("steps")] = Field(default=None, ge=1, le=10_000_000)
+    target: Annotated[float | None, Run("target")] = Field(default=None, description="Stop when the model's validation metric reaches this.")
     time_s: float | None = Field(default=None, gt=0, le=7 * 86400, description="Stop after this much training time.")
-    eval_every: int | None = Field(default=None, ge=1, le=1_000_000, description="Steps between validations (target rule).")
+    eval_every: Annotated[int | None, Run("eval_every")] = Field(default=None, ge=1, le=1_000_000, description="Steps between validations (target rule).")
 
     @model_validator(mode="after")
     def _exactly_one(self) -> LengthSection:
@@ -104,20 +119,20 @@ class LengthSection(Section):
 
 
 class OptimizerSection(Section):
-    name: Literal["adam", "adamw", "sgd"] | None = Field(default=None, description="Default: the model's.")
-    lr: float | None = Field(default=None, gt=0, le=100, description="Learning rate (default: the model's).")
-    seed: int = Field(default=0, ge=0, le=2**31 - 1)
+    name: Annotated[Literal["adam", "adamw", "sgd"] | None, Run("optimizer")] = Field(default=None, description="Default: the model's.")
+    lr: Annotated[float | None, Run("lr")] = Field(default=None, gt=0, le=100, description="Learning rate (default: the model's).")
+    seed: Annotated[int, Run("seed")] = Field(default=0, ge=0, le=2**31 - 1)
 
 
 class MachineSection(Section):
-    device: Literal["cpu", "cuda"] = Field(default="cpu", description=(
+    device: Annotated[Literal["cpu", "cuda"], Run("device")] = Field(default="cpu", description=(
         "Where the stages run: `cpu`, or `cuda` (refused while no live worker reports a GPU)."))
-    precision: Literal["fp32", "bf16"] = Field(default="fp32", description=(
+    precision: Annotated[Literal["fp32", "bf16"], Run("precision")] = Field(default="fp32", description=(
         "`fp32`, or `bf16`: forwards under autocast, float32 master weights and optimizer state."))
 
 
 class CheckpointSection(Section):
-    every: int = Field(default=DEFAULT_CHECKPOINT_EVERY, ge=1, le=10_000_000, description=(
+    every: Annotated[int, Run("checkpoint_every")] = Field(default=DEFAULT_CHECKPOINT_EVERY, ge=1, le=10_000_000, description=(
         "Training steps between checkpoints (kept under the data folder, the newest few); an attempt that fails "
         "resumes from the newest complete one."))
     max_attempts: int = Field(default=2, ge=1, le=10, description=(

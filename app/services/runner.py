@@ -22,6 +22,7 @@ from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
 
+from pydantic import BaseModel
 from sqlalchemy import insert, or_, select, update
 
 from pipeboard.app.core import polling
@@ -31,7 +32,7 @@ from pipeboard.app.models import EventSource, Job, JobAttempt, JobStatus, Model
 from pipeboard.app.models import Plan as PlanRow
 from pipeboard.app.models import TimelineEvent as TimelineEventRow
 from pipeboard.app.schemas import JobSpec
-from pipeboard.app.schemas.jobspec import stored
+from pipeboard.app.schemas.jobspec import run_fields, stored
 from pipeboard.app.services import attempts, contexts, events, fidelity, jobs, multihost, planning, profiles
 from pipeboard.app.services.errors import PhaseFailed, ServiceError
 from pipeboard.app.services.tx import begin_write
@@ -431,19 +432,18 @@ def run_config(spec: JobSpec, plan: dict[str, Any], source: str | None = None,
     from pipeboard.trainer.plan.model import Plan
     from pipeboard.trainer.runtime.config import RunConfig
 
-    length = spec.length
-    stop = {"epochs": length.epochs, "steps": length.steps, "target": length.target}
-    if length.time_s is not None:
-        stop["epochs"] = EPOCHS_UNDER_A_TIME_RULE
-    cfg = RunConfig(
-        model=source or spec.model.name, model_args={**(default_args or {}), **spec.model.args}, data=spec.model.data,
-        batch_size=spec.model.batch_size, microbatches=spec.layout.microbatches, schedule=spec.layout.schedule,
-        chunks=spec.layout.chunks, vertical_sync=spec.layout.vertical_sync, weight_grads=spec.layout.weight_grads,
-        **stop, eval_every=length.eval_every, seed=spec.optimizer.seed, lr=spec.optimizer.lr,
-        optimizer=spec.optimizer.name, device=spec.machine.device, precision=spec.machine.precision)
+    given: dict[str, Any] = {}
+    for section_name in type(spec).model_fields:  # every field marked Run(...) goes as it is
+        section = getattr(spec, section_name)
+        if isinstance(section, BaseModel):
+            given.update({run: getattr(section, name) for name, run in run_fields(type(section)).items()})
+    if spec.length.time_s is not None:
+        given["epochs"] = EPOCHS_UNDER_A_TIME_RULE
+    # the model: a registered model's task factory, its registered arguments under the job's own
+    cfg = RunConfig(**given, model=source or spec.model.name, model_args={**(default_args or {}), **spec.model.args})
     if checkpoint_dir is not None:
-        cfg = cfg.with_(checkpoint_dir=str(checkpoint_dir), checkpoint_every=spec.checkpoints.every,
-                        checkpoint_keep=get_settings().checkpoint_keep, resume=True, resume_at_most=recorded)
+        cfg = cfg.with_(checkpoint_dir=str(checkpoint_dir), checkpoint_keep=get_settings().checkpoint_keep,
+                        resume=True, resume_at_most=recorded)
     return cfg.with_plan(Plan.from_dict(plan)).to_dict()
 
 
