@@ -65,6 +65,8 @@ class ModelSection(Section):
         "Data location passed to the task factory as `data=`: relative to the model's code context, or absolute on "
         "the workers. Checked at submit time. Zoo models ship their own data, so usually empty."))
     batch_size: Annotated[int, Run("batch_size")] = Field(default=32, ge=1, le=65536, description="Samples per training step.")
+    loader_workers: Annotated[int | None, Run("loader_workers")] = Field(
+        default=None, ge=0, le=64, description="DataLoader worker processes per loading stage (default: the task's).")
 
 
 class LayoutSection(Section):

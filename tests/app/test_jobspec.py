@@ -28,6 +28,7 @@ REACHES_THE_RUN: dict[str, tuple[dict[str, Any], str, Any]] = {
     "model.args": ({"model": {"args": {"hidden": 24}}}, "model_args", {"hidden": 24}),
     "model.data": ({"model": {"data": "/srv/digits"}}, "data", "/srv/digits"),
     "model.batch_size": ({"model": {"batch_size": 64}}, "batch_size", 64),
+    "model.loader_workers": ({"model": {"loader_workers": 3}}, "loader_workers", 3),
     "layout.schedule": ({"layout": {"schedule": "gpipe"}}, "schedule", "gpipe"),
     "layout.microbatches": ({"layout": {"microbatches": 8}}, "microbatches", 8),
     "layout.chunks": ({"layout": {"schedule": "interleaved-1f1b", "chunks": 2}}, "chunks", 2),

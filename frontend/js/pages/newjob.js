@@ -23,7 +23,7 @@ const LOCAL_BANDWIDTH = 5e9; // what the service assumes between local worker pr
 // The job specification's field (as error messages name it, e.g. "layout.microbatches") -> the
 // form control to mark and focus; a section alone names the controls that fill it.
 const FIELD_IDS = {
-  name: 'f-name', 'model.name': 'f-model', 'model.args': 'f-model-args', 'model.data': 'f-data', 'model.batch_size': 'f-batch',
+  name: 'f-name', 'model.name': 'f-model', 'model.loader_workers': 'f-loader-workers', 'model.args': 'f-model-args', 'model.data': 'f-data', 'model.batch_size': 'f-batch',
   'layout.workers': 'f-workers', 'layout.levels': 'f-levels', 'layout.memory_bytes': 'f-memory', 'layout.method': 'f-method',
   'layout.schedule': 'f-schedule', 'layout.weight_grads': 'f-weight-grads', 'layout.microbatches': 'f-microbatches',
   'layout.chunks': 'f-chunks', 'layout.vertical_sync': 'f-vertical-sync', layout: 'f-workers', length: 'f-stop-value',
@@ -72,6 +72,7 @@ export async function render(container) {
     importArchive: h('input', { type: 'file', accept: '.zip,.tar.gz,.tgz,application/zip,application/gzip' }),
     modelArgs: h('input', { type: 'text', placeholder: 'e.g. hidden=64, layers=4' }),
     data: h('input', { type: 'text', placeholder: 'the zoo model’s own' }),
+    loaderWorkers: num({ min: 0, max: 64, placeholder: 'the task’s' }),
     clusterMode: h('select', {}, h('option', { value: 'local' }, 'local worker processes'), h('option', { value: 'levels' }, 'cluster levels (what-if)')),
     workers: num({ min: 1, max: 64, value: 2 }),
     levels: h('textarea', { rows: 3, placeholder: 'workers bandwidth-GB/s per line, innermost first\n4 10\n2 1.25' }),
@@ -117,6 +118,7 @@ export async function render(container) {
         field('f-model', 'Model', els.model),
         field('f-model-args', 'Model args', els.modelArgs),
         field('f-data', 'Data', els.data),
+        field('f-loader-workers', 'Loader workers', els.loaderWorkers, 'per loading stage'),
         field('f-name', 'Job name', els.name)),
       importBox, importStatus),
     h('fieldset', {}, h('legend', {}, 'Cluster and plan'),
@@ -206,6 +208,7 @@ export async function render(container) {
     if (!verticalSyncBox.hidden && els.verticalSync.checked) out.layout.vertical_sync = true;
     if (els.name.value.trim()) out.name = els.name.value.trim();
     if (els.data.value.trim()) out.model.data = els.data.value.trim();
+    if (els.loaderWorkers.value !== '') out.model.loader_workers = Number(els.loaderWorkers.value);
     if (els.memory.value) out.layout.memory_bytes = Number(els.memory.value) * 1e9;
     if (els.clusterMode.value === 'levels') out.layout.levels = levelsFromText();
     else out.layout.workers = Number(els.workers.value);
