@@ -259,15 +259,28 @@ def _check_order(programs: list, num_stages: int) -> None:
                     done.add(("G", a.stage, a.microbatch))
                 at[rank] += 1
                 progress = True
+    stuck = {}  # rank -> (its action, what it waits for, the rank that holds that)
     for rank, acts in enumerate(flat):
         if at[rank] < len(acts):
             a = acts[at[rank]]
             kind, s, mb = next(n for n in needs(a) if n not in done)
-            wanted = {"F": f"{s}F{mb}", "I": f"{s}I{mb}", "G": f"{s}B{mb} (or {s}I{mb})"}[kind]
-            mine = any(_name(b) == wanted.split(" ")[0] or (kind == "G" and (b.stage, b.microbatch) == (s, mb)
-                       and b.kind in (Kind.BACKWARD, Kind.BACKWARD_INPUT)) for b in acts[at[rank]:])
-            raise ScheduleError(f"deadlock: rank {rank} waits at {_name(a)} for {wanted}, "
-                                + ("which it runs only later" if mine else "which never comes"))
+            wanted = {"F": f"{s}F{mb}", "I": f"{s}I{mb}", "G": f"{s}B{mb}"}[kind]
+            holder = next(r for r, other in enumerate(flat) if any(
+                (b.stage, b.microbatch) == (s, mb) and (b.kind is Kind.FORWARD) == (kind == "F")
+                and (kind != "I" or b.kind is Kind.BACKWARD_INPUT) for b in other))
+            if kind == "G" and holder is not None:
+                wanted = next(_name(b) for b in flat[holder] if (b.stage, b.microbatch) == (s, mb)
+                              and b.kind in (Kind.BACKWARD, Kind.BACKWARD_INPUT))
+            stuck[rank] = (_name(a), wanted, holder)
+    if stuck:
+        # a rank waiting for its own later action is the cause; else name the first and whom it waits on
+        for rank, (name, wanted, holder) in stuck.items():
+            if holder == rank:
+                raise ScheduleError(f"deadlock: rank {rank} waits at {name} for {wanted}, which it runs only later")
+        rank, (name, wanted, holder) = next(iter(stuck.items()))
+        other = stuck.get(holder)
+        raise ScheduleError(f"deadlock: rank {rank} waits at {name} for {wanted} on rank {holder}"
+                            + (f", which waits at {other[0]} for {other[1]}" if other else ""))
 
 
 def _check_transfers(cells: list, owner: dict[int, int]) -> None:
