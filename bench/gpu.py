@@ -46,7 +46,7 @@ def one_process(model_args: dict, batch_size: int, steps: int, device: torch.dev
                 torch.cuda.synchronize()
             t0 = time.perf_counter()
         x, y = stream.microbatch(k)
-        zoo.loss_fn(model(x), y).backward()
+        zoo.loss(model(x), y).backward()
         optim.step()
         optim.zero_grad(set_to_none=True)
     if device.type == "cuda":

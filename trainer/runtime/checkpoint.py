@@ -97,7 +97,27 @@ def latest(root: str | Path, layout: dict[str, Any], at_most: int | None = None)
 
 
 def load_rank(root: str | Path, step: int, rank: int) -> dict[str, Any]:
-    return torch.load(step_dir(root, step) / f"rank-{rank}.pt", weights_only=False)
+    """A rank's saved state, its tensors on the CPU whatever device saved them: a checkpoint of a
+    GPU run loads on a machine without one (or on another GPU); ``load_state_dict`` then copies
+    each tensor to the device of the parameter it fills."""
+    return torch.load(step_dir(root, step) / f"rank-{rank}.pt", map_location="cpu", weights_only=False)
+
+
+def rng_state(device: torch.device) -> dict[str, Any]:
+    """The random state a resumed run needs to draw what this one would have drawn: the CPU
+    generator's, and on a GPU that device's generator (dropout on a GPU draws from it)."""
+    state = {"rng": torch.get_rng_state()}
+    if device.type == "cuda":
+        state["cuda_rng"] = torch.cuda.get_rng_state(device)
+    return state
+
+
+def restore_rng(state: dict[str, Any], device: torch.device) -> None:
+    """Set the generators ``rng_state`` saved. A CPU checkpoint resumed on a GPU keeps the GPU's
+    seed-derived state (there is none saved to restore)."""
+    torch.set_rng_state(state["rng"])
+    if device.type == "cuda" and "cuda_rng" in state:
+        torch.cuda.set_rng_state(state["cuda_rng"].cpu(), device)
 
 
 def inventory(root: str | Path, at_most: int | None = None) -> dict[int, list[int]]:
@@ -144,7 +164,7 @@ def agree(root: str | Path, layout: dict[str, Any], at_most: int | None, rank: i
         payload = [(step_dir(root, step) / f"rank-{f}.pt").read_bytes() if rank == src else None]
         dist.broadcast_object_list(payload, src=src, group=group)
         if rank == f:
-            state = torch.load(io.BytesIO(payload[0]), weights_only=False)
+            state = torch.load(io.BytesIO(payload[0]), map_location="cpu", weights_only=False)
     return step, state
 
 

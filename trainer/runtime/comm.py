@@ -7,6 +7,8 @@ background. A blocking transfer can cost as much as a small microbatch's compute
 the critical path waits for a transfer that could have been overlapped.
 
 Tags keep concurrent transfers apart: (microbatch mod 4096, boundary, direction, tensor index).
+NCCL ignores them and pairs a rank's transfers with its peer's in issue order, so under NCCL the
+executor posts each receive at its own action (runtime/posting.py says why and checks it).
 
 Transport: ``RunConfig.p2p``, else ``PIPEBOARD_P2P``, else ``auto`` (``p2p_mode``). ``auto``, the
 default, sends between CPU workers on one host (same hostname and boot id, ``host_id``) through
@@ -26,6 +28,7 @@ from __future__ import annotations
 
 import os
 import socket
+import time
 from collections import deque
 from dataclasses import dataclass
 
@@ -37,6 +40,7 @@ from pipeboard.trainer.runtime.config import P2P_MODES
 
 TAG_MB_WINDOW = 4096
 MAX_TENSORS = 16
+RECV_POLL_S = 20e-6  # between checks of a GPU receive's completion (a few kernel launches)
 
 
 @dataclass(frozen=True)
@@ -77,7 +81,16 @@ class PendingRecv:
 
     def wait(self) -> list[torch.Tensor]:
         if not self.done:
+            on_gpu = bool(self.buffers) and self.buffers[0].is_cuda
             for w in self.works:
+                if on_gpu:
+                    # NCCL's wait() only makes the current stream wait and returns at once, so the
+                    # heartbeat's "waiting" flag around this call would bracket nothing and a hang
+                    # would be blamed on whichever stage next reads the clock. Polling the work's
+                    # CUDA event holds the CPU here until the data has arrived; what it costs is
+                    # the consumer's kernel launches, which start after the arrival, not before.
+                    while not w.is_completed():
+                        time.sleep(RECV_POLL_S)
                 w.wait()
             self.done = True
         return self.buffers

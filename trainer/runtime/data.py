@@ -71,24 +71,33 @@ class TrainStream:
 class ValStream:
     """The validation split in microbatches of the training microbatch size (the boundary shapes
     are fixed), the last one padded; ``count`` says how many rows are real. Only the stages that
-    need data (``load=True``) read it."""
+    need data (``load=True``) read it. The split stays in host memory (pinned for a GPU, so each
+    copy is asynchronous) and each microbatch goes to the device when it is asked for: a
+    validation set the size of the GPU's memory would not fit there whole beside the model."""
 
     def __init__(self, task, mb_size: int, device: torch.device, load: bool = True, inputs: bool = True) -> None:
         self.parts: list = []
         self.count = task.val_size
         self.length = -(-self.count // mb_size)
+        self.device = device
         if not load:
             return
+        pin = device.type == "cuda"
         for x, y in val_loader(task, mb_size, inputs=inputs):
             rows = y.shape[0]
             if rows < mb_size:
                 pad = mb_size - rows
                 x = map_tensors(x, lambda t: torch.cat([t, t[:1].expand(pad, *t.shape[1:])]))
                 y = torch.cat([y, y[:1].expand(pad, *y.shape[1:])])
-            self.parts.append((_to(x, device), _to(y, device)))
+            if pin:
+                x, y = map_tensors(x, lambda t: t.pin_memory()), y.pin_memory()
+            self.parts.append((x, y))
 
     def __len__(self) -> int:
         return self.length
 
     def microbatch(self, j: int):
-        return self.parts[j] if self.parts else (None, None)
+        if not self.parts:
+            return None, None
+        x, y = self.parts[j]
+        return _to(x, self.device), _to(y, self.device)

@@ -2,9 +2,10 @@
 
 Each action maps to one small operation:
 
-- ``RECV_ACT`` / ``RECV_GRAD`` post a receive (receives are also posted up to ``window`` actions
-  ahead); the consuming ``F``/``B`` waits for it, so the transfer overlaps whatever computation
-  runs in between.
+- ``RECV_ACT`` / ``RECV_GRAD`` post a receive (on a transport that matches by tag, receives are
+  also posted up to ``window`` ahead; under NCCL, which matches in issue order, each at its own
+  action: runtime/posting.py); the consuming ``F``/``B`` waits for it, so the transfer overlaps
+  whatever computation runs in between.
 - ``F``, ``B`` compute on the stage, against the weight version the action names; ``BI`` is a
   backward for the input gradients only, and ``W`` computes the weight gradients it left pending
   (``W(-1)``: those of every pending microbatch at once).
@@ -26,6 +27,7 @@ import torch
 
 from pipeboard.trainer.runtime.comm import P2P, PendingRecv
 from pipeboard.trainer.runtime.instrument import Heartbeat, Recorder
+from pipeboard.trainer.runtime.posting import TAGGED_LOOKAHEAD, receive_posts
 from pipeboard.trainer.runtime.stage import Stage
 from pipeboard.trainer.schedule.actions import Action, Kind
 
@@ -72,7 +74,7 @@ class Executor:
         groups: dict[tuple[int, ...], object],
         recorder: Recorder,
         heartbeat: Heartbeat,
-        window: int = 8,
+        window: int = TAGGED_LOOKAHEAD,
     ) -> None:
         self.rank = rank
         self.stages = stages
@@ -126,8 +128,7 @@ class Executor:
             step_end[current_step] = i
         done_at = {i: k for k, i in step_end.items()}
 
-        recv_positions = [i for i, a in enumerate(actions) if a.kind in RECV]
-        next_recv = 0
+        posts = receive_posts(actions, self.window)
 
         def recv_key(a: Action) -> tuple[int, int, int]:
             return (0 if a.kind is Kind.RECV_ACT else 1, a.stage, a.microbatch)
@@ -157,10 +158,8 @@ class Executor:
 
         for i, a in enumerate(actions):
             kind, s, mb = a.kind, a.stage, a.microbatch
-            # Keep `window` receives posted ahead of need.
-            while next_recv < len(recv_positions) and (recv_positions[next_recv] <= i or len(posted) < self.window):
-                post(actions[recv_positions[next_recv]])
-                next_recv += 1
+            for j in posts.get(i, ()):  # this action's receive, and those posted `window` ahead
+                post(actions[j])
             if kind in RECV:
                 continue  # posted above; the consumer waits for it
             t0 = time.perf_counter()

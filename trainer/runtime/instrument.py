@@ -17,6 +17,8 @@ from __future__ import annotations
 import os
 import time
 
+import torch
+
 from pipeboard.trainer.schedule.actions import Kind
 
 
@@ -78,7 +80,9 @@ class StepReports:
         events, busy = recorder.take()
         losses = []
         if last_stage is not None:
-            losses, last_stage.losses = last_stage.losses, []
+            held, last_stage.losses = last_stage.losses, []
+            # one device-to-host copy for the step's microbatches, not one sync each
+            losses = torch.stack(held).float().tolist() if held else []
         self.pending.append((k, recorder.now(), busy, losses, resident_bytes(), events))
         if now or time.perf_counter() - self.last >= self.every_s:
             self.flush()

@@ -63,7 +63,9 @@ class Stage:
         read = set(get_attr_slots(module))
         self._get_attr_params = {i for owner, name, i in self._slots if (owner, name) in read}
         self.pending_weights: dict[int, tuple[list[torch.Tensor], PendingWeights]] = {}
-        self.losses: list[float] = []  # unscaled training losses of finished forwards (last stage)
+        # unscaled training losses of finished forwards (last stage), kept as tensors: reading one
+        # is a host sync on a GPU, so the step report reads them together (instrument.StepReports)
+        self.losses: list[torch.Tensor] = []
         self.eval_outputs: list[torch.Tensor] = []
         # called with this stage right before each update (tied parameters: trainer/runtime/tied.py)
         self.before_step: Callable[[Stage], None] | None = None
@@ -119,7 +121,7 @@ class Stage:
         finally:
             calls = self._recorder.stop() if self._recorder is not None else []
         if self.is_last:
-            self.losses.append(float(loss.detach()))
+            self.losses.append(loss.detach())
             self.in_flight[mb] = (inputs, (loss * self.loss_scale,), calls, version)
             return ()
         self.in_flight[mb] = (inputs, outputs, calls, version)

@@ -22,6 +22,7 @@ import threading
 import time
 from datetime import timedelta
 
+import torch
 import torch.distributed as dist
 
 from pipeboard.trainer.runtime import model as model_mod
@@ -67,6 +68,16 @@ def drain(store, world: int, reporter: Reporter, stop: threading.Event) -> None:
             time.sleep(0.05)
 
 
+def check_local_gpus(device: str, local_workers: int, gpus: int) -> None:
+    """Before any rendezvous: on ``cuda`` each of this host's workers needs a GPU of its own
+    (``cuda:LOCAL_RANK``; NCCL refuses two ranks of one group on one device). ConfigError names
+    ``device`` with what torchrun started and what torch sees."""
+    if device == "cuda" and gpus < local_workers:
+        raise ConfigError(f"device: cuda needs one GPU per worker on a host; torchrun started {local_workers} "
+                          f"worker(s) here and torch sees {gpus} GPU(s) (CUDA_VISIBLE_DEVICES="
+                          f"{os.environ.get('CUDA_VISIBLE_DEVICES', '(unset)')})")
+
+
 def run(cfg: RunConfig, sink: Sink | None = None) -> dict | None:
     """This process's rank of a torchrun launch of ``cfg``; rank 0 reports to ``sink`` (the
     others' reports reach it through the store) and returns the summary, the others None."""
@@ -78,6 +89,7 @@ def run(cfg: RunConfig, sink: Sink | None = None) -> dict | None:
     layout = resolve(cfg)
     if layout.world != world:
         raise ConfigError(f"workers: the layout needs {layout.world} workers, torchrun started {world}")
+    check_local_gpus(cfg.device, int(os.environ.get("LOCAL_WORLD_SIZE", world)), torch.cuda.device_count())
     store = dist.TCPStore(os.environ["MASTER_ADDR"], int(os.environ["MASTER_PORT"]) + 1, world, rank == 0,
                           timeout=timedelta(seconds=cfg.hang_timeout_s + 60))
     channel = StoreChannel(store, rank)
@@ -115,7 +127,11 @@ def main(argv: list[str] | None = None) -> None:
     with open(args.config) as f:
         cfg = RunConfig(**json.load(f))
     sink = JsonlSink(args.events_jsonl) if args.events_jsonl and int(os.environ["RANK"]) == 0 else None
-    summary = run(cfg, sink)
+    try:
+        summary = run(cfg, sink)
+    except ConfigError as exc:  # one line and exit 2, as every pipeboard command
+        print(f"pipeboard: {exc}", file=sys.stderr)
+        sys.exit(2)
     if summary is not None:
         print(json.dumps(summary, default=str), flush=True)
 

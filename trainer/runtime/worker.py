@@ -30,6 +30,7 @@ from pipeboard.trainer.runtime.executor import Executor
 from pipeboard.trainer.runtime.instrument import Heartbeat, Recorder, StepReports
 from pipeboard.trainer.runtime.layout import Layout, resolve
 from pipeboard.trainer.runtime.plan_steps import eval_actions, segment_ends, total_steps
+from pipeboard.trainer.runtime.posting import lookahead_for
 from pipeboard.trainer.runtime.stage import Stage
 from pipeboard.trainer.schedule.actions import Kind
 
@@ -78,6 +79,20 @@ def _set_up_process(rank: int) -> None:
         pass
 
 
+def run_device(kind: str, rank: int) -> torch.device:
+    """This worker's device. On a GPU: ``cuda:LOCAL_RANK`` (the rank among this host's workers;
+    torchrun sets it, the local launcher's ranks all share one host so it is the rank), modulo
+    the GPUs this process sees (``CUDA_VISIBLE_DEVICES`` is how the service hands a run its GPUs).
+    RuntimeError in one line where torch sees no GPU."""
+    if kind != "cuda":
+        return torch.device("cpu")
+    count = torch.cuda.device_count()
+    if count == 0:
+        raise RuntimeError("device cuda: torch sees no GPU on this host (torch.cuda.device_count() is 0, "
+                           f"CUDA_VISIBLE_DEVICES={os.environ.get('CUDA_VISIBLE_DEVICES', '(unset)')})")
+    return torch.device(f"cuda:{int(os.environ.get('LOCAL_RANK', rank)) % count}")
+
+
 def _stages_of(cfg: RunConfig, rank: int) -> tuple[int, ...]:
     return resolve(cfg).stages_of(rank)
 
@@ -85,7 +100,7 @@ def _stages_of(cfg: RunConfig, rank: int) -> tuple[int, ...]:
 def train(cfg: RunConfig, env: WorkerEnv) -> None:
     rank, world = env.rank, env.world
     torch.set_num_threads(cfg.threads or threads_per_worker(world))
-    device = torch.device(f"cuda:{rank % torch.cuda.device_count()}" if cfg.device == "cuda" else "cpu")
+    device = run_device(cfg.device, rank)
     if device.type == "cpu":
         cpu_matmul.use(cfg.cpu_matmul)
     if device.type == "cuda":
@@ -147,7 +162,7 @@ def train(cfg: RunConfig, env: WorkerEnv) -> None:
                 st.module.load_state_dict(state["stages"][s]["module"])
                 st.optimizer.load_state_dict(state["stages"][s]["optimizer"])
                 st.versions.reset(0)
-            torch.set_rng_state(state["rng"])
+            checkpoint.restore_rng(state, device)
             start = found
 
     heartbeat = Heartbeat(env.heartbeat, rank)
@@ -161,7 +176,9 @@ def train(cfg: RunConfig, env: WorkerEnv) -> None:
     out, inc = open_channels(mode, rank, world, _transfer_pairs(template, rank_of, S), specs, max(8, 2 * M),
                              env.shm_prefix, cfg.hang_timeout_s + 60)
     p2p = P2P(specs, device, out, inc)
-    executor = Executor(rank, stages, S, p2p, rank_of, groups, recorder, heartbeat)
+    # NCCL pairs transfers in issue order, whatever the tags: no receive may run ahead (posting.py)
+    executor = Executor(rank, stages, S, p2p, rank_of, groups, recorder, heartbeat,
+                        window=lookahead_for(dist.get_backend()))
     last_stage = stages.get(S - 1)
     is_reporter = last_stage is not None and rank_of(S - 1, 0) == rank
     # beat before saying ready: the launcher starts watching for silence once every worker is
@@ -225,7 +242,7 @@ def train(cfg: RunConfig, env: WorkerEnv) -> None:
                 dist.broadcast(flags, src=rank_of(S - 1, 0), group=control)
             metric, stop = float(flags[0]), bool(flags[1])
         if due_checkpoint or (cfg.checkpoint_dir and stop):  # stop: the evaluation just reached the target
-            state = {"step": step, "rng": torch.get_rng_state(),
+            state = {"step": step, **checkpoint.rng_state(device),
                      "stages": {s: {"module": st.module.state_dict(), "optimizer": st.optimizer.state_dict()}
                                 for s, st in stages.items()}}
             checkpoint.save_rank(cfg.checkpoint_dir, step, rank, state)
