@@ -9,6 +9,10 @@
 // pixel column (see gantt_lod.js): each column shows the kind that kept the lane busiest, runs of
 // equal columns become one bar, and the hover says how many actions a bar stands for. Zooming in
 // redraws from the full event list, down to single actions.
+//
+// A worker holding several model chunks (interleaved, looped BFS, ZB-V, DualPipeV) draws its
+// first chunk's bars plain and its later chunks' hatched (CHUNK_PATTERNS), so a V-placed
+// schedule shows each worker's way down and way back up apart; the key says so.
 
 import { baseLayout, PLOT_CONFIG } from './util.js';
 import { aggregateByPixel } from './gantt_lod.js';
@@ -28,6 +32,8 @@ export const KINDS = [
 export const OTHER_KIND = { kind: 'other', label: 'other', color: '#999999', lane: 'comm' };
 export const KIND_INDEX = new Map(KINDS.map((k, i) => [k.kind, i]));
 const LANES = { compute: { offset: -0.4, width: 0.58 }, comm: { offset: 0.2, width: 0.22 } };
+/** Bar patterns by a worker's chunk: its first plain, later ones hatched (a fourth and on: dotted). */
+export const CHUNK_PATTERNS = ['', '/', 'x', '.'];
 
 /** Rows of the chart: one per worker, labelled with the stage(s) it holds, its replica and the
  * host(s) it ran on (measured events say; a retried attempt may place a worker elsewhere). */
@@ -42,7 +48,8 @@ export function workerRows(events) {
   const rows = [...byWorker.values()].sort((a, b) => a.worker - b.worker);
   rows.forEach((row, index) => {
     row.index = index;
-    const stages = [...row.stages].sort((a, b) => a - b).join(',');
+    row.chunks = [...row.stages].sort((a, b) => a - b); // chunk c is its c-th stage, in a loop or a V alike
+    const stages = row.chunks.join(',');
     row.label = `w${row.worker} · s${stages} r${row.replica}${row.hosts.size ? ` · ${[...row.hosts].join('/')}` : ''}`;
   });
   return rows;
@@ -91,7 +98,7 @@ function traceFor(kindIndex, bars, aggregated) {
   const lane = LANES[meta.lane];
   const hover = aggregated
     ? `<b>${meta.label}</b> mostly · %{customdata[0]} actions<br>%{customdata[1]:.4f} s → %{customdata[2]:.4f} s<extra>zoom in for single actions</extra>`
-    : `<b>${meta.label}</b> · microbatch %{customdata[0]} · step %{customdata[3]}<br>%{customdata[1]:.4f} s → %{customdata[2]:.4f} s<extra>%{y}</extra>`;
+    : `<b>${meta.label}</b> · microbatch %{customdata[0]} · step %{customdata[3]}<br>%{customdata[1]:.4f} s → %{customdata[2]:.4f} s${bars.shape ? ' · stage %{customdata[4]}, chunk %{customdata[5]}' : ''}<extra>%{y}</extra>`;
   return {
     type: 'bar',
     orientation: 'h',
@@ -103,7 +110,8 @@ function traceFor(kindIndex, bars, aggregated) {
     customdata: bars.custom,
     offset: lane.offset,
     width: lane.width,
-    marker: { color: meta.color, line: { width: 0 } },
+    marker: { color: meta.color, line: { width: 0 },
+      ...(bars.shape ? { pattern: { shape: bars.shape, fillmode: 'overlay', fgcolor: '#ffffff', size: 6, solidity: 0.35 } } : {}) },
     hovertemplate: hover,
   };
 }
@@ -115,10 +123,13 @@ function columns(counts) {
 /** Exact traces: one bar per action, one trace per kind. */
 export function exactTraces(events, rows) {
   const rowOf = new Map(rows.map((r) => [r.worker, r.index]));
+  const chunksOf = new Map(rows.map((r) => [r.worker, r.chunks || []]));
+  const chunked = rows.some((r) => (r.chunks || []).length > 1);
   const other = KINDS.length;
   const counts = new Array(KINDS.length + 1).fill(0);
   for (const e of events) counts[KIND_INDEX.get(e.kind) ?? other] += 1;
   const cols = columns(counts);
+  if (chunked) for (const c of cols) c.shape = new Array(c.custom.length);
   for (const e of events) {
     const c = cols[KIND_INDEX.get(e.kind) ?? other];
     const i = c.n++;
@@ -126,6 +137,11 @@ export function exactTraces(events, rows) {
     c.base[i] = e.start;
     c.x[i] = e.end - e.start;
     c.custom[i] = [e.microbatch, e.start, e.end, e.step ?? 0];
+    if (chunked) {
+      const chunk = Math.max(0, chunksOf.get(e.worker).indexOf(e.stage));
+      c.custom[i].push(e.stage, chunk);
+      c.shape[i] = CHUNK_PATTERNS[Math.min(chunk, CHUNK_PATTERNS.length - 1)];
+    }
   }
   return cols.map((c, k) => (c.n ? traceFor(k, c, false) : null)).filter(Boolean);
 }
@@ -178,6 +194,13 @@ export function kindKey(events) {
     swatch.style.background = k.color;
     if (k.lane === 'comm') swatch.className = 'comm';
     item.append(swatch, k.label);
+    key.append(item);
+  }
+  if (workerRows(events).some((r) => r.chunks.length > 1)) {
+    const item = document.createElement('span');
+    const swatch = document.createElement('i');
+    swatch.className = 'later-chunk';
+    item.append(swatch, "a worker's later chunks (hatched)");
     key.append(item);
   }
   return key;

@@ -140,3 +140,45 @@ LOD = """async () => {
 def test_aggregation_keeps_bubbles_and_counts_actions(module_page) -> None:
     bars = module_page.evaluate(LOD)
     assert bars == [["F", 0.0, 1.0, 100], ["B", 2.0, 3.0, 100], ["send_grad", 2.0, 3.0, 1]]
+
+
+V_DRAW = """async (events) => {
+  const { drawGantt } = await import('/js/gantt.js');
+  const div = document.getElementById('chart');
+  await drawGantt(div, events);
+  const forward = div.data.find((t) => t.name === 'forward');
+  const bars = Array.from(forward.y).map((row, i) => ({ row, stage: forward.customdata[i][4], shape: forward.marker.pattern.shape[i] }));
+  return { ticks: div.layout.yaxis.ticktext, bars,
+           key: [...div.previousElementSibling.querySelectorAll('span')].map((s) => s.textContent),
+           hatched: div.previousElementSibling.querySelectorAll('i.later-chunk').length,
+           hover: forward.hovertemplate };
+}"""
+
+
+def test_a_v_placed_schedule_draws_both_legs_of_the_v_on_each_worker(module_page, shoot) -> None:
+    """zbv on 4 workers: worker w holds stage w (down) and 7 - w (back up); its later chunk, the
+    way back up, is hatched, so the V shows on every row."""
+    schedule = build("zbv", 4, 8)
+    costs = [StageCosts(fwd_s=0.001, bwd_s=0.002, send_act_s=0.0001, send_grad_s=0.0001)] * 4
+    events = [e.to_dict() for e in simulate(schedule, costs).timeline]
+    out = module_page.evaluate(V_DRAW, events)
+    assert out["ticks"] == ["w0 · s0,7 r0", "w1 · s1,6 r0", "w2 · s2,5 r0", "w3 · s3,4 r0"]
+    for row in range(4):
+        mine = [b for b in out["bars"] if b["row"] == row]
+        assert {b["stage"] for b in mine if b["shape"] == ""} == {row}  # the way down: plain
+        assert {b["stage"] for b in mine if b["shape"] == "/"} == {7 - row}  # the way back up: hatched
+    assert out["hatched"] == 1 and "a worker's later chunks (hatched)" in out["key"]
+    assert "stage %{customdata[4]}, chunk %{customdata[5]}" in out["hover"]
+    shoot(module_page, "gantt-zbv-v-placement")
+    assert module_page.errors == []
+
+
+def test_one_chunk_per_worker_draws_no_pattern(module_page) -> None:
+    out = module_page.evaluate("""async (events) => {
+      const { drawGantt } = await import('/js/gantt.js');
+      const div = document.getElementById('chart');
+      await drawGantt(div, events);
+      return { patterns: div.data.map((t) => t.marker.pattern || null),
+               hatched: div.previousElementSibling.querySelectorAll('i.later-chunk').length };
+    }""", simulated_timeline())
+    assert all(p is None for p in out["patterns"]) and out["hatched"] == 0
