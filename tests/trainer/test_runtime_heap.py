@@ -53,7 +53,7 @@ def task_file(tmp_path_factory):
 @pytest.mark.parametrize("start_method", ["fork", "spawn"])
 def test_workers_train_with_their_set_up_frozen_and_the_caller_is_left_unfrozen(task_file, start_method):
     assert gc.get_freeze_count() == 0
-    cfg = RunConfig(model=f"{task_file}:make", stages=[["input_1", "_0", "_1"], ["_2"]], schedule="1f1b", batch_size=16,
+    cfg = RunConfig(model=f"{task_file}:make", stages=[["input_1", "0", "1"], ["2"]], schedule="1f1b", batch_size=16,
                     microbatches=2, steps=3, eval_at_end=False, start_method=start_method)
     summary = run_training(cfg)
     assert summary["steps"] == 3
