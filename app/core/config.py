@@ -13,7 +13,7 @@ import os
 from functools import lru_cache
 from importlib import metadata
 from pathlib import Path
-from typing import Annotated
+from typing import Annotated, Literal
 from urllib.parse import urlsplit
 
 from pydantic import Field, field_validator, model_validator
@@ -76,6 +76,10 @@ class Settings(BaseSettings):
     max_context_bytes: int = Field(500 * 1024 * 1024, gt=0, description="Largest code context once unpacked (the sum of its files).")
     validation_time_limit_s: float = Field(300.0, gt=0, description="Seconds a worker gives a model's validation (build, check, split).")
     validation_memory_bytes: int = Field(8 * 1024**3, gt=0, description="Address space a model's validation may use (RLIMIT_AS).")
+    sandbox: Literal["auto", "on", "off"] = Field("auto", description=(
+        "Users' code (validation, profiling) in Debian's bubblewrap: its own folders, the installed environment "
+        "and its data, not other users' contexts, the data folder, the database or the worker's settings "
+        "(docs/sandbox.md). auto: where bwrap works here; on: refuse to run users' code without it; off: never."))
     heartbeat_seconds: float = Field(5.0, gt=0, description="How often running jobs and workers report they are alive.")
     stale_after_heartbeats: int = Field(3, ge=1, description="Missed heartbeats after which a job or worker is presumed dead.")
     worker_concurrency: int = Field(2, ge=1, description="Tasks one `pipeboard worker` runs at once (thread pool).")

@@ -3,7 +3,8 @@
 The API only stores the registration (status ``validating``) and queues ``pipeboard.validate_model``;
 the worker unpacks the model's code context (if any) and runs ``python -m pipeboard.trainer.validate``
 there, as a process tree that ends whole (app/services/proctree.py: ``setsid`` children too), with a
-wall-clock limit and an address-space limit (RLIMIT_AS), so a factory that raises, hangs,
+wall-clock limit and an address-space limit (RLIMIT_AS), in the sandbox where one is on
+(app/services/sandbox.py: its own folder, the installed environment and its data), so a factory that raises, hangs,
 allocates without end, crashes or leaves children behind ends as ``failed`` with its message at
 the limit, and the API (and the worker) keep answering.
 """
@@ -25,7 +26,7 @@ from sqlalchemy.orm import Session
 
 from pipeboard.app.core.config import get_settings
 from pipeboard.app.models import Model, ModelStatus
-from pipeboard.app.services import contexts, proctree
+from pipeboard.app.services import contexts, proctree, sandbox
 from pipeboard.app.services.tx import begin_write
 
 OUTPUT_LIMIT = 64 * 1024  # bytes of the child's output kept for the message
@@ -57,6 +58,23 @@ def run_validation(source: str, config: dict[str, Any], data: str | None, workdi
     # PYTHONSAFEPATH: `-m` must not put the context folder first on sys.path, where a project's
     # `profile.py` would replace the standard library's (the factory's folder goes last instead).
     env = dict(os.environ, PYTHONUNBUFFERED="1", PYTHONSAFEPATH="1")
+    try:
+        sandboxed = sandbox.enabled()
+    except sandbox.SandboxUnavailable as exc:
+        return {"ok": False, "message": f"validation could not run: {exc.message}"}
+    with tempfile.TemporaryDirectory(prefix="pipeboard-validate-") as scratch:
+        if sandboxed:
+            # Its own folder only: a model without a context runs in an empty one, never in the
+            # worker's data folder (every user's contexts, the database).
+            own = Path(scratch) if Path(workdir).resolve() == get_settings().data_dir else Path(workdir)
+            cmd, env = sandbox.command(cmd, env, cwd=str(own), writable=[own],
+                                       readable=sandbox.data_paths([data], str(own)) + sandbox.schedule_files())
+            workdir = own
+        return _run(cmd, env, workdir, time_limit_s=time_limit_s, memory_bytes=memory_bytes)
+
+
+def _run(cmd: list[str], env: dict[str, str], workdir: Path, *, time_limit_s: float, memory_bytes: int
+         ) -> dict[str, Any]:
     # Output to a file, not a pipe: a child that outlives the check (setsid) would hold a pipe open
     # and keep a reader waiting; the tree ends whole at the limit (app/services/proctree.py).
     with tempfile.TemporaryFile() as output:

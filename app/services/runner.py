@@ -371,10 +371,12 @@ class JobRun:
         when stopped by ``time_limit``. Raises Stopped on cancel, ServiceError (with the log's tail)
         on failure."""
         self.check()
-        from pipeboard.app.services import proctree  # a tree that ends whole, setsid children too
+        from pipeboard.app.services import proctree, sandbox  # a tree that ends whole; users' code sandboxed
 
+        where = str(cwd or log_path.parent)
+        cmd, env = sandbox.for_phase(phase, cmd, child_env(), cwd=where, workdir=log_path.parent)
         with open(log_path, "wb") as log_file:
-            proc = proctree.spawn(cmd, stdout=log_file, env=child_env(), cwd=str(cwd or log_path.parent))
+            proc = proctree.spawn(cmd, stdout=log_file, env=env, cwd=where)
         with self.lock:
             self.proc = proc
         self.record_group(proc.pid)
