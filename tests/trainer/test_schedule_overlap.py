@@ -5,6 +5,7 @@ runtime with gradients equal to one process."""
 
 from __future__ import annotations
 
+import sys
 from pathlib import Path
 
 import pytest
@@ -16,9 +17,12 @@ PLUGIN = Path(__file__).resolve().parents[1] / "schedule_overlap_plugin.py"
 
 
 @pytest.fixture(scope="module")
-def paired() -> str:
+def paired():
+    """The plugin's schedule, registered for this module's tests only (other tests list the registry)."""
     registry.load_module(str(PLUGIN))
-    return "1f1b-paired"
+    yield "1f1b-paired"
+    registry.unregister("1f1b-paired")
+    sys.modules.pop("pipeboard_schedules.schedule_overlap_plugin", None)
 
 
 def test_a_pair_is_a_forward_and_a_backward():
