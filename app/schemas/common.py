@@ -1,11 +1,11 @@
-"""Shapes shared by several resources: schedule names from the registry, planner methods, cluster
-levels, names, and the limits on what one job may ask for."""
+"""Shapes shared by several resources: pages, error bodies, schedule names from the registry,
+planner methods, cluster levels, names, and the limits on what one job may ask for."""
 
 from __future__ import annotations
 
-from typing import Annotated, Any, Callable, Literal
+from typing import Annotated, Any, Callable, Generic, Literal, TypeVar
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, model_serializer
 from pydantic_core import PydanticCustomError, core_schema
 
 from pipeboard.trainer.schedule import registry as schedules
@@ -96,3 +96,46 @@ class Level(BaseModel):
 
     workers: int = Field(ge=1, le=65536, description="Workers at this level (level 1 innermost).")
     bandwidth: float = Field(gt=0, le=1e15, description="Bandwidth between workers of this level, bytes/s.")
+
+
+T = TypeVar("T")
+
+JobStatus = Literal["queued", "running", "succeeded", "failed", "cancelled"]
+
+
+class Page(BaseModel, Generic[T]):
+    """Every list endpoint answers with one page and the total count matching the filter."""
+
+    data: list[T]
+    count: int
+
+
+class Message(BaseModel):
+    detail: str
+
+
+class ValidationErrorItem(BaseModel):
+    loc: list[str | int]
+    msg: str
+    type: str
+
+
+class ValidationFailed(BaseModel):
+    """The 422 body (pipeboard.app.main's handler): one message naming the field(s), plus the details."""
+
+    detail: str
+    errors: list[ValidationErrorItem] = Field(default_factory=list)
+
+
+class Stored(BaseModel):
+    """What the service computed and stored (a plan, a prediction, a run's summary), described field
+    by field for the OpenAPI, and answered as it was stored: a field it does not have is not added
+    as null, and one the trainer adds later passes through rather than being dropped."""
+
+    model_config = ConfigDict(extra="allow")
+
+    @model_serializer(mode="wrap")
+    def _as_stored(self, handler):  # no return annotation: the schema stays the fields' own
+        data = handler(self)
+        given = self.model_fields_set | set(self.model_extra or {})
+        return {k: v for k, v in data.items() if k in given}

@@ -161,3 +161,48 @@ def test_booleans_and_strings_are_not_numbers(client, change, field):
     assert refused.status_code == 422 and refused.json()["detail"].startswith(f"{field}: "), refused.text
     assert plan(client, **{**body, **{"timeline_limit": 0, "microbatches": 4, "chunks": 1, "batch_size": 32,
                                       "levels": [{"workers": 2, "bandwidth": 1e9}]}}).status_code == 404  # valid: no such profile
+
+
+def test_the_openapi_describes_the_plan_the_prediction_and_the_jobs_spec_and_summary(client):
+    """No free-form object where the main payloads are: each is a schema with its properties, and
+    so is every object inside them (a model's own arguments aside)."""
+    schemas = client.get("/openapi.json").json()["components"]["schemas"]
+
+    def resolve(node: dict) -> dict:
+        while "$ref" in node:
+            node = schemas[node["$ref"].rsplit("/", 1)[1]]
+        return node
+
+    def free_form(node: dict, path: str, seen: set[str]) -> list[str]:
+        if "$ref" in node:
+            name = node["$ref"].rsplit("/", 1)[1]
+            if name in seen:
+                return []
+            return free_form(schemas[name], path, seen | {name})
+        found = []
+        for key in ("anyOf", "oneOf", "allOf"):
+            for i, option in enumerate(node.get(key, [])):
+                found += free_form(option, path, seen)
+        if "items" in node:
+            found += free_form(node["items"], f"{path}[]", seen)
+        for i, item in enumerate(node.get("prefixItems", [])):
+            found += free_form(item, f"{path}[{i}]", seen)
+        values = node.get("additionalProperties")
+        if isinstance(values, dict) and values:  # a map whose values have a schema (fidelity terms by name)
+            found += free_form(values, f"{path}{{}}", seen)
+        elif node.get("type") == "object" and not node.get("properties") and not path.endswith(("args", "model_args")):
+            found.append(path)
+        for name, prop in node.get("properties", {}).items():
+            found += free_form(prop, f"{path}.{name}", seen)
+        return found
+
+    payloads = {"JobPublic.spec": schemas["JobPublic"]["properties"]["spec"],
+                "JobPublic.summary": schemas["JobPublic"]["properties"]["summary"],
+                "PlanPublic.plan": schemas["PlanPublic"]["properties"]["plan"],
+                "PlanPublic.predicted": schemas["PlanPublic"]["properties"]["predicted"],
+                "TimelinePublic": {"$ref": "#/components/schemas/TimelinePublic"}}
+    for where, node in payloads.items():
+        assert free_form(node, where, set()) == [], where
+    prediction = resolve(schemas["PlanPublic"]["properties"]["predicted"])
+    assert "iteration_time_s" in prediction["properties"] and "timeline" in prediction["properties"]
+    assert "stages" in resolve(schemas["PlanPublic"]["properties"]["plan"])["properties"]
