@@ -273,11 +273,11 @@ def load_module(entry: str) -> None:
     or a path to torch's schedule file (``.csv``). ScheduleError naming ``PIPEBOARD_SCHEDULES``
     and the entry if it cannot be loaded."""
     try:
-        if entry.endswith(".csv"):  # torch's schedule file: registered as custom-<stem> (torchcsv.py)
-            from pipeboard.trainer.schedule.torchcsv import register_file, schedule_name
-
-            if not known_quietly(schedule_name(entry)):
-                register_file(entry)
+        if entry.endswith(".csv"):  # torch's schedule file: registered as custom-<stem>
+            # (by name, as the plugins are: torchcsv registers through this module)
+            torchcsv = importlib.import_module("pipeboard.trainer.schedule.torchcsv")
+            if not known_quietly(torchcsv.schedule_name(entry)):
+                torchcsv.register_file(entry)
             return
         if entry.endswith(".py") or os.sep in entry or "/" in entry:
             path = Path(entry).resolve()
@@ -334,12 +334,16 @@ register("dp", _lazy("pipeboard.trainer.schedule.flush:one_f_one_b_builder"),
          weight_grads=(), data_parallel=True)
 
 
-def _load_library() -> None:
-    """The one-file schedules of ``trainer/schedule/library/``, in name order (they register)."""
-    from pipeboard.trainer.schedule import library
+LIBRARY = "pipeboard.trainer.schedule.library"
 
-    for module in sorted(m.name for m in pkgutil.iter_modules(library.__path__)):
-        importlib.import_module(f"{library.__name__}.{module}")
+
+def _load_library() -> None:
+    """The one-file schedules of ``trainer/schedule/library/``, in name order. They import this
+    module to register, as ``PIPEBOARD_SCHEDULES`` modules do, so they are found by path and
+    imported by name, like those."""
+    folder = Path(__file__).resolve().parent / "library"
+    for module in sorted(m.name for m in pkgutil.iter_modules([str(folder)])):
+        importlib.import_module(f"{LIBRARY}.{module}")
 
 
 _load_library()
