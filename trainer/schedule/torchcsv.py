@@ -268,7 +268,7 @@ def _check_order(programs: list, num_stages: int) -> None:
             holder = next(r for r, other in enumerate(flat) if any(
                 (b.stage, b.microbatch) == (s, mb) and (b.kind is Kind.FORWARD) == (kind == "F")
                 and (kind != "I" or b.kind is Kind.BACKWARD_INPUT) for b in other))
-            if kind == "G" and holder is not None:
+            if kind == "G":  # name the backward that rank runs: a full one or its input half
                 wanted = next(_name(b) for b in flat[holder] if (b.stage, b.microbatch) == (s, mb)
                               and b.kind in (Kind.BACKWARD, Kind.BACKWARD_INPUT))
             stuck[rank] = (_name(a), wanted, holder)
