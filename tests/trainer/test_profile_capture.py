@@ -139,3 +139,61 @@ def test_an_input_longer_than_the_assert_allows_names_the_assert():
     message = str(info.value)
     assert "test_profile_capture.py:" in message and "assert t <= self.block_size" in message
     assert "\n" not in message
+
+
+TASK_FILE = '''
+import torch
+from torch import nn
+from torch.utils.data import TensorDataset
+from pipeboard.trainer import Task
+
+
+class Net(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.blocks = nn.ModuleList([nn.Linear(4, 4) for _ in range(3)])
+
+    def forward(self, x):
+        for b in self.blocks:
+            x = torch.tanh(b(x))
+        return x
+
+
+class Branchy(Net):
+    def forward(self, x):
+        if x.sum() > 0:
+            x = -x
+        return super().forward(x)
+
+
+def _task(model, layers=None):
+    return Task(model=model, train_data=TensorDataset(torch.randn(32, 4), torch.randn(32, 4)),
+                loss=nn.functional.mse_loss, layers=layers, batch_size=8, loader_workers=0)
+
+
+def bad_layers():
+    return _task(Net(), ["blocks.0", "blocks.5"])
+
+
+def untraceable():
+    return _task(Branchy())
+'''
+
+
+@pytest.mark.parametrize("factory,expected", [
+    ("bad_layers", "layers: Net has no module 'blocks.5'"),
+    ("untraceable", "cannot capture Branchy with torch.export in module '(the model itself)' (Branchy) at "
+                    "user_task.py:"),
+])
+def test_train_from_the_cli_stops_in_one_line_with_exit_2(tmp_path, factory, expected):
+    import subprocess
+    import sys
+
+    (tmp_path / "user_task.py").write_text(TASK_FILE)
+    out = subprocess.run([sys.executable, "-c", "from pipeboard.app.cli import main; main()", "train", "--model",
+                          f"user_task.py:{factory}", "--stages", "2", "--schedule", "1f1b", "--batch-size", "8",
+                          "--microbatches", "2", "--steps", "2"], cwd=tmp_path, capture_output=True, text=True,
+                         timeout=300)
+    lines = [line for line in (out.stdout + out.stderr).splitlines() if line.strip()]
+    assert out.returncode == 2 and len(lines) == 1, lines
+    assert expected in lines[0]
