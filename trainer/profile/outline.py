@@ -29,7 +29,7 @@ import torch
 from torch import fx, nn
 
 from pipeboard.trainer.profile.capture import UntraceableModelError, as_tuple, capture
-from pipeboard.trainer.profile.granularity import layer_keys, module_paths
+from pipeboard.trainer.profile.granularity import layer_keys
 from pipeboard.trainer.profile.layergraph import LayerGraph, LayerNode, detach, flat_tensors, tensor_paths
 
 OPS = ("call_function", "call_method", "call_module")
