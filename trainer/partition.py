@@ -126,7 +126,7 @@ def _assign(lg: LayerGraph, stages: Sequence[Sequence[str]]) -> dict[str, int]:
 
 
 def split_graph(lg: LayerGraph, stages: Sequence[Sequence[str]]) -> list[StageModule]:
-    """:func:`split_model` on an already traced layer graph."""
+    """:func:`split_model` on an already captured layer graph."""
     stage_of = _assign(lg, stages)
     n = len(stages)
     # last_use[v]: the last stage that reads v (n for a model output, which leaves the last stage).

@@ -95,7 +95,7 @@ def measure(spec: str, *, batch_size: int | None, device: str, model_args: dict,
         console = Console(stderr=True)
         with Progress(TextColumn("profiling {task.fields[model]}"), BarColumn(), TextColumn("{task.completed}/{task.total} steps"),
                       TextColumn("{task.description}"), TimeElapsedColumn(), console=console, transient=True) as bar:
-            job = bar.add_task("tracing", total=warmup + repeats, model=spec)
+            job = bar.add_task("capturing", total=warmup + repeats, model=spec)
 
             def progress(done: int, total: int, what: str) -> None:
                 bar.update(job, completed=done, total=total, description=what)
