@@ -16,7 +16,7 @@ import sqlalchemy as sa
 
 
 revision: str = '0006'
-down_revision: Union[str, Sequence[str], None] = '0004'
+down_revision: Union[str, Sequence[str], None] = '0005'  # chained after 0005 (job spec v2) by the lead at merge: keep
 branch_labels: Union[str, Sequence[str], None] = None
 depends_on: Union[str, Sequence[str], None] = None
 
