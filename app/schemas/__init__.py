@@ -19,7 +19,7 @@ from pipeboard.app.schemas.jobs import (
     AttemptPublic, Fidelity, FidelityTerm, JobPublic, MetricPointPublic, MetricsPublic, TimelineEventPublic, TimelinePublic)
 from pipeboard.app.schemas.jobspec import JobSpec, ProfileJobSpec
 from pipeboard.app.schemas.models import FACTORY_PATTERN, SHA256_PATTERN, ModelCreate, ModelPublic
-from pipeboard.app.schemas.plans import PlanCreate, PlanPublic
+from pipeboard.app.schemas.plans import PlanCreate, PlanPending, PlanPublic
 from pipeboard.app.schemas.profiles import LayerRow, ProfileCreate, ProfilePublic
 from pipeboard.app.schemas.schedules import SchedulePublic
 from pipeboard.app.schemas.tokens import MAX_TOKEN_LIFETIME_S, Me, Scope, TokenCreate, TokenCreated, TokenPublic
@@ -28,7 +28,7 @@ __all__ = [
     "DEFAULT_CHECKPOINT_EVERY", "FACTORY_PATTERN", "MAX_JOB_NODES", "MAX_JOB_WORKERS", "MAX_PLAN_WORKERS",
     "MAX_TOKEN_LIFETIME_S", "NAME_PATTERN", "SHA256_PATTERN", "AttemptPublic", "ContextPublic", "Fidelity", "FidelityTerm",
     "JobPublic", "JobSpec", "JobStatus", "LayerRow", "Level", "Me", "Message", "MetricPointPublic", "MetricsPublic",
-    "Method", "ModelCreate", "ModelPublic", "Page", "PlanCreate", "PlanPublic", "ProfileCreate", "ProfileJobSpec",
+    "Method", "ModelCreate", "ModelPublic", "Page", "PlanCreate", "PlanPending", "PlanPublic", "ProfileCreate", "ProfileJobSpec",
     "ProfilePublic", "SchedulePublic", "ScheduleName", "Scope", "TimelineEventPublic", "TimelinePublic", "TokenCreate",
     "TokenCreated", "TokenPublic", "ValidationErrorItem", "ValidationFailed", "WeightGrads", "schedule_description",
     "schedule_field", "total_workers", "weight_grads_description", "weight_grads_field",

@@ -25,8 +25,8 @@ from pydantic import BaseModel, ConfigDict, Field, model_validator
 from pydantic_core import PydanticCustomError
 
 from pipeboard.app.schemas.common import (
-    DEFAULT_CHECKPOINT_EVERY, MAX_JOB_NODES, MAX_JOB_WORKERS, NAME_PATTERN, Level, Method, ScheduleName, WeightGrads,
-    _described, schedule_field, total_workers, weight_grads_field)
+    DEFAULT_CHECKPOINT_EVERY, MAX_JOB_NODES, MAX_JOB_WORKERS, MAX_PLAN_WORKERS, NAME_PATTERN, Level, Method,
+    ScheduleName, WeightGrads, _described, schedule_field, total_workers, weight_grads_field)
 from pipeboard.trainer.schedule import registry as schedules
 
 SPEC_VERSION = 2
@@ -229,11 +229,23 @@ def from_version_1(flat: dict[str, Any]) -> dict[str, Any]:
     return {**out, **sections}
 
 
+class CalibrateFor(Section):
+    """Profile as a run of this shape would be: at its microbatch size, calibrated for its workers
+    (the link, the runtime's overhead, pilot runs): what a what-if plans with (POST /plans)."""
+
+    workers: int = Field(ge=1, le=MAX_PLAN_WORKERS, description="Worker processes of the run planned for.")
+    batch_size: int = Field(ge=1, le=65536, description="The run's batch size.")
+    microbatches: int = Field(ge=1, le=1024)
+    weight_grads: WeightGrads = "batched"
+
+
 class ProfileJobSpec(JobSpec):
-    """A profiling job's (`POST /profiles`): the model section says what is measured, on which
-    device; ``repeats`` how many timed repetitions per layer."""
+    """A profiling job's (`POST /profiles`, or a what-if's without a cached profile): the model
+    section says what is measured, on which device; ``repeats`` how many timed repetitions per
+    layer; ``calibrate_for`` the run a what-if plans for."""
 
     repeats: int = Field(default=5, ge=1, le=100, description="Timed repetitions per layer.")
+    calibrate_for: CalibrateFor | None = Field(default=None, description="A what-if's run: profiled as its job would be.")
 
 
 def stored(spec: dict[str, Any]) -> JobSpec:

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from datetime import datetime
-from typing import Any
+from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
@@ -12,6 +12,7 @@ from pipeboard.trainer.schedule import registry as schedules
 from pipeboard.app.schemas.common import (
     MAX_PLAN_WORKERS, Level, Method, ScheduleName, Stored, WeightGrads, _described, schedule_field, total_workers,
     weight_grads_field)
+from pipeboard.app.schemas.jobs import JobPublic
 
 
 class PlanCreate(BaseModel):
@@ -185,3 +186,12 @@ class PlanPublic(BaseModel):
     plan: PlanData
     predicted: Prediction
     created_at: datetime | None = None
+
+
+class PlanPending(BaseModel):
+    """A what-if whose model has no cached profile yet: a worker profiles it (the job); once the job
+    has succeeded, the same request plans at once."""
+
+    status: Literal["profiling"] = "profiling"
+    detail: str
+    job: JobPublic = Field(description="The profiling job: follow it (GET /jobs/{id}, its events), then ask again.")

@@ -1,80 +1,94 @@
-"""POST /plans: resolve the profile (stored, or a model's cached one, measured on first use),
-plan, simulate, store."""
+"""POST /plans: resolve the profile (stored, or a model's cached one), plan, simulate, store.
+
+No model code runs in the API process: a model without a cached profile is profiled by a Celery
+worker, as a profiling job (kind `profile`, its specification's `calibrate_for` the run the what-if
+plans for), and the what-if answers 202 with that job; once it has succeeded the same request
+plans at once from the profile it stored. Planning and simulating are the planner's own Python,
+no user code. One profiling job per model, arguments and run shape at a time: a second what-if
+for it gets the job already queued or running."""
 
 from __future__ import annotations
 
-import json
-import subprocess
-import sys
-import tempfile
-import threading
-from pathlib import Path
-
+from sqlalchemy import select
 from sqlalchemy.orm import Session
 
+from pipeboard.app.models import Job, JobStatus, Model, ModelStatus
 from pipeboard.app.models import Plan as PlanRow
 from pipeboard.app.models import Profile
-from pipeboard.app.schemas import PlanCreate, PlanPublic
+from pipeboard.app.schemas import PlanCreate, PlanPublic, ProfileJobSpec
 from pipeboard.app.services import planning, profiles
 from pipeboard.app.services.errors import NotFound, ServiceError
 from pipeboard.app.services.tx import begin_write
 
-PROFILE_TIMEOUT_S = 300
-_profiling = threading.Lock()  # one inline profiling at a time: a second what-if waits, then hits the cache
+
+def profile_spec(body: PlanCreate) -> ProfileJobSpec:
+    """The profiling job a what-if by model name needs: profiled as its job would be."""
+    from pipeboard.trainer.plan.cluster import total_workers
+
+    micro = max(1, body.batch_size // body.microbatches)
+    return ProfileJobSpec(
+        name=f"profile {body.model} for a what-if", model={"name": body.model, "args": body.model_args, "batch_size": micro},
+        layout={"workers": 1, "microbatches": 1}, length={"steps": 1},
+        calibrate_for={"workers": total_workers(planning.levels_of(body.levels, None)), "batch_size": body.batch_size,
+                       "microbatches": body.microbatches, "weight_grads": body.weight_grads})
 
 
-def profile_for_model(session: Session, model: str, model_args: dict, batch_size: int,
-                      calibration: list[str] | None = None) -> Profile:
-    """The model's cached profile at ``batch_size``, else measured now; ``calibration``:
-    profile_run's calibration flags (profiles.calibration_args), part of the cache key."""
-    source, kind, default_args, model_id = profiles.resolve_model(session, model)
+def cached_profile(session: Session, body: PlanCreate) -> Profile | None:
+    """The model's cached profile for the what-if's run (the key its profiling job stores under)."""
+    spec = profile_spec(body)
+    source, kind, default_args, _ = profiles.resolve_model(session, body.model)
     if kind == "zoo":
         from pipeboard.app.services.jobs import validate_model_args
 
-        validate_model_args(model, model_args)
-    args = {**default_args, **model_args}
-    key = profiles.cache_key(model, args, batch_size, calibration=calibration)
-    row = profiles.cached(session, key)
-    if row is not None:
-        return row
-    with _profiling:
-        session.expire_all()
-        row = profiles.cached(session, key)
-        if row is not None:
-            return row
-        with tempfile.TemporaryDirectory(prefix="pipeboard-profile-") as tmp:
-            out = Path(tmp) / "profile.json"
-            cmd = [sys.executable, "-m", "pipeboard.app.services.profile_run", "--source", source,
-                   "--model-args", json.dumps(args), "--batch-size", str(batch_size), "-o", str(out),
-                   *(calibration or []), *profiles.machine_cache_args(calibration or [])]
-            try:
-                done = subprocess.run(cmd, capture_output=True, text=True, timeout=PROFILE_TIMEOUT_S, start_new_session=True)
-            except subprocess.TimeoutExpired:
-                raise ServiceError(f"model: profiling {model!r} took over {PROFILE_TIMEOUT_S} s; POST /profiles to profile it as a task", status=422, field="model") from None
-            if done.returncode != 0:
-                last = (done.stderr.strip().splitlines() or ["profiling failed"])[-1]
-                raise ServiceError(f"model_args: {last}", status=422, field="model_args")
-            row = profiles.store(session, json.loads(out.read_text()), name=key, origin="profiled", model_id=model_id)
-        session.commit()
-        return row
+        validate_model_args(body.model, body.model_args, where="model_args")
+    run = spec.calibrate_for
+    calibration = profiles.calibration_args(run.workers, run.batch_size, run.weight_grads, microbatches=run.microbatches)
+    key = profiles.cache_key(body.model, {**default_args, **body.model_args}, spec.model.batch_size, calibration=calibration)
+    return profiles.cached(session, key)
 
 
-def create(session: Session, body: PlanCreate) -> PlanRow:
-    levels = planning.levels_of(body.levels, None)
+def check_ready(session: Session, model: str) -> None:
+    """A registered model is profiled only once a worker has validated it (`ready`)."""
+    row = session.scalar(select(Model).where(Model.name == model))
+    if row is None:
+        return
+    status = ModelStatus(row.status)
+    if status is ModelStatus.VALIDATING:
+        raise ServiceError(f"model: {model!r} is still being validated by a worker (GET /api/v1/models/{model}); "
+                           "plan it once it is ready", status=422, field="model")
+    if status is ModelStatus.FAILED:
+        raise ServiceError(f"model: {model!r} failed validation: {row.message}", status=422, field="model")
+
+
+def profiling_job(session: Session, spec: ProfileJobSpec, *, submitted_by: str | None = None,
+                  owner_id: int | None = None) -> Job:
+    """The queued or running profiling job for ``spec``, else a new one (on a worker)."""
+    from pipeboard.app.services import jobs
+
+    wanted = spec.model_dump(mode="json")
+    mine = Job.owner_id.is_(None) if owner_id is None else Job.owner_id == owner_id
+    waiting = session.scalars(select(Job).where(Job.kind == "profile", mine,
+                                                Job.status.in_((JobStatus.QUEUED, JobStatus.RUNNING)))).all()
+    for job in waiting:
+        if job.spec == wanted:
+            return job
+    return jobs.submit(session, spec, kind="profile", submitted_by=submitted_by, owner_id=owner_id)
+
+
+def create(session: Session, body: PlanCreate, *, submitted_by: str | None = None,
+           owner_id: int | None = None) -> PlanRow | Job:
+    """The plan (a stored PlanRow) when the profile is there; else the profiling job that makes it."""
     if body.profile_id is not None:
         prof = session.get(Profile, body.profile_id)
         if prof is None:
             raise NotFound("profile", body.profile_id)
     else:
-        # Same cache key as a job's profile on as many local workers: one microbatch's worth of
-        # samples, calibrated for the runtime (see profiles.calibration_args).
-        from pipeboard.trainer.plan.cluster import total_workers
-
-        prof = profile_for_model(session, body.model, body.model_args, max(1, body.batch_size // body.microbatches),
-                                 profiles.calibration_args(total_workers(levels), body.batch_size, body.weight_grads,
-                                                           microbatches=body.microbatches))
-    plan_obj = planning.make_plan(prof.data, levels, memory_bytes=body.memory_bytes, method=body.method,
-                                  schedule=body.schedule, microbatches=body.microbatches,
+        prof = cached_profile(session, body)
+        if prof is None:
+            check_ready(session, body.model)
+            return profiling_job(session, profile_spec(body), submitted_by=submitted_by, owner_id=owner_id)
+    plan_obj = planning.make_plan(prof.data, planning.levels_of(body.levels, None), memory_bytes=body.memory_bytes,
+                                  method=body.method, schedule=body.schedule, microbatches=body.microbatches,
                                   weight_grads=body.weight_grads, chunks=body.chunks)
     sched, sim = planning.simulate(plan_obj, body.schedule, body.microbatches, samples_per_microbatch=prof.batch_size,
                                    chunks=body.chunks, weight_grads=body.weight_grads, profile_data=prof.data)

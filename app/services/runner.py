@@ -259,6 +259,11 @@ class JobRun:
             whole, batch = batch, max(1, batch // spec.layout.microbatches)
             calibration = profiles.calibration_args(spec.layout.processes, whole, spec.layout.weight_grads,
                                                     spec.optimizer.name, spec.layout.microbatches)
+        elif getattr(spec, "calibrate_for", None) is not None:  # a what-if's: profiled as its job would be
+            run = spec.calibrate_for
+            batch = max(1, run.batch_size // run.microbatches)
+            calibration = profiles.calibration_args(run.workers, run.batch_size, run.weight_grads,
+                                                    microbatches=run.microbatches)
         key = profiles.cache_key(model + (f" data={spec.model.data}" if spec.model.data else ""), args, batch, device,
                                  calibration=calibration)
         row = profiles.cached(self.session, key, calibrated_too=job.kind == "profile")

@@ -206,3 +206,34 @@ def test_the_openapi_describes_the_plan_the_prediction_and_the_jobs_spec_and_sum
     prediction = resolve(schemas["PlanPublic"]["properties"]["predicted"])
     assert "iteration_time_s" in prediction["properties"] and "timeline" in prediction["properties"]
     assert "stages" in resolve(schemas["PlanPublic"]["properties"]["plan"])["properties"]
+
+
+# --- a model without a cached profile: profiled on a worker, never in the API process ----------
+
+WHAT_IF = {"model": "mlp-digits", "model_args": {"hidden": 12}, "batch_size": 16, "microbatches": 2,
+           "levels": [{"workers": 2, "bandwidth": 1e9}], "method": "time"}
+
+
+def test_a_what_if_without_a_cached_profile_answers_202_with_one_profiling_job(client):
+    first = client.post("/api/v1/plans", json=WHAT_IF)
+    assert first.status_code == 202, first.text
+    job = first.json()["job"]
+    assert first.json()["status"] == "profiling" and job["status"] == "queued"
+    spec = job["spec"]
+    assert spec["calibrate_for"] == {"workers": 2, "batch_size": 16, "microbatches": 2, "weight_grads": "batched"}
+    assert spec["model"]["batch_size"] == 8 and spec["model"]["args"] == {"hidden": 12}
+    again = client.post("/api/v1/plans", json=WHAT_IF)  # the same run: the same job, not a second
+    assert again.status_code == 202 and again.json()["job"]["id"] == job["id"]
+    other = client.post("/api/v1/plans", json={**WHAT_IF, "microbatches": 4})
+    assert other.status_code == 202 and other.json()["job"]["id"] != job["id"]
+
+
+def test_a_registered_model_is_profiled_only_once_ready(client, session):
+    from pipeboard.app.models import Model, ModelStatus
+
+    session.add(Model(name="mine", source="pipeboard.trainer.zoo.digits:mlp_digits", kind="import",
+                      status=ModelStatus.VALIDATING, config={}))
+    session.flush()
+    refused = client.post("/api/v1/plans", json={**WHAT_IF, "model": "mine", "model_args": {}})
+    assert refused.status_code == 422 and refused.json()["detail"].startswith("model: 'mine' is still being validated")
+    assert client.get("/api/v1/jobs", params={"kind": "profile"}).json()["count"] == 0

@@ -170,3 +170,26 @@ def test_profiles_measured_with_other_matmul_kernels_are_not_reused(monkeypatch)
     # a profiling task (no calibration) reuses a job's calibrated profile: its key starts the job's
     assert fast.startswith(cache_key("mlp", {"depth": 2}, 16, "cpu") + " ")
     assert "matmul" not in cache_key("mlp", {"depth": 2}, 16, "cuda")
+
+
+def test_a_what_ifs_profiling_job_runs_on_the_worker_and_then_the_what_if_plans(live_db):
+    """POST /plans's path without a cached profile: the profiling job (run here as a worker runs
+    it, profiling in its own child process), then the same request plans from what it stored."""
+    from pipeboard.app.models import Plan as PlanRow
+    from pipeboard.app.schemas import PlanCreate
+    from pipeboard.app.services import plans
+
+    body = PlanCreate(model="mlp-digits", model_args={"hidden": 12}, batch_size=16, microbatches=2,
+                      levels=[{"workers": 2, "bandwidth": 1e9}], method="time")
+    with get_sessionmaker()() as s:
+        job = plans.create(s, body)
+        assert isinstance(job, Job) and job.kind == "profile"
+        job_id = job.id
+    assert runner.run_next(job_id=job_id, attempt=1) == job_id  # as the worker's task does
+    with get_sessionmaker()() as s:
+        done = s.get(Job, job_id)
+        assert done.status == JobStatus.SUCCEEDED, done.error
+        made = plans.create(s, body)
+        assert isinstance(made, PlanRow) and made.profile_id == done.summary["profile_id"]
+        assert made.predicted["cost_model"] == "profile"  # the calibrated profile: the run's cost model
+

@@ -3,7 +3,7 @@
 // service's registry (GET /schedules): the select lists them, and the chunks and vertical-sync
 // fields show for the schedules that take them.
 
-import { ApiError, createJob, createPlan, getModel, listModels, listSchedules, request, uploadContext } from '../api.js';
+import { ApiError, createJob, createPlan, getJob, getModel, listModels, listSchedules, request, uploadContext } from '../api.js';
 import { drawGantt } from '../gantt.js';
 import { planStats, stageStrip, throughputChart } from '../planview.js';
 import { clear, debounce, h, navigate, notice, parseArgs } from '../util.js';
@@ -20,6 +20,31 @@ const PRECISIONS = ['fp32', 'bf16']; // machine.precision
 // the hyper-parameters field's keys -> [section, field] of the job specification
 const HYPER_FIELDS = { lr: ['optimizer', 'lr'], seed: ['optimizer', 'seed'], optimizer: ['optimizer', 'name'], eval_every: ['length', 'eval_every'] };
 const LOCAL_BANDWIDTH = 5e9; // what the service assumes between local worker processes
+const PROFILING_POLL_MS = 1000; // how often the what-if looks at its model's profiling job
+
+const wait = (ms, signal) => new Promise((resolve, reject) => {
+  const timer = setTimeout(resolve, ms);
+  signal?.addEventListener('abort', () => { clearTimeout(timer); reject(new DOMException('aborted', 'AbortError')); });
+});
+
+/** A what-if whose model has no cached profile answers 202 with the worker's profiling job: follow
+ * it (saying where it is) until it ends, then ask again; the plan comes from the profile it stored. */
+async function planFollowingProfiling(body, signal, say) {
+  let answer = await createPlan(body, signal);
+  while (answer.status === 'profiling') {
+    let job = answer.job;
+    const started = Date.now();
+    while (!['succeeded', 'failed', 'cancelled'].includes(job.status)) {
+      const where = job.status === 'queued' ? `queued${job.queue_position ? `, position ${job.queue_position}` : ''}` : 'running';
+      say(`Profiling ${body.model} on a worker (job #${job.id}, ${where}, ${Math.round((Date.now() - started) / 1000)} s); the plan follows.`);
+      await wait(PROFILING_POLL_MS, signal);
+      job = await getJob(job.id, signal);
+    }
+    if (job.status !== 'succeeded') throw new Error(`profiling ${body.model} (job #${job.id}) ${job.status}: ${job.error || ''}`);
+    answer = await createPlan(body, signal);
+  }
+  return answer;
+}
 // The job specification's field (as error messages name it, e.g. "layout.microbatches") -> the
 // form control to mark and focus; a section alone names the controls that fill it.
 const FIELD_IDS = {
@@ -235,9 +260,10 @@ export async function render(container) {
     if (l.memory_bytes) body.memory_bytes = l.memory_bytes;
     if (chosenSchedule()?.chunks && l.chunks) body.chunks = l.chunks;
     box.setAttribute('aria-busy', 'true');
-    box.prepend(notice('loading', 'Planning… (a model’s first plan profiles it: a few seconds)'));
+    const progress = notice('loading', 'Planning…');
+    box.prepend(progress);
     try {
-      const planPublic = await createPlan(body, controller.signal);
+      const planPublic = await planFollowingProfiling(body, controller.signal, (text) => { progress.textContent = text; });
       if (closed) return;
       const gantt = h('div', { class: 'chart', id: 'what-if-gantt' });
       const tput = h('div', { class: 'chart', id: 'what-if-throughput' });
