@@ -2,8 +2,9 @@
 it got then (from the issue), and what it gets now; then a valid job, to show that what the
 specification says reaches the run.
 
-A fresh data folder, `pipeboard migrate`, a write token (`pipeboard token create`), and `pipeboard
-up` (the API, the dashboard and one Celery worker) on a free loopback port. Prints the processor
+A fresh data folder, `pipeboard migrate heads`, a write token (`pipeboard token create`), and what
+`pipeboard up` serves after its migrations (the API, the dashboard and one Celery worker, each its own
+process) on a free loopback port. Prints the processor
 and a Markdown table; exit 1 if a finding is not closed as expected.
 
     .venv/bin/python bench/probe_jobspec.py
@@ -55,6 +56,13 @@ FINDINGS = [
 ]
 
 
+# `pipeboard up` after its migrations: the API (uvicorn) and one Celery worker, each its own process,
+# supervised. The migrations ran before, to every head (`pipeboard migrate heads`): a revision another
+# change adds may not be chained to this one's yet, and `up` migrates to the one head.
+SERVE = ("from pipeboard.app.cli.server import checked_settings, serve; "
+         "s = checked_settings(); serve(s, '127.0.0.1', {port}, 1, s.worker_concurrency)")
+
+
 def free_port() -> int:
     with socket.socket() as probe:
         probe.bind(("127.0.0.1", 0))
@@ -69,7 +77,7 @@ def start(tmp: Path) -> tuple[subprocess.Popen, str, str, Path]:
     secret = subprocess.run([*PIPEBOARD, "token", "create", "probe", "--scope", "write"], env=env,
                             capture_output=True, text=True, check=True, cwd=ROOT).stdout.strip()
     port = free_port()
-    server = subprocess.Popen([*PIPEBOARD, "up", "--port", str(port), "--workers", "1"], env=env, cwd=ROOT,
+    server = subprocess.Popen([sys.executable, "-c", SERVE.format(port=port)], env=env, cwd=ROOT,
                               stdout=open(tmp / "up.log", "wb"), stderr=subprocess.STDOUT, start_new_session=True)
     url = f"http://127.0.0.1:{port}"
     deadline = time.monotonic() + 120
