@@ -313,7 +313,7 @@ def setsid_part(tmp: Path) -> None:
         dep = deployment(tmp, f"setsid-{mode}", sandbox=mode, validation_time_limit_s="5")
         with dep.running():
             user = user_client(dep, "carol")
-            project = tmp / f"setsid-{mode}"
+            project = tmp / f"setsid-project-{mode}"
             project.mkdir()
             token = f"never-exits-{uuid.uuid4().hex}"
             (project / "stuck.py").write_text(SETSID_FACTORY.replace("TOKEN", token))
@@ -351,7 +351,42 @@ def spread(values: list[float]) -> str:
     return f"median {statistics.median(values):.3f} (range {min(values):.3f} to {max(values):.3f})"
 
 
+def start_pairs(tmp: Path, pairs: int) -> None:
+    """The sandbox's own start cost, without a deployment's noise: a bare `python -c pass` and a
+    validation of mlp-digits (torch imported, the model built, checked and split), off and on."""
+    from pipeboard.app.core.config import get_settings
+    from pipeboard.app.services import model_checks, sandbox
+
+    folder = tmp / "start"
+    folder.mkdir()
+    timings: dict[str, dict[str, list[float]]] = {"python -c pass": {"off": [], "on": []},
+                                                  "validation of mlp-digits": {"off": [], "on": []}}
+    for _ in range(pairs):
+        for mode in ("off", "on"):
+            os.environ["PIPEBOARD_SANDBOX"] = mode
+            get_settings.cache_clear()
+            cmd, env = [sys.executable, "-c", "pass"], dict(os.environ)
+            if mode == "on":
+                cmd, env = sandbox.command(cmd, env, cwd=str(folder), writable=[folder])
+            began = time.monotonic()
+            subprocess.run(cmd, env=env, cwd=folder, check=True)
+            timings["python -c pass"][mode].append(time.monotonic() - began)
+            began = time.monotonic()
+            result = model_checks.run_validation("mlp-digits", {}, None, folder, time_limit_s=300,
+                                                 memory_bytes=8 << 30)
+            assert result["ok"], result
+            timings["validation of mlp-digits"][mode].append(time.monotonic() - began)
+    os.environ.pop("PIPEBOARD_SANDBOX")
+    get_settings.cache_clear()
+    for what, by_mode in timings.items():
+        extra = [a - b for a, b in zip(by_mode["on"], by_mode["off"])]
+        print(f"- {what}: on {spread(by_mode['on'])} s, off {spread(by_mode['off'])} s; per pair on - off "
+              f"{spread(extra)} s")
+
+
 def cost_part(tmp: Path, pairs: int) -> None:
+    print(f"\n## The sandbox's start cost alone: {pairs} alternating pairs (off, on) in this process")
+    start_pairs(tmp, pairs)
     print(f"\n## The sandbox's cost: {pairs} alternating pairs (off, on); mlp-digits, 2 stages, 1f1b, 300 steps")
     deps = {mode: deployment(tmp, f"cost-{mode}", sandbox=mode, calibration_max_age_s="0") for mode in ("off", "on")}
     contexts_ = [d.running() for d in deps.values()]

@@ -144,7 +144,9 @@ def end(proc: subprocess.Popen, *, deadline_s: float = END_DEADLINE_S) -> int:
             proc.wait(timeout=0.05)
         except subprocess.TimeoutExpired:
             pass
-        _reap(seen - {proc.pid})  # the leader is its Popen's to reap (its exit code)
+        # zombies too: members that died on their own, re-parented here (the leader is its Popen's
+        # to reap, with its exit code)
+        _reap((seen | set(members(proc, zombies=True))) - {proc.pid})
         left = members(proc)
         if not left and proc.poll() is not None:
             return 0
