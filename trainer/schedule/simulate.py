@@ -34,6 +34,7 @@ from pipeboard.trainer.schedule.engine import (
     run,
     worker_stats,
 )
+from pipeboard.trainer.schedule.memory_model import StageMemory, stage_memory_from_costs, worker_memory
 from pipeboard.trainer.schedule.stash import CODES, memory_profile, schedule_columns
 
 NAME = {code: kind.value for kind, code in CODES.items()}
@@ -48,7 +49,7 @@ class SimResult:
     utilization: list[float]  # per worker: share of the iteration spent in F/B/BI/W
     peak_activations: list[int]  # per worker, in-flight (microbatch, stage) pairs
     stashed_versions: list[int]  # per worker, weight versions held at once
-    peak_memory_bytes: list[int] | None  # per worker, when the costs give bytes
+    peak_memory_bytes: list[int] | None  # per worker, when the costs give bytes (memory_model's total)
     steady_bubble_fraction: float | None  # idle share once every worker runs 1F1B, before the drain
     steady_throughput: float | None  # microbatches per second within that steady state
     samples_per_s: float | None = None
@@ -91,9 +92,15 @@ def simulate(
     samples_per_microbatch: int | None = None,
     shared_links: bool = False,
     overlap_f_b: bool = False,
+    optimizer: str = "adam",
+    recompute: tuple[int, ...] | list[int] = (),
+    memory: list[StageMemory] | None = None,
 ) -> SimResult:
     """Predict the timeline of ``schedule`` under per-stage ``costs``; ``overlap_f_b`` times its
-    overlapped pairs overlapped (the module docstring says when)."""
+    overlapped pairs overlapped (the module docstring says when). Memory is memory_model's, for
+    ``optimizer`` (the task's default, adam, unless given) with ``recompute`` on the listed
+    virtual stages; ``memory`` gives the stages' memory inputs (boundary sizes included) where
+    the costs' two byte fields are not enough."""
     per_stage = stage_costs(schedule, costs)
     with gc_paused():
         cols, sources = schedule_columns(schedule)
@@ -101,6 +108,7 @@ def simulate(
         trace = run(schedule, progs, SharedLinks() if shared_links else None)
         stats = worker_stats(progs, trace)
         activations, versions = memory_profile(schedule, cols)
+        parts = _memory(schedule, per_stage, cols, optimizer, recompute, memory)
     n = len(schedule.workers)
     busy, compute = stats.busy, stats.compute
     span = max([stats.t1] + [end for *_, end in trace.transfers]) - stats.t0
@@ -113,11 +121,12 @@ def simulate(
         utilization=[c / span if span > 0 else 0.0 for c in compute],
         peak_activations=activations,
         stashed_versions=versions,
-        peak_memory_bytes=_peak_memory(schedule, per_stage, activations, versions),
+        peak_memory_bytes=None if parts is None else [w.total for w in parts],
         steady_bubble_fraction=stats.steady_bubble,
         steady_throughput=stats.steady_rate,
         samples_per_s=None if samples_per_microbatch is None else throughput * samples_per_microbatch,
         extra={"schedule": schedule.name, "workers": n, "microbatches": schedule.microbatches,
+               **({} if parts is None else {"memory": [w.as_dict() for w in parts]}),
                **({"overlap_f_b": overlap_f_b} if "overlap_f_b" in schedule.meta else {})},
         _make_timeline=lambda: _timeline(schedule, progs, trace),
     )
@@ -150,13 +159,10 @@ def _timeline(schedule: Schedule, progs: list[Program], trace: Trace) -> list[Ti
     return timeline
 
 
-def _peak_memory(schedule: Schedule, per_stage: list[StageCosts], activations: list[int], versions: list[int]):
-    """Upper bound per worker: peak in-flight activations plus peak stashed weight versions."""
-    if not any(c.activation_bytes or c.weight_bytes for c in per_stage):
-        return None
-    out = []
-    for spec, acts, vers in zip(schedule.workers, activations, versions):
-        act = max(per_stage[s].activation_bytes for s in spec.stages)
-        weights = sum(per_stage[s].weight_bytes for s in spec.stages)
-        out.append(acts * act + vers * weights)
-    return out
+def _memory(schedule: Schedule, per_stage: list[StageCosts], cols, optimizer: str, recompute, memory):
+    """Per worker memory_model parts; None when neither the costs nor ``memory`` give bytes."""
+    if memory is None:
+        if not any(c.activation_bytes or c.weight_bytes for c in per_stage):
+            return None
+        memory = stage_memory_from_costs(per_stage)
+    return worker_memory(schedule, memory, optimizer=optimizer, recompute=recompute, cols=cols)

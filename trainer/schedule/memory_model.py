@@ -1,0 +1,136 @@
+"""One memory formula: the bytes each worker of a schedule holds at its peak, part by part.
+
+The simulator (``simulate``), the planner's memory cap (``trainer.plan.memory_fit``) and the
+runtime's per-stage prediction (``trainer.runtime.memory_predict``) all call ``worker_memory``,
+so a plan is checked against the same figure a run reports next to its measurement.
+
+Per worker, summed over the (virtual) stages it holds:
+- weights: one copy of a stage's parameters per version held at once (pipedream's weight
+  stashing keeps several; the synchronous schedules one), read off the action order
+  (``stash.peak_versions``);
+- gradients: one accumulation buffer the size of one version of the weights;
+- optimizer state: ``OPTIMIZER_STATES[optimizer]`` copies of the weights (adam's two moments,
+  sgd with momentum's one buffer);
+- activations: the walk along the worker's own actions. A forward of microbatch m on stage s
+  adds what s saves for its backward; the backward (or, with a split backward, the W that still
+  needs the saved inputs) releases it. The peak of that walk, in bytes, not in pairs, since the
+  stages of one worker (interleaved, V-shaped) differ. A stage under recompute keeps only its
+  boundary input per microbatch in flight; its backward first rebuilds the whole activation,
+  so the walk adds that transient at each of its backwards;
+- boundary buffers: one received input and one received output gradient per stage (the
+  pre-posted receives the runtime holds).
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass
+from typing import TYPE_CHECKING, Iterable
+
+from pipeboard.trainer.schedule.actions import Schedule, ScheduleError
+from pipeboard.trainer.schedule.stash import B, BI, F, W, batched_weight_counts, peak_versions, schedule_columns
+
+if TYPE_CHECKING:
+    import numpy as np
+
+# copies of the weights an optimizer keeps as state
+OPTIMIZER_STATES = {"none": 0, "sgd-plain": 0, "sgd": 1, "rmsprop": 1, "adagrad": 1, "adam": 2, "adamw": 2}
+
+
+@dataclass(frozen=True)
+class StageMemory:
+    """What one stage's memory is made of, per microbatch where it scales with microbatches."""
+
+    weight_bytes: int  # one version of the stage's parameters
+    activation_bytes: int  # saved between a microbatch's forward and its backward
+    input_bytes: int = 0  # the activation arriving at the stage (what recompute keeps)
+    output_bytes: int = 0  # the activation leaving it (the size of the gradient that comes back)
+
+    def __post_init__(self) -> None:
+        for name, value in asdict(self).items():
+            if value < 0:
+                raise ScheduleError(f"memory: {name} must be >= 0, got {value}")
+
+    def kept_per_microbatch(self, recompute: bool) -> int:
+        return self.input_bytes if recompute else self.activation_bytes
+
+
+@dataclass(frozen=True)
+class WorkerMemory:
+    """Peak bytes of one worker, by part; ``total`` is what a cap is checked against."""
+
+    weights: int
+    gradients: int
+    optimizer: int
+    activations: int
+    boundary: int
+    versions: int  # most weight versions of one stage held at once
+    in_flight: int  # most (microbatch, stage) pairs in flight at once
+
+    @property
+    def total(self) -> int:
+        return self.weights + self.gradients + self.optimizer + self.activations + self.boundary
+
+    def as_dict(self) -> dict[str, int]:
+        return asdict(self) | {"total": self.total}
+
+
+def optimizer_copies(optimizer: str) -> int:
+    try:
+        return OPTIMIZER_STATES[optimizer]
+    except KeyError:
+        raise ScheduleError(f"optimizer: one of {', '.join(sorted(OPTIMIZER_STATES))}, got {optimizer!r}") from None
+
+
+def activation_walk(code: np.ndarray, stage: np.ndarray, mb: np.ndarray, kept: list[int], rebuilt: list[int]
+                    ) -> tuple[int, int]:
+    """(peak bytes, peak pairs) of activations along one worker's action columns. ``kept[s]``:
+    bytes a forward of stage s leaves until its backward; ``rebuilt[s]``: bytes a backward of s
+    rebuilds on top of that for its own duration (recompute), 0 otherwise."""
+    import numpy as np
+    kept_a = np.asarray(kept, np.int64)[np.clip(stage, 0, None)]
+    fwd = code == F
+    release = (code == B) | (code == W)
+    pairs = fwd.astype(np.int64) - release
+    for i, n in batched_weight_counts(code, stage, mb).items():
+        pairs[i] = -n
+    delta = np.where(fwd, kept_a, 0) - np.where(release, kept_a, 0)
+    for i, n in batched_weight_counts(code, stage, mb).items():
+        delta[i] = -n * kept_a[i]
+    level = np.cumsum(delta)
+    # a backward's rebuilt activation exists while it runs: before its own release is applied
+    before = level - delta
+    transient = np.where((code == B) | (code == BI), np.asarray(rebuilt, np.int64)[np.clip(stage, 0, None)], 0)
+    peak = max(int(level.max(initial=0)), int((before + transient).max(initial=0)))
+    return peak, int(np.cumsum(pairs).max(initial=0))
+
+
+def worker_memory(schedule: Schedule, stages: list[StageMemory], *, optimizer: str = "sgd",
+                  recompute: Iterable[int] = (), cols: list[tuple] | None = None) -> list[WorkerMemory]:
+    """Peak memory of each worker of ``schedule``; ``stages`` has one entry per virtual stage,
+    ``recompute`` names the virtual stages whose activations are recomputed in the backward."""
+    if len(stages) != schedule.num_stages:
+        raise ScheduleError(f"memory: {len(stages)} stages given; the schedule has {schedule.num_stages}")
+    redo = set(recompute)
+    bad = sorted(s for s in redo if not 0 <= s < schedule.num_stages)
+    if bad:
+        raise ScheduleError(f"recompute: stage {bad[0]} is not a stage of this schedule (0..{schedule.num_stages - 1})")
+    copies = optimizer_copies(optimizer)
+    if cols is None:
+        cols, _ = schedule_columns(schedule)
+    kept = [st.kept_per_microbatch(s in redo) for s, st in enumerate(stages)]
+    rebuilt = [st.activation_bytes if s in redo else 0 for s, st in enumerate(stages)]
+    out = []
+    for spec, (code, stage, mb, version) in zip(schedule.workers, cols):
+        versions = {s: peak_versions(code, stage, version, s) for s in spec.stages}
+        weights = sum(versions[s] * stages[s].weight_bytes for s in spec.stages)
+        one = sum(stages[s].weight_bytes for s in spec.stages)
+        acts, pairs = activation_walk(code, stage, mb, kept, rebuilt)
+        boundary = sum(stages[s].input_bytes + stages[s].output_bytes for s in spec.stages)
+        out.append(WorkerMemory(weights=weights, gradients=one, optimizer=copies * one, activations=acts,
+                                boundary=boundary, versions=max(versions.values(), default=0), in_flight=pairs))
+    return out
+
+
+def stage_memory_from_costs(per_stage) -> list[StageMemory]:
+    """The memory inputs a list of simulator ``StageCosts`` carries (no boundary sizes)."""
+    return [StageMemory(weight_bytes=c.weight_bytes, activation_bytes=c.activation_bytes) for c in per_stage]
