@@ -1,0 +1,56 @@
+"""memory_fit: a plan under a memory cap turns recompute on where a stage does not fit, and a
+cap nothing fits gets one line naming the smallest need."""
+
+import pytest
+
+from pipeboard.trainer.plan.errors import PlanError
+from pipeboard.trainer.plan.memory_fit import choose_under_cap, least_memory, plan_memory, with_recompute
+from pipeboard.trainer.schedule.build import build
+from pipeboard.trainer.schedule.memory_model import StageMemory, worker_memory
+
+
+def two_stage_plan(method="pipedream", first_act=1000, params=100):
+    return {"method": method, "stages": [
+        {"replicas": 1, "parameter_bytes": params, "activation_bytes": first_act, "activation_bytes_out": 10},
+        {"replicas": 1, "parameter_bytes": params, "activation_bytes": 50, "activation_bytes_out": 0},
+    ]}
+
+
+def test_plan_memory_is_memory_model_per_stage():
+    fit = plan_memory(two_stage_plan(), "1f1b", 4, optimizer="sgd")
+    stages = [StageMemory(100, 1000, 0, 10), StageMemory(100, 50, 10, 0)]
+    expected = [w.total for w in worker_memory(build("1f1b", 2, 4), stages, optimizer="sgd")]
+    assert fit.memory_bytes == expected and fit.recompute == [False, False]
+    # 1f1b: stage 0 holds 2 microbatches of 1000 bytes, plus weights, gradients, momentum, boundary
+    assert fit.memory_bytes[0] == 2 * 1000 + 3 * 100 + 10
+
+
+def test_a_stage_over_the_cap_recomputes_and_the_other_does_not():
+    plain = plan_memory(two_stage_plan(), "1f1b", 4, optimizer="sgd")
+    cap = plain.memory_bytes[0] - 1
+    fit = with_recompute(two_stage_plan(), "1f1b", 4, cap, optimizer="sgd")
+    assert fit.recompute == [True, False]
+    assert fit.memory_bytes[0] <= cap and fit.memory_bytes[1] == plain.memory_bytes[1]
+
+
+def test_the_first_candidate_that_fits_is_chosen():
+    big, small = two_stage_plan("pipedream", params=10_000), two_stage_plan("uniform", params=100)
+    cap = least_memory(small, "gpipe", 4) + 1
+    chosen, fit = choose_under_cap([big, small], "gpipe", 4, cap)
+    assert chosen is small and fit.peak <= cap
+
+
+def test_a_cap_nothing_fits_names_the_smallest_need():
+    plans = [two_stage_plan("pipedream", params=10_000), two_stage_plan("uniform", params=100)]
+    need = least_memory(plans[1], "gpipe", 4)
+    with pytest.raises(PlanError) as info:
+        choose_under_cap(plans, "gpipe", 4, 10)
+    message = str(info.value)
+    assert "\n" not in message and f"smallest any plan needs is {need} bytes (uniform" in message
+
+
+def test_bad_recompute_and_schedule_are_plan_errors():
+    with pytest.raises(PlanError, match="recompute: 1 entries"):
+        plan_memory(two_stage_plan(), "gpipe", 2, recompute=[True])
+    with pytest.raises(PlanError):
+        plan_memory(two_stage_plan(), "no-such-schedule", 2)
