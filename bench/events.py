@@ -67,11 +67,15 @@ def measure(name: str, env: dict[str, str], events: int, rate: float) -> dict[st
     Base.metadata.create_all(engine)
     from sqlalchemy.orm import Session
 
+    from pipeboard.app.services.tokens import create_token
+
     with Session(engine) as s:
         job = Job(name="bench", spec={"model": "bench"}, status=JobStatus.RUNNING)
         s.add(job)
+        _, token = create_token(s, "bench", "admin")  # reads need a token: the admin's sees this job
         s.commit()
         job_id = job.id
+    auth = {"Authorization": f"Bearer {token}"}
     engine.dispose()
     full_env = {**os.environ, **env}
     port = free_port()
@@ -84,7 +88,7 @@ def measure(name: str, env: dict[str, str], events: int, rate: float) -> dict[st
         deadline = time.monotonic() + 60
         while True:
             try:
-                if httpx.get(url + "/api/v1/tokens/me").status_code == 200:
+                if httpx.get(url + "/api/v1/tokens/me", headers=auth).status_code == 200:
                     break
             except httpx.HTTPError:
                 time.sleep(0.2)
@@ -93,7 +97,8 @@ def measure(name: str, env: dict[str, str], events: int, rate: float) -> dict[st
         done = threading.Event()
 
         def client() -> None:
-            with httpx.stream("GET", f"{url}/api/v1/jobs/{job_id}/events", timeout=httpx.Timeout(10, read=120)) as response:
+            with httpx.stream("GET", f"{url}/api/v1/jobs/{job_id}/events", headers=auth,
+                              timeout=httpx.Timeout(10, read=120)) as response:
                 for message in parse_stream(response.iter_lines()):
                     now = time.time()
                     data = json.loads(message["data"])

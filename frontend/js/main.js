@@ -103,7 +103,8 @@ window.addEventListener('pipeboard:unauthorized', () => {
   if (path !== '/signin') navigate(`/signin?next=${encodeURIComponent(path)}`);
 });
 window.addEventListener('pipeboard:token', renderAuth);
-window.addEventListener('hashchange', () => { route(); view.focus({ preventScroll: true }); });
+// A sign-in link opened while the dashboard is already open (another user's, say) signs in too.
+window.addEventListener('hashchange', () => { adoptTokenFromUrl(); route(); view.focus({ preventScroll: true }); });
 
 adoptTokenFromUrl();
 renderAuth();
