@@ -52,6 +52,9 @@ class RunConfig:
     # schedule does not honour them (its spec's weight_grads), it ignores this: dp and zb-h1
     # (zb-h1 places its W itself).
     weight_grads: str = "batched"
+    # virtual stages whose activations are recomputed in the backward (torch.utils.checkpoint over
+    # the stage's layers): a stage keeps only its inputs per microbatch in flight; None: none
+    recompute: list[int] | None = None
     # Length: exactly one of these is normally set; none means one epoch.
     epochs: float | None = None
     steps: int | None = None
@@ -171,6 +174,13 @@ class RunConfig:
             raise ConfigError(f"weight_grads: must be one of {', '.join(WEIGHT_GRADS)}, got {self.weight_grads!r}")
         if self.chunks < 1:
             raise ConfigError(f"chunks: must be >= 1, got {self.chunks}")
+        if self.recompute is not None:
+            known = (len(self.stages) if self.stages is not None else self.num_stages)
+            total = known * self.chunks if known is not None else None
+            for s in self.recompute:
+                if isinstance(s, bool) or not isinstance(s, int) or s < 0 or (total is not None and s >= total):
+                    raise ConfigError(f"recompute: stage {s!r} is not a stage of this run"
+                                      + (f" (0..{total - 1})" if total is not None else ""))
         given = [n for n, v in (("epochs", self.epochs), ("steps", self.steps), ("target", self.target)) if v is not None]
         if len(given) > 1:
             raise ConfigError(f"{given[1]}: give only one of --epochs, --steps, --target")

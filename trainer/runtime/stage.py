@@ -18,6 +18,7 @@ from typing import Callable
 import torch
 import torch.distributed as dist
 from torch import nn
+from torch.utils.checkpoint import checkpoint
 
 from pipeboard.trainer.runtime.versions import WeightVersions
 from pipeboard.trainer.runtime.weightgrad import CallRecorder, PendingWeights, backward_inputs, backward_weights, get_attr_slots
@@ -38,8 +39,12 @@ class Stage:
         ddp: nn.Module | None = None,
         layer_calls: bool = True,
         autocast: Callable[[], object] = nullcontext,
+        recompute: bool = False,
     ) -> None:
         self.index = index
+        # activation recompute: the forward keeps only its inputs; the backward reruns it
+        # (torch.utils.checkpoint, non-reentrant) against the same weight version's tensors
+        self.recompute = recompute
         self.module = module
         self.ddp = ddp  # DistributedDataParallel wrapper (dp schedule), else None
         self.versions = WeightVersions(module, optimizer, stash)
@@ -115,7 +120,10 @@ class Stage:
             self._recorder.start()
         try:
             with self.autocast():
-                outputs = self._call(version, inputs)
+                if self.recompute:
+                    outputs = checkpoint(self._call, version, inputs, use_reentrant=False)
+                else:
+                    outputs = self._call(version, inputs)
                 if self.is_last:
                     loss = self.loss_fn(self._structured(outputs), target)
         finally:

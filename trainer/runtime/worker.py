@@ -142,7 +142,8 @@ def train(cfg: RunConfig, env: WorkerEnv) -> None:
             ddp = torch.nn.parallel.DistributedDataParallel(module, process_group=None)
         stages[s] = Stage(s, module, task.make_optimizer(module.parameters(), cfg.lr), is_first=s == 0,
                           is_last=s == S - 1, loss_fn=task.loss, stash=stash, loss_scale=scale, ddp=ddp,
-                          layer_calls=split, autocast=lambda: autocast(device.type, cfg.precision))
+                          layer_calls=split, autocast=lambda: autocast(device.type, cfg.precision),
+                          recompute=s in (cfg.recompute or ()))
     # Every worker built the whole model (same seed, same weights); keep only its own stages, so
     # a worker's memory is its stages' memory.
     del modules, module
