@@ -39,7 +39,7 @@ from pipeboard.app.services.tx import begin_write
 
 WRITE_SCOPES = ("write", "admin")
 SAFE_METHODS = ("GET", "HEAD")
-HOW_TO_GET_ONE = "`pipeboard token create NAME --scope write` on the server machine prints one"
+HOW_TO_GET_ONE = "an admin runs `pipeboard token create NAME --scope write --user YOU` on the server machine"
 
 # Declares bearer authentication in the OpenAPI document (and the Authorize button of /docs) on the
 # routes that need a token; the header itself is read by `bearer_from`, so that a malformed one is
