@@ -1,0 +1,94 @@
+"""The runtime's per-stage memory prediction, by the one formula (trainer/schedule/memory_model.py).
+
+Its inputs are read off the run's own stage modules on one example microbatch, before training:
+- one version of each stage's parameters (bytes of their storages, shared ones once);
+- what a stage's forward saves for its backward: every tensor autograd packs
+  (``saved_tensors_hooks``), each storage once, parameters left out (they are the weights);
+- the stage's boundary tensors (its input and its output for one microbatch).
+The schedule's own action lists then say how many microbatches and versions each worker keeps;
+the optimizer says how many copies of the weights its state holds.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Sequence
+
+import torch
+from torch import nn
+
+from pipeboard.trainer.precision import autocast
+from pipeboard.trainer.schedule.actions import Schedule
+from pipeboard.trainer.schedule.memory_model import StageMemory, WorkerMemory, worker_memory
+
+
+def _storage_key(t: torch.Tensor) -> tuple[int, int]:
+    s = t.untyped_storage()
+    return s.data_ptr(), s.nbytes()
+
+
+def _tensors(x: Any) -> list[torch.Tensor]:
+    if isinstance(x, torch.Tensor):
+        return [x]
+    if isinstance(x, (tuple, list)):
+        return [t for item in x for t in _tensors(item)]
+    return []
+
+
+def _bytes(tensors: list[torch.Tensor]) -> int:
+    return sum(t.numel() * t.element_size() for t in tensors)
+
+
+def optimizer_kind(optimizer: torch.optim.Optimizer | str) -> str:
+    """memory_model's optimizer name for a torch optimizer (or a task's optimizer name)."""
+    if isinstance(optimizer, str):
+        return optimizer
+    name = type(optimizer).__name__.lower()
+    if name == "sgd":
+        return "sgd" if any(g.get("momentum", 0) for g in optimizer.param_groups) else "sgd-plain"
+    return name
+
+
+def measure_stages(modules: Sequence[nn.Module], example, precision: str = "fp32",
+                   device_type: str = "cpu") -> list[StageMemory]:
+    """memory_model inputs of each stage: ``example`` (one microbatch's input) is run through the
+    stages in order, counting what each forward saves for its backward."""
+    out = []
+    xs = [t.detach() for t in _tensors(example)]
+    for index, module in enumerate(modules):
+        params = {_storage_key(p) for p in module.parameters()}
+        inputs = [t.detach().requires_grad_(True) if (index and t.dtype.is_floating_point) else t for t in xs]
+        saved: dict[tuple[int, int], int] = {}
+
+        def pack(t: torch.Tensor, params=params, saved=saved):
+            key = _storage_key(t)
+            if key not in params:
+                saved[key] = key[1]
+            return t
+
+        with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t), autocast(device_type, precision):
+            result = module(*inputs)
+        outs = _tensors(result)
+        weights = {_storage_key(p): p.untyped_storage().nbytes() for p in module.parameters()}
+        out.append(StageMemory(weight_bytes=sum(weights.values()), activation_bytes=sum(saved.values()),
+                               input_bytes=_bytes(inputs),  # held per microbatch in flight (stage 0: the data)
+                               output_bytes=_bytes(outs) if index < len(modules) - 1 else 0))
+        xs = [t.detach() for t in outs]
+    return out
+
+
+def predict_workers(schedule: Schedule, stages: list[StageMemory], optimizer: torch.optim.Optimizer | str,
+                    recompute: Sequence[int] = ()) -> list[WorkerMemory]:
+    """Per worker of ``schedule`` (one batch's action lists): memory_model's peak, by part."""
+    return worker_memory(schedule, stages, optimizer=optimizer_kind(optimizer), recompute=recompute)
+
+
+def predicted_bytes_per_stage(schedule: Schedule, stages: list[StageMemory], optimizer: torch.optim.Optimizer | str,
+                              recompute: Sequence[int] = ()) -> dict[int, int]:
+    """Virtual stage -> predicted peak bytes of the worker process holding it (the figure a
+    run's per-stage ``memory`` entry measures; a stage's replicas hold the same)."""
+    workers = predict_workers(schedule, stages, optimizer, recompute)
+    out: dict[int, int] = {}
+    for spec, w in zip(schedule.workers, workers):
+        for s in spec.stages:
+            out[s] = max(out.get(s, 0), w.total)
+    return out
