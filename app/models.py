@@ -267,6 +267,10 @@ class JobAttempt(Base):
     rendezvous: Mapped[str | None] = mapped_column(String(300))  # host:port of torch's c10d rendezvous
     # the worker asked to run it: the one whose host holds the job's checkpoints (one-host jobs)
     prefer_node: Mapped[str | None] = mapped_column(String(255))
+    # GPUs the attempt holds while it runs: {"worker": Celery hostname, "devices": [index, ...]}
+    # (app/services/placement.py); None for a CPU attempt or once it ended
+    gpus: Mapped[dict[str, Any] | None]
+    waiting: Mapped[str | None] = mapped_column(Text)  # why a queued attempt has not started ("waiting: ...")
 
 
 class AttemptNode(Base):
@@ -366,3 +370,5 @@ class WorkerHeartbeat(Base):
     concurrency: Mapped[int]
     started_at: Mapped[datetime] = mapped_column(default=utcnow)
     seen_at: Mapped[datetime] = mapped_column(default=utcnow, index=True)
+    # its GPUs as torch reports them (app/core/devices.py), refreshed with each beat; [] for none
+    devices: Mapped[list[Any] | None]

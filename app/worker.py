@@ -21,6 +21,7 @@ from celery import Celery, signals
 
 from pipeboard.app.core import polling
 from pipeboard.app.core.config import Settings, get_settings, scheme_of
+from pipeboard.app.core.devices import probe_devices_apart
 
 logger = logging.getLogger(__name__)
 
@@ -115,6 +116,19 @@ class WorkerHeartbeatThread(threading.Thread):
         self.hostname, self.pool, self.concurrency, self.interval_s = hostname, pool, concurrency, interval_s
         self.stopped = threading.Event()
         self.started_at: Any = None
+        self.devices: list[dict[str, Any]] | None = None  # None until probed (after the first beat)
+
+    def probe(self) -> None:
+        """This worker's GPUs (app/core/devices.py), probed once at start; the same list goes with
+        every beat after (a GPU does not come or go under a running worker). A failed probe is
+        logged and reported as no GPU, so placement sends this worker no cuda job."""
+        try:
+            self.devices = probe_devices_apart()
+        except RuntimeError as exc:
+            logger.warning("%s; reporting no GPU", exc)
+            self.devices = []
+        logger.info("worker %s: %d GPU(s)%s", self.hostname, len(self.devices),
+                    "".join(f"; cuda:{d['index']} {d['name']}" for d in self.devices))
 
     def beat(self) -> None:
         from pipeboard.app.core.db import get_sessionmaker
@@ -125,7 +139,8 @@ class WorkerHeartbeatThread(threading.Thread):
         now = utcnow()
         self.started_at = self.started_at or now
         row = {"pid": os.getpid(), "pool": self.pool, "concurrency": self.concurrency, "started_at": self.started_at,
-               "seen_at": now, "host": get_settings().node_name, "address": get_settings().node_address or None}
+               "seen_at": now, "host": get_settings().node_name, "address": get_settings().node_address or None,
+               "devices": self.devices}
         with get_sessionmaker()() as session:
             # The write first, then an insert if there was no row: a read first (merge) would fail
             # at once on SQLite whenever another process wrote in between (app/services/tx.py).
@@ -134,9 +149,16 @@ class WorkerHeartbeatThread(threading.Thread):
             session.commit()
 
     def run(self) -> None:
+        probed = False
         while not self.stopped.is_set():
             try:
                 self.beat()
+                if not probed:
+                    # the first beat says the worker is alive at once (devices None: not known yet);
+                    # the probe imports torch in a child, seconds; then beat again with its answer
+                    probed = True
+                    self.probe()
+                    continue
             except Exception as exc:  # a missing table or a busy database must not kill the worker
                 logger.warning("worker heartbeat failed: %s", exc)
             self.stopped.wait(self.interval_s)

@@ -18,7 +18,7 @@ from tests.conftest import TEST_BASE_URL
 def test_health_reports_database_broker_and_no_workers(client: TestClient) -> None:
     response = client.get("/api/v1/health")
     assert response.status_code == 200
-    assert response.json() == {"database": "ok", "broker": "ok", "workers": 0, "version": VERSION}
+    assert response.json() == {"database": "ok", "broker": "ok", "workers": 0, "worker_devices": [], "version": VERSION}
 
 
 def test_workers_are_counted_from_fresh_heartbeats(client: TestClient, session: Session) -> None:
@@ -30,7 +30,24 @@ def test_workers_are_counted_from_fresh_heartbeats(client: TestClient, session: 
                         seen_at=utcnow() - timedelta(seconds=stale_after + 5)),
     ])
     session.flush()
-    assert client.get("/api/v1/health").json()["workers"] == 2
+    body = client.get("/api/v1/health").json()
+    assert body["workers"] == 2
+    # no GPU reported by either (the first has not probed yet: None; a CPU host: [])
+    assert body["worker_devices"] == [{"worker": "a@h", "host": "a@h", "devices": []},
+                                      {"worker": "b@h", "host": "b@h", "devices": []}]
+
+
+def test_health_lists_each_workers_gpus(client: TestClient, session: Session) -> None:
+    gpu = {"index": 0, "name": "NVIDIA H100 80GB HBM3", "memory_bytes": 85_520_809_984, "capability": "9.0",
+           "cuda": "12.8", "driver": "12.8"}
+    session.add_all([WorkerHeartbeat(hostname="pipeboard@gpu", host="gpu", pid=1, pool="prefork", concurrency=1,
+                                     devices=[gpu, {**gpu, "index": 1}]),
+                     WorkerHeartbeat(hostname="pipeboard@cpu", host="cpu", pid=2, pool="prefork", concurrency=1,
+                                     devices=[])])
+    session.flush()
+    listed = {w["worker"]: w for w in client.get("/api/v1/health").json()["worker_devices"]}
+    assert listed["pipeboard@gpu"] == {"worker": "pipeboard@gpu", "host": "gpu", "devices": [gpu, {**gpu, "index": 1}]}
+    assert listed["pipeboard@cpu"]["devices"] == []
 
 
 def test_unreachable_broker_is_named_and_503(client: TestClient, tmp_path: Path) -> None:

@@ -1,0 +1,192 @@
+"""Which worker's GPUs a cuda job runs on, and why one waits.
+
+Workers report their GPUs with every heartbeat (``worker_heartbeats.devices``,
+app/core/devices.py); an attempt that was placed holds its GPUs (``job_attempts.gpus``) while it
+is queued for its worker or running, and an ended attempt holds none. From those two,
+``place`` decides, as a pure function of the inventories:
+
+- a cuda job needs one GPU per stage replica on its host (each process its own,
+  ``CUDA_VISIBLE_DEVICES`` and ``LOCAL_RANK``), or ``gpus_per_host`` GPUs that its processes
+  share when the job asks for that;
+- it runs only on a worker with that many GPUs free; two jobs never share a GPU;
+- among the workers that fit, the one left with the fewest free GPUs (best fit), so a large
+  free block stays whole for a large job: an 8-GPU worker runs two 4-GPU jobs side by side, and
+  two 1-GPU jobs on a 2-GPU worker take one GPU each;
+- where none fits now the job waits, saying so ("waiting: needs 4 GPUs, largest free block 2"),
+  and where no live worker could ever serve it (too few GPUs in all) it is refused.
+
+Dispatch uses Celery's own routing: a placed attempt is meant for its worker (``prefer_node``,
+which other workers' claims pass by) and its task goes to that worker's direct queue
+(``worker_direct``), as a resumed attempt does.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from datetime import timedelta
+from typing import Any, Callable
+
+from sqlalchemy import select
+from sqlalchemy.orm import Session
+
+from pipeboard.app.core.config import get_settings
+from pipeboard.app.models import JobAttempt, JobStatus, WorkerHeartbeat, utcnow
+
+HOLDING = (JobStatus.QUEUED, JobStatus.RUNNING)  # an attempt in these states keeps its GPUs
+WAITING_FOR_GPUS = "(waiting for GPUs)"  # prefer_node of a cuda attempt no worker may claim yet
+
+
+@dataclass(frozen=True)
+class WorkerInventory:
+    """A live worker's GPUs: ``gpus`` the indices it reports, ``held`` index -> the job holding it."""
+
+    worker: str  # Celery node name ("pipeboard@host")
+    host: str
+    gpus: tuple[int, ...]
+    held: dict[int, int] = field(default_factory=dict)
+
+    @property
+    def free(self) -> tuple[int, ...]:
+        return tuple(i for i in self.gpus if i not in self.held)
+
+
+@dataclass(frozen=True)
+class GpuRequest:
+    """A cuda job's need on one host: ``processes`` stage replicas there; ``gpus_per_host`` set
+    when they share that many GPUs (None: one GPU each)."""
+
+    job_id: int
+    processes: int
+    gpus_per_host: int | None = None
+
+    @property
+    def gpus(self) -> int:
+        return self.processes if self.gpus_per_host is None else self.gpus_per_host
+
+
+@dataclass(frozen=True)
+class GpuPlacement:
+    worker: str
+    devices: tuple[int, ...]
+
+    @property
+    def visible(self) -> str:
+        """``CUDA_VISIBLE_DEVICES`` for the run: its processes see these GPUs as cuda:0, 1, ..."""
+        return ",".join(str(i) for i in self.devices)
+
+    def as_row(self) -> dict[str, Any]:
+        return {"worker": self.worker, "devices": list(self.devices)}
+
+
+@dataclass(frozen=True)
+class Waiting:
+    reason: str
+
+
+def _plural(n: int) -> str:
+    return f"{n} GPU" if n == 1 else f"{n} GPUs"
+
+
+def refusal(request: GpuRequest, workers: list[WorkerInventory]) -> str | None:
+    """Why no live worker could ever serve ``request`` (even with every GPU free), else None."""
+    if request.gpus_per_host is not None and not 1 <= request.gpus_per_host <= request.processes:
+        return f"machine.gpus_per_host: must be 1 to {request.processes} (the job's processes on a host)"
+    largest = max((len(w.gpus) for w in workers), default=0)
+    if largest == 0:
+        return "machine.device: device cuda: no live worker reports a GPU (GET /api/v1/workers)"
+    if request.gpus > largest:
+        return (f"layout.workers: the job needs {_plural(request.gpus)} on one worker (one per stage replica; "
+                f"machine.gpus_per_host shares fewer); the largest live worker has {largest}")
+    return None
+
+
+def place(request: GpuRequest, workers: list[WorkerInventory]) -> GpuPlacement | Waiting:
+    """Where ``request`` runs now (best fit, the lowest free indices), or why it waits."""
+    need = request.gpus
+    fits = [w for w in workers if len(w.free) >= need]
+    if not fits:
+        largest = max((len(w.free) for w in workers), default=0)
+        return Waiting(f"waiting: needs {_plural(need)}, largest free block {largest}")
+    best = min(fits, key=lambda w: (len(w.free) - need, w.worker))
+    return GpuPlacement(best.worker, best.free[:need])
+
+
+def place_in_order(requests: list[GpuRequest], workers: list[WorkerInventory]) -> dict[int, GpuPlacement | Waiting]:
+    """``place`` for queued jobs in turn (their queue order), each placement holding its GPUs
+    for the ones after it: what the dispatcher does in one pass."""
+    inventories = {w.worker: w for w in workers}
+    out: dict[int, GpuPlacement | Waiting] = {}
+    for r in requests:
+        decision = place(r, list(inventories.values()))
+        out[r.job_id] = decision
+        if isinstance(decision, GpuPlacement):
+            w = inventories[decision.worker]
+            inventories[w.worker] = WorkerInventory(w.worker, w.host, w.gpus,
+                                                    {**w.held, **{i: r.job_id for i in decision.devices}})
+    return out
+
+
+# ---- the database side: inventories from heartbeats and attempts ---------------------------------
+
+def live_inventories(session: Session) -> list[WorkerInventory]:
+    """Every live worker (fresh heartbeat) with the GPUs it reports and those its placed,
+    unfinished attempts hold."""
+    cutoff = utcnow() - timedelta(seconds=get_settings().stale_after_seconds)
+    beats = session.scalars(select(WorkerHeartbeat).where(WorkerHeartbeat.seen_at >= cutoff)
+                            .order_by(WorkerHeartbeat.hostname)).all()
+    held: dict[str, dict[int, int]] = {}
+    for job_id, gpus in session.execute(select(JobAttempt.job_id, JobAttempt.gpus)
+                                        .where(JobAttempt.gpus.is_not(None), JobAttempt.status.in_(HOLDING))).all():
+        for i in gpus.get("devices", []):
+            held.setdefault(gpus.get("worker"), {})[int(i)] = job_id
+    return [WorkerInventory(b.hostname, b.host or b.hostname, tuple(int(d["index"]) for d in (b.devices or [])),
+                            held.get(b.hostname, {}))
+            for b in beats]
+
+
+def gpu_workers(session: Session) -> int:
+    """Live workers that report at least one GPU."""
+    return sum(1 for w in live_inventories(session) if w.gpus)
+
+
+def workers_view(session: Session) -> list[dict[str, Any]]:
+    """Each live worker with its GPUs, each free or held by a job (``GET /api/v1/workers``)."""
+    cutoff = utcnow() - timedelta(seconds=get_settings().stale_after_seconds)
+    inventories = {w.worker: w for w in live_inventories(session)}
+    rows = session.scalars(select(WorkerHeartbeat).where(WorkerHeartbeat.seen_at >= cutoff)
+                           .order_by(WorkerHeartbeat.hostname)).all()
+    out = []
+    for b in rows:
+        held = inventories[b.hostname].held if b.hostname in inventories else {}
+        out.append({"worker": b.hostname, "host": b.host or b.hostname, "pool": b.pool, "concurrency": b.concurrency,
+                    "started_at": b.started_at, "seen_at": b.seen_at, "devices_reported": b.devices is not None,
+                    "devices": [{**d, "job_id": held.get(int(d["index"]))} for d in (b.devices or [])]})
+    return out
+
+
+def dispatch(session: Session, job_id: int, attempt: int, request: GpuRequest,
+             send: Callable[[int, str, int], None]) -> GpuPlacement | Waiting:
+    """Place a queued cuda attempt: on a fit, it holds its GPUs, is meant for its worker and
+    ``send(job_id, worker, attempt)`` queues its task on that worker's direct queue; otherwise it
+    waits, meant for no worker, with its reason. The caller commits (after a send that raised,
+    it rolls back: the job is not left holding GPUs for a task that never went)."""
+    row = session.get(JobAttempt, (job_id, attempt))
+    if row is None:
+        raise LookupError(f"job {job_id} has no attempt {attempt}")
+    decision = place(request, live_inventories(session))
+    if isinstance(decision, GpuPlacement):
+        row.gpus, row.prefer_node, row.waiting = decision.as_row(), decision.worker, None
+        session.flush()
+        send(job_id, decision.worker, attempt)
+    else:
+        row.gpus, row.prefer_node, row.waiting = None, WAITING_FOR_GPUS, decision.reason
+    return decision
+
+
+def held_devices(session: Session, job_id: int, attempt: int) -> str | None:
+    """``CUDA_VISIBLE_DEVICES`` for an attempt that holds GPUs (the runner sets it for the
+    training processes), None for one that holds none."""
+    row = session.get(JobAttempt, (job_id, attempt))
+    if row is None or not row.gpus:
+        return None
+    return ",".join(str(i) for i in row.gpus["devices"])
