@@ -123,6 +123,10 @@ def register(cli: typer.Typer) -> None:
             "batched", "--weight-grads",
             help="batched: backwards compute input gradients, one pass per update the weight gradients of all "
                  f"its microbatches; immediate: each backward computes both. {ignoring} ignore it."),
+        recompute: Optional[str] = typer.Option(
+            None, "--recompute",
+            help="Activation recompute: all, none, or stage numbers (0,2): those stages keep only their inputs per "
+                 "microbatch in flight and rerun their forward in the backward (less memory, more compute)."),
         lr: Optional[float] = typer.Option(None, "--lr"),
         optimizer: Optional[str] = typer.Option(None, "--optimizer", help="adam, adamw or sgd (default: the task's)."),
         seed: int = typer.Option(0, "--seed"),
@@ -183,6 +187,8 @@ def register(cli: typer.Typer) -> None:
                     cpu_matmul=cpu_matmul)
                 if plan is not None:
                     cfg = cfg.with_plan(_load_plan(plan))
+                if recompute is not None:
+                    cfg = cfg.with_(recompute=_recompute_stages(recompute, cfg))
             cfg.validate()
             from pipeboard.trainer.runtime.launch import run_training
             from pipeboard.trainer.runtime.sinks import JsonlSink, MultiSink
@@ -229,3 +235,21 @@ def register(cli: typer.Typer) -> None:
             from pipeboard.trainer.runtime.launch import summary_line
 
             typer.echo(summary_line(summary))
+
+
+def _recompute_stages(text: str, cfg) -> list[int] | None:
+    """--recompute all|none|0,2 as the run's list of virtual stages (ConfigError naming the flag)."""
+    from pipeboard.trainer.runtime.config import ConfigError
+
+    word = text.strip().lower()
+    if word == "none":
+        return None
+    if word == "all":
+        known = len(cfg.stages) if cfg.stages is not None else cfg.num_stages
+        if known is None:
+            raise ConfigError("recompute: 'all' needs --stages or --plan")
+        return list(range(known * cfg.chunks))
+    try:
+        return sorted({int(part) for part in word.split(",") if part.strip()})
+    except ValueError:
+        raise ConfigError(f"recompute: all, none or stage numbers like 0,2; got {text!r}") from None

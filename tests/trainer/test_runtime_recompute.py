@@ -65,3 +65,17 @@ def test_a_recomputing_stage_reruns_its_forward_in_the_backward():
     (plain_calls, plain_grads), (redo_calls, redo_grads) = forwards(False), forwards(True)
     assert (plain_calls, redo_calls) == (1, 2)
     assert all(torch.allclose(a, b, atol=1e-6) for a, b in zip(plain_grads, redo_grads))
+
+
+def test_the_train_cli_takes_recompute_and_refuses_a_bad_value_in_one_line():
+    import subprocess
+    import sys
+
+    cli = [sys.executable, "-c", "from pipeboard.app.cli import main; main()", "train", "--model", "mlp",
+           "--model-arg", "depth=2", "--model-arg", "width=32", "--model-arg", "samples=256", "--batch-size", "16",
+           "--microbatches", "4", "--stages", "2", "--schedule", "1f1b", "--steps", "2", "--json"]
+    ok = subprocess.run([*cli, "--recompute", "all"], capture_output=True, text=True, timeout=120)
+    assert ok.returncode == 0, ok.stderr
+    for bad, says in (("x", "recompute: all, none or stage numbers"), ("5", "recompute: stage 5 is not a stage")):
+        r = subprocess.run([*cli, "--recompute", bad], capture_output=True, text=True, timeout=120)
+        assert r.returncode == 2 and says in r.stderr and len(r.stderr.strip().splitlines()) == 1, r.stderr
