@@ -11,6 +11,7 @@ const ROUTES = [
   { pattern: /^\/jobs\/(\d+)$/, page: 'job', nav: 'jobs', title: 'Job', charts: true, keys: ['id'] },
   { pattern: /^\/plans\/(\d+)$/, page: 'plan', nav: 'new', title: 'Plan', charts: true, keys: ['id'] },
   { pattern: /^\/compare$/, page: 'compare', nav: 'compare', title: 'Compare', charts: true },
+  { pattern: /^\/workers$/, page: 'workers', nav: 'workers', title: 'Workers' },
   { pattern: /^\/signin$/, page: 'signin', nav: '', title: 'Sign in' },
 ];
 
