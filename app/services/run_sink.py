@@ -24,7 +24,7 @@ from typing import Any, Sequence
 from sqlalchemy import func, insert, select, update
 
 from pipeboard.app.core.db import get_sessionmaker
-from pipeboard.app.models import EventSource, Job, JobStatus, MetricPoint
+from pipeboard.app.models import EventSource, Job, JobEvent, JobStatus, MetricPoint
 from pipeboard.app.models import TimelineEvent as TimelineEventRow
 from pipeboard.app.services import attempts
 from pipeboard.app.services import events as job_events
@@ -37,6 +37,8 @@ log = logging.getLogger(__name__)
 # A timeline batch's events ride along in its SSE message up to this many; a bigger batch only
 # announces its seq range and the client fetches /timeline (keeps the log and the stream small).
 INLINE_EVENTS = 2000
+# The job-log event kind the job page's "record the next N steps" appends; the running job reads it.
+DETAIL_REQUEST = "detail_request"
 
 
 def compact(ev: TimelineEvent) -> list[Any]:
@@ -65,6 +67,7 @@ class DbSink:
         self.attempt = int(attempt if attempt is not None else job.attempt)
         self._timeline_seq = self._max_seq(TimelineEventRow.seq, TimelineEventRow.source == EventSource.MEASURED)
         self._metric_seq = self._max_seq(MetricPoint.seq)
+        self._request_seq = job_events.last_seq(self.session, self.job_id)  # requests before this run are not for it
         self._own_group = os.environ.get("PIPEBOARD_RUN_GROUP") == "1" if own_group is None else own_group
         self.session.commit()  # end the reads above: the first write must start a fresh transaction
         begin_write(self.session)
@@ -117,7 +120,7 @@ class DbSink:
         first = self._metric_seq + 1
         rows = [
             {"job_id": self.job_id, "seq": first + i, "step": r.step, "wall_s": float(r.wall_s) + self.offset_s,
-             "epoch": float(r.epoch), "values": {k: float(v) for k, v in r.values.items()}, "attempt": self.attempt}
+             "epoch": float(r.epoch), "values": _values(r.values), "attempt": self.attempt}
             for i, r in enumerate(records)
         ]
         self.session.execute(insert(MetricPoint), rows)
@@ -130,6 +133,17 @@ class DbSink:
         clean = {**_jsonable(summary), "attempt": self.attempt}
         self.session.execute(update(Job).where(Job.id == self.job_id).values(summary=clean))
         self._commit_with([("summary", clean)])
+
+    def detail_requested(self) -> int:
+        """Steps of detail asked for since the last call: ``detail_request`` events in the job's log
+        (``POST /jobs/{id}/detail`` appends them), read at each of the reporter's flushes."""
+        rows = self.session.execute(select(JobEvent.seq, JobEvent.payload).where(
+            JobEvent.job_id == self.job_id, JobEvent.kind == DETAIL_REQUEST, JobEvent.seq > self._request_seq)).all()
+        self.session.commit()
+        if not rows:
+            return 0
+        self._request_seq = max(seq for seq, _ in rows)
+        return max(int((payload or {}).get("steps", 0)) for _, payload in rows)
 
     def close(self) -> None:
         self.session.close()
@@ -174,3 +188,8 @@ def _jsonable(value: Any) -> Any:
     if hasattr(value, "item"):
         return _jsonable(value.item())
     return str(value)
+
+
+def _values(values: dict[str, Any]) -> dict[str, Any]:
+    """A metric point's numbers as floats; the step summary (``stages``: rows of numbers) as it is."""
+    return {k: [[float(x) for x in row] for row in v] if k == "stages" else float(v) for k, v in values.items()}

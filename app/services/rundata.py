@@ -81,7 +81,7 @@ def metrics(session: Session, job_id: int, *, step_from: int | None = None, step
     rows = session.scalars(select(M).where(*where).order_by(M.seq)).all()
     kept = evenly(rows, limit)
     return MetricsPublic(
-        points=[MetricPointPublic(seq=r.seq, step=r.step, wall_s=r.wall_s, epoch=r.epoch, values=dict(r.values or {}), attempt=r.attempt)
+        points=[MetricPointPublic(seq=r.seq, step=r.step, wall_s=r.wall_s, epoch=r.epoch, values=_numbers(r.values), attempt=r.attempt)
                 for r in kept],
         total=len(rows),
         downsampled=len(kept) < len(rows),
@@ -95,3 +95,45 @@ def chrome_trace(session: Session, job_id: int, source: str = "measured") -> dic
     rows = session.scalars(select(T).where(T.job_id == job_id, T.source == EventSource(source)).order_by(T.seq)).all()
     events = [TimelineEvent(worker=r.worker, stage=r.stage, replica=r.replica, microbatch=r.microbatch, kind=r.kind, start=r.start, end=r.end, step=r.step) for r in rows]
     return to_chrome_trace(events)
+
+
+def _numbers(values: dict[str, Any] | None) -> dict[str, float]:
+    """A metric point's named numbers; the step summary (``stages``) is served by `step_summaries`."""
+    return {k: v for k, v in (values or {}).items() if k != "stages"}
+
+
+def step_summaries(session: Session, job_id: int, *, step_from: int | None = None, step_to: int | None = None,
+                   limit: int = 5000) -> dict[str, Any]:
+    """Every step's compact summary, columnar: steps, wall times, losses, samples/s, and per step one row per
+    stage (columns as ``trainer.runtime.detail.SUMMARY_COLUMNS``); evenly thinned to ``limit`` points."""
+    from pipeboard.trainer.runtime.detail import SUMMARY_COLUMNS
+
+    M = MetricPoint
+    rows = session.execute(select(M.step, M.wall_s, M.attempt, M.values).where(M.job_id == job_id, *_window(M, step_from, step_to, None))
+                           .order_by(M.seq)).all()
+    rows = [r for r in rows if "stages" in (r[3] or {})]
+    kept = evenly(rows, limit)
+    detail = session.execute(select(T.step).where(T.job_id == job_id, T.source == EventSource.MEASURED).group_by(T.step)
+                             .order_by(T.step)).scalars().all()
+    return {
+        "columns": list(SUMMARY_COLUMNS),
+        "step": [r[0] for r in kept],
+        "wall_s": [r[1] for r in kept],
+        "attempt": [r[2] for r in kept],
+        "loss": [r[3].get("loss") for r in kept],
+        "samples_per_s": [r[3].get("samples_per_s") for r in kept],
+        "stages": [r[3]["stages"] for r in kept],
+        "total": len(rows),
+        "downsampled": len(kept) < len(rows),
+        "detail_steps": _ranges(list(detail)),
+    }
+
+
+def _ranges(steps: list[int]) -> list[list[int]]:
+    out: list[list[int]] = []
+    for step in steps:
+        if out and step == out[-1][1] + 1:
+            out[-1][1] = step
+        else:
+            out.append([step, step])
+    return out

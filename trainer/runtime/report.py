@@ -13,6 +13,7 @@ import time
 from collections import defaultdict
 from typing import Any
 
+from pipeboard.trainer.runtime.detail import DetailPolicy, DetailWindows, step_summary
 from pipeboard.trainer.schedule.actions import TimelineEvent
 from pipeboard.trainer.schedule.measured import AFTER_PAUSE, steady_step_s
 from pipeboard.trainer.sink import MetricRecord, Sink
@@ -24,14 +25,17 @@ LAST_MESSAGE_GRACE_S = 5.0
 
 
 class Reporter:
-    def __init__(self, sink: Sink, world: int, batch_size: int, metric_name: str, flush_s: float = 0.5) -> None:
+    def __init__(self, sink: Sink, world: int, batch_size: int, metric_name: str, flush_s: float = 0.5,
+                 detail: DetailPolicy | None = None) -> None:
         self.sink = sink
         self.world = world
         self.batch_size = batch_size
         self.metric_name = metric_name
         self.flush_s = flush_s
         self.workers: dict[int, dict[str, Any]] = {}
-        self.events: list[TimelineEvent] = []
+        self.events: list[TimelineEvent] = []  # the actions of steps in a detail window, to write
+        self.step_events: dict[int, list[TimelineEvent]] = defaultdict(list)  # step -> its actions until it completes
+        self.windows = DetailWindows(detail if detail is not None else DetailPolicy.from_env())
         self.records: list[MetricRecord] = []
         self.partial: dict[int, dict[int, tuple]] = defaultdict(dict)  # step -> rank -> stats
         self.step_time: dict[int, float] = {}  # step -> when its last worker finished it
@@ -60,6 +64,7 @@ class Reporter:
             _, _, stages, replica, pid, start, total, spe, matmul, host = msg
             self.workers[rank] = {"stages": stages, "replica": replica, "pid": pid, "cpu_matmul": matmul, "host": host}
             self.start_step, self.total_steps, self.steps_per_epoch = start, total, spe
+            self.windows.start_step = start
             if len(self.workers) == self.world:
                 pids = {r: w["pid"] for r, w in sorted(self.workers.items())}
                 hosts = {r: w["host"] for r, w in sorted(self.workers.items())}
@@ -84,13 +89,16 @@ class Reporter:
             self.exited.add(rank)
         elif kind == "error":
             self.errors.append((rank, msg[2], msg[3], msg[4]))
+            self.events.extend(self.windows.on_failure())  # the steps before the failure keep their detail
+            for step in sorted(self.step_events):  # and the step(s) it failed in, never completed
+                self.events.extend(self.windows.admit(step, self.step_events.pop(step)))
         self.maybe_flush()
 
     def _on_step(self, rank: int, step: int, wall: float, busy: float, losses: list[float], mem: int, events: list) -> None:
         info = self.workers.get(rank, {"stages": [], "replica": 0})
         replica = info["replica"]
         for kind, stage, mb, t0, t1, k in events:
-            self.events.append(TimelineEvent(rank, stage, replica, mb, kind, t0, t1, k))
+            self.step_events[k].append(TimelineEvent(rank, stage, replica, mb, kind, t0, t1, k))
         self.partial[step][rank] = (wall, busy, losses, mem)
         if len(self.partial[step]) < self.world:
             return
@@ -119,6 +127,13 @@ class Reporter:
             for s in sorted(per_stage):
                 values[f"utilization.{s}"] = min(1.0, sum(per_stage[s]) / len(per_stage[s]))
                 values[f"memory_bytes.{s}"] = float(max(mem_stage[s]))
+        step_events = self.step_events.pop(step, [])
+        stages = sorted({s for w in self.workers.values() for s in w["stages"]})
+        memory = {s: float(w_mem) for r, (_, _, _, w_mem) in parts.items() for s in self.workers.get(r, {"stages": []})["stages"]}
+        begin = prev if prev is not None else min((e.start for e in step_events), default=done)
+        # the step's compact summary: one row per stage (detail.SUMMARY_COLUMNS), kept for every step
+        values["stages"] = step_summary(step_events, stages, begin, done, memory)  # type: ignore[assignment]
+        self.events.extend(self.windows.take(step, step_events))
         self.records.append(MetricRecord(step=step + 1, wall_s=done, epoch=(step + 1) / self.steps_per_epoch,
                                          values=values))
 
@@ -132,9 +147,19 @@ class Reporter:
             events, self.events = self.events, []
             events.sort(key=lambda e: e.start)
             self.sink.on_events(events)
+            self.windows.written(len(events))
         if self.records:
             records, self.records = self.records, []
             self.sink.on_metrics(records)
+        self._poll_detail_requests()
+
+    def _poll_detail_requests(self) -> None:
+        """Steps of detail asked for while the job runs (the job page's "record the next N steps"):
+        a sink that can hear them (DbSink reads them from the job's event log) says how many."""
+        poll = getattr(self.sink, "detail_requested", None)
+        steps = poll() if callable(poll) else 0
+        if steps:
+            self.windows.request(steps, max(self.step_time, default=self.start_step - 1))
 
     def steady_samples_per_s(self) -> float | None:
         """Samples/s in the steady state: the batch over the measured time per step."""
@@ -177,4 +202,18 @@ class Reporter:
             # and how many products oneDNN computed in all (None: no worker had its kernels)
             "cpu_matmul": ",".join(sorted({w["cpu_matmul"] for w in self.workers.values() if w["cpu_matmul"]})) or None,
             "onednn_products": self._onednn_products(),
+            # which steps kept their full action timeline, and the actions dropped because the writer lagged
+            "detail_steps": _ranges(sorted(self.windows.kept_steps)),
+            "detail_dropped_actions": self.windows.dropped_actions,
         }
+
+
+def _ranges(steps: list[int]) -> list[list[int]]:
+    """[[first, last], ...] of consecutive steps: a compact list of the windows."""
+    out: list[list[int]] = []
+    for step in steps:
+        if out and step == out[-1][1] + 1:
+            out[-1][1] = step
+        else:
+            out.append([step, step])
+    return out

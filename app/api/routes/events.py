@@ -1,18 +1,21 @@
-"""`/jobs/{id}/events`: the live Server-Sent Events stream of one job."""
+"""`/jobs/{id}/events`: the live Server-Sent Events stream of one job; `/steps`, its per-step summaries;
+`/detail`, asking the running job to record its next steps' full action timeline."""
 
 from __future__ import annotations
 
 import re
-from typing import Annotated
+from typing import Annotated, Any
 
-from fastapi import APIRouter, Header, Query
+from fastapi import APIRouter, Body, Header, Query
 from fastapi.responses import StreamingResponse
 
 from pipeboard.app.api.common import AUTH_RESPONSES, NOT_FOUND, JobId, ServiceRoute
 from pipeboard.app.api import ownership
 from pipeboard.app.api.deps import SessionDep
-from pipeboard.app.api.security import ReadAccess
-from pipeboard.app.services import stream
+from pipeboard.app.api.security import ReadAccess, WriteAccess
+from pipeboard.app.services import events as job_log
+from pipeboard.app.services import rundata, stream
+from pipeboard.app.services.run_sink import DETAIL_REQUEST
 from pipeboard.app.services.errors import ServiceError
 
 MAX_EVENT_ID = 2**31 - 1
@@ -62,3 +65,50 @@ def job_events(
         media_type="text/event-stream",
         headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"},
     )
+
+
+@router.get(
+    "/{job_id}/steps",
+    summary="Every step's summary",
+    description=(
+        "Columnar, one entry per step: `step`, `wall_s`, `attempt`, `loss`, `samples_per_s`, and `stages`: per step one "
+        "row per stage with the values named by `columns` (busy, idle, bubble and transfer seconds, memory bytes, the "
+        "median F, B, BI and W seconds). Evenly thinned past `limit`. `detail_steps`: the [first, last] step ranges "
+        "whose full action timeline was recorded (the Gantt and the trace can show them)."
+    ),
+    responses=NOT_FOUND,
+)
+def job_steps(
+    job_id: JobId,
+    session: SessionDep,
+    principal: ReadAccess,
+    step_from: Annotated[int | None, Query(ge=0, le=2**31 - 1)] = None,
+    step_to: Annotated[int | None, Query(ge=0, le=2**31 - 1)] = None,
+    limit: Annotated[int, Query(ge=1, le=100_000)] = 5000,
+) -> dict[str, Any]:
+    ownership.job_for(session, principal, job_id)
+    return rundata.step_summaries(session, job_id, step_from=step_from, step_to=step_to, limit=limit)
+
+
+@router.post(
+    "/{job_id}/detail",
+    status_code=202,
+    summary="Record the next steps in full",
+    description=(
+        "Asks the running job to record the full action timeline of its next `steps` steps. The request goes into the "
+        "job's event log (a `detail_request` event); the run reads the log at each report it writes (every half second), "
+        "so it starts within a step or two. 409 when the job is not running."
+    ),
+    responses=NOT_FOUND,
+)
+def request_detail(
+    job_id: JobId,
+    session: SessionDep,
+    principal: WriteAccess,
+    steps: Annotated[int, Body(embed=True, ge=1, le=1000, description="How many steps to record.")] = 20,
+) -> dict[str, Any]:
+    job = ownership.job_for(session, principal, job_id)
+    if job.status.value != "running":
+        raise ServiceError(f"job {job_id} is {job.status.value}: only a running job can record detail", status=409, field="job_id")
+    published = job_log.append(session, job_id, [(DETAIL_REQUEST, {"steps": steps})])
+    return {"job_id": job_id, "steps": steps, "seq": published[0]["seq"]}
