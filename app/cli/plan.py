@@ -1,6 +1,7 @@
 """`pipeboard plan`: split a profile across a cluster with PipeDream's DP or a baseline.
 
-    pipeboard plan PROFILE|SPEC --workers N [N ...] --bandwidth B [B ...] [--memory BYTES]
+    pipeboard plan PROFILE|SPEC --workers N [N ...] --bandwidth B [B ...] [--memory BYTES
+        [--schedule NAME [--microbatches M] [--optimizer adam|adamw|sgd|sgd-plain]]]
         [--memory-constraint] [--straight] [--fewer-workers] [--activation-compression R]
         [--method pipedream|uniform|time|params|dp] [--json] [-o plan.json] [--compare]
 
@@ -135,6 +136,13 @@ def plan_command(
     fewer_workers: bool = typer.Option(False, "--fewer-workers", help="Allow leaving workers idle if that is faster."),
     activation_compression: float = typer.Option(1.0, "--activation-compression", help="Divide activation transfer times by R."),
     method: str = typer.Option("pipedream", "--method", help="pipedream | uniform | time | params | dp."),
+    schedule: str = typer.Option(
+        None, "--schedule",
+        help="With --memory: check the cap by the memory model (weights by versions kept, gradients, optimizer state, "
+             "activations in flight, boundary buffers) under this schedule, turning on activation recompute for the "
+             "stages that would not fit."),
+    microbatches: int = typer.Option(8, "--microbatches", help="With --schedule: microbatches per batch."),
+    optimizer: str = typer.Option("adam", "--optimizer", help="With --schedule: adam, adamw, sgd or sgd-plain."),
     as_json: bool = typer.Option(False, "--json", help="Print the plan as one JSON object."),
     output: Path = typer.Option(None, "-o", "--output", help="Also write the plan JSON here."),
     compare: bool = typer.Option(False, "--compare", help="Plan with every method and print a throughput table."),
@@ -173,7 +181,16 @@ def plan_command(
         options = dict(memory_bytes=memory, memory_constraint=memory_constraint, straight=straight,
                        fewer_workers=fewer_workers, activation_compression=activation_compression,
                        max_states=max_states)
-        if compare:
+        if schedule is not None:
+            from pipeboard.trainer.plan.memory_fit import plan_under_cap
+
+            if memory is None or compare or method != "pipedream" or memory_constraint:
+                fail("--schedule: give it with --memory, without --compare, --method or --memory-constraint")
+            if microbatches < 1:
+                fail(f"--microbatches: must be >= 1, got {microbatches}")
+            options.pop("memory_bytes"), options.pop("memory_constraint")
+            result, _ = plan_under_cap(prof, levels, memory, schedule, microbatches, optimizer=optimizer, **options)
+        elif compare:
             plans = compare_methods(prof, levels, **options)
             result = plans[0]
         else:

@@ -54,3 +54,34 @@ def test_bad_recompute_and_schedule_are_plan_errors():
         plan_memory(two_stage_plan(), "gpipe", 2, recompute=[True])
     with pytest.raises(PlanError):
         plan_memory(two_stage_plan(), "no-such-schedule", 2)
+
+
+def test_pipeboard_plan_under_a_cap_recomputes_or_names_the_smallest_need(tmp_path):
+    import json
+
+    from typer.testing import CliRunner
+
+    from pipeboard.app.cli import cli
+    from pipeboard.trainer.plan import Plan
+    from pipeboard.trainer.runtime.config import RunConfig
+    from tests.shared_data import graph_txt
+
+    def plan(*extra):
+        return CliRunner().invoke(cli, ["plan", str(graph_txt("alexnet")), "--workers", "2", "--bandwidth", "10e9",
+                                        "--straight", "--schedule", "gpipe", "--microbatches", "8", *extra])
+
+    roomy = plan("--memory", "1e15", "--json")
+    assert roomy.exit_code == 0, roomy.output
+    options = json.loads(roomy.output)["options"]
+    assert options["recompute"] == [False, False]
+    fullest = max(options["stage_memory_bytes"])
+    out = tmp_path / "plan.json"
+    tight = plan("--memory", str(fullest - 1), "--json", "-o", str(out))
+    assert tight.exit_code == 0, tight.output
+    options = json.loads(tight.output)["options"]
+    assert any(options["recompute"]) and max(options["stage_memory_bytes"]) <= fullest - 1
+    cfg = RunConfig(model="mlp", schedule="gpipe", batch_size=8, microbatches=8).with_plan(Plan.load(out))
+    assert cfg.recompute == [s for s, on in enumerate(options["recompute"]) if on]
+    nothing = plan("--memory", "1000")
+    assert nothing.exit_code == 2 and "smallest any plan needs is" in nothing.output
+    assert len(nothing.output.strip().splitlines()) == 1

@@ -120,3 +120,25 @@ def choose_under_cap(candidates: list[Any], schedule: str, microbatches: int, ca
     method = _plan_dict(candidates[which]).get("method", "plan")
     raise PlanError(f"memory_bytes: no plan fits in {int(cap)} bytes per worker under {schedule}; "
                     f"the smallest any plan needs is {need} bytes ({method}, recompute where it helps)")
+
+
+def plan_under_cap(profile, levels, cap: float, schedule: str, microbatches: int, *, optimizer: str = "adam",
+                   **options) -> tuple[Any, MemoryFit]:
+    """The planner under a memory cap per worker: PipeDream's plan first, then PipeDream's own
+    stash-constrained plan, then the baselines (uniform, time, params), each checked by
+    memory_model under ``schedule``, recompute on where a stage would not fit. The plan's options
+    record the per-stage ``recompute`` and predicted ``stage_memory_bytes``."""
+    from pipeboard.trainer.plan import plan as make_plan
+
+    candidates = [make_plan(profile, levels, **options)]
+    try:
+        candidates.append(make_plan(profile, levels, memory_bytes=cap, memory_constraint=True, **options))
+    except PlanError:
+        pass  # PipeDream's own check finds nothing: the baselines may still fit
+    base = {k: v for k, v in options.items() if k == "activation_compression"}
+    candidates += [make_plan(profile, levels, method=m, **base) for m in ("uniform", "time", "params")]
+    chosen, fit = choose_under_cap(candidates, schedule, microbatches, cap, optimizer=optimizer)
+    chosen.options = {**chosen.options, "memory_cap_bytes": cap, "memory_schedule": schedule,
+                      "memory_microbatches": microbatches, "optimizer": optimizer,
+                      "recompute": fit.recompute, "stage_memory_bytes": fit.memory_bytes}
+    return chosen, fit

@@ -133,7 +133,11 @@ class RunConfig:
         if registry.known(self.schedule) and registry.is_data_parallel(self.schedule):
             return replace(self, stages=[[n for s in stages for n in s]], replicas=None, num_stages=None,
                            workers=self.workers or sum(replicas))
-        return replace(self, stages=stages, replicas=replicas, num_stages=None)
+        # a plan made under a memory cap says which stages recompute (trainer/plan/memory_fit.py)
+        flags = (getattr(plan, "options", None) or {}).get("recompute")
+        recompute = ([s for s, on in enumerate(flags) if on] if flags and len(flags) == len(stages) and self.chunks == 1
+                     else self.recompute)
+        return replace(self, stages=stages, replicas=replicas, num_stages=None, recompute=recompute or None)
 
     @property
     def microbatch_size(self) -> int:
