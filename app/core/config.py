@@ -102,6 +102,18 @@ class Settings(BaseSettings):
     node_address: str = Field("", description=(
         "The address other worker hosts reach this one at (torch's rendezvous and the training processes); "
         "default the address NODE_NAME resolves to."))
+    # A long job keeps every step's summary, and its full action timeline only in windows (docs/storage.md).
+    # The run reads these from its environment (trainer.runtime.detail.DetailPolicy.from_env).
+    detail_first_steps: int = Field(50, ge=0, description="Steps at the start of every attempt whose full action timeline is kept.")
+    detail_every: int = Field(1000, ge=0, description="A detail window starts every this many steps (0: none).")
+    detail_width: int = Field(5, ge=0, description="Steps in each periodic detail window.")
+    detail_max_windows: int = Field(500, ge=0, description="Periodic detail windows at most per job: bounds a job's detail rows.")
+    detail_before_failure: int = Field(10, ge=0, description="Steps before a failure whose actions are kept (held in memory until then).")
+    detail_max_queued: int = Field(200_000, ge=0, description=(
+        "Actions waiting for the database at most; past it a window's actions are dropped (and counted), never a step's summary."))
+    detail_retention_days: float = Field(30.0, ge=0, description=(
+        "Finished jobs older than this lose their action timeline (summaries stay) when `pipeboard storage prune` "
+        "or the worker's daily prune runs; 0 keeps detail forever."))
 
     @field_validator("data_dir")
     @classmethod

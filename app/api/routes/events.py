@@ -14,7 +14,7 @@ from pipeboard.app.api import ownership
 from pipeboard.app.api.deps import SessionDep
 from pipeboard.app.api.security import ReadAccess, WriteAccess
 from pipeboard.app.services import events as job_log
-from pipeboard.app.services import rundata, stream
+from pipeboard.app.services import rundata, storage, stream
 from pipeboard.app.services.run_sink import DETAIL_REQUEST
 from pipeboard.app.services.errors import ServiceError
 
@@ -112,3 +112,18 @@ def request_detail(
         raise ServiceError(f"job {job_id} is {job.status.value}: only a running job can record detail", status=409, field="job_id")
     published = job_log.append(session, job_id, [(DETAIL_REQUEST, {"steps": steps})])
     return {"job_id": job_id, "steps": steps, "seq": published[0]["seq"]}
+
+
+@router.get(
+    "/{job_id}/storage",
+    summary="A job's disk use",
+    description=(
+        "Rows and bytes (the stored values, without index overhead) per table: `timeline_events` (the action "
+        "timeline, kept in windows), `metric_points` (one per step, with its summary), `job_events` (the event log); "
+        "`detail_steps`: how many steps keep their full actions. `pipeboard storage prune` reclaims finished jobs' detail."
+    ),
+    responses=NOT_FOUND,
+)
+def job_storage(job_id: JobId, session: SessionDep, principal: ReadAccess) -> dict[str, Any]:
+    ownership.job_for(session, principal, job_id)
+    return storage.usage(session, job_id)
