@@ -39,6 +39,53 @@ class _RegisteredSchedule:
 
 ScheduleName = Annotated[str, _RegisteredSchedule]
 
+CUSTOM_SCHEDULE = "custom"  # a job's or a what-if's own schedule file (layout.schedule_file / schedule_file)
+
+
+def _known_or_custom(value: str) -> str:
+    if value != CUSTOM_SCHEDULE and not schedules.known(value):
+        raise PydanticCustomError("enum", "Input should be {expected}",
+                                  {"expected": schedules.either((*schedules.names(), CUSTOM_SCHEDULE))})
+    return value
+
+
+class _RegisteredOrCustomSchedule:
+    """A registered schedule's name, or ``custom``: the request's own torch schedule file."""
+
+    @classmethod
+    def __get_pydantic_core_schema__(cls, _source: Any, _handler: Any) -> core_schema.CoreSchema:
+        return core_schema.no_info_after_validator_function(_known_or_custom, core_schema.str_schema())
+
+    @classmethod
+    def __get_pydantic_json_schema__(cls, _schema: Any, _handler: Any) -> dict[str, Any]:
+        return {"type": "string", "enum": [*schedules.names(), CUSTOM_SCHEDULE]}
+
+
+ScheduleOrCustom = Annotated[str, _RegisteredOrCustomSchedule]
+MAX_SCHEDULE_FILE_CHARS = 1_000_000  # a torch schedule file's text: ~100k actions
+
+
+def check_schedule_file(text: str | None) -> str | None:
+    """A schedule file's text checked as `pipeboard schedule import` checks one (a deadlock, a
+    missing action: one line naming the rank and the action), for the 422 naming the field."""
+    from pipeboard.trainer.schedule.actions import ScheduleError
+    from pipeboard.trainer.schedule.torchcsv import loads
+
+    if text is not None:
+        try:
+            loads(text)
+        except ScheduleError as exc:
+            raise PydanticCustomError("value_error", "{why}", {"why": str(exc)}) from None
+    return text
+
+
+def schedule_file_field(what: str) -> Any:
+    return Field(default=None, max_length=MAX_SCHEDULE_FILE_CHARS, description=(
+        f"{what} A schedule as torch's `_dump_csv` writes it (one row per worker, actions such as `0F3`, `1I2`, "
+        "`1W2`, `(0F3;3B1)OVERLAP_F_B`; torchtitan's `pipeline_parallel_schedule_csv`), as text: with `schedule` "
+        "`custom`, the run follows it. Checked here: a deadlock or a missing action is a 422 naming the rank and "
+        "the action."))
+
 
 def _described(text: Callable[[], str]) -> Callable[[dict[str, Any]], None]:
     """A field's ``json_schema_extra`` that writes its description when the schema is made."""

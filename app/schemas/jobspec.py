@@ -21,12 +21,13 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, model_validator
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 from pydantic_core import PydanticCustomError
 
 from pipeboard.app.schemas.common import (
-    DEFAULT_CHECKPOINT_EVERY, MAX_JOB_NODES, MAX_JOB_WORKERS, MAX_PLAN_WORKERS, NAME_PATTERN, Level, Method,
-    ScheduleName, WeightGrads, _described, schedule_field, total_workers, weight_grads_field)
+    CUSTOM_SCHEDULE, DEFAULT_CHECKPOINT_EVERY, MAX_JOB_NODES, MAX_JOB_WORKERS, MAX_PLAN_WORKERS, NAME_PATTERN, Level,
+    Method, ScheduleOrCustom, WeightGrads, _described, check_schedule_file, schedule_field, schedule_file_field,
+    total_workers, weight_grads_field)
 from pipeboard.trainer.schedule import registry as schedules
 
 SPEC_VERSION = 2
@@ -76,7 +77,9 @@ class LayoutSection(Section):
                                        description="Cluster levels for the planner, innermost first.")
     memory_bytes: float | None = Field(default=None, gt=0, description="Memory per worker: the planner's constraint.")
     method: Method = Field(default="pipedream", description="How the planner splits the model.")
-    schedule: Annotated[ScheduleName, Run("schedule")] = schedule_field("The pipeline schedule the job trains with.")
+    schedule: Annotated[ScheduleOrCustom, Run("schedule")] = schedule_field(
+        "The pipeline schedule the job trains with (`custom`: the job's own `schedule_file`).")
+    schedule_file: Annotated[str | None, Run("schedule_csv")] = schedule_file_field("The job's own schedule.")
     microbatches: Annotated[int, Run("microbatches")] = Field(default=4, ge=1, le=1024, description="Microbatches per step; they divide `model.batch_size`.")
     chunks: Annotated[int, Run("chunks")] = Field(default=1, ge=1, le=16, json_schema_extra=_described(lambda: (
         f"Model chunks per worker ({schedules.either(schedules.having(chunks=True), quote='')}; others take 1).")))
@@ -86,8 +89,12 @@ class LayoutSection(Section):
     nodes: int = Field(default=1, ge=1, le=MAX_JOB_NODES, description=(
         "Worker hosts the job trains on at once, reserved together (each runs an equal share of the processes)."))
 
+    _checked_file = field_validator("schedule_file")(check_schedule_file)
+
     @model_validator(mode="after")
     def _consistent(self) -> LayoutSection:
+        if (self.schedule == CUSTOM_SCHEDULE) != (self.schedule_file is not None):
+            raise spec_error("schedule 'custom' and schedule_file go together: give both, or neither")
         if self.workers is not None and self.levels is not None:
             raise spec_error("give either 'workers' or 'levels', not both")
         if self.workers is None and self.levels is None:
@@ -101,6 +108,15 @@ class LayoutSection(Section):
     @property
     def processes(self) -> int:
         return self.workers if self.workers is not None else total_workers(self.levels)
+
+    def schedule_to_run(self) -> str:
+        """The registered schedule the job runs: ``schedule``, or its own file's (registered in
+        this process under its content's name, trainer/schedule/torchcsv.py's register_text)."""
+        if self.schedule_file is None:
+            return self.schedule
+        from pipeboard.trainer.schedule.torchcsv import register_text
+
+        return register_text(self.schedule_file).name
 
 
 class LengthSection(Section):
@@ -177,6 +193,18 @@ class JobSpec(Section):
         if self.model.batch_size % layout.microbatches:
             out.append(("layout.microbatches", f"{layout.microbatches} microbatches do not divide "
                                                f"model.batch_size {self.model.batch_size} evenly"))
+        if layout.schedule_file is not None:
+            from pipeboard.trainer.schedule.torchcsv import loads
+
+            written = loads(layout.schedule_file)
+            wanted = (layout.processes, layout.chunks, layout.microbatches)
+            if (written.ranks, written.chunks, written.microbatches) != wanted:
+                out.append(("layout.schedule_file", f"written for {written.ranks} workers x {written.chunks} chunks and "
+                                                    f"{written.microbatches} microbatches; the job has layout.workers "
+                                                    f"{wanted[0]}, layout.chunks {wanted[1]}, layout.microbatches {wanted[2]}"))
+            if layout.vertical_sync:
+                out.append(("layout.vertical_sync", "a schedule file is synchronous: it has no vertical sync"))
+            return out
         schedule = schedules.get(layout.schedule)
         if layout.chunks > 1 and not schedule.chunks:
             out.append(("layout.chunks", f"{layout.schedule} runs one chunk per worker (schedules that take chunks: "

@@ -110,7 +110,7 @@ def _plan_inputs(session: Session, job: Job) -> tuple[Any, Any, list[int]] | Non
     plan = session.get(PlanRow, job.plan_id)
     profile = session.get(Profile, job.profile_id) if job.profile_id is not None else None
     layout = stored(job.spec).layout
-    chunks, micro, schedule = layout.chunks, layout.microbatches, layout.schedule
+    chunks, micro, schedule = layout.chunks, layout.microbatches, layout.schedule_to_run()
     sched = planning.runtime_schedule(plan.data, schedule, micro, chunks=chunks,
                                       vertical_sync=layout.vertical_sync, weight_grads=layout.weight_grads)
     costs = planning.profile_costs(plan.data, schedule, micro, profile.data if profile else None, chunks)
@@ -142,7 +142,7 @@ def correct(session: Session, job: Job, attempt: int, after: int = CORRECT_AFTER
     rows = session.scalars(select(T).where(*mine, T.step > first, T.step < first + after)).all()
     measured = [TimelineEvent(r.worker, r.stage, r.replica, r.microbatch, r.kind, r.start, r.end, r.step) for r in rows]
     layout = stored(job.spec).layout
-    schedule, chunks = layout.schedule, layout.chunks
+    schedule, chunks = layout.schedule_to_run(), layout.chunks
     fit = refit(costs, measured, schedule=schedule, microbatches=layout.microbatches,
                 batch_weight_grads=bool(sched.meta.get("batch_weight_grads")), replicas=replicas, chunks=chunks)
     return {"corrected_step_s": fit.step_s, "corrected_after_step": first + after, "terms": moved_terms(fit.terms)}

@@ -301,12 +301,13 @@ class JobRun:
         prof = profiles.get(self.session, profile_id)
         dumped = layout.model_dump(mode="json")
         levels = planning.levels_of(dumped["levels"], dumped["workers"])
+        schedule = layout.schedule_to_run()
         # the plan the job's own schedule runs fastest under the cost model that predicts it
         plan_obj = planning.make_plan(prof.data, levels, memory_bytes=layout.memory_bytes, method=layout.method,
-                                      schedule=layout.schedule, microbatches=layout.microbatches,
+                                      schedule=schedule, microbatches=layout.microbatches,
                                       weight_grads=layout.weight_grads, chunks=layout.chunks)
         micro = max(1, spec_of(job).model.batch_size // layout.microbatches)
-        sched, sim = planning.simulate(plan_obj, layout.schedule, layout.microbatches, samples_per_microbatch=micro,
+        sched, sim = planning.simulate(plan_obj, schedule, layout.microbatches, samples_per_microbatch=micro,
                                        chunks=layout.chunks, vertical_sync=layout.vertical_sync,
                                        weight_grads=layout.weight_grads, profile_data=prof.data)
         predicted = planning.predicted_summary(plan_obj, sched, sim, layout.microbatches, timeline_limit=0)
@@ -447,6 +448,8 @@ def run_config(spec: JobSpec, plan: dict[str, Any], source: str | None = None,
     if spec.length.time_s is not None:
         given["epochs"] = EPOCHS_UNDER_A_TIME_RULE
     # the model: a registered model's task factory, its registered arguments under the job's own
+    if spec.layout.schedule_file is not None:  # the job's own file, registered under its content's name
+        given["schedule"] = spec.layout.schedule_to_run()
     cfg = RunConfig(**given, model=source or spec.model.name, model_args={**(default_args or {}), **spec.model.args})
     if checkpoint_dir is not None:
         cfg = cfg.with_(checkpoint_dir=str(checkpoint_dir), checkpoint_keep=get_settings().checkpoint_keep,

@@ -17,10 +17,17 @@ from pipeboard.app.schemas import JobSpec
 from pipeboard.app.schemas.jobspec import Section
 from pipeboard.app.services import planning, runner
 from pipeboard.trainer.runtime.config import ConfigError, RunConfig
+from pipeboard.trainer.schedule.torchcsv import dumps
 from tests.app.test_services_planning import calibrated_chain
+from tests.trainer.torch_schedules import torch_rows
 
 BASE = {"version": 2, "model": {"name": "mlp-digits", "batch_size": 32},
         "layout": {"workers": 2, "schedule": "1f1b", "microbatches": 4}, "length": {"steps": 20}}
+
+# torch's own ZBV on 2 workers x 2 chunks, 4 microbatches, as its _dump_csv writes it
+TORCH_ZBV = dumps(torch_rows("zbv", 2, 4))
+CUSTOM = {"schedule": "custom", "schedule_file": TORCH_ZBV, "chunks": 2, "microbatches": 4}
+DEADLOCKED = "0F0,0B0,0F1,0B1\n1B0,1F0,1F1,1B1\n"  # rank 1 runs 1B0 before the 1F0 it needs
 
 # field -> (a specification's sections changed, the RunConfig field it must set, the value there)
 REACHES_THE_RUN: dict[str, tuple[dict[str, Any], str, Any]] = {
@@ -34,6 +41,7 @@ REACHES_THE_RUN: dict[str, tuple[dict[str, Any], str, Any]] = {
     "layout.chunks": ({"layout": {"schedule": "interleaved-1f1b", "chunks": 2}}, "chunks", 2),
     "layout.vertical_sync": ({"layout": {"schedule": "pipedream", "vertical_sync": True}}, "vertical_sync", True),
     "layout.weight_grads": ({"layout": {"weight_grads": "immediate"}}, "weight_grads", "immediate"),
+    "layout.schedule_file": ({"layout": CUSTOM}, "schedule_csv", TORCH_ZBV),
     "length.epochs": ({"length": {"epochs": 1.5}}, "epochs", 1.5),
     "length.steps": ({"length": {"steps": 7}}, "steps", 7),
     "length.target": ({"length": {"target": 0.9}}, "target", 0.9),
@@ -118,6 +126,25 @@ def test_the_run_file_is_a_valid_run_with_the_plans_layout(tmp_path):
     assert command[-7:] == ["--config", str(tmp_path / "run.json"), "--job-id", "5", "--attempt", "2", "--json"]
 
 
+def test_a_jobs_own_schedule_file_reaches_a_fresh_process_through_the_run_file(tmp_path):
+    """A stage process started afresh (spawned, or on another host) has only the run file: the
+    schedule is built there from the file's text, as torch wrote it."""
+    import subprocess
+    import sys
+
+    spec = JobSpec.model_validate(merged({"layout": CUSTOM}))
+    assert spec.problems() == []
+    run_file_config(spec, tmp_path)
+    probe = ("import sys; from pipeboard.trainer.runtime.config import RunConfig; "
+             "from pipeboard.trainer.schedule import build; from pipeboard.trainer.schedule.torchcsv import export_rows, dumps; "
+             "cfg = RunConfig.load(sys.argv[1]); cfg.validate(); "
+             "print(dumps(export_rows(build(cfg.schedule, 2, cfg.microbatches, chunks=cfg.chunks))), end='')")
+    done = subprocess.run([sys.executable, "-c", probe, str(tmp_path / "run.json")], capture_output=True, text=True,
+                          timeout=120)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.splitlines() == TORCH_ZBV.splitlines()
+
+
 def test_a_run_file_with_a_key_the_run_does_not_have_is_refused_by_name(tmp_path):
     cfg = run_file_config(JobSpec.model_validate(BASE), tmp_path).to_dict()
     with pytest.raises(ConfigError, match="^devices: not a field of the run configuration"):
@@ -178,6 +205,15 @@ REFUSED = [
      "layout.chunks: 1f1b runs one chunk per worker"),
     ("vertical sync under 1f1b", merged({"layout": {"vertical_sync": True}}), None,
      "layout.vertical_sync: 1f1b has no vertical sync"),
+    ("a deadlocked schedule file", merged({"layout": {"schedule": "custom", "schedule_file": DEADLOCKED}}), None,
+     "layout.schedule_file: deadlock: rank 1 waits at 1B0 for 1F0, which it runs only later"),
+    ("a schedule file missing an action", merged({"layout": {"schedule": "custom", "schedule_file": "0F0,0B0\n1F0\n"}}),
+     None, "layout.schedule_file: rank 1: 1B0 is missing"),
+    ("a schedule file for another layout", merged({"layout": {**CUSTOM, "microbatches": 2}}), None,
+     "layout.schedule_file: written for 2 workers x 2 chunks and 4 microbatches; the job has layout.workers 2, "
+     "layout.chunks 2, layout.microbatches 2"),
+    ("custom without a schedule file", merged({"layout": {"schedule": "custom"}}), None,
+     "layout: schedule 'custom' and schedule_file go together"),
     ("nodes 2 on one host", merged({"layout": {"workers": 2, "nodes": 2}}), None,
      "layout.nodes: the job needs 2 hosts; 1 host(s) have a live worker (host-a)"),
 ]

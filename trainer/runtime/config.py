@@ -37,6 +37,9 @@ class RunConfig:
     batch_size: int
     microbatches: int
     model_args: dict[str, Any] = field(default_factory=dict)
+    # a job's own torch schedule file (its layout.schedule_file), as text: registered as `schedule`
+    # in every process of the run that asks for the schedule (``spec``; spawned workers: worker_main)
+    schedule_csv: str | None = None
     data: str | None = None  # the data location handed to the task factory as data=
     precision: str = "fp32"  # or "bf16": autocast forwards, float32 master weights (trainer/precision.py)
     loader_workers: int | None = None  # DataLoader processes per loading stage; None: the task's
@@ -146,10 +149,24 @@ class RunConfig:
     @property
     def spec(self) -> ScheduleSpec:
         """The schedule's registry entry: what it can do."""
+        if self.schedule_csv is not None:
+            return self.register_schedule()
         try:
             return registry.get(self.schedule)
         except registry.UnknownSchedule as exc:
             raise ConfigError(f"schedule: {exc}") from None
+
+    def register_schedule(self) -> ScheduleSpec:
+        """Register the run's own schedule file as ``schedule`` in this process (once per text)."""
+        from pipeboard.trainer.schedule.actions import ScheduleError
+        from pipeboard.trainer.schedule.torchcsv import register_text
+
+        if not self.schedule.startswith("custom"):
+            raise ConfigError(f"schedule: a run with its own schedule file names it custom-..., got {self.schedule!r}")
+        try:
+            return register_text(self.schedule_csv, self.schedule)
+        except ScheduleError as exc:
+            raise ConfigError(f"schedule_csv: {exc}") from None
 
     @property
     def is_async(self) -> bool:

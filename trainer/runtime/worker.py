@@ -52,6 +52,7 @@ def worker_main(cfg: RunConfig, env: WorkerEnv) -> None:
     keep_freed_memory()
     stage_ids: tuple[int, ...] = ()
     try:
+        cfg.spec  # noqa: B018  (a run's own schedule file is registered in this process too: spawned workers)
         stage_ids = _stages_of(cfg, env.rank)
         train(cfg, env)
         env.channel.put(("exit", env.rank))

@@ -25,6 +25,7 @@ and the FSDP and data-parallel actions its lowering adds, ``UNSHARD``, ``RESHARD
 from __future__ import annotations
 
 import csv
+import hashlib
 import io
 import re
 from dataclasses import dataclass
@@ -123,7 +124,16 @@ def read(path: str | Path) -> TorchFile:
         content = p.read_text()
     except OSError as exc:
         raise ScheduleError(f"{p}: cannot read: {exc.strerror or exc}") from None
-    return parse(list(csv.reader(io.StringIO(content))))
+    return loads(content)
+
+
+def loads(content: str) -> TorchFile:
+    """A file's text, checked as ``read`` checks a file (a job's ``layout.schedule_file``)."""
+    try:
+        rows = list(csv.reader(io.StringIO(content)))
+    except csv.Error as exc:
+        raise ScheduleError(f"not a CSV file: {exc}") from None
+    return parse(rows)
 
 
 def _cell(rank: int, col: int, cell: str) -> tuple | None:
@@ -306,10 +316,34 @@ def schedule_name(path: str | Path) -> str:
 def register_file(path: str | Path, name: str | None = None, *, replace: bool = False):
     """Register the checked file as a schedule; returns its spec. Its builder answers only the
     configuration the file is written for (ranks, chunks, microbatches)."""
-    from pipeboard.trainer.schedule.registry import register
+    return _register(read(path), name or schedule_name(path), f"torch's schedule file {Path(path).name}", replace)
 
-    tf = read(path)
-    name = name or schedule_name(path)
+
+def text_schedule_name(content: str) -> str:
+    """A job's own file's schedule name: ``custom-`` and its content's hash, so that two jobs'
+    files in one process are two schedules, and one file is the same schedule in every process."""
+    return f"custom-{hashlib.sha256(content.encode()).hexdigest()[:12]}"
+
+
+_registered_texts: dict[str, str] = {}  # name -> the text registered under it (this process)
+
+
+def register_text(content: str, name: str | None = None):
+    """Register a file's text (a job's ``layout.schedule_file``, handed to every process of its
+    run in its run file) as the schedule ``name`` (default ``text_schedule_name``); once per
+    process for the same text. Returns its spec."""
+    from pipeboard.trainer.schedule.registry import get
+
+    name = name or text_schedule_name(content)
+    if _registered_texts.get(name) == content:
+        return get(name)
+    spec = _register(loads(content), name, "a job's schedule file", replace=True)
+    _registered_texts[name] = content
+    return spec
+
+
+def _register(tf: TorchFile, name: str, source: str, replace: bool):
+    from pipeboard.trainer.schedule.registry import register
 
     def builder(ctx) -> list[list[Action | OverlapFB]]:
         if (ctx.stages, ctx.chunks, ctx.microbatches) != (tf.ranks, tf.chunks, tf.microbatches):
@@ -318,7 +352,7 @@ def register_file(path: str | Path, name: str | None = None, *, replace: bool = 
         return [list(p) + [Action(Kind.STEP, s, -1, 1) for s in tf.stages[r]] for r, p in enumerate(tf.programs)]
 
     return register(name, builder, replace=replace,
-                    description=f"torch's schedule file {Path(path).name}: {tf.ranks} workers x {tf.chunks} "
+                    description=f"{source}: {tf.ranks} workers x {tf.chunks} "
                                 f"chunks, {tf.microbatches} microbatches, placed in a {tf.placement}.",
                     replication=False, chunks=tf.chunks > 1, default_chunks=tf.chunks,
                     weight_grads=(), placement=tf.placement if tf.chunks > 1 else "loop")
