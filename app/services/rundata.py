@@ -88,13 +88,18 @@ def metrics(session: Session, job_id: int, *, step_from: int | None = None, step
     )
 
 
-def chrome_trace(session: Session, job_id: int, source: str = "measured") -> dict[str, Any]:
+def chrome_trace(session: Session, job_id: int, source: str = "measured", *, step_from: int | None = None,
+                 step_to: int | None = None) -> dict[str, Any]:
+    """The recorded actions (all windows, or those between ``step_from`` and ``step_to``) as a Chrome/Perfetto
+    trace; ``otherData.detail_steps`` says which steps have actions (a long job keeps them only in windows)."""
     from pipeboard.trainer.schedule.actions import TimelineEvent
     from pipeboard.trainer.schedule.trace import to_chrome_trace
 
-    rows = session.scalars(select(T).where(T.job_id == job_id, T.source == EventSource(source)).order_by(T.seq)).all()
+    where = [T.job_id == job_id, T.source == EventSource(source), *_window(T, step_from, step_to, None)]
+    rows = session.scalars(select(T).where(*where).order_by(T.seq)).all()
     events = [TimelineEvent(worker=r.worker, stage=r.stage, replica=r.replica, microbatch=r.microbatch, kind=r.kind, start=r.start, end=r.end, step=r.step) for r in rows]
-    return to_chrome_trace(events)
+    steps = session.scalars(select(T.step).where(T.job_id == job_id, T.source == EventSource(source)).group_by(T.step).order_by(T.step)).all()
+    return to_chrome_trace(events, metadata={"detail_steps": ", ".join(f"{a}-{b}" if a != b else str(a) for a, b in _ranges(list(steps)))})
 
 
 def _numbers(values: dict[str, Any] | None) -> dict[str, float]:

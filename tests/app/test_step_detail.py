@@ -35,6 +35,8 @@ def test_a_window_requested_while_the_job_runs_reaches_the_run_through_the_job_l
     with get_sessionmaker()() as s:
         detail = set(s.scalars(select(TimelineEventRow.step).where(TimelineEventRow.job_id == job_id).distinct()))
         summaries = rundata.step_summaries(s, job_id)
+        trace = rundata.chrome_trace(s, job_id)
+        window = rundata.chrome_trace(s, job_id, step_from=12, step_to=16)
         metric_points = s.scalar(select(func.count()).select_from(MetricPoint).where(MetricPoint.job_id == job_id))
     # the request is read at the next flush (after step 11's reports): it covers the 5 steps after the last completed one
     assert detail == {0, 1} | set(range(12, 17))
@@ -42,6 +44,8 @@ def test_a_window_requested_while_the_job_runs_reaches_the_run_through_the_job_l
     assert summaries["columns"] == list(SUMMARY_COLUMNS)
     assert len(summaries["stages"][5]) == WORLD and summaries["stages"][5][0][0] == 0.006
     assert summaries["detail_steps"] == [[0, 1], [12, 16]]
+    assert trace["otherData"]["detail_steps"] == "0-1, 12-16"  # the trace says which steps have actions
+    assert {e["args"]["step"] for e in window["traceEvents"] if e["ph"] == "X"} == set(range(12, 17))
 
 
 def test_the_metric_series_leaves_the_summary_to_steps(live_db):
