@@ -102,6 +102,7 @@ class BackgroundSink:
         self._pending = threading.Lock()  # the buffers
         self._writing = threading.Lock()  # calls into inner, one at a time, in order
         self._error: BaseException | None = None
+        self._detail_requested = 0  # steps of detail the inner sink heard asked for (read by the writer thread)
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._loop, name="sink-writer", daemon=True)
         self._thread.start()
@@ -124,6 +125,23 @@ class BackgroundSink:
                 self.inner.on_events(events)
             if metrics:
                 self.inner.on_metrics(metrics)
+            poll = getattr(self.inner, "detail_requested", None)
+            steps = poll() if callable(poll) else 0
+            if steps:
+                with self._pending:
+                    self._detail_requested = max(self._detail_requested, steps)
+
+    def detail_requested(self) -> int:
+        """Steps of detail asked for since the last call (the writer thread asks the inner sink, so
+        the run's thread never waits for it)."""
+        with self._pending:
+            steps, self._detail_requested = self._detail_requested, 0
+        return steps
+
+    def pending_events(self) -> int:
+        """Actions handed over but not yet written: how far the writer is behind."""
+        with self._pending:
+            return len(self._events)
 
     def _raise_pending_error(self) -> None:
         if self._error is not None:

@@ -77,3 +77,30 @@ def test_detail_can_be_requested_of_a_running_job_only(client, session, make_tok
     too_many = client.post(f"/api/v1/jobs/{running.id}/detail", json={"steps": 100_000}, headers=admin)
     assert too_many.status_code == 422 and "steps" in too_many.text
     assert client.get(f"/api/v1/jobs/{running.id}/steps", headers=admin).json()["step"] == []
+
+
+def test_a_request_reaches_the_run_through_the_background_writer_as_launched(live_db):
+    """The chain `pipeboard train --job-id` reports through: MultiSink(BackgroundSink(DbSink)); the writer
+    thread reads the request, the reporter picks it up at its next flush."""
+    import time
+
+    from pipeboard.trainer.runtime.sinks import MultiSink
+    from pipeboard.trainer.sink import BackgroundSink, ListSink
+
+    job_id = new_job("running")
+    background = BackgroundSink(DbSink(job_id, own_group=False), period_s=0.02)
+    reporter = Reporter(MultiSink([ListSink(), background]), WORLD, batch_size=8, metric_name="accuracy", flush_s=0.0,
+                        detail=DetailPolicy(first=2, every=0, before_failure=0))
+    for rank in range(WORLD):
+        reporter.handle(ready(rank))
+    with get_sessionmaker()() as s:
+        events.append(s, job_id, [(DETAIL_REQUEST, {"steps": 5})])
+    for k in range(200):
+        for rank in range(WORLD):
+            reporter.handle(step(rank, k))
+        time.sleep(0.01)
+    reporter.maybe_flush(force=True)
+    background.close()
+    with get_sessionmaker()() as s:
+        windows = rundata.step_summaries(s, job_id)["detail_steps"]
+    assert windows[0] == [0, 1] and len(windows) == 2 and windows[1][1] - windows[1][0] == 4, windows

@@ -148,6 +148,10 @@ class Reporter:
             events.sort(key=lambda e: e.start)
             self.sink.on_events(events)
             self.windows.written(len(events))
+        pending = getattr(self.sink, "pending_events", None)
+        backlog = pending() if callable(pending) else None
+        if backlog is not None:  # a background writer: its backlog is the queue detail is measured against
+            self.windows.queued = backlog
         if self.records:
             records, self.records = self.records, []
             self.sink.on_metrics(records)

@@ -33,6 +33,17 @@ class MultiSink:
         for s in self.sinks:
             s.on_summary(summary)
 
+    def detail_requested(self) -> int:
+        """Steps of detail any of the sinks heard asked for (the job page's request reaches the DbSink)."""
+        polls = [getattr(s, "detail_requested", None) for s in self.sinks]
+        return max((p() for p in polls if callable(p)), default=0)
+
+    def pending_events(self) -> int | None:
+        """The most actions any sink still has to write; None when no sink can say."""
+        polls = [getattr(s, "pending_events", None) for s in self.sinks]
+        counts = [p() for p in polls if callable(p)]
+        return max(counts) if counts else None
+
 
 class JsonlSink:
     def __init__(self, path: str) -> None:

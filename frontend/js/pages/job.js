@@ -9,7 +9,7 @@
 // between a snapshot and the stream) and then follows it; a finished job is read from the
 // timeline and metrics routes. Redraws happen once per batch of messages, never per message.
 
-import { cancelJob, eventsUrl, fetchTrace, getJob, getMetrics, getPlan, getTimeline, normalizeMetric, retryJob } from '../api.js';
+import { cancelJob, eventsUrl, fetchTrace, getJob, getMetrics, getPlan, getTimeline, normalizeMetric, request, retryJob } from '../api.js';
 import { attemptMarks, lineChart, series, utilisationFromMetrics, utilisationFromTimeline } from '../charts.js';
 import { GanttChart } from '../gantt.js';
 import { openInPerfetto, saveBytes } from '../perfetto.js';
@@ -55,11 +55,53 @@ export async function render(container, { id }) {
   windowSelect.addEventListener('change', () => live.setWindow(Number(windowSelect.value)));
   const predicted = new GanttChart(predDiv, {});
 
+  // A long job keeps every action only in windows (docs/storage.md): say which steps have them, let the
+  // Gantt show any one of them, and let a running job be asked to record its next steps in full.
+  const detailNote = h('p', { class: 'small', id: 'detail-windows', 'aria-live': 'polite' });
+  const detailSelect = h('select', { id: 'detail-window', 'aria-label': 'Recorded window' });
+  const recordBtn = h('button', { type: 'button', id: 'record-detail' }, 'Record the next 20 steps');
+  const diskNote = h('p', { class: 'muted small', id: 'job-disk' });
+  const fmtRange = ([a, b]) => (a === b ? `${a}` : `${a}–${b}`);
+  async function loadWindows() {
+    try {
+      const [steps, disk] = await Promise.all([request('GET', `/jobs/${id}/steps`, { query: { limit: 1 } }),
+        request('GET', `/jobs/${id}/storage`)]);
+      const ranges = steps.detail_steps || [];
+      detailNote.textContent = ranges.length
+        ? `Full actions recorded for steps ${ranges.map(fmtRange).join(', ')}; every step has its summary (${steps.total} steps).`
+        : `No step has its full actions recorded yet; every step has its summary (${steps.total} steps).`;
+      const chosen = detailSelect.value;
+      clear(detailSelect).append(h('option', { value: '' }, 'Windows: newest'),
+        ...ranges.map((r) => h('option', { value: r.join(':'), selected: r.join(':') === chosen }, `steps ${fmtRange(r)}`)));
+      diskNote.textContent = `Disk: ${fmtNumber(disk.bytes / 1e6)} MB in ${fmtNumber(disk.rows)} rows (${disk.tables.timeline_events.rows} actions, ${disk.metric_points} step points).`;
+    } catch (err) {
+      detailNote.textContent = `Could not load the recorded windows: ${err.message}`;
+    }
+  }
+  detailSelect.addEventListener('change', async () => {
+    if (!detailSelect.value) return;
+    const [from, to] = detailSelect.value.split(':').map(Number);
+    live.follow(false);
+    await live.setEvents(await getTimeline(id, { step_from: from, step_to: to, limit: 100000 }));
+  });
+  recordBtn.addEventListener('click', async () => {
+    recordBtn.disabled = true;
+    try {
+      await request('POST', `/jobs/${id}/detail`, { body: { steps: 20 } });
+      detailNote.textContent = 'Asked: the job records its next 20 steps in full (within a step or two).';
+      setTimeout(loadWindows, 3000);
+    } catch (err) {
+      detailNote.textContent = `Could not ask for detail: ${err.message}`;
+    } finally {
+      recordBtn.disabled = false;
+    }
+  });
+
   container.append(header, errorBox, stats, attemptsBox, progress,
     h('div', { class: 'grid2' },
       h('section', { class: 'panel', 'aria-labelledby': 'h-live' },
-        h('div', { class: 'toolbar' }, h('h2', { id: 'h-live', style: 'margin:0' }, 'Measured pipeline'), h('span', { class: 'spacer' }), followBtn, windowSelect),
-        h('p', { class: 'muted small' }, 'Drag to zoom (pauses following), double-click to see everything.'), liveDiv),
+        h('div', { class: 'toolbar' }, h('h2', { id: 'h-live', style: 'margin:0' }, 'Measured pipeline'), h('span', { class: 'spacer' }), followBtn, windowSelect, detailSelect, recordBtn),
+        h('p', { class: 'muted small' }, 'Drag to zoom (pauses following), double-click to see everything.'), detailNote, liveDiv, diskNote),
       h('section', { class: 'panel', 'aria-labelledby': 'h-pred' },
         h('h2', { id: 'h-pred', style: 'margin-top:0' }, 'Predicted (simulator)'), predNote, predDiv)),
     h('div', { class: 'grid2' },
@@ -68,6 +110,7 @@ export async function render(container, { id }) {
 
   function drawHeader() {
     const j = state.job;
+    recordBtn.hidden = j.status !== 'running';
     clear(header).append(...[
       h('h1', { style: 'margin:0' }, `#${j.id} ${j.name}`), statusBadge(j.status),
       h('span', { class: 'muted', id: 'job-subtitle' }, `${j.model} · ${j.schedule} · ${j.spec.layout?.microbatches ?? '?'} microbatches · batch ${j.spec.model?.batch_size ?? '?'}`
@@ -275,7 +318,9 @@ export async function render(container, { id }) {
     drawCharts();
     follow();
   }
+  await loadWindows();
   // Durations of a running job tick even when no event arrives.
   const ticker = setInterval(() => { if (!FINAL.has(state.job.status)) drawStats(); }, 1000);
-  return () => { state.closed = true; clearInterval(ticker); state.stream?.close(); };
+  const windowsTicker = setInterval(() => { if (!FINAL.has(state.job.status)) loadWindows(); }, 10000);
+  return () => { state.closed = true; clearInterval(ticker); clearInterval(windowsTicker); state.stream?.close(); };
 }
