@@ -14,7 +14,7 @@ from celery import signals
 from celery.exceptions import Reject
 
 from pipeboard.app.core.db import get_sessionmaker
-from pipeboard.app.services import member, model_checks, recovery, runner
+from pipeboard.app.services import member, model_checks, recovery, runner, storage
 from pipeboard.app.worker import celery_app
 
 
@@ -59,6 +59,8 @@ _shutting_down = threading.Event()
 def _start_reaping(**_: Any) -> None:
     """Retry jobs whose worker died even when no one reads them through the API."""
     threading.Thread(target=recovery.reap_periodically, args=(_shutting_down,), name="pipeboard-reaper", daemon=True).start()
+    # and drop old finished jobs' action timelines (PIPEBOARD_DETAIL_RETENTION_DAYS), daily
+    threading.Thread(target=storage.prune_periodically, args=(_shutting_down,), name="pipeboard-retention", daemon=True).start()
 
 
 @signals.worker_shutting_down.connect

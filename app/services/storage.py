@@ -107,3 +107,30 @@ def prune(session: Session, older_than_days: float, *, keep_first_steps: int = 0
             raw.close()
     return {"jobs": pruned, "rows_deleted": sum(pruned.values()), "file_bytes_before": before,
             "file_bytes_after": database_file_bytes(session)}
+
+
+PRUNE_PERIOD_S = 24 * 3600.0
+
+
+def prune_periodically(stop: Any) -> None:
+    """Until ``stop`` (a threading.Event): at the worker's start and then daily, drop the detail of finished
+    jobs older than PIPEBOARD_DETAIL_RETENTION_DAYS (0: never). Several workers doing it is harmless."""
+    import logging
+
+    from pipeboard.app.core.config import get_settings
+    from pipeboard.app.core.db import get_sessionmaker
+
+    log = logging.getLogger(__name__)
+    while True:
+        days = get_settings().detail_retention_days
+        if days > 0:
+            try:
+                with get_sessionmaker()() as session:
+                    result = prune(session, days)
+                if result["rows_deleted"]:
+                    log.info("dropped the detail of %d finished jobs older than %s days (%d rows)",
+                             len(result["jobs"]), days, result["rows_deleted"])
+            except Exception as exc:  # a busy database must not end the thread; the next day tries again
+                log.warning("pruning finished jobs' detail failed: %s", exc)
+        if stop.wait(PRUNE_PERIOD_S):
+            return

@@ -99,3 +99,23 @@ def test_the_storage_route_shows_a_jobs_disk_use(client, session, make_token):
     answer = client.get(f"/api/v1/jobs/{job.id}/storage", headers=admin)
     assert answer.status_code == 200 and answer.json()["tables"]["timeline_events"] == {"rows": 0, "bytes": 0}
     assert client.get("/api/v1/jobs/999999/storage", headers=admin).status_code == 404
+
+
+def test_the_workers_retention_thread_prunes_at_its_start_and_stops(live_db, monkeypatch):
+    import threading
+
+    from pipeboard.app.core.config import get_settings
+
+    old = seeded("succeeded", finished_days_ago=45)
+    monkeypatch.setenv("PIPEBOARD_DETAIL_RETENTION_DAYS", "30")
+    get_settings.cache_clear()
+    stop = threading.Event()
+    thread = threading.Thread(target=storage.prune_periodically, args=(stop,))
+    thread.start()
+    for _ in range(200):
+        if not detail_steps(old):
+            break
+        threading.Event().wait(0.05)
+    stop.set()
+    thread.join(timeout=10)
+    assert not thread.is_alive() and detail_steps(old) == set()
