@@ -78,12 +78,13 @@ def replay(cfg: RunConfig, rank: int, recompute: bool) -> tuple[dict[int, int], 
     mine = template.workers[rank].stages
     split = any(a.kind is Kind.BACKWARD_INPUT for a in actions)
     # boundary inputs of each stage, for one microbatch (run once, outside the measurement)
-    inputs, xs = [], list(example) if isinstance(example, (tuple, list)) else [example]
+    inputs, grad_shapes, xs = [], [], list(example) if isinstance(example, (tuple, list)) else [example]
     with torch.no_grad():
         for m in modules:
             inputs.append([t.detach() for t in xs])
             out = m(*xs)
             xs = list(out) if isinstance(out, tuple) else [out]
+            grad_shapes.append([t.shape for t in xs if t.dtype.is_floating_point])  # what comes back
     last = len(modules) - 1
     predicted = predicted_bytes_per_stage(template, counted, cfg.optimizer or task.optimizer, redo)
     stages = {s: Stage(s, modules[s], task.make_optimizer(modules[s].parameters()), is_first=s == 0,
@@ -91,7 +92,7 @@ def replay(cfg: RunConfig, rank: int, recompute: bool) -> tuple[dict[int, int], 
                        loss_scale=1.0 / cfg.microbatches, layer_calls=split, recompute=s in redo) for s in mine}
     weights = sum(counted[s].weight_bytes for s in mine)
     del modules, task
-    out_shapes = {s: [t.shape for t in (inputs[s + 1] if s < last else [])] for s in mine}
+    out_shapes = {s: grad_shapes[s] if s < last else [] for s in mine}
     last_use, releases = version_last_use(twice)
     start, peak = in_use(), 0
     for i, a in enumerate(twice):
