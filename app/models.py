@@ -205,6 +205,7 @@ class Plan(Base):
     data: Mapped[dict[str, Any]]
     predicted: Mapped[dict[str, Any] | None]  # throughput, against data parallel, ...
     created_at: Mapped[datetime] = mapped_column(default=utcnow)
+    owner_id: Mapped[int | None] = mapped_column(ForeignKey("users.id", ondelete="SET NULL"), index=True)  # who asked
 
 
 class Job(Base):

@@ -1,10 +1,10 @@
-"""Whose work a request may see and act on: users own their jobs, models, profiles and contexts.
+"""Whose work a request may see and act on: users own their jobs, plans, models, profiles and contexts.
 
 A token belongs to a user (app/models.py `User`); what it creates is that user's. A token of scope
-`admin` sees and acts on everyone's work. Anyone else asking for another user's job, model,
-profile or context hears the same 404 as for one that does not exist, never a 403 that would tell
-them it is there. A principal without a user (PIPEBOARD_AUTH=off on loopback, or reads opened
-with PIPEBOARD_READ_AUTH=false) sees everything, as before users.
+`admin` sees and acts on everyone's work. Anyone else asking for another user's job, plan,
+model, profile or context hears the same 404 as for one that does not exist, never a 403 that
+would tell them it is there. A principal without a user (PIPEBOARD_AUTH=off on loopback, or
+reads opened with PIPEBOARD_READ_AUTH=false) sees everything, as before users.
 
 Contexts are stored once by content but owned per user: an access row for each user who uploaded
 the same bytes or was shared them (`POST /contexts/{sha}/share`).
@@ -16,8 +16,8 @@ from sqlalchemy import ColumnElement, select, true
 from sqlalchemy.orm import Session
 
 from pipeboard.app.api.security import Principal
-from pipeboard.app.models import CodeContext, ContextAccess, Job, Model, Profile
-from pipeboard.app.services import jobs
+from pipeboard.app.models import CodeContext, ContextAccess, Job, Model, Plan, Profile
+from pipeboard.app.services import jobs, plans
 from pipeboard.app.services.errors import NotFound, ServiceError
 
 
@@ -40,6 +40,14 @@ def job_for(session: Session, principal: Principal, job_id: int) -> Job:
     if not owns(principal, job.owner_id):
         raise NotFound("job", job_id)
     return job
+
+
+def plan_for(session: Session, principal: Principal, plan_id: int) -> Plan:
+    """The plan (a what-if's, or a job's), if this principal may see it; 404 as for a missing one."""
+    row = plans.get(session, plan_id)
+    if not owns(principal, row.owner_id):
+        raise NotFound("plan", plan_id)
+    return row
 
 
 def model_visible(principal: Principal, row: Model) -> bool:

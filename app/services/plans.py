@@ -94,7 +94,7 @@ def create(session: Session, body: PlanCreate, *, submitted_by: str | None = Non
                                    chunks=body.chunks, weight_grads=body.weight_grads, profile_data=prof.data)
     predicted = planning.predicted_summary(plan_obj, sched, sim, body.microbatches, body.timeline_limit)
     request = body.model_dump(mode="json", exclude={"timeline_limit"})
-    row = PlanRow(profile_id=prof.id, request=request, data=plan_obj.to_dict(), predicted=predicted)
+    row = PlanRow(profile_id=prof.id, request=request, data=plan_obj.to_dict(), predicted=predicted, owner_id=owner_id)
     begin_write(session)
     session.add(row)
     session.commit()

@@ -313,7 +313,8 @@ class JobRun:
         predicted = planning.predicted_summary(plan_obj, sched, sim, layout.microbatches, timeline_limit=0)
         request = {k: dumped[k] for k in ("levels", "workers", "memory_bytes", "method", "schedule", "microbatches",
                                           "weight_grads")}
-        plan_row = PlanRow(profile_id=profile_id, request=request, data=plan_obj.to_dict(), predicted=predicted)
+        plan_row = PlanRow(profile_id=profile_id, request=request, data=plan_obj.to_dict(), predicted=predicted,
+                           owner_id=job.owner_id)  # the job's plan is its owner's, like the job
         begin_write(self.session)
         self.session.add(plan_row)
         self.session.flush()

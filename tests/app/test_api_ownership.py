@@ -1,5 +1,5 @@
-"""Users own their work (app/api/ownership.py), through the API: alice's jobs, models, contexts and
-profiles are hers; bob neither sees nor acts on them (404, as for what does not exist, never a 403
+"""Users own their work (app/api/ownership.py), through the API: alice's jobs, plans, models, contexts
+and profiles are hers; bob neither sees nor acts on them (404, as for what does not exist, never a 403
 that would say it is there); an admin token sees and acts on everyone's."""
 
 from __future__ import annotations
@@ -15,6 +15,10 @@ from tests.conftest import bearer
 
 JOB = {"model": "mlp-digits", "workers": 2, "stop": {"steps": 2}}
 TASK = "def make_task(data=None):\n    raise RuntimeError('never run here')\n"
+GRAPH = ("node1 -- Input -- forward_compute_time=0.0, backward_compute_time=0.0, activation_size=10.0, parameter_size=0.0\n"
+         "node2 -- Linear -- forward_compute_time=2.5, backward_compute_time=5.0, activation_size=4.0, parameter_size=8.0\n"
+         "node3 -- Linear -- forward_compute_time=2.5, backward_compute_time=5.0, activation_size=4.0, parameter_size=8.0\n"
+         "\tnode1 -- node2\n\tnode2 -- node3\n")  # a profile file, as PipeDream's profiler writes it
 
 
 @pytest.fixture
@@ -134,16 +138,33 @@ def test_a_models_source_must_lie_inside_its_context(anonymous, users, tmp_path:
 
 
 def test_profiles_uploaded_are_their_uploaders(anonymous, users):
-    graph = ("node1 -- Input -- forward_compute_time=0.0, backward_compute_time=0.0, activation_size=10.0, parameter_size=0.0\n"
-             "node2 -- Linear -- forward_compute_time=2.5, backward_compute_time=5.0, activation_size=4.0, parameter_size=8.0\n"
-             "\tnode1 -- node2\n")
-    up = anonymous.post("/api/v1/profiles/upload", headers=users["alice"], files={"file": ("graph.txt", graph, "text/plain")})
+    up = anonymous.post("/api/v1/profiles/upload", headers=users["alice"], files={"file": ("graph.txt", GRAPH, "text/plain")})
     assert up.status_code == 201, up.text
     pid = up.json()["id"]
     assert anonymous.get(f"/api/v1/profiles/{pid}", headers=users["alice"]).status_code == 200
     assert anonymous.get(f"/api/v1/profiles/{pid}", headers=users["bob"]).json()["detail"] == f"profile {pid} not found"
     assert pid not in {p["id"] for p in anonymous.get("/api/v1/profiles", headers=users["bob"]).json()["data"]}
     assert pid in {p["id"] for p in anonymous.get("/api/v1/profiles", headers=users["root"]).json()["data"]}
+
+
+def test_plans_are_their_requesters(anonymous, users):
+    up = anonymous.post("/api/v1/profiles/upload", headers=users["alice"], files={"file": ("graph.txt", GRAPH, "text/plain")})
+    pid = up.json()["id"]
+    what_if = {"profile_id": pid, "levels": [{"workers": 2, "bandwidth": 1e9}], "schedule": "1f1b", "microbatches": 4}
+    # bob may not plan alice's profile: the same 404 as a profile that does not exist
+    refused = anonymous.post("/api/v1/plans", json=what_if, headers=users["bob"])
+    assert refused.status_code == 404 and refused.json()["detail"] == f"profile {pid} not found"
+    made = anonymous.post("/api/v1/plans", json=what_if, headers=users["alice"])
+    assert made.status_code == 201, made.text
+    plan = made.json()["id"]
+    assert anonymous.get(f"/api/v1/plans/{plan}", headers=users["alice"]).json()["profile_id"] == pid
+    hidden = anonymous.get(f"/api/v1/plans/{plan}", headers=users["bob"])
+    assert hidden.status_code == 404 and hidden.json()["detail"] == f"plan {plan} not found"
+    assert anonymous.get("/api/v1/plans/999999", headers=users["bob"]).json()["detail"] == "plan 999999 not found"
+    assert anonymous.get(f"/api/v1/plans/{plan}", headers=users["root"]).status_code == 200
+    # the admin plans alice's profile too; that plan is the admin's, not alice's
+    mine = anonymous.post("/api/v1/plans", json=what_if, headers=users["root"]).json()["id"]
+    assert anonymous.get(f"/api/v1/plans/{mine}", headers=users["alice"]).status_code == 404
 
 
 def test_admins_mint_tokens_for_users_over_http(anonymous, users):

@@ -229,10 +229,13 @@ def test_a_what_if_without_a_cached_profile_answers_202_with_one_profiling_job(c
 
 
 def test_a_registered_model_is_profiled_only_once_ready(client, session):
-    from pipeboard.app.models import Model, ModelStatus
+    from sqlalchemy import select
 
+    from pipeboard.app.models import Model, ModelStatus, User
+
+    owner = session.scalar(select(User.id).where(User.name == "admin"))  # the client's token's user: the model is its own
     session.add(Model(name="mine", source="pipeboard.trainer.zoo.digits:mlp_digits", kind="import",
-                      status=ModelStatus.VALIDATING, config={}))
+                      status=ModelStatus.VALIDATING, config={}, owner_id=owner))
     session.flush()
     refused = client.post("/api/v1/plans", json={**WHAT_IF, "model": "mine", "model_args": {}})
     assert refused.status_code == 422 and refused.json()["detail"].startswith("model: 'mine' is still being validated")
