@@ -1,7 +1,8 @@
 """Dashboard pages against the real API (`pipeboard up` with no Celery worker, so submitted jobs
 stay queued and every state is deterministic): empty and error states, the live jobs table with
-filters, cancel and retry, the new-job form's field errors and submission, a failed job's error,
-keyboard reach and a narrow window. Screenshots go to test-artifacts/."""
+filters, cancel and retry, a failed job's error, keyboard reach and a narrow window. The new-job
+form (field errors, its what-if profiled on a worker, then submission) has a server with a worker.
+Screenshots go to test-artifacts/."""
 
 from __future__ import annotations
 
@@ -83,7 +84,25 @@ def test_jobs_table_filters_cancels_and_retries(server, page, shoot) -> None:
     assert page.errors == []
 
 
-def test_new_job_form_names_bad_fields_then_submits(server, page, shoot) -> None:
+@pytest.fixture(scope="module")
+def server_with_worker(start_server):
+    """A what-if for a model without a cached profile is profiled by a worker: the form needs one."""
+    return start_server(workers=1)
+
+
+# Every text the what-if panel shows while its model is profiled (it may be short-lived: the form
+# moves on to the plan as soon as the worker's job ends).
+RECORD_PROFILING = """window.profilingSeen = [];
+new MutationObserver(() => {
+  const text = document.getElementById('what-if-body')?.textContent || '';
+  if (text.includes('Profiling') && !window.profilingSeen.includes(text)) window.profilingSeen.push(text);
+}).observe(document, { subtree: true, childList: true, characterData: true });"""
+
+
+@pytest.mark.timeout(900)  # each weight_grads value is profiled once on the worker before its plan shows
+def test_new_job_form_names_bad_fields_then_submits(server_with_worker, page, shoot) -> None:
+    server = server_with_worker
+    page.add_init_script(RECORD_PROFILING)
     server.sign_in(page)  # the what-if and the submission are writes
     page.goto(f"{server.url}/#/new")
     page.wait_for_selector('#f-model option[value="mlp-digits"]', state="attached")
@@ -103,14 +122,19 @@ def test_new_job_form_names_bad_fields_then_submits(server, page, shoot) -> None
 
     page.fill("#f-microbatches", "4")
     page.fill("#f-name", "from-the-form")
+    # No cached profile yet: the form says the worker is profiling the model, then shows the plan
+    # (as a user would, it waits; the test fails here if the plan never comes).
+    page.locator("#stat-weight-grads", has_text="batched").wait_for(timeout=200000)
+    seen = page.evaluate("() => window.profilingSeen")
+    assert any(re.search(r"Profiling mlp-digits on a worker \(job #\d+, (queued|running)", t) for t in seen), seen
     # Weight gradients: the what-if asks for what the select says and shows what was simulated.
-    page.locator("#stat-weight-grads", has_text="batched").wait_for(timeout=90000)
     assert page.inner_text("#f-weight-grads-hint") == "one weight pass per update"
     shoot(page, "new-job-weight-grads-batched")
     with page.expect_request(lambda r: r.method == "POST" and r.url.endswith("/api/v1/plans")) as what_if:
         page.select_option("#f-weight-grads", "immediate")
     assert what_if.value.post_data_json["weight_grads"] == "immediate"
-    page.locator("#stat-weight-grads", has_text="per backward").wait_for()
+    # a run with immediate weight gradients is measured apart: profiled again, then planned
+    page.locator("#stat-weight-grads", has_text="per backward").wait_for(timeout=200000)
     assert page.inner_text("#f-weight-grads-hint") == "in every backward"
     page.wait_for_selector("#what-if-gantt .point", state="attached")
     shoot(page, "new-job-weight-grads-immediate")
@@ -127,9 +151,8 @@ def test_new_job_form_names_bad_fields_then_submits(server, page, shoot) -> None
     job = server.api("GET", f"/jobs/{job_id}")
     assert job["name"] == "from-the-form" and job["spec"]["layout"]["weight_grads"] == "immediate"
     assert job["spec"]["machine"] == {"device": "cpu", "precision": "bf16"}
-    page.get_by_text("Queued").first.wait_for()
-    page.locator("h1", has_text="from-the-form").wait_for()
-    shoot(page, "job-queued")
+    page.locator("h1", has_text="from-the-form").wait_for()  # queued or already on the worker
+    shoot(page, "job-submitted")
     # The form's 422 is an API answer, not a console error; nothing else may be logged.
     assert [e for e in page.errors if "422" not in e] == []
 
@@ -202,6 +225,7 @@ def test_keyboard_reaches_navigation_and_form(server, page) -> None:
 
 
 def test_narrow_window_has_no_horizontal_scroll(server, page, shoot) -> None:
+    server.api("POST", "/jobs", {**SPEC, "name": "profile mlp-digits for a what-if with a long name"})  # wraps, never widens
     page.set_viewport_size({"width": 390, "height": 800})
     server.sign_in(page)
     for route in ("jobs", "new", "compare"):

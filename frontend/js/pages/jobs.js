@@ -71,7 +71,7 @@ export function render(container, params) {
           h('th', { class: 'hide-narrow' }, 'Model'), h('th', { class: 'hide-narrow' }, 'Submitted by'), h('th', {}, 'Schedule'), h('th', { class: 'num hide-narrow' }, 'Samples/s'),
           h('th', { class: 'num hide-narrow' }, 'Best metric'), h('th', { class: 'num hide-narrow' }, 'Duration'), h('th', {}, h('span', { class: 'hide-narrow' }, 'Actions')))),
         h('tbody', {}, rows.map((j) => h('tr', { dataset: { jobId: j.id, status: j.status } },
-          h('td', {}, h('a', { href: `#/jobs/${j.id}` }, `#${j.id} ${j.name}`)),
+          h('td', { class: 'job-name' }, h('a', { href: `#/jobs/${j.id}` }, `#${j.id} ${j.name}`)),
           h('td', {}, statusBadge(j.status)),
           h('td', { class: 'num hide-narrow' }, j.queuePosition ?? '–'),
           h('td', { class: 'hide-narrow' }, j.model),
