@@ -44,7 +44,9 @@ def cached_profile(session: Session, body: PlanCreate) -> Profile | None:
     run = spec.calibrate_for
     calibration = profiles.calibration_args(run.workers, run.batch_size, run.weight_grads, microbatches=run.microbatches)
     key = profiles.cache_key(body.model, {**default_args, **body.model_args}, spec.model.batch_size, calibration=calibration)
-    return profiles.cached(session, key)
+    # as the profiling job looks it up: a profile calibrated for more (batched weight gradients
+    # timed too) serves a run that needs less, and the job then stores none under ``key`` itself
+    return profiles.cached(session, key, calibrated_too=True)
 
 
 def check_ready(session: Session, model: str) -> None:

@@ -240,3 +240,24 @@ def test_a_registered_model_is_profiled_only_once_ready(client, session):
     refused = client.post("/api/v1/plans", json={**WHAT_IF, "model": "mine", "model_args": {}})
     assert refused.status_code == 422 and refused.json()["detail"].startswith("model: 'mine' is still being validated")
     assert client.get("/api/v1/jobs", params={"kind": "profile"}).json()["count"] == 0
+
+
+def test_a_what_if_plans_from_a_profile_calibrated_for_more(client, session, profile_id):
+    """A profile whose batched weight gradients were timed too serves an immediate run: the
+    profiling job reuses it (stores none of its own), so the what-if must find it, not ask again."""
+    from pipeboard.app.models import Profile
+    from pipeboard.app.schemas import PlanCreate
+    from pipeboard.app.services import plans, profiles
+
+    spec = plans.profile_spec(PlanCreate(**WHAT_IF, weight_grads="batched"))
+    run = spec.calibrate_for
+    _, _, default_args, _ = profiles.resolve_model(session, WHAT_IF["model"])
+    batched = profiles.cache_key(WHAT_IF["model"], {**default_args, **WHAT_IF["model_args"]}, spec.model.batch_size,
+                                 calibration=profiles.calibration_args(run.workers, run.batch_size, "batched",
+                                                                       microbatches=run.microbatches))
+    row = session.get(Profile, profile_id)
+    row.name, row.origin = batched, "profiled"  # as the batched what-if's profiling job stored it
+    session.commit()
+    answer = client.post("/api/v1/plans", json={**WHAT_IF, "weight_grads": "immediate"})
+    assert answer.status_code == 201, answer.text
+    assert answer.json()["profile_id"] == profile_id
