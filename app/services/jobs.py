@@ -26,10 +26,10 @@ from sqlalchemy.orm import Session
 
 from pipeboard.app.core.config import get_settings
 from pipeboard.app.core.lifetime import group_alive
-from pipeboard.app.models import Job, JobEvent, JobStatus, Model, ModelStatus, WorkerHeartbeat
+from pipeboard.app.models import Job, JobAttempt, JobEvent, JobStatus, Model, ModelStatus, WorkerHeartbeat
 from pipeboard.app.schemas import JobPublic, JobSpec
 from pipeboard.app.schemas.jobspec import stored
-from pipeboard.app.services import attempts, data_paths, events, fidelity
+from pipeboard.app.services import attempts, data_paths, events, fidelity, placement
 from pipeboard.app.services.errors import NotFound, ServiceError
 from pipeboard.app.services.tx import begin_write
 
@@ -109,9 +109,14 @@ def live_hosts(session: Session) -> set[str]:
 
 
 def gpu_workers(session: Session) -> int:
-    """Live workers that report a GPU. Heartbeats carry no GPU inventory yet (the GPU issue adds
-    it), so none does, and a `cuda` job is refused rather than trained on the CPU."""
-    return 0
+    """Live workers that report a GPU (their heartbeats' inventories, app/services/placement.py)."""
+    return placement.gpu_workers(session)
+
+
+def gpu_request(job_id: int, spec: JobSpec) -> placement.GpuRequest:
+    """A cuda job's need on one host: one GPU for each of its processes there (the specification
+    has no field for processes sharing GPUs yet)."""
+    return placement.GpuRequest(job_id, spec.layout.processes // spec.layout.nodes)
 
 
 def check_spec(session: Session, spec: JobSpec, kind: str = "train") -> None:
@@ -122,9 +127,11 @@ def check_spec(session: Session, spec: JobSpec, kind: str = "train") -> None:
         raise ServiceError(f"{field}: {why}", status=422, field=field)
     if kind == "train":
         validate_model(session, spec.model.name, spec.model.args, spec.model.data)
-    if spec.machine.device == "cuda" and gpu_workers(session) == 0:
-        raise ServiceError("machine.device: device cuda: no live worker reports a GPU (GET /health); use cpu, "
-                           "or start a worker on a host with one", status=422, field="machine.device")
+    if spec.machine.device == "cuda":
+        why = placement.refusal(gpu_request(0, spec), placement.live_inventories(session))
+        if why is not None:
+            field = why.split(":", 1)[0]
+            raise ServiceError(why, status=422, field=field)
     if spec.layout.nodes > 1:
         hosts = live_hosts(session)
         if spec.layout.nodes > len(hosts):
@@ -151,9 +158,34 @@ def submit(session: Session, spec: JobSpec, *, kind: str = "train", enqueue: boo
     attempts.open_row(session, job.id, 1, "submit", spec.layout.nodes)
     events.append(session, job.id, [("status", {"status": "queued", "message": "submitted"})], commit=False)
     session.commit()
-    if enqueue:
+    if enqueue and spec.machine.device == "cuda":
+        dispatch_cuda(session, job.id, 1, spec)
+    elif enqueue:
         enqueue_or_fail(session, job.id)
     return job
+
+
+def dispatch_cuda(session: Session, job_id: int, attempt: int, spec: JobSpec) -> placement.GpuPlacement | placement.Waiting:
+    """Place a cuda attempt on a worker with GPUs free and queue it on that worker's own queue
+    (the existing enqueue path), or leave it waiting with its reason (``job_attempts.waiting``)."""
+    decision = placement.dispatch(session, job_id, attempt, gpu_request(job_id, spec),
+                                  lambda j, node, a: enqueue_or_fail(session, j, node=node, attempt=a))
+    session.commit()
+    return decision
+
+
+def dispatch_waiting(session: Session) -> int:
+    """Dispatch again every queued cuda attempt that waits for GPUs, in queue order (called when an
+    attempt ends and frees its GPUs); returns how many were placed."""
+    rows = session.execute(select(Job.id, Job.attempt, Job.spec).join(
+        JobAttempt, (JobAttempt.job_id == Job.id) & (JobAttempt.attempt == Job.attempt))
+        .where(Job.status == JobStatus.QUEUED, JobAttempt.prefer_node == placement.WAITING_FOR_GPUS)
+        .order_by(Job.priority.desc(), Job.id)).all()
+    placed = 0
+    for job_id, attempt, raw in rows:
+        if isinstance(dispatch_cuda(session, job_id, attempt, JobSpec.model_validate(raw)), placement.GpuPlacement):
+            placed += 1
+    return placed
 
 
 def enqueue_or_fail(session: Session, job_id: int, *, node: str | None = None, attempt: int | None = None) -> None:

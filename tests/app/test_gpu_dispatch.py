@@ -1,0 +1,67 @@
+"""cuda jobs through the job path (jobs.submit -> placement.dispatch -> a worker's direct queue):
+accepted when a live worker reports enough GPUs, refused when none could ever serve, waiting with
+its reason when the GPUs are held, and dispatched again when the holder ends. Workers are
+heartbeat rows with a stand-in GPU inventory (no GPU here); the broker is recorded, not run."""
+
+from __future__ import annotations
+
+import pytest
+from sqlalchemy.orm import Session
+
+from pipeboard.app.models import JobAttempt, JobStatus, WorkerHeartbeat, utcnow
+from pipeboard.app.schemas import JobSpec
+from pipeboard.app.services import jobs, placement
+from pipeboard.app.services.errors import ServiceError
+
+
+def _gpu_worker(session: Session, name: str, n: int) -> None:
+    session.add(WorkerHeartbeat(hostname=name, host=name.split("@")[-1], pid=1, pool="prefork", concurrency=2,
+                                devices=[{"index": i, "name": "stand-in GPU"} for i in range(n)], seen_at=utcnow()))
+    session.commit()
+
+
+def _spec(**layout) -> JobSpec:
+    return JobSpec.model_validate({"model": "mlp-digits", "machine": {"device": "cuda"},
+                                   "layout": {"workers": 1, **layout}, "length": {"steps": 2}})
+
+
+@pytest.fixture
+def sent(monkeypatch) -> list[tuple]:
+    out: list[tuple] = []
+    monkeypatch.setattr(jobs, "send_task", lambda name, *args, queue=None: out.append((name, args, queue)))
+    return out
+
+
+def test_cuda_refused_without_a_gpu_worker_naming_the_field(session: Session, sent):
+    with pytest.raises(ServiceError) as err:
+        jobs.submit(session, _spec())
+    assert err.value.status == 422 and str(err.value).startswith("machine.device: device cuda")
+
+
+def test_cuda_job_needing_more_gpus_than_any_worker_is_refused_naming_layout_workers(session: Session, sent):
+    _gpu_worker(session, "pipeboard@gpu1", 1)
+    with pytest.raises(ServiceError) as err:
+        jobs.submit(session, JobSpec.model_validate({"model": "mlp-digits", "machine": {"device": "cuda"},
+                                                     "layout": {"workers": 2}, "length": {"steps": 2}}))
+    assert err.value.status == 422 and str(err.value).startswith("layout.workers:")
+
+
+def test_placed_then_waits_then_dispatched_when_the_first_ends(session: Session, sent):
+    _gpu_worker(session, "pipeboard@gpu1", 1)
+    first = jobs.submit(session, _spec())
+    assert placement.held_devices(session, first.id, 1) == "0"
+    assert sent[0][0] == "pipeboard.resume_job" and sent[0][1] == (first.id, 1)
+    assert session.get(JobAttempt, (first.id, 1)).prefer_node == "pipeboard@gpu1"
+
+    second = jobs.submit(session, _spec())
+    row = session.get(JobAttempt, (second.id, 1))
+    assert row.waiting == "waiting: needs 1 GPU, largest free block 0" and len(sent) == 1
+    assert jobs.dispatch_waiting(session) == 0  # still held
+
+    jobs.finish(session, first.id, JobStatus.SUCCEEDED, expected=(JobStatus.QUEUED,))
+    session.get(JobAttempt, (first.id, 1)).status = JobStatus.SUCCEEDED  # the attempt ended with its job
+    session.commit()
+    assert jobs.dispatch_waiting(session) == 1
+    session.refresh(row)
+    assert row.waiting is None and placement.held_devices(session, second.id, 1) == "0"
+    assert sent[-1][1] == (second.id, 1)
