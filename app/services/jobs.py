@@ -328,6 +328,10 @@ def finish(session: Session, job_id: int, status: JobStatus, *, expected: tuple[
     published = events.append(session, job_id, [("status", payload), (events.END_EVENT, payload)], commit=False)
     session.commit()
     events.publish(job_id, published)
+    try:  # its attempt ended and freed any GPUs it held: cuda jobs waiting for them may go now
+        dispatch_waiting(session)
+    except ServiceError as exc:  # the broker refused; that job failed saying so, this one's end stands
+        logging.getLogger(__name__).warning("dispatching waiting cuda jobs: %s", exc)
     return True
 
 

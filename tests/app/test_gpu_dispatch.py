@@ -58,10 +58,7 @@ def test_placed_then_waits_then_dispatched_when_the_first_ends(session: Session,
     assert row.waiting == "waiting: needs 1 GPU, largest free block 0" and len(sent) == 1
     assert jobs.dispatch_waiting(session) == 0  # still held
 
-    jobs.finish(session, first.id, JobStatus.SUCCEEDED, expected=(JobStatus.QUEUED,))
-    session.get(JobAttempt, (first.id, 1)).status = JobStatus.SUCCEEDED  # the attempt ended with its job
-    session.commit()
-    assert jobs.dispatch_waiting(session) == 1
+    jobs.finish(session, first.id, JobStatus.SUCCEEDED, expected=(JobStatus.QUEUED,))  # ends its attempt too
     session.refresh(row)
     assert row.waiting is None and placement.held_devices(session, second.id, 1) == "0"
     assert sent[-1][1] == (second.id, 1)
