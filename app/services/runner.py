@@ -33,7 +33,7 @@ from pipeboard.app.models import Plan as PlanRow
 from pipeboard.app.models import TimelineEvent as TimelineEventRow
 from pipeboard.app.schemas import JobSpec
 from pipeboard.app.schemas.jobspec import run_fields, stored
-from pipeboard.app.services import attempts, contexts, events, fidelity, jobs, multihost, planning, profiles
+from pipeboard.app.services import attempts, contexts, events, fidelity, jobs, multihost, placement, planning, profiles
 from pipeboard.app.services.errors import PhaseFailed, ServiceError
 from pipeboard.app.services.tx import begin_write
 
@@ -381,7 +381,11 @@ class JobRun:
         from pipeboard.app.services import proctree, sandbox  # a tree that ends whole; users' code sandboxed
 
         where = str(cwd or log_path.parent)
-        cmd, env = sandbox.for_phase(phase, cmd, child_env(), cwd=where, workdir=log_path.parent)
+        base = child_env()
+        held = placement.held_devices(self.session, self.job_id, self.attempt)
+        if held is not None:  # a cuda attempt sees only the GPUs placement gave it (as cuda:0, 1, ...)
+            base["CUDA_VISIBLE_DEVICES"] = held
+        cmd, env = sandbox.for_phase(phase, cmd, base, cwd=where, workdir=log_path.parent)
         with open(log_path, "wb") as log_file:
             proc = proctree.spawn(cmd, stdout=log_file, env=env, cwd=where)
         with self.lock:
