@@ -106,6 +106,7 @@ def load_spec(path: Path) -> dict[str, Any]:
         fail(f"{path}: not valid YAML: {str(exc).splitlines()[0]}", 2)
     if not isinstance(spec, dict):
         fail(f"{path}: the top level must be a mapping of job fields", 2)
+    attach_schedule_file(spec, path)
     from pydantic import ValidationError
 
     from pipeboard.app.schemas import JobSpec
@@ -119,6 +120,20 @@ def load_spec(path: Path) -> dict[str, Any]:
     for field, why in checked.problems():
         fail(f"{path}: {field}: {why}", 2)
     return checked.model_dump(mode="json")
+
+
+def attach_schedule_file(spec: dict[str, Any], path: Path) -> None:
+    """A job YAML's ``layout.schedule_file`` on one line is a schedule file's path (relative to the
+    YAML): its text is what the job carries (torch's CSV, checked by the server as by the CLI)."""
+    layout = spec.get("layout")
+    named = layout.get("schedule_file") if isinstance(layout, dict) else None
+    if not isinstance(named, str) or "\n" in named.strip():
+        return
+    csv_path = path.parent / named.strip()
+    try:
+        layout["schedule_file"] = csv_path.read_text()
+    except (OSError, UnicodeDecodeError) as exc:
+        fail(f"{path}: layout.schedule_file: cannot read {csv_path}: {getattr(exc, 'strerror', None) or exc}", 2)
 
 
 def describe_event(message: dict[str, Any]) -> str | None:
@@ -135,7 +150,9 @@ def describe_event(message: dict[str, Any]) -> str | None:
     if kind == "metrics" and data.get("points"):
         latest: dict[str, float] = {}  # a batch mixes training points and evaluations
         for point in data["points"]:
-            latest.update({k: v for k, v in point.get("values", {}).items() if "." not in k})
+            # a point's scalars only: a step summary also carries per-stage rows (lists)
+            latest.update({k: v for k, v in point.get("values", {}).items()
+                           if "." not in k and isinstance(v, (int, float))})
         values = ", ".join(f"{k}={v:.4g}" for k, v in latest.items())
         return f"[metrics] step {data['points'][-1].get('step')}: {values}"
     return None  # the summary is printed once, at the end
@@ -232,7 +249,9 @@ def register(cli: typer.Typer) -> None:
 
     @cli.command("submit")
     def submit(
-        spec_file: Path = typer.Argument(..., help="Job spec (YAML), see examples/job.yaml."),
+        spec_file: Path = typer.Argument(..., help=(
+            "Job spec (YAML), see examples/job.yaml. A one-line layout.schedule_file names a torch schedule CSV "
+            "(relative to the YAML), sent as the job's own schedule (layout.schedule: custom).")),
         wait: bool = typer.Option(False, "--wait", help="Follow live progress; exit 0 only if the job succeeds."),
         context: Optional[Path] = typer.Option(
             None, "--context", help="Your project folder: packed, uploaded (once per content) and registered, its "
