@@ -176,3 +176,39 @@ def test_stopping_a_worker_requeues_its_job_and_ends_the_run(deployment):
     deployment.worker = deployment.start_worker()  # the retry's task is waiting in the broker for it
     end = [m for m in deployment.events(job["id"], last_id=job["last_event_seq"]) if m["event"] == "end"]
     assert end[0]["data"]["status"] == "succeeded", deployment.logs()
+
+
+def test_a_job_trains_with_a_schedule_file_torch_wrote(deployment, tmp_path):
+    """torch's own ZBV (its _dump_csv of ScheduleZBVZeroBubble: two chunks per worker, placed in a
+    V) attached from the job YAML by `pipeboard submit`, checked at the door and run as written."""
+    from pipeboard.trainer.schedule.torchcsv import dumps
+    from tests.trainer.torch_schedules import torch_rows
+
+    (tmp_path / "zbv.csv").write_text(dumps(torch_rows("zbv", 2, 4)))
+    # depth 3: four layers with parameters, a stage for each of the 2 workers x 2 chunks
+    job_yaml = {"version": 2, "name": "torch zbv", "model": {"name": "mlp-digits", "args": {"depth": 3}, "batch_size": 16},
+                "layout": {"workers": 2, "method": "time", "schedule": "custom", "schedule_file": "zbv.csv",
+                           "chunks": 2, "microbatches": 4},
+                "length": {"steps": 3}}
+    spec = tmp_path / "job.yaml"
+    spec.write_text(yaml.safe_dump(job_yaml))
+    done = subprocess.run(
+        [sys.executable, "-c", "from pipeboard.app.cli import main; main()", "submit", str(spec), "--url", deployment.url],
+        capture_output=True, text=True, timeout=300, env={**os.environ, **deployment.env},
+    )
+    assert done.returncode == 0, f"{done.stdout}\n{done.stderr}\n{deployment.logs()}"
+    job_id = int(done.stdout.split()[1])
+    ends = [m for m in deployment.events(job_id) if m["event"] == "end"]
+    assert ends[0]["data"]["status"] == "succeeded", (deployment.api("GET", f"/jobs/{job_id}"), deployment.logs())
+    job = deployment.api("GET", f"/jobs/{job_id}")
+    assert job["status"] == "succeeded" and job["spec"]["layout"]["schedule_file"] == (tmp_path / "zbv.csv").read_text()
+    events = deployment.api("GET", f"/jobs/{job_id}/timeline", params={"step_from": 1, "step_to": 1})["events"]
+    # the V: worker 0 runs virtual stages 0 and 3, worker 1 stages 1 and 2; split backwards as torch wrote them
+    assert {(e["worker"], e["stage"]) for e in events} == {(0, 0), (0, 3), (1, 1), (1, 2)}
+    assert {"F", "BI", "W"} <= {e["kind"] for e in events}
+
+    # a broken file is refused at submit, by the server too: one line naming the field, the rank and the action
+    broken = dict(job_yaml, layout={**job_yaml["layout"], "schedule_file": "0F0,0B0,0F1,0B1\n1B0,1F0,1F1,1B1\n"})
+    answer = deployment.http.post(f"{deployment.url}/api/v1/jobs", json=broken)
+    assert answer.status_code == 422 and answer.json()["detail"].startswith(
+        "layout.schedule_file: deadlock: rank 1 waits at 1B0 for 1F0"), answer.text
