@@ -21,6 +21,7 @@ from pipeboard.app.models import (
     Profile,
     TimelineEvent,
     TokenScope,
+    User,
 )
 from pipeboard.trainer.schedule.actions import TimelineEvent as Event
 
@@ -129,8 +130,11 @@ def test_deleting_a_model_keeps_its_profiles(session: Session) -> None:
 
 
 def test_api_token_hash_is_unique(session: Session) -> None:
-    session.add(ApiToken(name="ci", scope=TokenScope.WRITE, token_hash="h" * 64, prefix="pb_abc"))
+    user = User(name="ci-user")
+    session.add(user)
+    session.flush()
+    session.add(ApiToken(name="ci", scope=TokenScope.WRITE, token_hash="h" * 64, prefix="pb_abc", user_id=user.id))
     session.flush()
     with pytest.raises(IntegrityError):
         with session.begin_nested():
-            session.add(ApiToken(name="other", scope=TokenScope.READ, token_hash="h" * 64, prefix="pb_def"))
+            session.add(ApiToken(name="other", scope=TokenScope.READ, token_hash="h" * 64, prefix="pb_def", user_id=user.id))

@@ -122,7 +122,9 @@ def run_up(tmp_path: Path, name: str, workers: int = 1, until: str = "pipeboard 
                 if health["workers"] == workers:
                     break
             time.sleep(0.3)
+        devices = health.pop("worker_devices")  # one entry per live worker, each with its GPUs
         assert health == {"database": "ok", "broker": "ok", "workers": workers, "version": health.get("version")}, log_path.read_text()
+        assert len(devices) == workers and all("worker" in w and "devices" in w for w in devices), devices
         check_while_up(url, log_path.read_text())
         up.send_signal(signal.SIGTERM)
         assert up.wait(timeout=40) == 0, log_path.read_text()
@@ -263,7 +265,9 @@ def test_up_keeps_the_service_and_a_job_going_through_a_killed_worker_and_a_kill
         assert "the API server exited with code -9 (SIGKILL)" in output
         new_worker = child_pid(up, "celery")
         assert new_worker not in (None, worker) and child_pid(up, "uvicorn") not in (None, api)
-        assert get_json(f"{url}/api/v1/health") == {"database": "ok", "broker": "ok", "workers": 1, "version": ANY_VERSION}
+        health = get_json(f"{url}/api/v1/health")
+        assert len(health.pop("worker_devices")) == 1
+        assert health == {"database": "ok", "broker": "ok", "workers": 1, "version": ANY_VERSION}
         groups.add(dep.job_row(job_id).pgid)
         survivors = list(children_of(up.pid))
         up.send_signal(signal.SIGTERM)

@@ -8,6 +8,7 @@ from typing import Annotated, Any
 
 from fastapi import APIRouter, Body, Header, Query
 from fastapi.responses import StreamingResponse
+from pydantic import BaseModel, ConfigDict, Field
 
 from pipeboard.app.api.common import AUTH_RESPONSES, NOT_FOUND, JobId, ServiceRoute
 from pipeboard.app.api import ownership
@@ -90,6 +91,13 @@ def job_steps(
     return rundata.step_summaries(session, job_id, step_from=step_from, step_to=step_to, limit=limit)
 
 
+class DetailRequest(BaseModel):
+    """How many of a running job's next steps to record in full."""
+
+    model_config = ConfigDict(extra="forbid", json_schema_extra={"examples": [{"steps": 20}]})
+    steps: int = Field(20, ge=1, le=1000, description="How many steps to record.")
+
+
 @router.post(
     "/{job_id}/detail",
     status_code=202,
@@ -105,8 +113,9 @@ def request_detail(
     job_id: JobId,
     session: SessionDep,
     principal: WriteAccess,
-    steps: Annotated[int, Body(embed=True, ge=1, le=1000, description="How many steps to record.")] = 20,
+    body: Annotated[DetailRequest, Body()] = DetailRequest(),
 ) -> dict[str, Any]:
+    steps = body.steps
     job = ownership.job_for(session, principal, job_id)
     if job.status.value != "running":
         raise ServiceError(f"job {job_id} is {job.status.value}: only a running job can record detail", status=409, field="job_id")
