@@ -25,6 +25,7 @@ from typer.core import TyperCommand
 
 # Options that take several values, as in `--workers 4 4`.
 _MULTI = {"--workers", "-n", "--bandwidth", "-b"}
+DEFAULT_METHOD = "pipedream"  # the planner's method when --method is not given
 
 
 def _is_number(token: str) -> bool:
@@ -135,7 +136,7 @@ def plan_command(
     straight: bool = typer.Option(False, "--straight", help="No replication: one worker per stage."),
     fewer_workers: bool = typer.Option(False, "--fewer-workers", help="Allow leaving workers idle if that is faster."),
     activation_compression: float = typer.Option(1.0, "--activation-compression", help="Divide activation transfer times by R."),
-    method: str = typer.Option("pipedream", "--method", help="pipedream | uniform | time | params | dp."),
+    method: str | None = typer.Option(None, "--method", help=f"pipedream | uniform | time | params | dp (default {DEFAULT_METHOD})."),
     schedule: str = typer.Option(
         None, "--schedule",
         help="With --memory: check the cap by the memory model (weights by versions kept, gradients, optimizer state, "
@@ -184,7 +185,7 @@ def plan_command(
         if schedule is not None:
             from pipeboard.trainer.plan.memory_fit import plan_under_cap
 
-            if memory is None or compare or method != "pipedream" or memory_constraint:
+            if memory is None or compare or method is not None or memory_constraint:  # --method: not given
                 fail("--schedule: give it with --memory, without --compare, --method or --memory-constraint")
             if microbatches < 1:
                 fail(f"--microbatches: must be >= 1, got {microbatches}")
@@ -194,7 +195,7 @@ def plan_command(
             plans = compare_methods(prof, levels, **options)
             result = plans[0]
         else:
-            result = make_plan(prof, levels, method=method, **options)
+            result = make_plan(prof, levels, method=method or DEFAULT_METHOD, **options)
     except (PlanError, ProfileError) as exc:
         fail(str(exc))
     except UnicodeDecodeError:

@@ -20,7 +20,7 @@ WeightGrads = Literal["batched", "immediate"]
 
 
 def _known_schedule(value: str) -> str:
-    if not schedules.known(value):
+    if not schedules.listed(value):
         raise PydanticCustomError("enum", "Input should be {expected}", {"expected": schedules.either(schedules.names())})
     return value
 
@@ -43,7 +43,7 @@ CUSTOM_SCHEDULE = "custom"  # a job's or a what-if's own schedule file (layout.s
 
 
 def _known_or_custom(value: str) -> str:
-    if value != CUSTOM_SCHEDULE and not schedules.known(value):
+    if value != CUSTOM_SCHEDULE and not schedules.listed(value):
         raise PydanticCustomError("enum", "Input should be {expected}",
                                   {"expected": schedules.either((*schedules.names(), CUSTOM_SCHEDULE))})
     return value

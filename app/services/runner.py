@@ -453,8 +453,11 @@ def run_config(spec: JobSpec, plan: dict[str, Any], source: str | None = None,
     if spec.length.time_s is not None:
         given["epochs"] = EPOCHS_UNDER_A_TIME_RULE
     # the model: a registered model's task factory, its registered arguments under the job's own
-    if spec.layout.schedule_file is not None:  # the job's own file, registered under its content's name
-        given["schedule"] = spec.layout.schedule_to_run()
+    if spec.layout.schedule_file is not None:  # the job's own file, named by its content; the run
+        # registers it from schedule_csv (runtime/config.py), so writing the run file registers nothing here
+        from pipeboard.trainer.schedule.torchcsv import text_schedule_name
+
+        given["schedule"] = text_schedule_name(spec.layout.schedule_file)
     cfg = RunConfig(**given, model=source or spec.model.name, model_args={**(default_args or {}), **spec.model.args})
     if checkpoint_dir is not None:
         cfg = cfg.with_(checkpoint_dir=str(checkpoint_dir), checkpoint_keep=get_settings().checkpoint_keep,

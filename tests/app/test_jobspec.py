@@ -145,6 +145,30 @@ def test_a_jobs_own_schedule_file_reaches_a_fresh_process_through_the_run_file(t
     assert done.stdout.splitlines() == TORCH_ZBV.splitlines()
 
 
+def test_a_jobs_own_schedule_file_is_never_listed_in_the_process_that_checks_or_runs_it(tmp_path):
+    """Checking the job and writing its run file register nothing; the schedule the run registers
+    from the file is found by its name but listed nowhere (GET /schedules, the OpenAPI enums, the
+    capability queries), and a request cannot name it: a job names `custom` with its file."""
+    from pipeboard.trainer.schedule import registry
+    from pipeboard.trainer.schedule.torchcsv import register_text, text_schedule_name
+
+    before = registry.names()
+    spec = JobSpec.model_validate(merged({"layout": CUSTOM}))
+    assert spec.problems() == []
+    name = run_file_config(spec, tmp_path).schedule
+    assert name == text_schedule_name(TORCH_ZBV) and registry.names() == before and not registry.known(name)
+    try:
+        assert register_text(TORCH_ZBV).name == name and registry.get(name).chunks and registry.known(name)
+        assert registry.names() == before and name not in registry.having(chunks=True)
+        assert not registry.listed(name)
+        with pytest.raises(Exception, match="layout.schedule"):
+            JobSpec.model_validate(merged({"layout": {"schedule": name}}))
+    finally:
+        registry.unregister(name)
+    assert not registry.known(name) and register_text(TORCH_ZBV).name == name  # registered again after removal
+    registry.unregister(name)
+
+
 def test_a_run_file_with_a_key_the_run_does_not_have_is_refused_by_name(tmp_path):
     cfg = run_file_config(JobSpec.model_validate(BASE), tmp_path).to_dict()
     with pytest.raises(ConfigError, match="^devices: not a field of the run configuration"):

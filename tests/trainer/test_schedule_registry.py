@@ -229,9 +229,11 @@ def test_a_schedule_from_one_file_is_in_the_api(plugin, client):
     assert twin["description"] == plugin.description and twin["synchronous"] and not twin["default"]
     assert [s["name"] for s in listed["data"] if s["default"]] == [registry.DEFAULT]
     schemas = create_app().openapi()["components"]["schemas"]
-    for model in ("LayoutSection", "PlanCreate"):  # a job's schedule is in its specification's layout
+    # a job's schedule is in its specification's layout, where `custom` (the job's own schedule_file)
+    # follows the registry's schedules; a plan names a registered one
+    for model, extra in (("LayoutSection", ["custom"]), ("PlanCreate", [])):
         field = schemas[model]["properties"]["schedule"]
-        assert field["enum"] == list(registry.names()) and field["default"] == registry.DEFAULT
+        assert field["enum"] == [*registry.names(), *extra] and field["default"] == registry.DEFAULT
         assert PLUGIN_NAME in field["description"] and plugin.description.rstrip(".") in field["description"]
     assert JobSpec(model={"name": "mlp-digits"}, layout={"schedule": PLUGIN_NAME}).layout.schedule == PLUGIN_NAME
     assert PlanCreate(model="mlp-digits", levels=[{"workers": 2, "bandwidth": 1e9}], schedule=PLUGIN_NAME)
@@ -300,13 +302,14 @@ print(json.dumps({"openapi": client.get("/openapi.json").json(), "schedules": cl
 
 
 def test_the_openapi_and_the_schedules_endpoint_list_a_schedule_from_one_file(tmp_path):
-    env = {**with_plugin(), "PIPEBOARD_DATA_DIR": str(tmp_path)}
+    # reads need a token unless PIPEBOARD_READ_AUTH is false: this one reads anonymously, without a database
+    env = {**with_plugin(), "PIPEBOARD_DATA_DIR": str(tmp_path), "PIPEBOARD_READ_AUTH": "false"}
     r = subprocess.run([sys.executable, "-c", API_DUMP], capture_output=True, text=True, timeout=120, cwd=ROOT, env=env)
     assert r.returncode == 0, r.stderr
     out = json.loads(r.stdout)
     schemas = out["openapi"]["components"]["schemas"]
-    for model in ("LayoutSection", "PlanCreate"):
-        assert schemas[model]["properties"]["schedule"]["enum"][-1] == PLUGIN_NAME
+    for model, last in (("LayoutSection", -2), ("PlanCreate", -1)):  # LayoutSection's ends with `custom`
+        assert schemas[model]["properties"]["schedule"]["enum"][last] == PLUGIN_NAME
     assert "/api/v1/schedules" in out["openapi"]["paths"]
     assert [s["name"] for s in out["schedules"]["data"]][-1] == PLUGIN_NAME
 

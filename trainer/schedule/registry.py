@@ -148,6 +148,10 @@ class ScheduleSpec:
 
 
 _SPECS: dict[str, ScheduleSpec] = {}
+# a job's own schedule file, registered by the process that runs it (torchcsv.register_text):
+# found by name (get, known) but never listed (specs, names, having, GET /schedules), so one
+# job's file never shows up as a choice for the next job or in another test
+_JOB_SPECS: dict[str, ScheduleSpec] = {}
 _loaded = False
 _load_error: str | None = None  # a PIPEBOARD_SCHEDULES entry that failed: every query says so
 
@@ -169,8 +173,18 @@ def register(spec: ScheduleSpec | str, builder: Builder | None = None, *, replac
 
 
 def unregister(name: str) -> None:
-    """Remove a schedule (tests that register their own)."""
+    """Remove a schedule (tests that register their own), or a job's own."""
     _SPECS.pop(name, None)
+    _JOB_SPECS.pop(name, None)
+
+
+def register_job_schedule(spec: ScheduleSpec) -> ScheduleSpec:
+    """Add a job's own schedule (its file's text): resolvable by name, left out of every listing.
+    The same name again replaces it (the name is its text's hash: the same schedule)."""
+    if spec.name in _SPECS:
+        raise ScheduleError(f"schedule {spec.name!r} is a listed schedule; a job's own file cannot take its name")
+    _JOB_SPECS[spec.name] = spec
+    return spec
 
 
 def specs() -> tuple[ScheduleSpec, ...]:
@@ -185,6 +199,12 @@ def names() -> tuple[str, ...]:
 
 def known(name: object) -> bool:
     _load_extra()
+    return isinstance(name, str) and (name in _SPECS or name in _JOB_SPECS)
+
+
+def listed(name: object) -> bool:
+    """A schedule a request may name: ``known``, less the jobs' own files (those go by ``custom``)."""
+    _load_extra()
     return isinstance(name, str) and name in _SPECS
 
 
@@ -192,7 +212,7 @@ def get(name: str) -> ScheduleSpec:
     """The spec of ``name``; UnknownSchedule naming the known ones otherwise."""
     _load_extra()
     try:
-        return _SPECS[name]
+        return _SPECS[name] if name in _SPECS else _JOB_SPECS[name]
     except (KeyError, TypeError):
         raise UnknownSchedule(f"unknown schedule {name!r} (known: {', '.join(_SPECS)})") from None
 

@@ -332,18 +332,19 @@ def register_text(content: str, name: str | None = None):
     """Register a file's text (a job's ``layout.schedule_file``, handed to every process of its
     run in its run file) as the schedule ``name`` (default ``text_schedule_name``); once per
     process for the same text. Returns its spec."""
-    from pipeboard.trainer.schedule.registry import get
+    from pipeboard.trainer.schedule.registry import _JOB_SPECS
 
     name = name or text_schedule_name(content)
-    if _registered_texts.get(name) == content:
-        return get(name)
-    spec = _register(loads(content), name, "a job's schedule file", replace=True)
+    if _registered_texts.get(name) == content and name in _JOB_SPECS:  # not unregistered since
+        return _JOB_SPECS[name]
+    spec = _register(loads(content), name, "a job's schedule file", replace=True, job=True)
     _registered_texts[name] = content
     return spec
 
 
-def _register(tf: TorchFile, name: str, source: str, replace: bool):
-    from pipeboard.trainer.schedule.registry import register
+def _register(tf: TorchFile, name: str, source: str, replace: bool, job: bool = False):
+    """``job``: a job's own file, found by name but never listed (registry.register_job_schedule)."""
+    from pipeboard.trainer.schedule.registry import ScheduleSpec, register, register_job_schedule
 
     def builder(ctx) -> list[list[Action | OverlapFB]]:
         if (ctx.stages, ctx.chunks, ctx.microbatches) != (tf.ranks, tf.chunks, tf.microbatches):
@@ -351,8 +352,10 @@ def _register(tf: TorchFile, name: str, source: str, replace: bool):
                                 f"{tf.microbatches} microbatches; got {ctx.stages} x {ctx.chunks} and {ctx.microbatches}")
         return [list(p) + [Action(Kind.STEP, s, -1, 1) for s in tf.stages[r]] for r, p in enumerate(tf.programs)]
 
-    return register(name, builder, replace=replace,
-                    description=f"{source}: {tf.ranks} workers x {tf.chunks} "
+    capabilities = dict(description=f"{source}: {tf.ranks} workers x {tf.chunks} "
                                 f"chunks, {tf.microbatches} microbatches, placed in a {tf.placement}.",
-                    replication=False, chunks=tf.chunks > 1, default_chunks=tf.chunks,
-                    weight_grads=(), placement=tf.placement if tf.chunks > 1 else "loop")
+                        replication=False, chunks=tf.chunks > 1, default_chunks=tf.chunks,
+                        weight_grads=(), placement=tf.placement if tf.chunks > 1 else "loop")
+    if job:
+        return register_job_schedule(ScheduleSpec(name, builder, **capabilities))
+    return register(name, builder, replace=replace, **capabilities)

@@ -25,7 +25,9 @@ def public(spec: registry.ScheduleSpec) -> SchedulePublic:
         "Every registered schedule, in registration order (the built-ins first, then those named in "
         "`PIPEBOARD_SCHEDULES`), with its one-line description and capabilities: synchronous or not, "
         "replication, model chunks, the weight-gradient modes it honours, vertical sync, data parallel. "
-        "A job's or plan's `schedule` is one of these names; the dashboard's new-job form is filled from here."
+        "A job's or plan's `schedule` is one of these names; the dashboard's new-job form is filled from here. "
+        "A job may also name `custom` with its own `layout.schedule_file` (torch's schedule CSV): a choice only "
+        "with that file, so it is not listed here (the job's schema lists it after these)."
     ),
 )
 def list_schedules(_: ReadAccess, offset: Offset = 0, limit: Limit = 100) -> Page[SchedulePublic]:

@@ -74,6 +74,9 @@ function field(id, label, input, hint) {
   return h('div', {}, h('label', { for: id }, label, hint ? h('span', { class: 'hint' }, ` ${hint}`) : null), input);
 }
 
+/** "a", "a and b", "a, b and c": the names of the schedules a sentence is about, as the API's descriptions write them. */
+const listed = (names) => (names.length < 2 ? names.join('') : `${names.slice(0, -1).join(', ')} and ${names[names.length - 1]}`);
+
 /** The select with a hint under it saying what the chosen value does (the schedules that ignore it: see the title). */
 function weightGradsField(select) {
   const hint = h('div', { class: 'hint', id: 'f-weight-grads-hint' });
@@ -350,7 +353,7 @@ export async function render(container) {
       clear(els.schedule).append(...schedules.map((s) => h('option', { value: s.name, title: s.description }, s.name)));
       els.schedule.value = (schedules.find((s) => s.default) || schedules[0])?.name || '';
       const ignoring = schedules.filter((s) => !s.weight_grads.length).map((s) => s.name);
-      if (ignoring.length) els.weightGrads.title = `${WEIGHT_GRADS_TITLE} ${ignoring.join(' and ')} ignore${ignoring.length === 1 ? 's' : ''} it.`;
+      if (ignoring.length) els.weightGrads.title = `${WEIGHT_GRADS_TITLE} ${listed(ignoring)} ignore${ignoring.length === 1 ? 's' : ''} it.`;
       showScheduleFields();
     } catch (err) {
       clear(els.schedule).append(h('option', { value: '' }, 'no schedules'));
