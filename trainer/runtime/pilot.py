@@ -33,6 +33,7 @@ from __future__ import annotations
 
 import logging
 import math
+import os
 import time
 from dataclasses import replace
 from statistics import fmean, median
@@ -49,6 +50,7 @@ log = logging.getLogger(__name__)
 PILOT_STEPS = 16  # at least; the second half is measured: past the first allocations and the fill
 PILOT_SECONDS = 0.5  # a pilot runs about this long (its predicted steps)
 MAX_PILOT_STEPS = 200
+DETAIL_FIRST_STEPS = "PIPEBOARD_DETAIL_FIRST_STEPS"  # runtime/detail.py's setting
 OVERSUBSCRIBED_RUNS = 3  # an oversubscribed pilot's runs; their median step is kept
 
 # measured term -> the StageCosts field it is set against
@@ -132,12 +134,22 @@ def _run(cfg: RunConfig) -> tuple[list[Any], dict[str, Any]] | None:
     from pipeboard.trainer.runtime.launch import RunFailed, run_training
 
     sink = ListSink()
+    # The factors read the actions of the steady second half, but a run keeps full actions only
+    # in detail windows (runtime/detail.py: the first 50 steps by default); a pilot of up to
+    # MAX_PILOT_STEPS keeps them all. The policy is read from the environment in every worker.
+    saved = os.environ.get(DETAIL_FIRST_STEPS)
+    os.environ[DETAIL_FIRST_STEPS] = str(max(cfg.steps or 0, int(saved or 0)))
     try:
         summary = run_training(cfg, sink)
     except (RunFailed, ValueError, RuntimeError) as exc:
         log.warning("pilot run of %s (%d stage(s), replicas %s) failed: %s", cfg.model, len(cfg.stages or []),
                     cfg.replicas, exc)
         return None
+    finally:
+        if saved is None:
+            os.environ.pop(DETAIL_FIRST_STEPS, None)
+        else:
+            os.environ[DETAIL_FIRST_STEPS] = saved
     return sink.events, summary
 
 
