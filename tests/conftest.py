@@ -370,3 +370,15 @@ def start_worker(tmp_path: Path) -> Iterator[Callable[..., RunningWorker]]:
     yield start
     for worker in started:
         worker.stop()
+
+
+def pytest_collection_modifyitems(items):
+    """schemathesis 4 names every operation's item after the test function (pytest 9 builds the node
+    id from it), so all of a test's operations share one id and pytest-xdist runs only one of them:
+    each item gets its operation in its id."""
+    for item in items:
+        label = getattr(item, "operation_label", None)
+        if label and label not in item.nodeid:
+            from _pytest.nodeid import coerce_node_id  # pytest 9 keeps the id as a structured NodeId
+
+            item._id = coerce_node_id(f"{item.nodeid}[{label}]")

@@ -87,7 +87,7 @@ def test_broken_projects_fail_registration_with_their_message(embedded, tmp_path
     raised = submit(deployment, project, {**JOB, "model": "my_task.py:make_broken"}, tmp_path)
     assert raised.returncode == 2 and "failed validation" in raised.stderr and "tokens file is corrupt" in raised.stderr
     missing = submit(deployment, project, {**JOB, "model": "no_such_file.py:make_task"}, tmp_path)
-    assert missing.returncode == 2 and "no_such_file.py does not exist" in missing.stderr, missing.stderr
+    assert missing.returncode == 2 and "source: 'no_such_file.py:make_task' must name a .py file inside" in missing.stderr, missing.stderr
     assert deployment.api("GET", "/health")["database"] == "ok"  # the API answered throughout
 
 
