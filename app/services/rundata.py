@@ -12,6 +12,7 @@ from pipeboard.app.models import TimelineEvent as TimelineEventRow
 from pipeboard.app.schemas import MetricPointPublic, MetricsPublic, TimelineEventPublic, TimelinePublic
 from pipeboard.app.services import attempts
 from pipeboard.app.services.downsample import evenly, pick_steps
+from pipeboard.trainer.runtime.report import step_ranges
 
 T = TimelineEventRow
 
@@ -99,7 +100,7 @@ def chrome_trace(session: Session, job_id: int, source: str = "measured", *, ste
     rows = session.scalars(select(T).where(*where).order_by(T.seq)).all()
     events = [TimelineEvent(worker=r.worker, stage=r.stage, replica=r.replica, microbatch=r.microbatch, kind=r.kind, start=r.start, end=r.end, step=r.step) for r in rows]
     steps = session.scalars(select(T.step).where(T.job_id == job_id, T.source == EventSource(source)).group_by(T.step).order_by(T.step)).all()
-    return to_chrome_trace(events, metadata={"detail_steps": ", ".join(f"{a}-{b}" if a != b else str(a) for a, b in _ranges(list(steps)))})
+    return to_chrome_trace(events, metadata={"detail_steps": ", ".join(f"{a}-{b}" if a != b else str(a) for a, b in step_ranges(list(steps)))})
 
 
 def _numbers(values: dict[str, Any] | None) -> dict[str, float]:
@@ -130,15 +131,6 @@ def step_summaries(session: Session, job_id: int, *, step_from: int | None = Non
         "stages": [r[3]["stages"] for r in kept],
         "total": len(rows),
         "downsampled": len(kept) < len(rows),
-        "detail_steps": _ranges(list(detail)),
+        "detail_steps": step_ranges(list(detail)),
     }
 
-
-def _ranges(steps: list[int]) -> list[list[int]]:
-    out: list[list[int]] = []
-    for step in steps:
-        if out and step == out[-1][1] + 1:
-            out[-1][1] = step
-        else:
-            out.append([step, step])
-    return out

@@ -207,12 +207,12 @@ class Reporter:
             "cpu_matmul": ",".join(sorted({w["cpu_matmul"] for w in self.workers.values() if w["cpu_matmul"]})) or None,
             "onednn_products": self._onednn_products(),
             # which steps kept their full action timeline, and the actions dropped because the writer lagged
-            "detail_steps": _ranges(sorted(self.windows.kept_steps)),
+            "detail_steps": step_ranges(sorted(self.windows.kept_steps)),
             "detail_dropped_actions": self.windows.dropped_actions,
         }
 
 
-def _ranges(steps: list[int]) -> list[list[int]]:
+def step_ranges(steps: list[int]) -> list[list[int]]:
     """[[first, last], ...] of consecutive steps: a compact list of the windows."""
     out: list[list[int]] = []
     for step in steps:
