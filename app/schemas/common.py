@@ -19,48 +19,37 @@ WeightGrads = Literal["batched", "immediate"]
 # was imported counts too -------------------------------------------------------------------------
 
 
-def _known_schedule(value: str) -> str:
-    if not schedules.listed(value):
-        raise PydanticCustomError("enum", "Input should be {expected}", {"expected": schedules.either(schedules.names())})
-    return value
-
-
-class _RegisteredSchedule:
-    """Validates a schedule name against the registry; its JSON schema is the registry's enum."""
-
-    @classmethod
-    def __get_pydantic_core_schema__(cls, _source: Any, _handler: Any) -> core_schema.CoreSchema:
-        return core_schema.no_info_after_validator_function(_known_schedule, core_schema.str_schema())
-
-    @classmethod
-    def __get_pydantic_json_schema__(cls, _schema: Any, _handler: Any) -> dict[str, Any]:
-        return {"type": "string", "enum": list(schedules.names())}
-
-
-ScheduleName = Annotated[str, _RegisteredSchedule]
-
 CUSTOM_SCHEDULE = "custom"  # a job's or a what-if's own schedule file (layout.schedule_file / schedule_file)
 
 
-def _known_or_custom(value: str) -> str:
-    if value != CUSTOM_SCHEDULE and not schedules.listed(value):
-        raise PydanticCustomError("enum", "Input should be {expected}",
-                                  {"expected": schedules.either((*schedules.names(), CUSTOM_SCHEDULE))})
-    return value
+class _RegisteredSchedule:
+    """Validates a schedule name against the registry (plus `also`); its JSON schema is that enum."""
 
+    also: tuple[str, ...] = ()
 
-class _RegisteredOrCustomSchedule:
-    """A registered schedule's name, or ``custom``: the request's own torch schedule file."""
+    @classmethod
+    def _check(cls, value: str) -> str:
+        if value not in cls.also and not schedules.listed(value):
+            raise PydanticCustomError("enum", "Input should be {expected}",
+                                      {"expected": schedules.either((*schedules.names(), *cls.also))})
+        return value
 
     @classmethod
     def __get_pydantic_core_schema__(cls, _source: Any, _handler: Any) -> core_schema.CoreSchema:
-        return core_schema.no_info_after_validator_function(_known_or_custom, core_schema.str_schema())
+        return core_schema.no_info_after_validator_function(cls._check, core_schema.str_schema())
 
     @classmethod
     def __get_pydantic_json_schema__(cls, _schema: Any, _handler: Any) -> dict[str, Any]:
-        return {"type": "string", "enum": [*schedules.names(), CUSTOM_SCHEDULE]}
+        return {"type": "string", "enum": [*schedules.names(), *cls.also]}
 
 
+class _RegisteredOrCustomSchedule(_RegisteredSchedule):
+    """A registered schedule's name, or ``custom``: the request's own torch schedule file."""
+
+    also = (CUSTOM_SCHEDULE,)
+
+
+ScheduleName = Annotated[str, _RegisteredSchedule]
 ScheduleOrCustom = Annotated[str, _RegisteredOrCustomSchedule]
 MAX_SCHEDULE_FILE_CHARS = 1_000_000  # a torch schedule file's text: ~100k actions
 
