@@ -11,14 +11,10 @@ closed as expected.
 
 from __future__ import annotations
 
-import gzip
-import io
 import json
 import os
-import socket
 import subprocess
 import sys
-import tarfile
 import tempfile
 import time
 from pathlib import Path
@@ -26,28 +22,12 @@ from pathlib import Path
 import httpx
 
 from pipeboard.trainer.hostinfo import cpu_name
+from service_probe import archive, free_port
 
 ROOT = Path(__file__).resolve().parents[1]
 PIPEBOARD = [str(Path(sys.executable).parent / "pipeboard")]  # the installed command
 JOB = {"model": "mlp-digits", "workers": 2, "stop": {"steps": 2}}
 TASK = "def make_task(data=None):\n    raise RuntimeError('not run by this probe')\n"
-
-
-def free_port() -> int:
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        return probe.getsockname()[1]
-
-
-def archive(files: dict[str, str]) -> bytes:
-    buffer = io.BytesIO()
-    with gzip.GzipFile(fileobj=buffer, mode="wb", mtime=0) as zipped, tarfile.open(fileobj=zipped, mode="w") as tar:
-        for name, text in files.items():
-            data = text.encode()
-            info = tarfile.TarInfo(name)
-            info.size = len(data)
-            tar.addfile(info, io.BytesIO(data))
-    return buffer.getvalue()
 
 
 def token(env: dict[str, str], name: str, scope: str, user: str) -> str:

@@ -15,7 +15,6 @@ from __future__ import annotations
 import json
 import os
 import signal
-import socket
 import subprocess
 import sys
 import tempfile
@@ -25,6 +24,7 @@ from pathlib import Path
 import httpx
 
 from pipeboard.trainer.hostinfo import cpu_name
+from service_probe import SERVE, free_port
 
 ROOT = Path(__file__).resolve().parents[1]
 PIPEBOARD = [str(Path(sys.executable).parent / "pipeboard")]  # the installed command
@@ -54,19 +54,6 @@ FINDINGS = [
     ("`nodes: 2` on one host", "accepted, failed later", json.dumps({**V1, "nodes": 2}),
      "layout.nodes: the job needs 2 hosts; 1 host(s) have a live worker"),
 ]
-
-
-# `pipeboard up` after its migrations: the API (uvicorn) and one Celery worker, each its own process,
-# supervised. The migrations ran before, to every head (`pipeboard migrate heads`): a revision another
-# change adds may not be chained to this one's yet, and `up` migrates to the one head.
-SERVE = ("from pipeboard.app.cli.server import checked_settings, serve; "
-         "s = checked_settings(); serve(s, '127.0.0.1', {port}, 1, s.worker_concurrency)")
-
-
-def free_port() -> int:
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        return probe.getsockname()[1]
 
 
 def start(tmp: Path) -> tuple[subprocess.Popen, str, str, Path]:

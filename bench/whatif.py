@@ -23,14 +23,10 @@ profiling ran under the API process.
 from __future__ import annotations
 
 import argparse
-import gzip
-import io
 import os
 import signal
-import socket
 import subprocess
 import sys
-import tarfile
 import tempfile
 import threading
 import time
@@ -39,6 +35,7 @@ from pathlib import Path
 import httpx
 
 from pipeboard.trainer.hostinfo import cpu_name
+from service_probe import SERVE, archive, free_port
 
 ROOT = Path(__file__).resolve().parents[1]
 PIPEBOARD = [str(Path(sys.executable).parent / "pipeboard")]
@@ -55,30 +52,6 @@ def make_task(data=None):
 
     return zoo.get("mlp-digits", hidden=24)
 """
-
-
-# `pipeboard up` after its migrations: the API (uvicorn) and one Celery worker, each its own process,
-# supervised. The migrations ran before, to every head (`pipeboard migrate heads`): a revision another
-# change adds may not be chained to this one's yet, and `up` migrates to the one head.
-SERVE = ("from pipeboard.app.cli.server import checked_settings, serve; "
-         "s = checked_settings(); serve(s, '127.0.0.1', {port}, 1, s.worker_concurrency)")
-
-
-def free_port() -> int:
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        return probe.getsockname()[1]
-
-
-def archive(files: dict[str, str]) -> bytes:
-    buffer = io.BytesIO()
-    with gzip.GzipFile(fileobj=buffer, mode="wb", mtime=0) as zipped, tarfile.open(fileobj=zipped, mode="w") as tar:
-        for name, text in files.items():
-            data = text.encode()
-            info = tarfile.TarInfo(name)
-            info.size = len(data)
-            tar.addfile(info, io.BytesIO(data))
-    return buffer.getvalue()
 
 
 def start(tmp: Path) -> tuple[subprocess.Popen, str, str]:
