@@ -135,8 +135,7 @@ def _zip_members(content: bytes, max_unpacked: int | None) -> list[Member]:
             kind = stat.S_IFMT(info.external_attr >> 16)
             # permission bits without file-type bits (zipfile.writestr's 0o600) are a plain file
             if kind and kind not in (stat.S_IFREG, stat.S_IFDIR):
-                raise ServiceError(f"file: archive member {info.filename!r} is a link or special file; "
-                                   "only files and folders are allowed", status=422, field="file")
+                raise _special_member(info.filename)
             members.append(Member(_checked_name(info.filename), info.file_size, info.is_dir()))
             if len(members) > MAX_MEMBERS:
                 return members
@@ -154,6 +153,11 @@ def _zip_members(content: bytes, max_unpacked: int | None) -> list[Member]:
     return members
 
 
+def _special_member(name: str) -> ServiceError:
+    return ServiceError(f"file: archive member {name!r} is a link or special file; only files and folders are allowed",
+                        status=422, field="file")
+
+
 def _tar_members(content: bytes, max_unpacked: int | None) -> list[Member]:
     limit = max_unpacked if max_unpacked is not None else float("inf")
     stream = _BoundedReader(_decompressing(content), END_ALLOWANCE)
@@ -164,8 +168,7 @@ def _tar_members(content: bytes, max_unpacked: int | None) -> list[Member]:
             for info in archive:
                 name = info.name
                 if not (info.isfile() or info.isdir()):
-                    raise ServiceError(f"file: archive member {info.name!r} is a link or special file; "
-                                       "only files and folders are allowed", status=422, field="file")
+                    raise _special_member(info.name)
                 members.append(Member(_checked_name(info.name), info.size, info.isdir()))
                 if len(members) > MAX_MEMBERS:
                     return members
