@@ -199,12 +199,20 @@ def register(cli: typer.Typer) -> None:
                 sinks.append(JsonlSink(events_jsonl))
             background = None
             if job_id is not None and reports:
-                from pipeboard.app.services.run_sink import DbSink
                 from pipeboard.trainer.sink import BackgroundSink
 
+                relay = os.environ.get("PIPEBOARD_RELAY")
+                if relay:  # in the sandbox: the relay outside it writes to the database (app/services/run_relay.py)
+                    from pipeboard.app.services.run_relay import RelaySink
+
+                    inner: Any = RelaySink(relay)
+                else:
+                    from pipeboard.app.services.run_sink import DbSink
+
+                    inner = DbSink(job_id, attempt=attempt)
                 # the database writes leave the run's path: merged once a second, from a thread
                 # that yields the CPU to the training processes
-                background = BackgroundSink(DbSink(job_id, attempt=attempt))
+                background = BackgroundSink(inner)
                 sinks.append(background)
             try:
                 if torchrun:

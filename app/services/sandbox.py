@@ -27,12 +27,14 @@ from __future__ import annotations
 
 import functools
 import glob
+import json
 import logging
 import os
 import re
 import shutil
 import subprocess
 import sys
+import tempfile
 from collections.abc import Iterable
 from pathlib import Path
 
@@ -150,10 +152,15 @@ def command(cmd: list[str], env: dict[str, str], *, cwd: str, writable: Iterable
         path.mkdir(parents=True, exist_ok=True)
         args += ["--bind", str(path), str(path)]
     args += ["--chdir", str(Path(cwd).resolve()), "--"]
+    return args + list(cmd), inner_env(env)
+
+
+def inner_env(env: dict[str, str]) -> dict[str, str]:
+    """The environment a sandboxed command gets from ``env`` (clean_env, its own /tmp)."""
     inner = clean_env(env)
     inner.pop("PIPEBOARD_PARENT_PID", None)  # another process namespace: bwrap's --die-with-parent instead
     inner["TMPDIR"] = "/tmp"
-    return args + list(cmd), inner
+    return inner
 
 
 def data_paths(values: Iterable[str | None], cwd: str) -> list[Path]:
@@ -174,17 +181,34 @@ def schedule_files() -> list[Path]:
 
 def for_phase(phase: str, cmd: list[str], env: dict[str, str], *, cwd: str, workdir: Path
               ) -> tuple[list[str], dict[str, str]]:
-    """A job phase's command as the runner starts it: sandboxed for ``profile`` (users' code, its
-    data and the calibration folder); ``train`` runs unsandboxed, since it reports to the
-    database itself (docs/sandbox.md)."""
-    if phase != "profile" or not enabled():
+    """A job phase's command as the runner starts it, sandboxed where the sandbox is on: ``profile``
+    with users' code, its data and the calibration folder; ``train`` (``pipeboard train`` or the
+    elastic agent that starts it) with the job's work folder, its checkpoints and data, behind the
+    relay that writes its reports to the database from outside (app/services/run_relay.py)."""
+    if phase not in ("profile", "train") or not enabled():
         return cmd, env
     value = {flag: cmd[i + 1] for i, flag in enumerate(cmd[:-1]) if flag.startswith("--")}
     writable = [workdir, Path(cwd)]
-    if value.get("--machine-cache"):
-        writable.append(Path(value["--machine-cache"]))
-    readable = data_paths([value.get("--data")], cwd) + schedule_files() + _model_caches()
-    return command(cmd, env, cwd=cwd, writable=writable, readable=readable)
+    readable = schedule_files() + _model_caches()
+    if phase == "profile":
+        if value.get("--machine-cache"):
+            writable.append(Path(value["--machine-cache"]))
+        readable += data_paths([value.get("--data")], cwd)
+        return command(cmd, env, cwd=cwd, writable=writable, readable=readable)
+    if "--config" in value:  # the run file: where it checkpoints, what it reads
+        run = json.loads(Path(value["--config"]).read_text())
+        if run.get("checkpoint_dir"):
+            writable.append(Path(run["checkpoint_dir"]))
+        readable += data_paths([run.get("data")], cwd)
+    if "--job-id" not in value:  # reports to no job: nothing to relay
+        return command(cmd, env, cwd=cwd, writable=writable, readable=readable)
+    relay = Path(tempfile.mkdtemp(prefix="pipeboard-relay-"))  # short: a socket's path has 107 bytes at most
+    inner, _ = command(cmd, env, cwd=cwd, writable=writable + [relay], readable=readable)
+    outer = [sys.executable, "-m", "pipeboard.app.services.run_relay", "--job-id", value["--job-id"],
+             "--socket", str(relay / "sink")]
+    if value.get("--attempt"):
+        outer += ["--attempt", value["--attempt"]]
+    return outer + ["--", *inner], env  # the relay keeps the worker's settings; it gives the run inner_env
 
 
 def _model_caches() -> list[Path]:
