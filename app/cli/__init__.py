@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import typer
 
-from pipeboard.app.cli import jobs, plan, profile, schedule, server, simulate, storage, train
+from pipeboard.app.cli import jobs, plan, profile, schedule, server, simulate, storage, train, tune
 
 cli = typer.Typer(
     name="pipeboard",
@@ -31,7 +31,7 @@ def _before_any_command() -> None:
     prefer_huge_pages()
 
 
-for module in (profile, plan, simulate, schedule, train, server, jobs, storage):
+for module in (profile, plan, simulate, schedule, train, tune, server, jobs, storage):
     module.register(cli)
 
 

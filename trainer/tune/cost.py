@@ -1,0 +1,127 @@
+"""One candidate's predicted step time and per-worker memory, by the trainer's one cost model.
+
+Time: ``schedule.predict.stage_costs`` (the profile's per-layer forward, input- and weight-
+gradient backward, batched W(-1), optimizer step, the link's transfers and all-reduce, the
+runtime's calibrated overhead, the pilot runs) simulated in steady state by ``steady_step_s``,
+as the service's ``simulate`` does. A recomputed stage reruns its forward in its backward, so
+its layers' forward time is added to its backward (the input-gradient part, which comes first).
+
+Memory: ``plan.memory_fit.plan_memory`` (``schedule.memory_model.worker_memory`` under the
+schedule's own action order) for one worker per stage; for a schedule with chunks the same
+formula over its virtual stages, each worker holding ``chunks`` of them.
+"""
+
+from __future__ import annotations
+
+from dataclasses import replace
+from functools import lru_cache
+from typing import Any
+
+from pipeboard.trainer.profile.schema import Link, Profile
+from pipeboard.trainer.schedule import registry
+from pipeboard.trainer.schedule.predict import STEADY_ITERATIONS, _schedule, profile_overhead, stage_costs
+from pipeboard.trainer.schedule.simulate import simulate
+
+
+@lru_cache(maxsize=512)
+def _built(schedule: str, p: int, microbatches: int, batches: int, replicas: tuple | None, batch_weight_grads: bool,
+           chunks: int):
+    # the candidates of one schedule, worker count and microbatch count share the action lists
+    # (only their costs differ): built once, not once per split and recompute choice
+    return _schedule(schedule, p, microbatches, batches, list(replicas) if replicas else None, batch_weight_grads,
+                     chunks)
+
+
+def steady_step_s(costs: list, schedule: str, microbatches: int, *, batch_weight_grads: bool,
+                  replicas: list[int] | None, chunks: int, cores: int | None) -> float:
+    """``schedule.predict.steady_step_s`` over schedules built once per shape (see ``_built``):
+    the same simulations, so the same figure (tests/trainer/test_tune_cost.py holds them equal)."""
+    p = len(costs) // chunks
+    # without bytes the simulator skips its memory model: predict_memory gives that, once
+    costs = [replace(c, activation_bytes=0, weight_bytes=0) for c in costs]
+    key = (schedule, p, microbatches)
+    rest = (tuple(replicas) if replicas else None, batch_weight_grads, chunks)
+    one = simulate(_built(*key, 1, *rest), costs)
+    more = simulate(_built(*key, STEADY_ITERATIONS, *rest), costs)
+    step = (more.iteration_time_s - one.iteration_time_s) / (STEADY_ITERATIONS - 1)
+    workers = more.extra["workers"]
+    if cores is not None and 0 < cores < workers:
+        def busy(r):  # every worker's time in actions, summed
+            return (1.0 - r.bubble_fraction) * r.iteration_time_s * workers
+
+        step = max(step, (busy(more) - busy(one)) / (STEADY_ITERATIONS - 1) / cores)
+    return step
+
+
+def link_of(profile: Profile, bandwidth: float) -> Link:
+    """The profile's measured link, else one at ``bandwidth`` bytes/s with no latency (what the
+    planner is told): without one, transfers and all-reduces would count as free."""
+    return profile.link if profile.link is not None else Link(latency_ms=0.0, bytes_per_ms=bandwidth / 1e3)
+
+
+def predict_time(profile: Profile, split: dict[str, Any], schedule: str, microbatches: int, chunks: int,
+                 recompute: list[bool], bandwidth: float) -> float:
+    """Predicted seconds per step (``microbatches`` microbatches of the profile's batch size)."""
+    stages = [st["layers"] for st in split["stages"]]
+    replicas = [st["replicas"] for st in split["stages"]]
+    link = link_of(profile, bandwidth)
+    costs = stage_costs(profile, stages, microbatches=microbatches, link=link,
+                        replicas=replicas if chunks == 1 else None, overhead=profile_overhead(profile, stages))
+    if any(recompute):
+        by_name = {layer.name: layer for layer in profile.layers}
+        for k, on in enumerate(recompute):
+            if on:
+                extra = sum(by_name[n].forward_ms for n in stages[k]) / 1e3
+                c = costs[k]
+                costs[k] = replace(c, bwd_s=c.bwd_s + extra,
+                                   bwd_input_s=None if c.bwd_input_s is None else c.bwd_input_s + extra)
+    spec = registry.get(schedule)
+    cores = profile.meta.get("cores") if isinstance(profile.meta.get("cores"), int) else None
+    step = steady_step_s(costs, schedule, microbatches, batch_weight_grads="batched" in spec.weight_grads,
+                         replicas=replicas if chunks == 1 else None, chunks=chunks, cores=cores)
+    if profile.pilot is not None:  # what the pilots' steps took beyond their actions
+        step *= profile.pilot.step_factor(sum(replicas) if chunks == 1 else len(stages) // chunks, cores,
+                                          replicated=any(r > 1 for r in replicas),
+                                          stages=len(stages) if chunks == 1 else len(stages) // chunks)
+    return step
+
+
+def optimizer_of(profile: Profile) -> str:
+    from pipeboard.trainer.schedule.memory_model import OPTIMIZER_STATES
+
+    name = str(profile.meta.get("optimizer") or "adam")
+    return name if name in OPTIMIZER_STATES else "adam"
+
+
+@lru_cache(maxsize=512)
+def _memory_schedule(schedule: str, stages: int, microbatches: int, replicas: tuple | None, chunks: int):
+    """(Schedule, its action columns) whose memory plan_memory reads, built once per shape."""
+    from pipeboard.trainer.schedule.build import build
+    from pipeboard.trainer.schedule.stash import schedule_columns
+
+    if chunks == 1:  # what plan_memory builds
+        sched = build(schedule, stages, microbatches, replicas=list(replicas) if replicas else None)
+    else:
+        sched = build(schedule, stages // chunks, microbatches, chunks=chunks)
+    return sched, schedule_columns(sched)[0]
+
+
+def predict_memory(split: dict[str, Any], schedule: str, microbatches: int, chunks: int, recompute: list[bool],
+                   optimizer: str) -> list[int]:
+    """Predicted peak bytes per (virtual) stage, the fullest worker that holds it: plan_memory's
+    formula (memory_model.worker_memory over memory_fit.stage_memory) on schedules built once per
+    shape; with chunks, over the virtual stages (plan_memory knows one stage per worker)."""
+    from pipeboard.trainer.plan.memory_fit import stage_memory
+    from pipeboard.trainer.schedule.memory_model import worker_memory
+
+    n = len(split["stages"])
+    replicas = tuple(int(st["replicas"]) for st in split["stages"])
+    sched, cols = _memory_schedule(schedule, n, microbatches, replicas if any(r > 1 for r in replicas) else None,
+                                   chunks)
+    workers = worker_memory(sched, stage_memory(split), optimizer=optimizer,
+                            recompute=[s for s in range(n) if recompute[s]], cols=cols)
+    best = [0] * n
+    for spec, w in zip(sched.workers, workers):
+        for s in spec.stages:
+            best[s] = max(best[s], w.total)
+    return best
