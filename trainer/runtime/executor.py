@@ -56,6 +56,9 @@ def version_last_use(actions: list[Action]) -> tuple[dict[tuple[int, int], int],
 
 
 class _NoRecord:
+    def mark(self) -> float:
+        return 0.0
+
     def record(self, *args) -> None:
         pass
 
@@ -162,12 +165,12 @@ class Executor:
                 post(actions[j])
             if kind in RECV:
                 continue  # posted above; the consumer waits for it
-            t0 = time.perf_counter()
+            t0 = rec.mark()  # an action's times: host clock on CPU, CUDA events on a GPU (instrument.py)
             stage = self.stages.get(s)
             if kind is Kind.FORWARD:
                 x, y = data(mb)
                 inputs = (list(x) if isinstance(x, (tuple, list)) else [x]) if s == 0 else take(0, s, mb)
-                t0 = time.perf_counter()  # the wait for the input is its own (recv) event
+                t0 = rec.mark()  # the wait for the input is its own (recv) event
                 if train:
                     sync = ddp_sync is None or mb in ddp_sync
                     out = stage.forward(mb, a.version, inputs, y if s == last_stage else None, sync_grads=sync)
@@ -182,7 +185,7 @@ class Executor:
                         outbox[(0, s, mb)] = out
             elif kind in (Kind.BACKWARD, Kind.BACKWARD_INPUT):
                 grads = None if s == last_stage else take(1, s, mb)
-                t0 = time.perf_counter()
+                t0 = rec.mark()
                 in_grads = stage.backward(mb, grads, weights=kind is Kind.BACKWARD)
                 if s > 0:
                     if rank_of(s - 1, mb) == self.rank:
@@ -202,7 +205,7 @@ class Executor:
             elif kind is Kind.STEP:
                 keep = last_use.get((s, stage.versions.current), -1) > i
                 stage.step(a.version, keep)
-            rec.record(kind, s, event_mb(mb) if mb >= 0 else -1, t0, time.perf_counter(), step_at[i])
+            rec.record(kind, s, event_mb(mb) if mb >= 0 else -1, t0, rec.mark(), step_at[i])
             for stage_index, version in releases.get(i, ()):
                 self.stages[stage_index].versions.release(version)
             hb.beat()

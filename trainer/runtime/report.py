@@ -14,6 +14,7 @@ from collections import defaultdict
 from typing import Any
 
 from pipeboard.trainer.runtime.detail import DetailPolicy, DetailWindows, step_summary
+from pipeboard.trainer.runtime.stage_memory import OOM_PREFIX, figures, memory_entries
 from pipeboard.trainer.schedule.actions import TimelineEvent
 from pipeboard.trainer.schedule.measured import AFTER_PAUSE, steady_step_s
 from pipeboard.trainer.sink import MetricRecord, Sink
@@ -51,6 +52,18 @@ class Reporter:
         self.time_to_target: float | None = None
         self._last_flush = time.monotonic()
         self._last_busy: dict[int, float] = {}
+        # memory per stage: predicted by the launcher (stage_memory.predict), the peak measured over the run
+        self.predicted_memory: dict[int, int] | None = None
+        self.predicted_memory_error: str | None = None
+        self.memory_source: str | None = None  # instrument.MEMORY_SOURCES
+        self.measured_memory: dict[int, int] = {}
+
+    def expect_memory(self, predicted: dict[int, int] | None, why_not: str | None, source: str) -> None:
+        self.predicted_memory, self.predicted_memory_error, self.memory_source = predicted, why_not, source
+
+    def memory_note(self, stages: list[int]) -> str:
+        """The predicted and measured peaks of a worker's stages, for a failure line."""
+        return figures(stages, self.predicted_memory, self.measured_memory)
 
     # -- messages --------------------------------------------------------------------------
 
@@ -88,7 +101,10 @@ class Reporter:
         elif kind == "exit":
             self.exited.add(rank)
         elif kind == "error":
-            self.errors.append((rank, msg[2], msg[3], msg[4]))
+            message = msg[3]
+            if message.startswith(OOM_PREFIX):  # one line: the stage's figures beside what it tried to allocate
+                message = f"{message} ({self.memory_note(list(msg[2]))})"
+            self.errors.append((rank, msg[2], message, msg[4]))
             self.events.extend(self.windows.on_failure())  # the steps before the failure keep their detail
             for step in sorted(self.step_events):  # and the step(s) it failed in, never completed
                 self.events.extend(self.windows.admit(step, self.step_events.pop(step)))
@@ -100,6 +116,8 @@ class Reporter:
         for kind, stage, mb, t0, t1, k in events:
             self.step_events[k].append(TimelineEvent(rank, stage, replica, mb, kind, t0, t1, k))
         self.partial[step][rank] = (wall, busy, losses, mem)
+        for s in info["stages"]:  # a worker's peak is each of its stages' (they share the process)
+            self.measured_memory[s] = max(self.measured_memory.get(s, 0), int(mem))
         if len(self.partial[step]) < self.world:
             return
         parts = self.partial.pop(step)
@@ -209,6 +227,11 @@ class Reporter:
             # which steps kept their full action timeline, and the actions dropped because the writer lagged
             "detail_steps": step_ranges(sorted(self.windows.kept_steps)),
             "detail_dropped_actions": self.windows.dropped_actions,
+            # per stage, memory_model's peak beside the peak measured over the run (memory_source says how)
+            "memory": memory_entries(sorted({s for w in self.workers.values() for s in w["stages"]}),
+                                     self.predicted_memory, self.measured_memory),
+            "memory_source": self.memory_source,
+            **({"memory_predicted_error": self.predicted_memory_error} if self.predicted_memory_error else {}),
         }
 
 

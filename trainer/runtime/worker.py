@@ -32,6 +32,7 @@ from pipeboard.trainer.runtime.layout import Layout, resolve
 from pipeboard.trainer.runtime.plan_steps import eval_actions, segment_ends, total_steps
 from pipeboard.trainer.runtime.posting import lookahead_for
 from pipeboard.trainer.runtime.stage import Stage
+from pipeboard.trainer.runtime.stage_memory import error_message
 from pipeboard.trainer.schedule.actions import Kind
 
 
@@ -57,7 +58,7 @@ def worker_main(cfg: RunConfig, env: WorkerEnv) -> None:
         train(cfg, env)
         env.channel.put(("exit", env.rank))
     except BaseException as exc:  # report, then fail the process
-        env.channel.put(("error", env.rank, list(stage_ids), f"{type(exc).__name__}: {exc}", traceback.format_exc()))
+        env.channel.put(("error", env.rank, list(stage_ids), error_message(exc, cfg.device), traceback.format_exc()))
         raise SystemExit(1) from None
     finally:
         if dist.is_initialized():
@@ -171,7 +172,7 @@ def train(cfg: RunConfig, env: WorkerEnv) -> None:
     tied_grads.attach(stages, heartbeat)
     dist.barrier(group=control)
     origin = env.origin if env.origin is not None else time.perf_counter()
-    recorder = Recorder(origin, cfg.instrument)
+    recorder = Recorder(origin, cfg.instrument, device=device)
     mode = "gloo" if device.type == "cuda" else p2p_mode(cfg.p2p)
     # Enough slots that a sender rarely waits: two batches' microbatches, at most 256 MiB a channel.
     rank_of = template_rank_of(template)
@@ -200,6 +201,8 @@ def train(cfg: RunConfig, env: WorkerEnv) -> None:
                     time.sleep(1)
             if cfg.fail_at.get("mode") == "kill":  # as if killed from outside
                 os.kill(os.getpid(), 9)
+            if cfg.fail_at.get("mode") == "oom":  # a real allocation no device can make (2**50 bytes)
+                torch.empty(2**50, dtype=torch.uint8, device=device)
             os._exit(3)
 
     freeze_heap()
