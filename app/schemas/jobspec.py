@@ -21,7 +21,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 from pydantic_core import PydanticCustomError
 
 from pipeboard.app.schemas.common import (
@@ -31,6 +31,8 @@ from pipeboard.app.schemas.common import (
 from pipeboard.trainer.schedule import registry as schedules
 
 SPEC_VERSION = 2
+# layout.recompute: a word, or the stage numbers that recompute (as `pipeboard train --recompute`)
+Recompute = Literal["none", "all"] | Annotated[list[Annotated[int, Field(ge=0)]], Field(max_length=MAX_JOB_WORKERS * 16)]
 DEFAULT_WORKERS = 2
 DEFAULT_STEPS = 50
 
@@ -86,10 +88,27 @@ class LayoutSection(Section):
     vertical_sync: Annotated[bool, Run("vertical_sync")] = Field(default=False, json_schema_extra=_described(lambda: (
         f"{schedules.either(schedules.having(vertical_sync=True), quote='')}: vertical sync of weight versions.")))
     weight_grads: Annotated[WeightGrads, Run("weight_grads")] = weight_grads_field()
+    # what `pipeboard train --recompute` takes, as data: the tuner (trainer/tune) reads and writes it
+    recompute: Annotated[Recompute, Run("recompute")] = Field(default="none", description=(
+        "Activation recompute (torch.utils.checkpoint over a stage's layers): `none` (the default), `all` "
+        "stages, or a list of stage numbers: the job's plan's stages in model order, from 0 (with chunks, its "
+        "virtual stages, placed on the workers as the schedule does). A recomputing stage keeps only its input per "
+        "microbatch in flight and reruns its forward in each backward: less memory, more time. A number "
+        "the job's plan does not have (the planner may choose fewer stages than workers) fails the run "
+        "naming it; `all` always fits."))
     nodes: int = Field(default=1, ge=1, le=MAX_JOB_NODES, description=(
         "Worker hosts the job trains on at once, reserved together (each runs an equal share of the processes)."))
 
     _checked_file = field_validator("schedule_file")(check_schedule_file)
+
+    @field_validator("recompute", mode="wrap")
+    @classmethod
+    def _recompute(cls, value: Any, handler: Any) -> Any:
+        # one message for the union, not one per alternative
+        try:
+            return handler(value)
+        except ValidationError:
+            raise spec_error(f"none, all, or a list of stage numbers from 0 (as [0, 2]); got {value!r}") from None
 
     @model_validator(mode="after")
     def _consistent(self) -> LayoutSection:
@@ -163,7 +182,7 @@ class JobSpec(Section):
 
     model_config = ConfigDict(extra="forbid", allow_inf_nan=False, json_schema_extra={"examples": [{
         "version": 2, "name": "digits-1f1b", "model": {"name": "mlp-digits", "batch_size": 32},
-        "layout": {"workers": 2, "schedule": "1f1b", "microbatches": 4}, "length": {"steps": 20},
+        "layout": {"workers": 2, "schedule": "1f1b", "microbatches": 4, "recompute": "none"}, "length": {"steps": 20},
         "machine": {"device": "cpu", "precision": "fp32"}}]})
 
     version: Literal[2] = Field(default=SPEC_VERSION, description="The specification's version.")
@@ -193,6 +212,15 @@ class JobSpec(Section):
         if self.model.batch_size % layout.microbatches:
             out.append(("layout.microbatches", f"{layout.microbatches} microbatches do not divide "
                                                f"model.batch_size {self.model.batch_size} evenly"))
+        if isinstance(layout.recompute, list):
+            # a plan has at most a stage per worker and chunk; data parallel one, on every worker
+            stages = (1 if layout.schedule_file is None and schedules.is_data_parallel(layout.schedule)
+                      else layout.processes * layout.chunks)
+            if len(set(layout.recompute)) != len(layout.recompute):
+                out.append(("layout.recompute", f"stage numbers repeat: {layout.recompute}"))
+            elif any(s >= stages for s in layout.recompute):
+                out.append(("layout.recompute", f"stage {max(layout.recompute)} is past the job's last possible stage, "
+                                                f"{stages - 1} ({'data parallel: one stage' if stages == 1 and layout.processes > 1 else f'{layout.processes} workers x {layout.chunks} chunks'})"))
         if layout.schedule_file is not None:
             from pipeboard.trainer.schedule.torchcsv import loads
 

@@ -183,7 +183,7 @@ def profile_costs(plan_obj: Any, schedule: str, microbatches: int, profile_data:
 
 def simulate(plan_obj: Any, schedule: str, microbatches: int, *, samples_per_microbatch: int | None = None, chunks: int = 1,
              vertical_sync: bool = False, weight_grads: str = "batched",
-             profile_data: dict[str, Any] | None = None) -> tuple[Any, Any]:
+             profile_data: dict[str, Any] | None = None, recompute: str | list[int] | None = None) -> tuple[Any, Any]:
     """(Schedule, SimResult) of the step a run of ``schedule`` on the plan executes (see
     runtime_schedule); 422 naming `schedule` if it cannot run. The result's ``cost_model`` says
     where the action costs came from: ``"profile"`` (``profile_costs``: the plan's profile,
@@ -191,7 +191,8 @@ def simulate(plan_obj: Any, schedule: str, microbatches: int, *, samples_per_mic
     per-stage forward and backward, no optimizer step, transfers or runtime overhead).
 
     A simulated microbatch costs what the profile measured for one of its batches, so callers
-    profile at the microbatch size they will run.
+    profile at the microbatch size they will run. ``recompute`` is a job's ``layout.recompute``
+    (``none``, ``all`` or stage numbers): the predicted memory counts it.
     """
     from pipeboard.trainer.runtime.config import ConfigError
     from pipeboard.trainer.schedule import ScheduleError
@@ -207,7 +208,11 @@ def simulate(plan_obj: Any, schedule: str, microbatches: int, *, samples_per_mic
                      else costs_from_plan(plan_obj))
         sched = runtime_schedule(plan_obj, schedule, microbatches, chunks=chunks, vertical_sync=vertical_sync,
                                  weight_grads=weight_grads)
-        sim = run_sim(sched, costs, samples_per_microbatch=samples_per_microbatch)
+        redo = recompute_stages(recompute, sched.num_stages)
+        if any(st >= sched.num_stages for st in redo):  # the door could bound it only by the workers
+            raise ServiceError(f"recompute: stage {max(redo)} is not a stage of this plan (0..{sched.num_stages - 1})",
+                               status=422, field="recompute")
+        sim = run_sim(sched, costs, samples_per_microbatch=samples_per_microbatch, recompute=redo)
         sim.cost_model = cost_model
         sim.steady_step_s = None
         if cost_model == "profile":
@@ -231,6 +236,16 @@ def simulate(plan_obj: Any, schedule: str, microbatches: int, *, samples_per_mic
         return sched, sim
     except (ConfigError, ScheduleError, ValueError) as exc:
         raise ServiceError(f"schedule: {schedule!r} cannot run this plan: {exc}", status=422, field="schedule") from None
+
+
+def recompute_stages(recompute: str | list[int] | None, stages: int) -> list[int]:
+    """A job's ``layout.recompute`` as the virtual stages of a schedule of ``stages`` that
+    recompute (as RunConfig.with_plan resolves it for the run)."""
+    if recompute in (None, "none"):
+        return []
+    if recompute == "all":
+        return list(range(stages))
+    return list(recompute)
 
 
 def predicted_summary(plan_obj: Any, sched: Any, sim: Any, microbatches: int, timeline_limit: int) -> dict[str, Any]:

@@ -309,7 +309,8 @@ class JobRun:
         micro = max(1, spec_of(job).model.batch_size // layout.microbatches)
         sched, sim = planning.simulate(plan_obj, schedule, layout.microbatches, samples_per_microbatch=micro,
                                        chunks=layout.chunks, vertical_sync=layout.vertical_sync,
-                                       weight_grads=layout.weight_grads, profile_data=prof.data)
+                                       weight_grads=layout.weight_grads, profile_data=prof.data,
+                                       recompute=layout.recompute)
         predicted = planning.predicted_summary(plan_obj, sched, sim, layout.microbatches, timeline_limit=0)
         request = {k: dumped[k] for k in ("levels", "workers", "memory_bytes", "method", "schedule", "microbatches",
                                           "weight_grads")}

@@ -42,6 +42,7 @@ REACHES_THE_RUN: dict[str, tuple[dict[str, Any], str, Any]] = {
     "layout.vertical_sync": ({"layout": {"schedule": "pipedream", "vertical_sync": True}}, "vertical_sync", True),
     "layout.weight_grads": ({"layout": {"weight_grads": "immediate"}}, "weight_grads", "immediate"),
     "layout.schedule_file": ({"layout": CUSTOM}, "schedule_csv", TORCH_ZBV),
+    "layout.recompute": ({"layout": {"recompute": [1]}}, "recompute", [1]),
     "length.epochs": ({"length": {"epochs": 1.5}}, "epochs", 1.5),
     "length.steps": ({"length": {"steps": 7}}, "steps", 7),
     "length.target": ({"length": {"target": 0.9}}, "target", 0.9),

@@ -56,8 +56,9 @@ class RunConfig:
     # (zb-h1 places its W itself).
     weight_grads: str = "batched"
     # virtual stages whose activations are recomputed in the backward (torch.utils.checkpoint over
-    # the stage's layers): a stage keeps only its inputs per microbatch in flight; None: none
-    recompute: list[int] | None = None
+    # the stage's layers): a stage keeps only its inputs per microbatch in flight; None: none.
+    # "none" and "all" (a job's layout.recompute) are resolved by with_plan, which knows the stages.
+    recompute: list[int] | str | None = None
     # Length: exactly one of these is normally set; none means one epoch.
     epochs: float | None = None
     steps: int | None = None
@@ -134,12 +135,22 @@ class RunConfig:
         stages = [list(s.layers) for s in plan.stages]
         replicas = [int(s.replicas) for s in plan.stages]
         if registry.known(self.schedule) and registry.is_data_parallel(self.schedule):
+            # one stage, on every worker: "all" is it; other numbers stay for validate to name
+            recompute = [0] if self.recompute == "all" else None if self.recompute == "none" else self.recompute
             return replace(self, stages=[[n for s in stages for n in s]], replicas=None, num_stages=None,
-                           workers=self.workers or sum(replicas))
-        # a plan made under a memory cap says which stages recompute (trainer/plan/memory_fit.py)
+                           workers=self.workers or sum(replicas), recompute=recompute or None)
+        # the run's own choice (a job's layout.recompute: "all" is every virtual stage of this
+        # plan) stands; else a plan made under a memory cap says which stages recompute
+        # (trainer/plan/memory_fit.py)
         flags = (getattr(plan, "options", None) or {}).get("recompute")
-        recompute = ([s for s, on in enumerate(flags) if on] if flags and len(flags) == len(stages) and self.chunks == 1
-                     else self.recompute)
+        if self.recompute == "all":  # a plan has a stage per virtual stage (chunks included)
+            recompute = list(range(len(stages)))
+        elif self.recompute not in (None, "none"):
+            recompute = self.recompute
+        elif flags and len(flags) == len(stages) and self.chunks == 1:
+            recompute = [s for s, on in enumerate(flags) if on]
+        else:
+            recompute = None
         return replace(self, stages=stages, replicas=replicas, num_stages=None, recompute=recompute or None)
 
     @property
@@ -195,9 +206,15 @@ class RunConfig:
             raise ConfigError(f"weight_grads: must be one of {', '.join(WEIGHT_GRADS)}, got {self.weight_grads!r}")
         if self.chunks < 1:
             raise ConfigError(f"chunks: must be >= 1, got {self.chunks}")
+        if self.recompute == "none":
+            self.recompute = None
+        if isinstance(self.recompute, str):
+            raise ConfigError(f"recompute: {self.recompute!r} is resolved against a plan's stages (with_plan); "
+                              "give stage numbers here")
         if self.recompute is not None:
-            known = (len(self.stages) if self.stages is not None else self.num_stages)
-            total = known * self.chunks if known is not None else None
+            # a plan's stages are the virtual stages already; num_stages counts workers' stages
+            total = (len(self.stages) if self.stages is not None
+                     else self.num_stages * self.chunks if self.num_stages is not None else None)
             for s in self.recompute:
                 if isinstance(s, bool) or not isinstance(s, int) or s < 0 or (total is not None and s >= total):
                     raise ConfigError(f"recompute: stage {s!r} is not a stage of this run"

@@ -14,6 +14,10 @@ const WEIGHT_GRADS_HINTS = { batched: 'one weight pass per update', immediate: '
 const WEIGHT_GRADS_TITLE = 'batched: each backward computes input gradients only, and one pass right before the weight '
   + 'update computes the weight gradients of all its microbatches (faster on small microbatches); immediate: each '
   + 'backward computes both. Same gradients.';
+// layout.recompute: the form offers the two words; stage numbers ([0, 2]) go through the API or a job YAML
+const RECOMPUTE = ['none', 'all'];
+const RECOMPUTE_TITLE = 'Activation recompute: all stages keep only their inputs per microbatch and rerun their forward '
+  + 'in each backward (less memory, more time; the same gradients).';
 const STOPS = [['steps', 'steps'], ['epochs', 'epochs'], ['target', 'target metric'], ['time_s', 'time (s)']];
 const DEVICES = ['cpu', 'cuda']; // machine.device: cuda is refused while no worker reports a GPU
 const PRECISIONS = ['fp32', 'bf16']; // machine.precision
@@ -51,7 +55,7 @@ const FIELD_IDS = {
   name: 'f-name', 'model.name': 'f-model', 'model.loader_workers': 'f-loader-workers', 'model.args': 'f-model-args', 'model.data': 'f-data', 'model.batch_size': 'f-batch',
   'layout.workers': 'f-workers', 'layout.levels': 'f-levels', 'layout.memory_bytes': 'f-memory', 'layout.method': 'f-method',
   'layout.schedule': 'f-schedule', 'layout.weight_grads': 'f-weight-grads', 'layout.microbatches': 'f-microbatches',
-  'layout.chunks': 'f-chunks', 'layout.vertical_sync': 'f-vertical-sync', layout: 'f-workers', length: 'f-stop-value',
+  'layout.chunks': 'f-chunks', 'layout.recompute': 'f-recompute', 'layout.vertical_sync': 'f-vertical-sync', layout: 'f-workers', length: 'f-stop-value',
   'length.eval_every': 'f-hyper', optimizer: 'f-hyper', 'hyper-parameters': 'f-hyper', 'machine.device': 'f-device',
   'machine.precision': 'f-precision', priority: 'f-priority', source: 'f-import-path', context: 'f-import-archive',
 };
@@ -111,6 +115,7 @@ export async function render(container) {
     verticalSync: h('input', { type: 'checkbox', style: 'width:auto', title: 'Every stage runs a microbatch with the weight version the first stage used for it' }),
     weightGrads: h('select', { id: 'f-weight-grads', 'aria-describedby': 'f-weight-grads-hint', title: WEIGHT_GRADS_TITLE },
       WEIGHT_GRADS.map((v) => h('option', { value: v }, v))),
+    recompute: h('select', { title: RECOMPUTE_TITLE }, RECOMPUTE.map((v) => h('option', { value: v }, v))),
     microbatches: num({ min: 1, max: 1024, value: 4 }),
     batchSize: num({ min: 1, max: 65536, value: 32 }),
     stopKind: h('select', {}, STOPS.map(([v, t]) => h('option', { value: v }, t))),
@@ -158,6 +163,7 @@ export async function render(container) {
         field('f-schedule', 'Schedule', els.schedule),
         chunksBox, verticalSyncBox,
         weightGradsField(els.weightGrads),
+        field('f-recompute', 'Activation recompute', els.recompute),
         field('f-microbatches', 'Microbatches', els.microbatches),
         field('f-batch', 'Batch size', els.batchSize))),
     h('fieldset', {}, h('legend', {}, 'Training'),
@@ -224,6 +230,7 @@ export async function render(container) {
         method: els.method.value,
         schedule: els.schedule.value,
         weight_grads: els.weightGrads.value,
+        recompute: els.recompute.value,
         microbatches: Number(els.microbatches.value),
       },
       length: { [els.stopKind.value]: Number(els.stopValue.value) },
