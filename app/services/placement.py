@@ -7,13 +7,18 @@ is queued for its worker or running, and an ended attempt holds none. From those
 
 - a cuda job needs one GPU per stage replica on its host (each process its own,
   ``CUDA_VISIBLE_DEVICES`` and ``LOCAL_RANK``), or ``gpus_per_host`` GPUs that its processes
-  share when the job asks for that;
+  share when the job asks for that: then, given each process's predicted peak bytes, its
+  processes are packed onto those GPUs by memory (trainer/runtime/gpu_share.py: largest first,
+  each on the GPU with the most room left), and a worker whose free GPUs lack the room does not
+  fit;
 - it runs only on a worker with that many GPUs free; two jobs never share a GPU;
 - among the workers that fit, the one left with the fewest free GPUs (best fit), so a large
   free block stays whole for a large job: an 8-GPU worker runs two 4-GPU jobs side by side, and
   two 1-GPU jobs on a 2-GPU worker take one GPU each;
-- where none fits now the job waits, saying so ("waiting: needs 4 GPUs, largest free block 2"),
-  and where no live worker could ever serve it (too few GPUs in all) it is refused.
+- where none fits now the job waits, saying why in words the job page shows ("waiting for a
+  worker with a GPU", "waiting: all 2 GPUs busy (needs 1)", "waiting: needs 4 GPUs, largest free
+  block 2", or the memory a shared GPU lacks), and where no live worker could ever serve it (too
+  few GPUs in all) it is refused.
 
 Dispatch uses Celery's own routing: a placed attempt is meant for its worker (``prefer_node``,
 which other workers' claims pass by) and its task goes to that worker's direct queue
@@ -31,6 +36,7 @@ from sqlalchemy.orm import Session
 
 from pipeboard.app.core.config import get_settings
 from pipeboard.app.models import JobAttempt, JobStatus, WorkerHeartbeat, utcnow
+from pipeboard.trainer.runtime.gpu_share import ShareError, pack
 
 HOLDING = (JobStatus.QUEUED, JobStatus.RUNNING)  # an attempt in these states keeps its GPUs
 WAITING_FOR_GPUS = "(waiting for GPUs)"  # prefer_node of a cuda attempt no worker may claim yet
@@ -44,6 +50,7 @@ class WorkerInventory:
     host: str
     gpus: tuple[int, ...]
     held: dict[int, int] = field(default_factory=dict)
+    memory: dict[int, int] = field(default_factory=dict)  # index -> its memory in bytes, as reported
 
     @property
     def free(self) -> tuple[int, ...]:
@@ -58,6 +65,7 @@ class GpuRequest:
     job_id: int
     processes: int
     gpus_per_host: int | None = None
+    process_bytes: tuple[int, ...] = ()  # each process's predicted peak: sharing packs by it (empty: not known)
 
     @property
     def gpus(self) -> int:
@@ -68,6 +76,7 @@ class GpuRequest:
 class GpuPlacement:
     worker: str
     devices: tuple[int, ...]
+    ranks: tuple[int, ...] = ()  # shared GPUs packed by memory: each process's GPU (an index in devices' numbering)
 
     @property
     def visible(self) -> str:
@@ -75,7 +84,7 @@ class GpuPlacement:
         return ",".join(str(i) for i in self.devices)
 
     def as_row(self) -> dict[str, Any]:
-        return {"worker": self.worker, "devices": list(self.devices)}
+        return {"worker": self.worker, "devices": list(self.devices), **({"ranks": list(self.ranks)} if self.ranks else {})}
 
 
 @dataclass(frozen=True)
@@ -97,18 +106,58 @@ def refusal(request: GpuRequest, workers: list[WorkerInventory]) -> str | None:
     if request.gpus > largest:
         return (f"layout.workers: the job needs {_plural(request.gpus)} on one worker (one per stage replica; "
                 f"machine.gpus_per_host shares fewer); the largest live worker has {largest}")
+    if request.gpus_per_host is not None and request.process_bytes:  # even with all its GPUs free
+        why = [_packed(request, w, _room_first(w, w.gpus, request.gpus)) for w in workers if len(w.gpus) >= request.gpus]
+        if why and all(isinstance(r, str) for r in why):
+            return f"machine.gpus_per_host: {request.gpus_per_host} shared GPUs cannot hold the job's stages: {why[0]}"
     return None
 
 
+def _packed(request: GpuRequest, w: WorkerInventory, devices: tuple[int, ...]) -> tuple[int, ...] | str:
+    """Each process's GPU among ``devices`` of ``w`` by memory, or why they do not fit; () when the
+    job does not share or its processes' memory is not known (one GPU each, or any share)."""
+    if request.gpus_per_host is None or not request.process_bytes:
+        return ()
+    if any(i not in w.memory for i in devices):
+        return f"worker {w.worker} does not report its GPUs' memory"
+    try:
+        return tuple(devices[g] for g in pack(list(request.process_bytes), [w.memory[i] for i in devices]))
+    except ShareError as exc:
+        return str(exc)
+
+
+def _room_first(w: WorkerInventory, free: tuple[int, ...], need: int) -> tuple[int, ...]:
+    """The free GPUs a shared job takes: those with the most memory (lowest index among equals)."""
+    return tuple(sorted(sorted(free, key=lambda i: (-w.memory.get(i, 0), i))[:need]))
+
+
 def place(request: GpuRequest, workers: list[WorkerInventory]) -> GpuPlacement | Waiting:
-    """Where ``request`` runs now (best fit, the lowest free indices), or why it waits."""
+    """Where ``request`` runs now (best fit, the lowest free indices; a shared job's processes
+    packed onto its GPUs by memory), or why it waits."""
     need = request.gpus
     fits = [w for w in workers if len(w.free) >= need]
-    if not fits:
-        largest = max((len(w.free) for w in workers), default=0)
-        return Waiting(f"waiting: needs {_plural(need)}, largest free block {largest}")
-    best = min(fits, key=lambda w: (len(w.free) - need, w.worker))
-    return GpuPlacement(best.worker, best.free[:need])
+    short: list[str] = []
+    for w in sorted(fits, key=lambda w: (len(w.free) - need, w.worker)):
+        devices = _room_first(w, w.free, need) if request.process_bytes and request.gpus_per_host else w.free[:need]
+        ranks = _packed(request, w, devices)
+        if isinstance(ranks, str):
+            short.append(ranks)
+            continue
+        return GpuPlacement(w.worker, devices, ranks)
+    return Waiting(waiting_reason(need, workers, short))
+
+
+def waiting_reason(need: int, workers: list[WorkerInventory], short: list[str] = ()) -> str:
+    """Why a job needing ``need`` GPUs on one worker waits, as the job page says it."""
+    total = sum(len(w.gpus) for w in workers)
+    if total == 0:
+        return "waiting for a worker with a GPU (no live worker reports one)"
+    if short:  # enough free GPUs somewhere, not enough memory on them
+        return f"waiting: no free {_plural(need)} with the memory its stages need ({short[0]})"
+    largest = max((len(w.free) for w in workers), default=0)
+    if largest == 0:
+        return f"waiting: all {_plural(total)} busy (needs {need})"
+    return f"waiting: needs {_plural(need)}, largest free block {largest}"
 
 
 def place_in_order(requests: list[GpuRequest], workers: list[WorkerInventory]) -> dict[int, GpuPlacement | Waiting]:
@@ -122,7 +171,7 @@ def place_in_order(requests: list[GpuRequest], workers: list[WorkerInventory]) -
         if isinstance(decision, GpuPlacement):
             w = inventories[decision.worker]
             inventories[w.worker] = WorkerInventory(w.worker, w.host, w.gpus,
-                                                    {**w.held, **{i: r.job_id for i in decision.devices}})
+                                                    {**w.held, **{i: r.job_id for i in decision.devices}}, w.memory)
     return out
 
 
@@ -140,7 +189,8 @@ def live_inventories(session: Session) -> list[WorkerInventory]:
         for i in gpus.get("devices", []):
             held.setdefault(gpus.get("worker"), {})[int(i)] = job_id
     return [WorkerInventory(b.hostname, b.host or b.hostname, tuple(int(d["index"]) for d in (b.devices or [])),
-                            held.get(b.hostname, {}))
+                            held.get(b.hostname, {}),
+                            {int(d["index"]): int(d["memory_bytes"]) for d in (b.devices or []) if d.get("memory_bytes")})
             for b in beats]
 
 

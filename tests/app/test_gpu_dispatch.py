@@ -55,7 +55,7 @@ def test_placed_then_waits_then_dispatched_when_the_first_ends(session: Session,
 
     second = jobs.submit(session, _spec())
     row = session.get(JobAttempt, (second.id, 1))
-    assert row.waiting == "waiting: needs 1 GPU, largest free block 0" and len(sent) == 1
+    assert row.waiting == "waiting: all 1 GPU busy (needs 1)" and len(sent) == 1
     assert jobs.dispatch_waiting(session) == 0  # still held
 
     jobs.finish(session, first.id, JobStatus.SUCCEEDED, expected=(JobStatus.QUEUED,))  # ends its attempt too

@@ -24,13 +24,13 @@ def test_two_one_gpu_jobs_on_a_two_gpu_worker_each_get_their_own_and_a_four_gpu_
     decisions = place_in_order([GpuRequest(1, 1), GpuRequest(2, 1), GpuRequest(3, 4)], workers)
     assert decisions[1] == GpuPlacement("pipeboard@a", (0,))
     assert decisions[2] == GpuPlacement("pipeboard@a", (1,))
-    assert decisions[3] == Waiting("waiting: needs 4 GPUs, largest free block 0")
+    assert decisions[3] == Waiting("waiting: all 2 GPUs busy (needs 4)")
     assert decisions[1].visible == "0" and decisions[2].visible == "1"
 
 
 def test_a_third_one_gpu_job_waits_behind_two_on_a_two_gpu_worker():
     workers = [WorkerInventory("pipeboard@a", "a", gpus(2), {0: 1, 1: 2})]
-    assert place(GpuRequest(3, 1), workers) == Waiting("waiting: needs 1 GPU, largest free block 0")
+    assert place(GpuRequest(3, 1), workers) == Waiting("waiting: all 2 GPUs busy (needs 1)")
 
 
 def test_a_four_gpu_job_waits_naming_the_largest_free_block():
@@ -82,6 +82,42 @@ def test_a_job_no_live_worker_could_ever_serve_is_refused_naming_the_field():
     assert refusal(GpuRequest(1, 2, gpus_per_host=3), two).startswith("machine.gpus_per_host: must be 1 to 2")
 
 
+GIB = 2**30
+
+
+def test_a_shared_job_packs_its_stages_onto_one_gpu_by_memory_and_waits_or_is_refused_when_they_do_not_fit():
+    one = [WorkerInventory("w@a", "a", gpus(1), memory={0: 80 * GIB})]
+    four_small = (2 * GIB, 3 * GIB, 2 * GIB, 1 * GIB)
+    assert place(GpuRequest(1, 4, gpus_per_host=1, process_bytes=four_small), one) == GpuPlacement("w@a", (0,), (0, 0, 0, 0))
+    assert GpuPlacement("w@a", (0,), (0, 0, 0, 0)).as_row() == {"worker": "w@a", "devices": [0], "ranks": [0, 0, 0, 0]}
+    too_big = (30 * GIB, 30 * GIB, 30 * GIB)  # each fits alone, not three on one 80 GiB GPU
+    waiting = place(GpuRequest(1, 3, gpus_per_host=1, process_bytes=too_big), one)
+    assert isinstance(waiting, Waiting) and waiting.reason.startswith("waiting: no free 1 GPU with the memory its stages need")
+    assert refusal(GpuRequest(1, 3, gpus_per_host=1, process_bytes=too_big), one).startswith(
+        "machine.gpus_per_host: 1 shared GPUs cannot hold the job's stages: stage process 2 needs 30.50 GiB")
+    # two GPUs: the three 30 GiB processes spread two and one, the larger pair never on one GPU beyond its room
+    two = [WorkerInventory("w@b", "b", gpus(2), memory={0: 80 * GIB, 1: 80 * GIB})]
+    placed = place(GpuRequest(1, 3, gpus_per_host=2, process_bytes=too_big), two)
+    assert placed.devices == (0, 1) and sorted(placed.ranks) == [0, 0, 1]
+    assert refusal(GpuRequest(1, 3, gpus_per_host=2, process_bytes=too_big), two) is None
+
+
+def test_a_shared_job_takes_the_free_gpus_with_the_most_memory():
+    mixed = [WorkerInventory("w@m", "m", gpus(3), {0: 7}, memory={0: 80 * GIB, 1: 24 * GIB, 2: 48 * GIB})]
+    placed = place(GpuRequest(1, 2, gpus_per_host=1, process_bytes=(20 * GIB, 20 * GIB)), mixed)
+    assert placed == GpuPlacement("w@m", (2,), (2, 2))  # GPU 0 is held; 48 GiB holds both, 24 GiB would not
+
+
+def test_why_a_job_waits_in_the_words_the_job_page_shows():
+    assert place(GpuRequest(1, 1), [WorkerInventory("w@cpu", "c", ())]) == Waiting(
+        "waiting for a worker with a GPU (no live worker reports one)")
+    assert place(GpuRequest(1, 1), []).reason.startswith("waiting for a worker with a GPU")
+    busy = [WorkerInventory("w@a", "a", gpus(2), {0: 1, 1: 2})]
+    assert place(GpuRequest(3, 2), busy) == Waiting("waiting: all 2 GPUs busy (needs 2)")
+    half = [WorkerInventory("w@a", "a", gpus(4), {0: 1, 1: 2})]
+    assert place(GpuRequest(3, 3), half) == Waiting("waiting: needs 3 GPUs, largest free block 2")
+
+
 # ---- through the database --------------------------------------------------------------------
 
 def _worker(session: Session, name: str, n: int | None, ago_s: float = 0) -> None:
@@ -117,7 +153,7 @@ def test_dispatch_holds_gpus_sends_to_the_worker_and_a_later_job_waits_with_its_
     assert placement.held_devices(session, second, 1) == "1"
 
     waiting = placement.dispatch(session, third, 1, GpuRequest(third, 4), lambda *a: sent.append(a))
-    assert waiting == Waiting("waiting: needs 4 GPUs, largest free block 0")
+    assert waiting == Waiting("waiting: all 2 GPUs busy (needs 4)")
     row = session.get(JobAttempt, (third, 1))
     assert row.waiting == waiting.reason and row.gpus is None
     assert row.prefer_node == placement.WAITING_FOR_GPUS  # no worker's claim takes it (runner.claim_next)
