@@ -92,6 +92,8 @@ def _layouts(profile: Profile, workers: int, bandwidth: float, schedules: Iterab
 
 
 def _recompute_choices(off: list[int], on: list[int], cap: float | None) -> list[list[bool]]:
+    """Off everywhere, on everywhere and, under a cap, on exactly where a stage would not fit
+    without it and it lowers that stage's memory (with_recompute's rule)."""
     choices = [[False] * len(off), [True] * len(off)]
     if cap is not None:
         needed = [a > cap and b < a for a, b in zip(off, on)]
