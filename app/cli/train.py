@@ -1,6 +1,7 @@
 """`pipeboard train`: run a model's pipeline for real (pipeboard.trainer.runtime) with a progress bar.
 
     pipeboard train --config run.json [--json] [--job-id N [--attempt A]] [--events-jsonl PATH] [--torchrun]
+    pipeboard train --tuned tune.json [--epochs E | --steps S | --target METRIC] [--device D] [--json] ...
     pipeboard train --model SPEC [--model-arg k=v ...] [--data PATH] [--plan plan.json | --stages P]
         --schedule NAME --batch-size B --microbatches M [--epochs E | --steps S | --target METRIC]
         [--workers N] [--checkpoint-dir D [--checkpoint-every N] [--checkpoint-keep K] [--resume]] [--json]
@@ -44,6 +45,10 @@ def _load_plan(path: str) -> Any:
 
 # the options that are the run's configuration: with --config, the file says them all
 NOT_RUN_OPTIONS = frozenset({"config", "as_json", "job_id", "attempt", "events_jsonl", "torchrun"})
+# what a tune file (--tuned) gives: the model and its layout
+TUNED_OPTIONS = frozenset({"config", "model", "model_arg", "data", "precision", "plan", "stages", "schedule",
+                           "batch_size", "microbatches", "workers", "chunks", "weight_grads", "recompute",
+                           "vertical_sync"})
 
 
 class ProgressSink:
@@ -89,6 +94,9 @@ def register(cli: typer.Typer) -> None:
         ctx: typer.Context,
         config: Optional[str] = typer.Option(
             None, "--config", help="The run configuration as one JSON file (RunConfig's fields), instead of the options below."),
+        tuned: Optional[str] = typer.Option(
+            None, "--tuned", help="A `pipeboard tune --json` result: run its choice (model, split, schedule, batch size, "
+                                  "microbatches, recompute); the length, checkpoint and machinery options still apply."),
         model: Optional[str] = typer.Option(None, "--model", help="Zoo name (`pipeboard models`) or task factory "
                                   "package.module:function or path/to/file.py:function returning a pipeboard.trainer.Task."),
         model_arg: list[str] = typer.Option([], "--model-arg", help="Model argument k=v (repeatable), passed to the factory."),
@@ -158,6 +166,11 @@ def register(cli: typer.Typer) -> None:
                      and getattr(ctx.get_parameter_source(p), "name", "") in ("COMMANDLINE", "ENVIRONMENT")]
             if flags:
                 fail(f"--{flags[0].replace('_', '-')}: with --config the run file gives every run option")
+        elif tuned is not None:  # the tune file gives the model and its layout
+            flags = [p for p in ctx.params if p in TUNED_OPTIONS
+                     and getattr(ctx.get_parameter_source(p), "name", "") in ("COMMANDLINE", "ENVIRONMENT")]
+            if flags:
+                fail(f"--{flags[0].replace('_', '-')}: with --tuned the tune file gives the model and its layout")
         else:
             for name, value in (("model", model), ("schedule", schedule), ("batch_size", batch_size),
                                 ("microbatches", microbatches)):
@@ -175,6 +188,14 @@ def register(cli: typer.Typer) -> None:
                 die_with_parent_if_asked()
             if config is not None:
                 cfg = RunConfig.load(config)
+            elif tuned is not None:
+                from pipeboard.trainer.tune.tuned import load as load_tuned
+
+                cfg = RunConfig(**load_tuned(tuned), epochs=epochs, steps=steps, target=target, max_steps=max_steps,
+                                loader_workers=loader_workers, seed=seed, lr=lr, optimizer=optimizer,
+                                eval_every=eval_every, checkpoint_dir=checkpoint_dir, checkpoint_every=checkpoint_every,
+                                checkpoint_keep=checkpoint_keep, resume=resume, resume_at_most=resume_at_most,
+                                hang_timeout_s=hang_timeout, device=device, cpu_matmul=cpu_matmul)
             else:
                 cfg = RunConfig(
                     model=model, model_args=parse_model_args(model_arg), data=data, precision=precision,
