@@ -1,0 +1,100 @@
+"""`pipeboard tune` and `pipeboard train --tuned`: the ranked table and JSON, the cap nothing
+fits (one line, exit 2), a real model tuned, verified by a short run and trained from the file."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+from typer.testing import CliRunner
+
+from pipeboard.app.cli import cli
+from tests.trainer.tune_profiles import profiles
+
+
+@pytest.fixture()
+def profile_files(tmp_path):
+    paths = []
+    for prof in profiles(32, counts=(2, 4, 8)):
+        path = tmp_path / f"profile{prof.batch_size}.json"
+        prof.save(path)
+        paths.append(str(path))
+    return paths
+
+
+def invoke(*args: str):
+    return CliRunner().invoke(cli, list(args))
+
+
+def test_json_has_the_choice_and_every_candidate(profile_files):
+    result = invoke("tune", *profile_files, "--workers", "2", "--batch-size", "32", "--json")
+    assert result.exit_code == 0, result.output
+    doc = json.loads(result.output)
+    assert doc["choice"] == doc["candidates"][0]
+    for c in doc["candidates"]:
+        assert {"plan", "schedule", "microbatches", "recompute", "predicted_step_s", "predicted_memory_bytes",
+                "measured_step_s"} <= set(c)
+        assert c["measured_step_s"] is None
+    assert {c["microbatches"] for c in doc["candidates"]} == {2, 4, 8}
+    assert doc["run"]["model"] == "mlp" and doc["run"]["workers"] == 2
+
+
+def test_the_table_ends_with_the_choice(profile_files):
+    result = invoke("tune", *profile_files, "--workers", "2", "--batch-size", "32", "--schedule", "1f1b",
+                    "--schedule", "gpipe")
+    assert result.exit_code == 0, result.output
+    lines = result.output.splitlines()
+    assert lines[-1].startswith("choice: ") and "fits" in result.output
+    assert all(("1f1b" in line or "gpipe" in line) for line in lines[3:-1])
+
+
+def test_a_cap_nothing_fits_is_one_line_naming_the_smallest_need(profile_files):
+    result = invoke("tune", *profile_files, "--workers", "2", "--batch-size", "32", "--memory-per-worker", "1000")
+    assert result.exit_code == 2
+    lines = result.output.strip().splitlines()
+    assert len(lines) == 1
+    assert lines[0].startswith("error: --memory-per-worker: nothing fits in 1000 bytes per worker; "
+                               "the smallest any candidate needs is ")
+
+
+@pytest.mark.parametrize("args, word", [
+    (["--workers", "0"], "--workers"), (["--microbatches", "x"], "--microbatches"),
+    (["--schedule", "nope"], "--schedule"), (["--memory-per-worker", "-5"], "--memory-per-worker"),
+    (["--microbatches", "3"], "--batch-size"),
+])
+def test_bad_input_is_one_line_naming_the_option(profile_files, args, word):
+    base = {"--workers": "2", "--batch-size": "32"}
+    for flag, value in zip(args[::2], args[1::2]):
+        base[flag] = value
+    flat = [x for kv in base.items() for x in kv]
+    result = invoke("tune", *profile_files, *flat)
+    assert result.exit_code == 2 and result.output.startswith(f"error: {word}"), result.output
+    assert len(result.output.strip().splitlines()) == 1
+
+
+def test_a_model_is_tuned_verified_and_trained_from_the_file(tmp_path):
+    out = tmp_path / "tune.json"
+    result = invoke("tune", "mlp", "--model-arg", "depth=2", "--model-arg", "width=16", "--workers", "2",
+                    "--batch-size", "8", "--microbatches", "2", "--schedule", "1f1b", "--schedule", "gpipe",
+                    "--no-calibrate", "--verify", "2", "--verify-steps", "4", "--json", "-o", str(out))
+    assert result.exit_code == 0, result.output
+    doc = json.loads(out.read_text())
+    measured = [c for c in doc["candidates"] if c["measured_step_s"] is not None]
+    assert len(measured) == 2 and doc["verified"] == 2 and all(c["measured_step_s"] > 0 for c in measured)
+    # re-ranked by measurement: the measured ones first, fastest first
+    assert doc["candidates"][:2] == sorted(measured, key=lambda c: c["measured_step_s"])
+    assert doc["choice"] == doc["candidates"][0]
+    trained = invoke("train", "--tuned", str(out), "--steps", "3", "--json")
+    assert trained.exit_code == 0, trained.output
+    summary = json.loads(trained.output.strip().splitlines()[-1])
+    assert summary["steps"] == 3
+    assert summary.get("schedule", doc["choice"]["schedule"]) == doc["choice"]["schedule"]
+
+
+def test_tuned_refuses_layout_options_and_files_that_are_not_tune_results(tmp_path):
+    bad = tmp_path / "bad.json"
+    bad.write_text(json.dumps({"choice": {}}))
+    result = invoke("train", "--tuned", str(bad), "--steps", "2")
+    assert result.exit_code == 2 and result.output.startswith("error: --tuned: "), result.output
+    result = invoke("train", "--tuned", str(bad), "--schedule", "gpipe", "--steps", "2")
+    assert result.exit_code == 2 and "--schedule: with --tuned" in result.output
