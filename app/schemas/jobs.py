@@ -50,6 +50,9 @@ class Fidelity(BaseModel):
     basis: Literal["steady_step_s", "iteration_time_s"] | None = Field(
         description="`steady_step_s`: the simulator's steady state under the profile's costs; `iteration_time_s`: one "
                     "simulated iteration, fill and drain included (plans without the profile's measurements).")
+    device_note: str | None = Field(default=None, description=(
+        "Set where the prediction comes from figures measured on another device than the job's (a CPU profile, or "
+        "a calibration measured between CPU processes, predicting a cuda job): one line saying which."))
     measured_step_s: float | None = Field(
         description="Steady-state seconds per step: the least-squares slope of step completion times over the second "
                     "half of the steps (pipeboard.trainer.schedule.measured); the run's summary `step_s` once it ends.")

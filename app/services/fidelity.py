@@ -86,11 +86,22 @@ def live_measured(session: Session, job_id: int) -> tuple[float | None, int]:
     return steady_step_s(done, pauses), len(done)
 
 
+def device_note(session: Session, job: Job) -> str | None:
+    """Where the job's profile was measured on another device than the job runs on: one line
+    (trainer/runtime/machine.py, device_note), else None."""
+    from pipeboard.trainer.runtime.machine import device_note as note
+
+    profile = session.get(Profile, job.profile_id) if job.profile_id is not None else None
+    machine = getattr(stored(job.spec), "machine", None)
+    return note(profile.data if profile else None, getattr(machine, "device", "cpu"))
+
+
 def figures(predicted: dict[str, Any] | None, measured_step_s: float | None, steps: int | None,
-            corrected: dict[str, Any] | None, *, live: bool) -> dict[str, Any]:
+            corrected: dict[str, Any] | None, *, live: bool, note: str | None = None) -> dict[str, Any]:
     """The ``fidelity`` object (see the module docstring)."""
     value, basis = predicted_of(predicted)
-    out: dict[str, Any] = {"predicted_step_s": value, "basis": basis, "measured_step_s": measured_step_s,
+    out: dict[str, Any] = {"predicted_step_s": value, "basis": basis, "device_note": note,
+                           "measured_step_s": measured_step_s,
                            "measured_steps": steps, "error": _error(measured_step_s, value), "live": live,
                            "corrected_step_s": None, "corrected_after_step": None, "corrected_error": None, "terms": None}
     if corrected:
@@ -168,7 +179,7 @@ def final(session: Session, job_id: int, summary: dict[str, Any]) -> dict[str, A
     measured, steps = summary.get("step_s"), summary.get("steps")
     if measured is None:  # a run stopped by its time limit ends without its own summary
         measured, steps = live_measured(session, job_id)
-    return figures(predicted, measured, steps, corrected, live=False)
+    return figures(predicted, measured, steps, corrected, live=False, note=device_note(session, job))
 
 
 def latest(session: Session, job: Job) -> dict[str, Any] | None:
@@ -229,9 +240,10 @@ class Watch(threading.Thread):
                 return
             measured, steps = live_measured(session, self.job_id)
             predicted = session.get(PlanRow, job.plan_id).predicted
+            note = device_note(session, job)
         finally:
             session.rollback()  # end the reads: the append below starts its own write
         if not fresh and steps == self._last_steps:
             return
         self._last_sent, self._last_steps = time.monotonic(), steps
-        events.append(session, self.job_id, [(EVENT, figures(predicted, measured, steps, self.corrected, live=True))])
+        events.append(session, self.job_id, [(EVENT, figures(predicted, measured, steps, self.corrected, live=True, note=note))])

@@ -97,7 +97,8 @@ def profile(source: str, model_args: dict[str, Any], batch_size: int, device: st
         from pipeboard.trainer.runtime import machine
 
         # the machine's figures, kept for a while (trainer/runtime/machine.py); the model's, below
-        prof.link, prof.overhead, prof.meta["machine_calibration"] = machine.calibration(machine_cache, machine_max_age_s)
+        prof.link, prof.overhead, prof.meta["machine_calibration"] = machine.calibration(machine_cache, machine_max_age_s,
+                                                                                         device=device)
         if run_batch_size is not None and run_batch_size >= batch_size:
             from pipeboard.trainer.runtime.overhead import measure_data_load
 
