@@ -1,11 +1,13 @@
 """`pipeboard plan`: split a profile across a cluster with PipeDream's DP or a baseline.
 
-    pipeboard plan PROFILE|SPEC --workers N [N ...] --bandwidth B [B ...] [--memory BYTES
-        [--schedule NAME [--microbatches M] [--optimizer adam|adamw|sgd|sgd-plain]]]
+    pipeboard plan PROFILE|SPEC --workers N [N ...] --bandwidth B [B ...] [--schedule NAME [--microbatches M]
+        [--weight-grads batched|immediate] [--memory BYTES [--optimizer adam|adamw|sgd|sgd-plain]]]
         [--memory-constraint] [--straight] [--fewer-workers] [--activation-compression R]
         [--method pipedream|uniform|time|params|dp] [--json] [-o plan.json] [--compare]
 
-PROFILE is a profile JSON or graph.txt. A model SPEC instead (a zoo name or a task factory, as
+With --schedule (no --memory), the plan is the one `POST /plans` and a job choose for the same
+input (trainer/choose.py: PipeDream's plan against the baselines under the cost model that
+predicts the run), printed with that prediction. PROFILE is a profile JSON or graph.txt. A model SPEC instead (a zoo name or a task factory, as
 `pipeboard profile` takes, with --model-arg, --data, --batch-size and --precision) is profiled
 first, in this process. Planning a profile imports no torch, so that command starts fast. Bad input ends
 with one line on stderr and exit code 2.
@@ -119,6 +121,37 @@ def _print_comparison(plans) -> None:
     sys.stdout.write("\n" + "\n".join(lines) + "\n")
 
 
+def _chosen(prof, levels, method: str, schedule: str, microbatches: int, weight_grads: str):
+    """(plan, predicted summary) as POST /plans makes them: trainer.choose, one function for both."""
+    from pipeboard.app.services.planning import predicted_summary
+    from pipeboard.trainer import choose
+    from pipeboard.trainer.schedule import registry
+
+    if not registry.known(schedule):
+        fail(f"--schedule: unknown schedule {schedule!r} (known: {', '.join(registry.names())})")
+    if weight_grads not in ("batched", "immediate"):
+        fail(f"--weight-grads: batched or immediate, got {weight_grads!r}")
+    data = prof.to_dict()
+    try:
+        plan = choose.choose_plan(data, levels, memory_bytes=None, method=method, schedule=schedule,
+                                  microbatches=microbatches, weight_grads=weight_grads)
+        sched, sim = choose.simulate_plan(plan, schedule, microbatches, samples_per_microbatch=prof.batch_size,
+                                          weight_grads=weight_grads, profile_data=data)
+    except choose.ChoiceError as exc:
+        fail(str(exc))
+    summary = predicted_summary(plan, sched, sim, microbatches, timeline_limit=0)
+    summary.pop("timeline")
+    return plan, summary
+
+
+def _print_predicted(p: dict, schedule: str) -> None:
+    step = p["steady_step_s"] if p["steady_step_s"] is not None else p["iteration_time_s"]
+    memory = ", ".join(f"{b / 1e6:.1f}" for b in p["peak_memory_bytes"] or [])
+    sys.stdout.write(f"\npredicted under {schedule}, {p['microbatches']} microbatches ({p['cost_model']} costs): "
+                     f"{_fmt_s(step)} per step, bubble {p['bubble_fraction']:.1%}"
+                     + (f", peak MB per worker {memory}" if memory else "") + "\n")
+
+
 def _is_zoo_name(name: str) -> bool:
     from pipeboard.trainer import zoo
 
@@ -139,10 +172,14 @@ def plan_command(
     method: str | None = typer.Option(None, "--method", help=f"pipedream | uniform | time | params | dp (default {DEFAULT_METHOD})."),
     schedule: str = typer.Option(
         None, "--schedule",
-        help="With --memory: check the cap by the memory model (weights by versions kept, gradients, optimizer state, "
-             "activations in flight, boundary buffers) under this schedule, turning on activation recompute for the "
-             "stages that would not fit."),
+        help="The schedule the run will have: the plan is the fastest candidate under the cost model that predicts "
+             "it, as POST /plans chooses, with its predicted step and memory per worker. With --memory: the cap is "
+             "checked by the memory model (weights by versions kept, gradients, optimizer state, activations in "
+             "flight, boundary buffers) under this schedule, turning on activation recompute for the stages that "
+             "would not fit."),
     microbatches: int = typer.Option(8, "--microbatches", help="With --schedule: microbatches per batch."),
+    weight_grads: str = typer.Option("batched", "--weight-grads",
+                                     help="With --schedule, no --memory: batched or immediate, as the run's."),
     optimizer: str = typer.Option("adam", "--optimizer", help="With --schedule: adam, adamw, sgd or sgd-plain."),
     as_json: bool = typer.Option(False, "--json", help="Print the plan as one JSON object."),
     output: Path = typer.Option(None, "-o", "--output", help="Also write the plan JSON here."),
@@ -160,7 +197,7 @@ def plan_command(
     from pipeboard.trainer.profile.files import load_profile
     from pipeboard.trainer.profile.schema import ProfileError
 
-    prof = None
+    prof, predicted = None, None
     if profile.is_file():
         without_blas_threads()
     else:
@@ -182,13 +219,18 @@ def plan_command(
         options = dict(memory_bytes=memory, memory_constraint=memory_constraint, straight=straight,
                        fewer_workers=fewer_workers, activation_compression=activation_compression,
                        max_states=max_states)
-        if schedule is not None:
+        if schedule is not None and microbatches < 1:
+            fail(f"--microbatches: must be >= 1, got {microbatches}")
+        if schedule is not None and memory is None:
+            if compare or memory_constraint or straight or fewer_workers or activation_compression != 1.0:
+                fail("--schedule: without --memory, give it without --compare, --memory-constraint, --straight, "
+                     "--fewer-workers or --activation-compression (the choice POST /plans makes has none)")
+            result, predicted = _chosen(prof, levels, method or DEFAULT_METHOD, schedule, microbatches, weight_grads)
+        elif schedule is not None:
             from pipeboard.trainer.plan.memory_fit import plan_under_cap
 
-            if memory is None or compare or method is not None or memory_constraint:  # --method: not given
-                fail("--schedule: give it with --memory, without --compare, --method or --memory-constraint")
-            if microbatches < 1:
-                fail(f"--microbatches: must be >= 1, got {microbatches}")
+            if compare or method is not None or memory_constraint:  # --method: not given
+                fail("--schedule: with --memory, give it without --compare, --method or --memory-constraint")
             options.pop("memory_bytes"), options.pop("memory_constraint")
             result, _ = plan_under_cap(prof, levels, memory, schedule, microbatches, optimizer=optimizer, **options)
         elif compare:
@@ -213,9 +255,13 @@ def plan_command(
                  "speedup_vs_single": p.speedup_vs_single, "speedup_vs_data_parallel": p.speedup_vs_data_parallel}
                 for p in plans
             ]
+        if predicted is not None:
+            data["predicted"] = predicted
         sys.stdout.write(json.dumps(data) + "\n")
         return
     _print_plan(result)
+    if predicted is not None:
+        _print_predicted(predicted, schedule)
     if compare:
         _print_comparison(plans)
 
