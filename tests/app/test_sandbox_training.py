@@ -8,6 +8,7 @@ from __future__ import annotations
 import json
 import os
 import sqlite3
+import sys
 import textwrap
 import uuid
 
@@ -124,3 +125,54 @@ def test_a_jobs_training_reads_none_of_the_servers_files_and_its_steps_reach_the
     finally:
         database.unlink()
         other.unlink()
+
+
+# A run that reports it started, and on SIGTERM hands over its summary through the relay.
+HANDING_OVER = textwrap.dedent('''
+    import os, sys, time
+    from pipeboard.app.core.lifetime import Terminated, raise_on_sigterm
+    from pipeboard.app.services.run_relay import RelaySink
+
+    sink = RelaySink(os.environ["PIPEBOARD_RELAY"])
+    raise_on_sigterm()
+    sink.on_status("running", "started")
+    try:
+        while True:
+            time.sleep(0.05)
+    except Terminated:
+        sink.on_summary({"handed_over": True, "sees_database": "PIPEBOARD_DATABASE_URL" in os.environ})
+        sys.exit(143)
+''')
+
+
+def test_sigterm_to_the_relay_reaches_the_sandboxed_run_which_hands_over_before_it_ends(live_db, sandbox_on, tmp_path):
+    """A cancel, the time limit or the worker's death signal the relay's group; bwrap passes no
+    signal on, so the relay does, and records what the run hands over before it exits."""
+    import signal
+    import time
+
+    from pipeboard.app.models import JobEvent
+    from pipeboard.app.services import proctree
+
+    job_id = new_job("running", kind="train")
+    cmd, env = sandbox.for_phase("train", [sys.executable, "-c", HANDING_OVER, "--job-id", str(job_id)],
+                                 runner.child_env(), cwd=str(tmp_path), workdir=tmp_path)
+    assert "pipeboard.app.services.run_relay" in cmd and "bwrap" in " ".join(cmd)
+    with open(tmp_path / "run.log", "wb") as log:
+        proc = proctree.spawn(cmd, env=env, cwd=str(tmp_path), stdout=log)
+    try:
+        deadline = time.monotonic() + 60
+        while True:
+            with get_sessionmaker()() as s:
+                if s.scalar(select(func.count()).select_from(JobEvent).where(JobEvent.job_id == job_id,
+                                                                              JobEvent.kind == "progress")):
+                    break
+            assert proc.poll() is None and time.monotonic() < deadline, (tmp_path / "run.log").read_text()
+            time.sleep(0.1)
+        os.killpg(proc.pid, signal.SIGTERM)  # as runner.kill_child does
+        # its exit 143 (128 + SIGTERM) comes out of bwrap as from a process SIGTERM ended: the relay says so
+        assert proc.wait(timeout=30) == -signal.SIGTERM, (tmp_path / "run.log").read_text()
+    finally:
+        proctree.end(proc)
+    with get_sessionmaker()() as s:
+        assert s.get(Job, job_id).summary == {"handed_over": True, "sees_database": False, "attempt": 0}
