@@ -10,11 +10,12 @@ tests/app/test_api_security.py walks every route to check that none answers with
 
 from fastapi import APIRouter, Depends
 
-from pipeboard.app.api.routes import contexts, events, health, jobs, models, plans, profiles, schedules, tokens, workers
+from pipeboard.app.api.routes import (contexts, events, health, jobs, models, plans, profiles, schedules, tokens, tune,
+                                      workers)
 from pipeboard.app.api.security import require_token
 
 api_router = APIRouter(prefix="/api/v1")
 api_router.include_router(health.router)
-for _module in (contexts, models, profiles, plans, schedules, jobs, events, workers):
+for _module in (contexts, models, profiles, plans, tune, schedules, jobs, events, workers):
     api_router.include_router(_module.router, dependencies=[Depends(require_token)])
 api_router.include_router(tokens.router)
