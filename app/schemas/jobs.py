@@ -23,6 +23,10 @@ class AttemptPublic(BaseModel):
     error: str | None = None
     hosts: dict[str, str] | None = Field(default=None, description="Which host ran each worker (rank).")
     nodes: list[str] = Field(default_factory=list, description="The worker hosts (node names) it ran on.")
+    waiting: str | None = Field(default=None, description=(
+        "Why a queued cuda attempt has not started (app/services/placement.py): e.g. `waiting for a worker with a "
+        "GPU (no live worker reports one)`, `waiting: all 2 GPUs busy (needs 1)`, `waiting: needs 4 GPUs, largest "
+        "free block 2`; null once placed."))
 
 
 class FidelityStage(Stored):
@@ -69,6 +73,14 @@ class Fidelity(BaseModel):
         "transfer_grad, gaps): what the re-fit changed."))
 
 
+class StageMemory(Stored):
+    stage: int
+    predicted_bytes: int | None = Field(default=None, description=(
+        "memory_model's peak for the worker process holding the stage (trainer/runtime/stage_memory.py); null where "
+        "the run could not count it (`memory_predicted_error` says why)."))
+    measured_bytes: int | None = Field(default=None, description="The peak the run measured (see `memory_source`).")
+
+
 class Evaluation(BaseModel):
     step: int
     wall_s: float
@@ -107,6 +119,10 @@ class RunSummary(Stored):
     stopped_by: Literal["time"] | None = Field(default=None, description="`time`: the length's time_s ended the run.")
     fidelity: Fidelity | None = None
     profile_id: int | None = Field(default=None, description="A profiling job's stored profile.")
+    memory: list[StageMemory] | None = Field(default=None, description="Per stage, predicted beside measured peak memory.")
+    memory_source: str | None = Field(default=None, description=(
+        "How `measured_bytes` was measured: `cuda_max_allocated` (the CUDA allocator's peak), `rss_peak` (the stage "
+        "process's peak resident memory: the interpreter and torch's libraries are in it), or `rss`."))
 
 
 class JobPublic(BaseModel):
@@ -115,6 +131,9 @@ class JobPublic(BaseModel):
     status: JobStatus
     priority: int
     queue_position: int | None = Field(default=None, description="1 = next to run; null unless queued.")
+    waiting: str | None = Field(default=None, description=(
+        "Why a queued job has not started: its current attempt's `waiting` (a cuda job placement could not place "
+        "yet); null otherwise."))
     spec: JobSpec | ProfileJobSpec = Field(description="The job's specification, as submitted (version 2).")
     attempt: int = 0
     error: str | None = None

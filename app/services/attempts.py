@@ -27,6 +27,7 @@ from pipeboard.app.models import AttemptNode, EventSource, Job, JobAttempt, JobS
 from pipeboard.app.models import TimelineEvent as TimelineEventRow
 from pipeboard.app.schemas import AttemptPublic
 from pipeboard.app.schemas.jobspec import stored
+from pipeboard.app.services.placement import WAITING_FOR_GPUS
 from pipeboard.app.services.tx import begin_write
 
 def utcnow() -> datetime:
@@ -75,7 +76,8 @@ def unheld(session: Session) -> list[tuple[int, int]]:
         select(Job.id, Job.attempt, WorkerHeartbeat.seen_at)
         .join(JobAttempt, (JobAttempt.job_id == Job.id) & (JobAttempt.attempt == Job.attempt))
         .outerjoin(WorkerHeartbeat, WorkerHeartbeat.hostname == JobAttempt.prefer_node)
-        .where(Job.status == JobStatus.QUEUED, JobAttempt.prefer_node.is_not(None))).all()
+        .where(Job.status == JobStatus.QUEUED, JobAttempt.prefer_node.is_not(None),
+               JobAttempt.prefer_node != WAITING_FOR_GPUS)).all()  # waiting for GPUs: for no worker yet
     return [(job_id, attempt) for job_id, attempt, seen in rows if seen is None or _aware(seen).timestamp() < cutoff]
 
 
@@ -189,7 +191,7 @@ def public(session: Session, job_ids: list[int]) -> dict[int, list[AttemptPublic
         out[r.job_id].append(AttemptPublic(
             attempt=r.attempt, trigger=r.trigger, status=r.status.value, created_at=r.created_at, started_at=r.started_at,
             finished_at=r.finished_at, resume_step=r.resume_step, offset_s=r.offset_s, error=r.error, hosts=r.hosts,
-            nodes=nodes.get((r.job_id, r.attempt), [])))
+            nodes=nodes.get((r.job_id, r.attempt), []), waiting=r.waiting))
     return out
 
 

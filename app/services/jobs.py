@@ -271,12 +271,15 @@ def queue_position(session: Session, job: Job) -> int | None:
 def to_public(session: Session, job: Job, *, position: int | None | bool = False, last_seq: int | None = None,
               tries: list[Any] | None = None) -> JobPublic:
     """``position``/``last_seq``/``tries`` (its attempts) may be precomputed (lists); otherwise they are queried."""
+    tries = attempts.public(session, [job.id])[job.id] if tries is None else tries
+    waiting = next((a.waiting for a in tries if a.attempt == job.attempt), None) if job.status == JobStatus.QUEUED else None
     return JobPublic(
         id=job.id,
         name=job.name,
         status=job.status.value,
         priority=job.priority,
         queue_position=queue_position(session, job) if position is False else position,
+        waiting=waiting,
         spec=stored(job.spec),
         attempt=job.attempt,
         error=job.error,
@@ -291,7 +294,7 @@ def to_public(session: Session, job: Job, *, position: int | None | bool = False
         summary=job.summary,
         fidelity=fidelity.latest(session, job),
         last_event_seq=events.last_seq(session, job.id) if last_seq is None else last_seq,
-        attempts=attempts.public(session, [job.id])[job.id] if tries is None else tries,
+        attempts=tries,
     )
 
 
@@ -474,8 +477,14 @@ def reap_stale(session: Session) -> int:
             log.warning("job %s: %s", job.id, error)
     # queued attempts waiting for a worker that is gone: any worker may take them now
     for job_id, attempt in attempts.unheld(session):
-        if attempts.release(session, job_id, attempt):
+        if placement.unplace(session, job_id, attempt):  # a cuda attempt: placed again, on a worker with GPUs
+            session.commit()
+        elif attempts.release(session, job_id, attempt):
             enqueue_or_fail(session, job_id)
+    try:  # cuda jobs waiting for GPUs: a GPU worker may have come (or one gone, above) since they were placed
+        dispatch_waiting(session)
+    except ServiceError as exc:  # the broker refused; that job failed saying so
+        log.warning("dispatching waiting cuda jobs: %s", exc)
     # the other hosts of jobs on several hosts: each member's worker heart-beats its own row
     for job_id, attempt, node, host, pgid, last in attempts.stale_members(session, cutoff):
         error = f"host {host}'s worker {node} stopped sending heartbeats (last {last.isoformat(timespec='seconds')})"

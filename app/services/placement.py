@@ -36,6 +36,7 @@ from sqlalchemy.orm import Session
 
 from pipeboard.app.core.config import get_settings
 from pipeboard.app.models import JobAttempt, JobStatus, WorkerHeartbeat, utcnow
+from pipeboard.app.services.tx import begin_write
 from pipeboard.trainer.runtime.gpu_share import ShareError, pack
 
 HOLDING = (JobStatus.QUEUED, JobStatus.RUNNING)  # an attempt in these states keeps its GPUs
@@ -186,7 +187,7 @@ def live_inventories(session: Session) -> list[WorkerInventory]:
     held: dict[str, dict[int, int]] = {}
     for job_id, gpus in session.execute(select(JobAttempt.job_id, JobAttempt.gpus)
                                         .where(JobAttempt.gpus.is_not(None), JobAttempt.status.in_(HOLDING))).all():
-        for i in gpus.get("devices", []):
+        for i in (gpus or {}).get("devices", []):  # JSON null: an attempt that gave its GPUs back
             held.setdefault(gpus.get("worker"), {})[int(i)] = job_id
     return [WorkerInventory(b.hostname, b.host or b.hostname, tuple(int(d["index"]) for d in (b.devices or [])),
                             held.get(b.hostname, {}),
@@ -231,6 +232,19 @@ def dispatch(session: Session, job_id: int, attempt: int, request: GpuRequest,
     else:
         row.gpus, row.prefer_node, row.waiting = None, WAITING_FOR_GPUS, decision.reason
     return decision
+
+
+def unplace(session: Session, job_id: int, attempt: int) -> bool:
+    """A queued cuda attempt placed on a worker that stopped heart-beating gives its GPUs back and
+    waits to be placed again (never released to any worker, which could be one without a GPU);
+    True where it held GPUs. The caller commits, then dispatches the waiting ones."""
+    begin_write(session)
+    row = session.get(JobAttempt, (job_id, attempt))
+    if row is None or not row.gpus:
+        return False
+    gone = row.gpus.get("worker")
+    row.gpus, row.prefer_node, row.waiting = None, WAITING_FOR_GPUS, f"waiting: its worker {gone} stopped heart-beating"
+    return True
 
 
 def held_devices(session: Session, job_id: int, attempt: int) -> str | None:

@@ -56,9 +56,47 @@ def test_placed_then_waits_then_dispatched_when_the_first_ends(session: Session,
     second = jobs.submit(session, _spec())
     row = session.get(JobAttempt, (second.id, 1))
     assert row.waiting == "waiting: all 1 GPU busy (needs 1)" and len(sent) == 1
+    shown = jobs.to_public(session, jobs.get(session, second.id))  # what GET /jobs/{id} and the job page show
+    assert shown.waiting == row.waiting and shown.attempts[-1].waiting == row.waiting
+    assert jobs.to_public(session, jobs.get(session, first.id)).waiting is None
     assert jobs.dispatch_waiting(session) == 0  # still held
 
     jobs.finish(session, first.id, JobStatus.SUCCEEDED, expected=(JobStatus.QUEUED,))  # ends its attempt too
     session.refresh(row)
     assert row.waiting is None and placement.held_devices(session, second.id, 1) == "0"
     assert sent[-1][1] == (second.id, 1)
+
+
+def test_reading_a_waiting_job_never_releases_it_to_any_worker(session: Session, sent):
+    """GET /jobs/{id} reaps stale work first: a job waiting for GPUs (meant for no worker yet) is not
+    'waiting for a worker that is gone', and stays waiting, never queued for any worker to claim."""
+    _gpu_worker(session, "pipeboard@gpu1", 1)
+    jobs.submit(session, _spec())
+    second = jobs.submit(session, _spec())
+    for _ in range(2):
+        jobs.get(session, second.id)
+    row = session.get(JobAttempt, (second.id, 1))
+    session.refresh(row)
+    assert row.prefer_node == placement.WAITING_FOR_GPUS and row.gpus is None and len(sent) == 1
+
+
+def test_a_placed_attempt_whose_gpu_worker_is_gone_is_placed_again_not_released(session: Session, sent):
+    from datetime import timedelta
+
+    from pipeboard.app.core.config import get_settings
+
+    _gpu_worker(session, "pipeboard@gpu1", 1)
+    job = jobs.submit(session, _spec())
+    beat = session.get(WorkerHeartbeat, "pipeboard@gpu1")
+    beat.seen_at = utcnow() - timedelta(seconds=get_settings().stale_after_seconds + 30)
+    session.commit()
+    jobs.get(session, job.id)  # reaps: its worker is gone, no other has a GPU
+    row = session.get(JobAttempt, (job.id, 1))
+    session.refresh(row)
+    assert row.prefer_node == placement.WAITING_FOR_GPUS and row.gpus is None
+    assert row.waiting == "waiting for a worker with a GPU (no live worker reports one)"  # placed again at once
+    assert len(sent) == 1  # only the first placement's task went: nothing queued for just any worker
+    _gpu_worker(session, "pipeboard@gpu2", 1)  # a GPU worker comes: the next reap places it there
+    jobs.get(session, job.id)
+    session.refresh(row)
+    assert row.gpus == {"worker": "pipeboard@gpu2", "devices": [0]} and sent[-1][2] is not None

@@ -14,7 +14,7 @@ import { attemptMarks, lineChart, series, utilisationFromMetrics, utilisationFro
 import { GanttChart } from '../gantt.js';
 import { openInPerfetto, saveBytes } from '../perfetto.js';
 import { openStream } from '../sse.js';
-import { clear, durationBetween, fmtNumber, fmtPercent, fmtSeconds, h, notice, statusBadge } from '../util.js';
+import { clear, durationBetween, fmtBytes, fmtNumber, fmtPercent, fmtSeconds, h, notice, statusBadge } from '../util.js';
 
 const FINAL = new Set(['succeeded', 'failed', 'cancelled']);
 const WINDOWS = [[1, 'last step'], [3, 'last 3 steps'], [10, 'last 10 steps'], [0, 'all']];
@@ -35,6 +35,7 @@ export async function render(container, { id }) {
   const errorBox = h('div', { id: 'job-error' });
   const stats = h('div', { class: 'stats', id: 'job-stats' });
   const attemptsBox = h('p', { class: 'small', id: 'job-attempts' });
+  const memoryBox = h('p', { class: 'small', id: 'job-memory' });
   const progress = h('p', { class: 'muted small', id: 'job-progress', 'aria-live': 'polite' });
   const liveDiv = h('div', { class: 'chart', id: 'gantt-live' });
   const predDiv = h('div', { class: 'chart', id: 'gantt-predicted' });
@@ -81,6 +82,10 @@ export async function render(container, { id }) {
   detailSelect.addEventListener('change', async () => {
     if (!detailSelect.value) return;
     const [from, to] = detailSelect.value.split(':').map(Number);
+    // the whole chosen window in view, not its last steps nor an earlier zoom
+    windowSelect.value = '0';
+    live.windowSteps = 0;
+    live.userRange = null;
     live.follow(false);
     await live.setEvents(await getTimeline(id, { step_from: from, step_to: to, limit: 100000 }));
   });
@@ -97,7 +102,7 @@ export async function render(container, { id }) {
     }
   });
 
-  container.append(header, errorBox, stats, attemptsBox, progress,
+  container.append(header, errorBox, stats, attemptsBox, memoryBox, progress,
     h('div', { class: 'grid2' },
       h('section', { class: 'panel', 'aria-labelledby': 'h-live' },
         h('div', { class: 'toolbar' }, h('h2', { id: 'h-live', style: 'margin:0' }, 'Measured pipeline'), h('span', { class: 'spacer' }), followBtn, windowSelect, detailSelect, recordBtn),
@@ -123,7 +128,12 @@ export async function render(container, { id }) {
       h('button', { type: 'button', id: 'open-perfetto', onclick: perfetto }, 'Open in Perfetto')].filter(Boolean));
     clear(errorBox);
     if (j.status === 'failed' && j.error) errorBox.append(notice('error', `Failed: ${j.error}`));
-    if (j.status === 'queued') errorBox.append(notice('loading', `Queued${j.queuePosition ? `, position ${j.queuePosition}` : ''}: waiting for a worker.`));
+    // a cuda job placement could not place yet says why (app/services/placement.py); any other waits for a worker
+    if (j.status === 'queued') {
+      const wait = notice('loading', `Queued${j.queuePosition ? `, position ${j.queuePosition}` : ''}: ${j.waiting || 'waiting for a worker'}.`);
+      wait.id = 'job-waiting';
+      errorBox.append(wait);
+    }
     drawStats();
   }
 
@@ -141,6 +151,17 @@ export async function render(container, { id }) {
       ['attempt', j.attempt ?? 0],
     ].map(([label, value]) => h('div', { class: 'stat' }, h('div', { class: 'value' }, value), h('div', { class: 'label' }, label))));
     drawAttempts();
+    drawMemory();
+  }
+
+  /** The run's memory per stage: memory_model's predicted peak beside the measured one, and how it was measured. */
+  function drawMemory() {
+    const m = state.job.summary?.memory || [];
+    clear(memoryBox);
+    if (!m.length) return;
+    const how = { cuda_max_allocated: 'CUDA allocator peak', rss_peak: 'process peak RSS', rss: 'process RSS' }[state.job.summary.memory_source] || 'measured';
+    memoryBox.append(h('strong', {}, 'Memory per stage: '), m.map((e) => `stage ${e.stage} predicted ${e.predicted_bytes == null ? '?' : fmtBytes(e.predicted_bytes)}, `
+      + `measured ${e.measured_bytes == null ? '?' : fmtBytes(e.measured_bytes)}`).join(' · ') + ` (${how}).`);
   }
 
   /** One line per attempt once there is more than one: how it started, where from, on which hosts, how it ended. */
@@ -208,6 +229,7 @@ export async function render(container, { id }) {
       line.push(`prediction error ${pct(f.error)}`);
     }
     predNote.append(h('span', { id: 'fidelity-apriori' }, `${line.join(', ')}.`));
+    if (f.device_note) predNote.append(h('br'), h('span', { id: 'fidelity-device' }, `Note: ${f.device_note}.`));
     if (f.corrected_step_s != null) {
       const moved = Object.entries(f.terms || {}).filter(([, t]) => t.moved)
         .map(([name, t]) => (t.factor != null ? `${name} ×${fmtNumber(t.factor, 2)}` : `${name} +${fmtSeconds(t.measured_s)} per action`));
@@ -311,7 +333,12 @@ export async function render(container, { id }) {
     // Metrics are small and come first; a long run's timeline follows when it has arrived.
     const failed = (what) => (err) => errorBox.append(notice('error', `Could not load the ${what}: ${err.message}`));
     const metricsDone = getMetrics(id).then((points) => { addMetrics(points); drawCharts(); drawStats(); }, failed('metrics'));
-    const timelineDone = getTimeline(id, { limit: 100000 }).then((rows) => live.setEvents(rows), failed('timeline'));
+    // A long job's actions are kept in windows (docs/storage.md): the Gantt opens on the newest one, the
+    // others are a choice away (#detail-window), so the page never reads every window at once.
+    const newest = (s) => (s.detail_steps || []).at(-1);
+    const timelineDone = request('GET', `/jobs/${id}/steps`, { query: { limit: 1 } })
+      .then((s) => getTimeline(id, newest(s) ? { step_from: newest(s)[0], step_to: newest(s)[1], limit: 100000 } : { limit: 100000 }))
+      .then((rows) => live.setEvents(rows), failed('timeline'));
     await Promise.all([metricsDone, timelineDone]);
     drawCharts();
   } else {
