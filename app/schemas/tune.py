@@ -24,7 +24,7 @@ class TuneCreate(BaseModel):
         "measured): counts whose microbatch size none has are not tried. Or give `model`."))
     model: str | None = Field(default=None, min_length=1, max_length=300, description=(
         "A zoo or registered model: its cached profiles at each microbatch size `batch_size / microbatches` "
-        "are used; with none cached yet it is profiled by a worker (202 with the job)."))
+        "are used; one not cached yet is profiled by a worker first (202 with the job; ask again)."))
     model_args: dict[str, Any] = Field(default_factory=dict, description="With `model`: its arguments.")
     workers: int = Field(ge=1, le=min(MAX_TUNE_WORKERS, MAX_PLAN_WORKERS), description="Worker processes of the run.")
     batch_size: int = Field(ge=1, le=65536, description="Samples per training step.")

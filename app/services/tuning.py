@@ -1,8 +1,9 @@
 """POST /tune: the stored or cached profiles of a model, searched by the tuner (pipeboard.trainer.tune).
 
-Pure computation on the profiles' data, inline, as POST /plans is; a model with no profile cached
-at any of the microbatch sizes asked for is profiled by a worker (the what-if's own profiling job,
-kind `profile`) and the answer is that job."""
+Pure computation on the profiles' data, inline, as POST /plans is; a model without a profile
+cached at one of the microbatch sizes asked for is profiled by a worker (the what-if's own
+profiling job, kind `profile`) and the answer is that job: asked again, the next missing size,
+until all are there."""
 
 from __future__ import annotations
 
@@ -29,8 +30,8 @@ def _what_if(body: TuneCreate, microbatches: int) -> PlanCreate:
 
 def profile_rows(session: Session, body: TuneCreate, visible: Callable[[Profile], bool]
                  ) -> tuple[list[Profile], list[dict[str, str]]] | PlanCreate:
-    """The profiles to search and the counts left out for want of one; or, with `model` and none
-    cached, the what-if whose profiling job makes the first."""
+    """The profiles to search (and the counts left out for want of one: none, since a missing one
+    is profiled first); or, with `model`, the what-if whose profiling job makes the first missing."""
     counts = [m for m in body.microbatches if body.batch_size % m == 0]
     if body.profile_ids is not None:
         rows = []
@@ -43,18 +44,13 @@ def profile_rows(session: Session, body: TuneCreate, visible: Callable[[Profile]
     if not counts:
         raise ServiceError(f"microbatches: none of {body.microbatches} divides batch_size {body.batch_size}",
                            status=422, field="microbatches")
-    rows, missing = [], []
+    rows = []
     for m in counts:
         row = plans.cached_profile(session, _what_if(body, m))
-        if row is None:
-            missing.append({"candidate": f"mb {m}", "why": f"no profile of {body.model} cached at microbatch size "
-                                                           f"{body.batch_size // m}: ask POST /plans or POST /tune "
-                                                           f"with microbatches [{m}] to profile it"})
-        else:
-            rows.append(row)
-    if not rows:
-        return _what_if(body, counts[0])
-    return rows, missing
+        if row is None:  # profiled first (one job per size, in turn): the search covers every count asked for
+            return _what_if(body, m)
+        rows.append(row)
+    return rows, []
 
 
 def tune(session: Session, body: TuneCreate, visible: Callable[[Profile], bool], *, submitted_by: str | None = None,

@@ -27,8 +27,8 @@ router = APIRouter(prefix="/tune", tags=["tune"], route_class=ServiceRoute, resp
         "at their microbatch size, and recompute off or on per stage; predicts each candidate's step time and "
         "per-worker peak memory with the profile cost model, and ranks those under `memory_per_worker_bytes` by "
         "predicted time per sample, then the rest with why they do not fit (200). Give `profile_ids` (stored "
-        "profiles, one per microbatch size) or `model` (its cached profiles; none cached yet: 202 with the "
-        "profiling job, ask again once it has succeeded). A cap nothing fits is a 422 naming the smallest memory "
+        "profiles, one per microbatch size) or `model` (its cached profiles; one not cached yet: 202 with "
+        "the profiling job for it, ask again once it has succeeded, until every size is there). A cap nothing fits is a 422 naming the smallest memory "
         "any candidate needs. Nothing is stored; `job_layout` is the choice as a job's layout. Token rules as "
         "POST /plans: a write token, and only profiles and models the caller can see."
     ),

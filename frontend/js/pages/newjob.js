@@ -6,6 +6,7 @@
 import { ApiError, createJob, createPlan, getJob, getModel, listModels, listSchedules, request, uploadContext } from '../api.js';
 import { drawGantt } from '../gantt.js';
 import { planStats, stageStrip, throughputChart } from '../planview.js';
+import { chooseForMe, countsFor, fillForm } from '../tune.js';
 import { clear, debounce, h, navigate, notice, parseArgs } from '../util.js';
 
 const METHODS = ['pipedream', 'uniform', 'time', 'params', 'dp'];
@@ -144,6 +145,10 @@ export async function render(container) {
   verticalSyncBox.hidden = true;
   const formError = h('div', { class: 'field-error', role: 'alert', id: 'form-error' });
   const submit = h('button', { type: 'submit', class: 'primary', id: 'submit-job' }, 'Submit job');
+  // the tuner (POST /tune, frontend/js/tune.js): its ranked table under the form; a row fills the form
+  const tuneButton = h('button', { type: 'button', id: 'choose-for-me',
+    title: 'Search splits, schedules, microbatch counts and recompute for these workers, batch and memory' }, 'Choose for me');
+  const tuneBox = h('div', { id: 'tune-body' });
 
   const form = h('form', { id: 'new-job-form', novalidate: true },
     h('fieldset', {}, h('legend', {}, 'Model'),
@@ -176,12 +181,14 @@ export async function render(container) {
       h('div', { class: 'fields' },
         field('f-device', 'Device', els.device),
         field('f-precision', 'Precision', els.precision))),
-    h('div', { class: 'toolbar' }, submit, formError));
+    h('div', { class: 'toolbar' }, submit, tuneButton, formError));
 
   const whatIf = h('section', { class: 'panel', id: 'what-if', 'aria-labelledby': 'what-if-title' },
     h('h2', { id: 'what-if-title', style: 'margin-top:0' }, 'The plan it would run'),
     h('div', { id: 'what-if-body' }, notice('empty', 'The plan appears here as you fill in the form.')));
-  container.append(h('h1', {}, 'New job'), h('div', { class: 'row' }, h('div', { class: 'panel' }, form), whatIf));
+  const tunePanel = h('section', { class: 'panel', id: 'tune-panel', hidden: true, 'aria-labelledby': 'tune-title' },
+    h('h2', { id: 'tune-title', style: 'margin-top:0' }, 'Choose for me: the candidates, best first'), tuneBox);
+  container.append(h('h1', {}, 'New job'), h('div', { class: 'row' }, h('div', { class: 'panel' }, form), whatIf), tunePanel);
 
   let controller = null;
   let closed = false;
@@ -230,7 +237,8 @@ export async function render(container) {
         method: els.method.value,
         schedule: els.schedule.value,
         weight_grads: els.weightGrads.value,
-        recompute: els.recompute.value,
+        // a list of stages (a tuner's choice) is kept as its JSON text in the select
+        recompute: els.recompute.value.startsWith('[') ? JSON.parse(els.recompute.value) : els.recompute.value,
         microbatches: Number(els.microbatches.value),
       },
       length: { [els.stopKind.value]: Number(els.stopValue.value) },
@@ -354,6 +362,41 @@ export async function render(container) {
     }
   });
 
+  let tuneController = null;
+  /** The tuner for the form's model, workers, batch and memory cap; its table in the panel below. */
+  async function tune() {
+    formError.textContent = '';
+    let s;
+    try {
+      s = spec();
+      if (s.layout.levels) throw new Error('layout.workers: choose for me tunes local worker processes (Workers from)');
+    } catch (err) {
+      formError.textContent = err.message;
+      markField(form, err.message);
+      return;
+    }
+    tuneController?.abort();
+    tuneController = new AbortController();
+    const body = { model: s.model.name, model_args: s.model.args, workers: s.layout.workers,
+      batch_size: s.model.batch_size, microbatches: countsFor(s.model.batch_size) };
+    if (s.layout.memory_bytes) body.memory_per_worker_bytes = s.layout.memory_bytes;
+    tunePanel.hidden = false;
+    tuneButton.disabled = true;
+    try {
+      await chooseForMe(body, tuneBox, tuneController.signal, fillFromCandidate);
+    } finally {
+      tuneButton.disabled = false;
+    }
+  }
+
+  function fillFromCandidate(c) {
+    fillForm(els, c);
+    showScheduleFields();
+    if (c.chunks > 1) els.chunks.value = c.chunks;
+    whatIfSoon();
+  }
+  tuneButton.addEventListener('click', tune);
+
   async function loadSchedules() {
     try {
       schedules = await listSchedules();
@@ -380,5 +423,5 @@ export async function render(container) {
     clear(els.model).append(h('option', { value: '__import__' }, 'your own task…'));
     formError.textContent = `Could not list models: ${err.message}`;
   }
-  return () => { closed = true; controller?.abort(); whatIfSoon.cancel(); };
+  return () => { closed = true; controller?.abort(); tuneController?.abort(); whatIfSoon.cancel(); };
 }
