@@ -33,6 +33,9 @@ class Candidate:
     why: str | None = None  # why it does not fit, when it does not
     measured_step_s: float | None = None
     measured_spread_s: float | None = None  # max - min of the measured steps' repeats
+    # the most any stage's process held in the measured runs (the runtime's source: CUDA peak
+    # allocated on a GPU, the process's peak RSS on a CPU, which counts torch itself too)
+    measured_memory_bytes: int | None = None
 
     @property
     def batch_size(self) -> int:
