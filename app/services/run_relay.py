@@ -115,6 +115,7 @@ class Relay:
     def __init__(self, job_id: int, attempt: int | None) -> None:
         self.job_id, self.attempt = job_id, attempt
         self.sink = None
+        self.root: int | None = None  # bwrap's pid, once started
         self.lock = threading.Lock()
         self.connections: list[socket.socket] = []
         self.threads: list[threading.Thread] = []
@@ -131,7 +132,10 @@ class Relay:
             if op == "hello":
                 return {}
             if op == "status":
-                self.sink.on_status(str(message["phase"]), str(message.get("message", "")), **message.get("fields", {}))
+                fields = dict(message.get("fields", {}))
+                if isinstance(fields.get("pids"), dict):  # the stage processes' pids as this host knows them
+                    fields["pids"] = self.host_pids(fields["pids"], fields.get("hosts"))
+                self.sink.on_status(str(message["phase"]), str(message.get("message", "")), **fields)
             elif op == "events":
                 self.sink.on_events([TimelineEvent.from_dict(e) for e in message["events"]])
             elif op == "metrics":
@@ -144,6 +148,26 @@ class Relay:
             else:
                 raise ValueError(f"op: unknown report {op!r}")
         return {}
+
+    def host_pids(self, pids: dict[str, Any], hosts: Any) -> dict[str, Any]:
+        """``pids`` (rank: pid in the sandbox's process namespace) as this host's pids, for the
+        ranks on this host (``hosts``: rank: node name); another host's ranks stay as they came."""
+        if self.root is None:
+            return pids
+        here = os.environ.get("PIPEBOARD_NODE_NAME") or socket.gethostname()
+        outer: dict[int, int] = {}
+        for pid in _inside(self.root):
+            try:
+                with open(f"/proc/{pid}/status") as fh:
+                    line = next((ln for ln in fh if ln.startswith("NSpid:")), "")
+            except OSError:
+                continue
+            levels = line.split()[1:]
+            if len(levels) > 1:
+                outer[int(levels[-1])] = int(levels[0])
+        mine = {str(r) for r, host in (hosts or {}).items() if host == here} if isinstance(hosts, dict) else None
+        return {r: outer.get(int(p), p) if (mine is None or str(r) in mine) and isinstance(p, int) else p
+                for r, p in pids.items()}
 
     def serve(self, conn: socket.socket) -> None:
         reader = conn.makefile("rb")
@@ -259,6 +283,7 @@ def main(argv: list[str] | None = None) -> None:
         # sandbox at once (--die-with-parent) before the run handed over its reports
         child = subprocess.Popen(command, env={**inner_env(dict(os.environ)), RELAY_VAR: args.socket},
                                  stdin=subprocess.DEVNULL, process_group=0)
+        relay.root = child.pid
         while True:
             try:
                 code = child.wait()

@@ -251,13 +251,30 @@ class KillAfterCheckpoint:
     def rank_pid(self, rank: int) -> int:
         """The pid of stage process ``rank`` of the job's run (named pipeboard-rN)."""
         leader = self.dep.job_row(self.job_id).pgid
-        for pid in group_members(leader):
+        for pid in group_members(leader) + descendants(leader):  # sandboxed: below the relay, in bwrap's groups
             try:
                 if Path(f"/proc/{pid}/comm").read_text().strip() == f"pipeboard-r{rank}":
                     return pid
             except OSError:
                 continue
         raise LookupError(f"no process pipeboard-r{rank} in group {leader}")
+
+
+def descendants(pid: int) -> list[int]:
+    """Every process below ``pid`` (a sandboxed run's are in process groups of bwrap's, not the leader's)."""
+    children: dict[int, list[int]] = {}
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            text = stat.read_text()
+        except OSError:
+            continue
+        children.setdefault(int(text[text.rindex(")") + 2:].split()[1]), []).append(int(stat.parent.name))
+    found, stack = [], [pid]
+    while stack:
+        below = children.get(stack.pop(), [])
+        found += below
+        stack += below
+    return found
 
 
 def due_for_kill(message: dict[str, Any], every: int = 100) -> bool:

@@ -135,7 +135,8 @@ HANDING_OVER = textwrap.dedent('''
 
     sink = RelaySink(os.environ["PIPEBOARD_RELAY"])
     raise_on_sigterm()
-    sink.on_status("running", "started")
+    node = os.environ.get("PIPEBOARD_NODE_NAME") or __import__("socket").gethostname()
+    sink.on_status("running", "started", pids={0: os.getpid()}, hosts={0: node})
     try:
         while True:
             time.sleep(0.05)
@@ -164,11 +165,14 @@ def test_sigterm_to_the_relay_reaches_the_sandboxed_run_which_hands_over_before_
         deadline = time.monotonic() + 60
         while True:
             with get_sessionmaker()() as s:
-                if s.scalar(select(func.count()).select_from(JobEvent).where(JobEvent.job_id == job_id,
-                                                                              JobEvent.kind == "progress")):
+                event = s.scalar(select(JobEvent).where(JobEvent.job_id == job_id, JobEvent.kind == "progress"))
+                if event is not None:
                     break
             assert proc.poll() is None and time.monotonic() < deadline, (tmp_path / "run.log").read_text()
             time.sleep(0.1)
+        # the pid it reported (its process namespace's) is recorded as this host knows it
+        pid = event.payload["pids"]["0"]
+        assert pid in proctree.members(proc) and b"handed_over" in open(f"/proc/{pid}/cmdline", "rb").read()
         os.killpg(proc.pid, signal.SIGTERM)  # as runner.kill_child does
         # its exit 143 (128 + SIGTERM) comes out of bwrap as from a process SIGTERM ended: the relay says so
         assert proc.wait(timeout=30) == -signal.SIGTERM, (tmp_path / "run.log").read_text()
