@@ -157,12 +157,12 @@ def _carries_grad(lg: LayerGraph, name: str, i: int | None) -> bool:
 
 
 def split_model(model: nn.Module, example_input: Any, stages: Sequence[Sequence[str]],
-                layers: Sequence[str] | None = None) -> list[StageModule]:
+                layers: Sequence[str] | None = None, dynamic: dict[int, int | None] | None = None) -> list[StageModule]:
     """Cut ``model`` into one :class:`StageModule` per entry of ``stages`` (lists of layer names,
     each stage's layers reading only layers of the same or earlier stages; model inputs may be
     listed in stage 0 or left out); ``layers``: the granularity's module paths (default: see
     ``pipeboard.trainer.profile.granularity``)."""
-    return split_graph(capture_layers(model, as_tuple(example_input), layers), stages)
+    return split_graph(capture_layers(model, as_tuple(example_input), layers, dynamic), stages)
 
 
 def run_stages(stage_modules: Sequence[StageModule], example_input: Any) -> tuple[torch.Tensor, ...]:

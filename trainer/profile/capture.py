@@ -7,9 +7,13 @@ fake tensors with concrete shapes, so such branches simply take the example's pa
 node it records carries ``nn_module_stack``: the module paths it ran under. That is what
 :mod:`granularity` groups into layers and :mod:`outline` turns into one GraphModule per layer.
 
-Shapes are the example's (no dynamic dimensions): the pipeline runs every microbatch at one fixed
-shape anyway, and a captured ``view(B, T, C)`` keeps the example's sizes, so a model is captured
-at the microbatch size it will run at.
+Shapes are the example's, except the *dynamic* dimensions a caller names (``dynamic``: input
+dimension -> largest size or None, e.g. ``{1: 512}`` for text padded per batch to its own longest
+sequence): each is exported as ``torch.export.Dim.DYNAMIC``, so the captured ``view(B, T, C)``
+reads ``T`` off its input at run time and one capture serves every length (no re-capture per
+shape). The batch dimension stays static: a run's microbatch size is fixed. A dimension the
+model's own code pins to the example's size (``assert x.shape[1] == 64``) is an
+:class:`UntraceableModelError` naming it rather than a graph that silently fails on other lengths.
 
 The captured graph is the unlifted program (``ExportedProgram.module()``): parameters and buffers
 are the model's own tensor objects, read by ``get_attr`` (a tied parameter is one object under
@@ -100,10 +104,34 @@ def _failure(model: nn.Module, exc: BaseException, module_path: str | None) -> U
                                  f"{_first_line(exc)}")
 
 
-def capture(model: nn.Module, example_input: Any) -> fx.GraphModule:
+def dynamic_shapes(inputs: tuple, dynamic: dict[int, int | None] | None):
+    """torch.export's ``dynamic_shapes`` for ``inputs``: each named dimension, in every input that
+    has it (an attention mask and its token ids share the sequence dimension), is dynamic."""
+    if not dynamic:
+        return None
+    return tuple({d: torch.export.Dim.DYNAMIC for d in dynamic if 0 < d < t.dim()} or None for t in inputs)
+
+
+def _check_dynamic(gm: fx.GraphModule, inputs: tuple, dynamic: dict[int, int | None] | None) -> None:
+    """Every named dynamic dimension stayed symbolic (the model did not pin it to the example's size)."""
+    if not dynamic:
+        return
+    placeholders = [n for n in gm.graph.nodes if n.op == "placeholder"]
+    for i, (node, t) in enumerate(zip(placeholders, inputs)):
+        shape = getattr(node.meta.get("val"), "shape", None)
+        if shape is None:
+            continue
+        for d in dynamic:
+            if 0 < d < t.dim() and isinstance(shape[d], int):
+                raise UntraceableModelError(f"input {i} ({node.name}): dimension {d} cannot vary: the model's code fixes "
+                                            f"it to the example's size {shape[d]} (so every batch must have it)")
+
+
+def capture(model: nn.Module, example_input: Any, dynamic: dict[int, int | None] | None = None) -> fx.GraphModule:
     """The whole of ``model`` run on ``example_input`` (a tensor or a tuple of tensors; forward
     parameters beyond them keep their defaults) as one GraphModule of ATen ops whose
-    parameters and buffers are ``model``'s own. Raises :class:`UntraceableModelError`."""
+    parameters and buffers are ``model``'s own. ``dynamic``: the input dimensions whose size varies
+    (see the module docstring). Raises :class:`UntraceableModelError`."""
     inputs = as_tuple(example_input)
     for i, value in enumerate(inputs):
         if not isinstance(value, torch.Tensor):
@@ -121,7 +149,7 @@ def capture(model: nn.Module, example_input: Any) -> fx.GraphModule:
     logging.disable(logging.ERROR)
     try:
         with contextlib.redirect_stderr(io.StringIO()):
-            program = torch.export.export(model, inputs, strict=False)
+            program = torch.export.export(model, inputs, dynamic_shapes=dynamic_shapes(inputs, dynamic), strict=False)
     except Exception as exc:  # export raises many kinds (UserError, GuardOnDataDependent, TypeError, ...)
         # the innermost module still open is where the failing op ran; the root's path is ""
         path = tracker.stack[-1] if tracker.stack else None
@@ -130,14 +158,15 @@ def capture(model: nn.Module, example_input: Any) -> fx.GraphModule:
         logging.disable(logging.NOTSET)
         tracker.remove()
     gm = program.module()
+    _check_dynamic(gm, inputs, dynamic)
     _drop_guards(gm)
     return gm
 
 
 def _drop_guards(gm: fx.GraphModule) -> None:
     """Remove the input-shape guard call export adds (``_guards_fn``): stages run every
-    microbatch at the captured shapes, and a guard node is no op of the model's to place in a
-    layer."""
+    microbatch at the captured shapes (dynamic dimensions aside, whose range the task's data
+    sets), and a guard node is no op of the model's to place in a layer."""
     for node in list(gm.graph.nodes):
         if node.op == "call_module" and str(node.target).startswith("_guards"):
             gm.graph.erase_node(node)

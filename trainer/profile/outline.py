@@ -18,6 +18,11 @@ Inside a layer, each call of a torch.nn leaf module (Linear, Conv2d, Dropout, Ba
 takes one tensor and hands one on runs as that module again instead of as its captured ops: it
 then follows ``train()``/``eval()`` (the capture recorded dropout and batch statistics as in
 training) and the runtime's module hooks (weight gradients batched or stashed) see it.
+
+Dynamic dimensions (a sequence length captured as a symbol, see :mod:`capture`): a size read once
+(``sym_size(input_ids, 1)``) and used by many layers would cross layers as an int, which no stage
+boundary carries. Each layer instead reads the size off a tensor it already has whose shape holds
+the same symbol, and recomputes any arithmetic on it (``_symbolic``), so only tensors cross.
 """
 
 from __future__ import annotations
@@ -114,6 +119,42 @@ def _leaf_calls(model: nn.Module, nodes: list[fx.Node]) -> list[tuple[str | None
     return out
 
 
+def _is_symbolic(n: fx.Node) -> bool:
+    """A node whose value is a size (SymInt/SymFloat/SymBool), computed from a dynamic dimension."""
+    return isinstance(n.meta.get("val"), (torch.SymInt, torch.SymFloat, torch.SymBool))
+
+
+def _size_roots(n: fx.Node) -> list[fx.Node]:
+    """The tensors whose sizes the size ``n`` is computed from (the inputs of its ``sym_size``s)."""
+    if n.op == "call_function" and n.target is torch.ops.aten.sym_size.int:
+        return [n.args[0]]
+    return [r for a in n.all_input_nodes if _is_symbolic(a) for r in _size_roots(a)]
+
+
+def _matching(n: fx.Node, tensors: list[fx.Node]) -> tuple[fx.Node, int] | None:
+    """A tensor of ``tensors`` and a dimension whose size is the same symbol as ``n``'s value."""
+    expr = n.meta["val"].node.expr
+    for t in tensors:
+        for d, size in enumerate(getattr(t.meta.get("val"), "shape", ())):
+            if isinstance(size, torch.SymInt) and size.node.expr == expr:
+                return t, d
+    return None
+
+
+def _symbolic(n: fx.Node, graph: fx.Graph, env: dict, tensors: list[fx.Node]) -> Any:
+    """``n``, a size made outside the layer, made again in it: a size equal to one of the layer's
+    input tensors' sizes is read off that tensor; otherwise its arithmetic is copied, down to the
+    ``sym_size`` of the tensors it came from (which the layer then takes as inputs)."""
+    if n in env:
+        return env[n]
+    match = _matching(n, tensors)
+    if match is not None:
+        env[n] = graph.call_function(torch.ops.aten.sym_size.int, (env[match[0]], match[1]))
+    else:
+        env[n] = graph.node_copy(n, lambda a: _symbolic(a, graph, env, tensors) if _is_symbolic(a) else env[a])
+    return env[n]
+
+
 def _outline(model: nn.Module, gm: fx.GraphModule, nodes: list[fx.Node], readers: dict[fx.Node, set]) -> tuple[fx.GraphModule, list[fx.Node], list[fx.Node]]:
     """One layer's GraphModule: (module, the outside nodes it reads in order, the nodes it hands
     on in order). Parameters and buffers are ``gm``'s (the model's own objects)."""
@@ -124,6 +165,8 @@ def _outline(model: nn.Module, gm: fx.GraphModule, nodes: list[fx.Node], readers
 
     def value(n: fx.Node):
         if n not in env:
+            if _is_symbolic(n):  # a size from outside: recomputed here from a tensor the layer has
+                return _symbolic(n, graph, env, list(inputs))
             if n.op == "get_attr":
                 env[n] = graph.get_attr(str(n.target))
             else:
@@ -134,8 +177,15 @@ def _outline(model: nn.Module, gm: fx.GraphModule, nodes: list[fx.Node], readers
     # placeholders first, in first-use order
     for n in nodes:
         for src in n.all_input_nodes:
-            if src not in members and src.op != "get_attr":
+            if src not in members and src.op != "get_attr" and not _is_symbolic(src):
                 value(src)
+    # then the tensors a size from outside must be read off, where no input has that size
+    for n in nodes:
+        for src in n.all_input_nodes:
+            if src not in members and _is_symbolic(src) and _matching(src, inputs) is None:
+                for root in _size_roots(src):
+                    if root not in members:
+                        value(root)
     # An input the layer updates in place (ResNet's `hidden += residual`, a ReLU(inplace=True)) is
     # cloned first: at a stage boundary it is a leaf that requires grad, which autograd refuses
     # to modify in place, and the sender's copy must stay as it was sent.
@@ -157,7 +207,7 @@ def _outline(model: nn.Module, gm: fx.GraphModule, nodes: list[fx.Node], readers
             continue
         for n in group:
             env[n] = graph.node_copy(n, value)
-    outputs = [n for n in nodes if readers[n] - members]
+    outputs = [n for n in nodes if readers[n] - members and not _is_symbolic(n)]
     graph.output(env[outputs[0]] if len(outputs) == 1 else tuple(env[n] for n in outputs))
     # What the layer uses, by target: get_attr targets are the captured graph's (the model's own
     # parameter and buffer objects), call_module targets the model's own modules.
@@ -189,12 +239,18 @@ def _attr(name: str, taken: set[str]) -> str:
     return attr
 
 
-def capture_layers(model: nn.Module, example_input: Any, layers: Sequence[str] | None = None) -> LayerGraph:
+def capture_layers(model: nn.Module, example_input: Any, layers: Sequence[str] | None = None,
+                   dynamic: dict[int, int | None] | None = None) -> LayerGraph:
     """Capture ``model`` on ``example_input``, group its ops into layers (``layers``: module
-    paths, else the default granularity) and run the layer graph once on the example."""
+    paths, else the default granularity) and run the layer graph once on the example.
+    ``dynamic``: input dimensions whose size varies (:func:`capture.capture`)."""
     inputs = as_tuple(example_input)
-    gm = capture(model, inputs)
-    runs = _runs(_order_and_keys(gm, layer_keys(model, gm, layers)))
+    gm = capture(model, inputs, dynamic)
+    keys = layer_keys(model, gm, layers)
+    for n in keys:  # a size belongs to no layer: it goes with its first reader (and is remade by others)
+        if _is_symbolic(n):
+            keys[n] = None
+    runs = _runs(_order_and_keys(gm, keys))
     readers: dict[fx.Node, set] = {n: set(n.users) for n in gm.graph.nodes}
     top = fx.Graph()
     root = nn.Module()

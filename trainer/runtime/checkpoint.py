@@ -180,7 +180,7 @@ def assemble_model(cfg, root: str | Path, step: int | None = None, rank_filter=N
     task = model_mod.load_task(cfg)
     example = task.example_input(cfg.microbatch_size)
     stages = model_mod.build_stages(task.model, example, model_mod.stage_layers(cfg, task, layout.virtual_stages),
-                                    task.layers)
+                                    task.layers, task.varying_dims(cfg.microbatch_size))
     states = {r: load_rank(root, step, r) for r in range(layout.world) if rank_filter is None or rank_filter(r)}
     loaded = set()
     for r, state in states.items():

@@ -6,6 +6,13 @@ receive can be posted long before its data is sent. Sends are ``isend`` and comp
 background. A blocking transfer can cost as much as a small microbatch's compute, so nothing on
 the critical path waits for a transfer that could have been overlapped.
 
+Dynamic dimensions (a sequence length that differs between batches, ``TensorSpec.dynamic``): the
+spec's shape holds the largest size there (or the example's where none is known), and each message
+carries its own sizes to the receiver. Over gloo/NCCL a small int64 header (the sizes, in spec
+order) goes first under its own tag; the receive posts the header early and, at ``wait``, the
+tensors at the sizes it names. Over shared memory the sizes ride in the slot's header
+(``shm.NSIZES``). A boundary without dynamic dimensions sends exactly what it did before.
+
 Tags keep concurrent transfers apart: (microbatch mod 4096, boundary, direction, tensor index).
 NCCL ignores them and pairs a rank's transfers with its peer's in issue order, so under NCCL the
 executor posts each receive at its own action (runtime/posting.py says why and checks it).
@@ -45,8 +52,9 @@ RECV_POLL_S = 20e-6  # between checks of a GPU receive's completion (a few kerne
 
 @dataclass(frozen=True)
 class TensorSpec:
-    shape: tuple[int, ...]
+    shape: tuple[int, ...]  # the largest shape (the example's where a dynamic size has no known largest)
     dtype: torch.dtype
+    dynamic: tuple[int, ...] = ()  # dimensions whose size varies from microbatch to microbatch
 
     @property
     def carries_grad(self) -> bool:
@@ -59,10 +67,20 @@ class BoundarySpec:
     """The tensors that cross one stage boundary for one microbatch."""
 
     tensors: tuple[TensorSpec, ...]
+    bounded: bool = True  # every dynamic size has a known largest (shared-memory slots need one)
 
     @property
     def grads(self) -> tuple[TensorSpec, ...]:
         return tuple(t for t in self.tensors if t.carries_grad)
+
+
+def dynamic_dims(specs: list[BoundarySpec]) -> dict[tuple[int, bool], list[tuple[int, int]]]:
+    """(tensor index, dimension) of each dynamic size a message carries, by (boundary, is_grad)."""
+    return {(b, g): [(i, d) for i, t in enumerate(s.grads if g else s.tensors) for d in t.dynamic]
+            for b, s in enumerate(specs) for g in (False, True)}
+
+
+HEADER_INDEX = MAX_TENSORS - 1  # the tag index of a message's sizes header (dynamic boundaries)
 
 
 def tag(boundary: int, microbatch: int, is_grad: bool, index: int, num_boundaries: int) -> int:
@@ -102,6 +120,26 @@ def message_shapes(specs: list[BoundarySpec]) -> dict[tuple[int, bool], list[tup
             for b, s in enumerate(specs) for g in (False, True)}
 
 
+class SizedRecv:
+    """A posted receive of a message with dynamic sizes: the header was posted; ``wait`` reads it,
+    then receives the tensors at those sizes."""
+
+    __slots__ = ("header", "p2p", "key", "peer", "buffers")
+
+    def __init__(self, header: PendingRecv, p2p: "P2P", key: tuple[int, int, bool], peer: int) -> None:
+        self.header, self.p2p, self.key, self.peer, self.buffers = header, p2p, key, peer, None
+
+    def wait(self) -> list[torch.Tensor]:
+        if self.buffers is None:
+            boundary, mb, is_grad = self.key
+            sizes = self.header.wait()[0].tolist()
+            shapes = [list(shape) for shape, _ in self.p2p.shapes_of(boundary, is_grad)]
+            for (i, d), size in zip(self.p2p.dynamic_of(boundary, is_grad), sizes):
+                shapes[i][d] = size
+            self.buffers = self.p2p._recv_tensors(boundary, mb, is_grad, self.peer, shapes).wait()
+        return self.buffers
+
+
 class ShmRecv:
     """A receive from a shared-memory channel: ``wait`` takes exactly its message, in any order."""
 
@@ -124,6 +162,8 @@ class P2P:
                  channels_in: dict | None = None) -> None:
         if any(len(s.tensors) > MAX_TENSORS for s in specs):
             raise ValueError(f"a stage boundary carries more than {MAX_TENSORS} tensors")
+        if any(len(s.tensors) > HEADER_INDEX and any(t.dynamic for t in s.tensors) for s in specs):
+            raise ValueError(f"a stage boundary with dynamic sizes carries more than {HEADER_INDEX} tensors")
         self.specs = specs
         self.device = device
         # The world's ProcessGroup, called directly: dist.isend/irecv add Python argument checks
@@ -134,9 +174,13 @@ class P2P:
         self.channels_out: dict[int, shm.Channel] = channels_out or {}
         self.channels_in: dict[int, shm.Channel] = channels_in or {}
         self._shapes = message_shapes(specs)
+        self._dynamic = dynamic_dims(specs)
 
     def shapes_of(self, boundary: int, is_grad: bool):
         return self._shapes[(boundary, is_grad)]
+
+    def dynamic_of(self, boundary: int, is_grad: bool) -> list[tuple[int, int]]:
+        return self._dynamic[(boundary, is_grad)]
 
     def drain_incoming(self) -> None:
         for ch in self.channels_in.values():
@@ -154,20 +198,30 @@ class P2P:
         ch = self.channels_in.get(peer)
         if ch is not None:
             return ShmRecv(ch, (boundary, mb, is_grad), self.shapes_of)
-        spec = self.specs[boundary]
-        tensors = spec.grads if is_grad else spec.tensors
+        dynamic = self._dynamic[(boundary, is_grad)]
+        if dynamic:
+            header = torch.empty(len(dynamic), dtype=torch.int64, device=self.device)
+            work = self.pg.recv([header], peer, self._tag(boundary, mb, is_grad, HEADER_INDEX))
+            return SizedRecv(PendingRecv([work], [header]), self, (boundary, mb, is_grad), peer)
+        return self._recv_tensors(boundary, mb, is_grad, peer, [shape for shape, _ in self.shapes_of(boundary, is_grad)])
+
+    def _recv_tensors(self, boundary: int, mb: int, is_grad: bool, peer: int, shapes) -> PendingRecv:
         works, bufs = [], []
-        for i, t in enumerate(tensors):
-            buf = torch.empty(t.shape, dtype=t.dtype, device=self.device)
+        for i, (shape, (_, dtype)) in enumerate(zip(shapes, self.shapes_of(boundary, is_grad))):
+            buf = torch.empty(shape, dtype=dtype, device=self.device)
             works.append(self.pg.recv([buf], peer, self._tag(boundary, mb, is_grad, i)))
             bufs.append(buf)
         return PendingRecv(works, bufs)
 
     def send(self, tensors: list[torch.Tensor], boundary: int, mb: int, is_grad: bool, peer: int) -> None:
         ch = self.channels_out.get(peer)
+        dynamic = self._dynamic[(boundary, is_grad)]
         if ch is not None:
-            ch.send(tensors, boundary, mb, is_grad, while_full=self.drain_incoming)
+            ch.send(tensors, boundary, mb, is_grad, while_full=self.drain_incoming, sizes=dynamic)
             return
+        if dynamic:
+            header = torch.tensor([tensors[i].shape[d] for i, d in dynamic], dtype=torch.int64).to(self.device)
+            self.sends.append((self.pg.send([header], peer, self._tag(boundary, mb, is_grad, HEADER_INDEX)), header))
         for i, t in enumerate(tensors):
             t = t.detach()
             if not t.is_contiguous():
@@ -219,6 +273,14 @@ def open_channels(mode: str, rank: int, world: int, pairs: set[tuple[int, int]],
     (src, dst) rank pairs that transfer). Returns this rank's (channels_out, channels_in) for the
     pairs on one host; the others stay on gloo. Channel files are unlinked before returning."""
     if mode == "gloo" or world < 2:
+        return {}, {}
+    unbounded = any(not s.bounded for s in specs)
+    too_many = any(len(v) > shm.MAX_SIZES for v in dynamic_dims(specs).values())
+    if unbounded or too_many:
+        if mode == "shm":
+            why = ("a dynamic size has no known largest (declare it in Task.dynamic_dims)" if unbounded else
+                   f"a message has more than {shm.MAX_SIZES} dynamic dimensions")
+            raise RuntimeError(f"p2p: shared memory transport needs fixed-size slots: {why}; use p2p 'auto' or 'gloo'")
         return {}, {}
     if not shm.supported():
         if mode == "shm":

@@ -64,7 +64,8 @@ def run_training(cfg: RunConfig, sink: Sink | None = None) -> dict[str, Any]:
     task = model_mod.load_task(cfg)
     check_task(task, cfg.batch_size)
     layers = model_mod.stage_layers(cfg, task, layout.virtual_stages)
-    modules = model_mod.build_stages(task.model, task.example_input(cfg.microbatch_size), layers, task.layers)
+    modules = model_mod.build_stages(task.model, task.example_input(cfg.microbatch_size), layers, task.layers,
+                                     task.varying_dims(cfg.microbatch_size))
     tied.check(cfg, layout, tied.find(modules, task.model))  # pipedream: no tie across workers
     if cfg.target is not None and task.val_data is None:
         raise ConfigError(f"target: task {cfg.model!r} has no val_data to measure a metric on")

@@ -71,24 +71,55 @@ def stage_layers(cfg, task, num_stages: int) -> list[list[str]]:
 
 
 def build_stages(model: nn.Module, example, stages: list[list[str]],
-                 layers: Sequence[str] | None = None) -> list[nn.Module]:
-    """The stage modules of ``stages`` (layer names), ``layers`` the task's granularity."""
+                 layers: Sequence[str] | None = None, dynamic: dict[int, int | None] | None = None) -> list[nn.Module]:
+    """The stage modules of ``stages`` (layer names), ``layers`` the task's granularity,
+    ``dynamic`` the input dimensions whose size varies (``Task.varying_dims``)."""
     from pipeboard.trainer import partition
 
-    return list(partition.split_model(model, example, stages, layers))
+    return list(partition.split_model(model, example, stages, layers, dynamic))
+
+
+def resized(example, dims: dict[int, int]) -> tuple:
+    """``example``'s inputs with each dimension in ``dims`` cut or zero-padded to its size there."""
+    out = []
+    for t in as_tuple(example):
+        for d, size in dims.items():
+            if 0 < d < t.dim() and t.shape[d] != size:
+                if size < t.shape[d]:
+                    t = t.narrow(d, 0, size)
+                else:
+                    t = torch.cat([t, t.new_zeros((*t.shape[:d], size - t.shape[d], *t.shape[d + 1:]))], dim=d)
+        out.append(t)
+    return tuple(out)
 
 
 @torch.no_grad()
-def boundary_specs(modules: Sequence[nn.Module], example, precision: str = "fp32",
-                   device_type: str = "cpu") -> list[BoundarySpec]:
-    """What crosses each boundary (between stage k and k + 1) for one microbatch, in the dtypes
-    the run's precision makes (bf16 activations cross as bf16)."""
-    specs = []
-    xs: tuple = as_tuple(example)
-    for k, m in enumerate(modules):
+def _shapes(modules: Sequence[nn.Module], xs: tuple, precision: str, device_type: str) -> list[list]:
+    shapes = []
+    for k, m in enumerate(modules[:-1]):
         with autocast(device_type, precision):
             out = m(*xs)
         xs = out if isinstance(out, tuple) else (out,)
-        if k < len(modules) - 1:
-            specs.append(BoundarySpec(tuple(TensorSpec(tuple(t.shape), t.dtype) for t in xs)))
-    return specs
+        shapes.append([(tuple(t.shape), t.dtype) for t in xs])
+    return shapes
+
+
+def boundary_specs(modules: Sequence[nn.Module], example, precision: str = "fp32",
+                   device_type: str = "cpu", dynamic: dict[int, int | None] | None = None) -> list[BoundarySpec]:
+    """What crosses each boundary (between stage k and k + 1) for one microbatch, in the dtypes
+    the run's precision makes (bf16 activations cross as bf16). With ``dynamic`` input dimensions,
+    the stages also run at another size of them: the boundary dimensions that change with it are
+    dynamic, and a third run at the declared largest sizes gives each tensor's largest shape."""
+    xs: tuple = as_tuple(example)
+    base = _shapes(modules, xs, precision, device_type)
+    dims = {d: most for d, most in (dynamic or {}).items() if any(0 < d < t.dim() for t in xs)}
+    if not dims:
+        return [BoundarySpec(tuple(TensorSpec(s, dt) for s, dt in b)) for b in base]
+    size = {d: next(t.shape[d] for t in xs if 0 < d < t.dim()) for d in dims}
+    other = _shapes(modules, resized(xs, {d: n - 1 if n > 2 else n + 1 for d, n in size.items()}),
+                    precision, device_type)
+    bounded = all(most is not None for most in dims.values())
+    largest = _shapes(modules, resized(xs, dims), precision, device_type) if bounded else base
+    return [BoundarySpec(tuple(TensorSpec(big, dt, tuple(d for d, (x, y) in enumerate(zip(s, o)) if x != y))
+                               for (s, dt), (o, _), (big, _) in zip(b, ob, lb)), bounded)
+            for b, ob, lb in zip(base, other, largest)]

@@ -56,7 +56,7 @@ def emulate_async(cfg: RunConfig, steps: int, stash: bool = True) -> torch.nn.Mo
     task = model_mod.load_task(cfg)
     example = task.example_input(cfg.microbatch_size)
     stages = model_mod.build_stages(task.model, example, model_mod.stage_layers(cfg, task, layout.virtual_stages),
-                                    task.layers)
+                                    task.layers, task.varying_dims(cfg.microbatch_size))
     S, M = len(stages), cfg.microbatches
     scale = 1.0 / M
     opts = [task.make_optimizer(m.parameters(), cfg.lr) for m in stages]
@@ -97,7 +97,9 @@ def emulate_async(cfg: RunConfig, steps: int, stash: bool = True) -> torch.nn.Mo
                 out.backward()
             else:
                 g = grads.pop((s, mb))
-                torch.autograd.backward([o for o in out if o.requires_grad], [gg for o, gg in zip(out, g) if o.requires_grad])
+                # gradients come for the floating-point outputs only (an attention mask crosses too)
+                pairs = [(o, gg) for o, gg in zip([o for o in out if o.dtype.is_floating_point], g) if o.requires_grad]
+                torch.autograd.backward([o for o, _ in pairs], [gg for _, gg in pairs])
             if s > 0:
                 grads[(s - 1, mb)] = [t.grad for t in inputs if t.dtype.is_floating_point]
             new = [p.grad.clone() for p in module.parameters()]

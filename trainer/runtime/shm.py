@@ -2,8 +2,8 @@
 
 One ``Channel`` per directed pair of workers (``src`` sends, ``dst`` receives): a file in
 /dev/shm mapped by both, holding a channel header and ``slots`` fixed-size slots. A slot has a
-header (state, microbatch, boundary, direction) and room for the largest boundary's tensors
-packed one after another. The sender copies a message's tensors into a free slot once, marks it
+header (state, microbatch, boundary, direction, and the sizes of any dynamic dimensions) and room
+for the largest boundary's tensors packed one after another (at their largest sizes). The sender copies a message's tensors into a free slot once, marks it
 full and bumps the channel's ``posted`` counter; the receiver copies every full slot out into
 tensors it owns (a private stash keyed by (boundary, microbatch, direction), so messages may be
 consumed in any order), marks the slots free and bumps ``freed``. Each counter has one writer.
@@ -37,10 +37,14 @@ import time
 import torch
 
 SHM_DIR = "/dev/shm"
-HEADER_INTS = 16  # per channel and per slot: 64 bytes, a cache line each
+HEADER_INTS = 32  # per channel and per slot: 128 bytes, two cache lines each
 ALIGN = 64
 POSTED, FREED = 0, 1  # channel header words
-STATE, MB, BOUNDARY, IS_GRAD = 0, 1, 2, 3  # slot header words
+STATE, MB, BOUNDARY, IS_GRAD, NSIZES = 0, 1, 2, 3, 4  # slot header words
+# After NSIZES: (tensor index << 8 | dimension, size) pairs, one per dynamic dimension of the message
+# (a sequence length that varies between microbatches): the receiver's shapes are the spec's
+# largest ones with these sizes put in.
+MAX_SIZES = (HEADER_INTS - NSIZES - 1) // 2
 FREE, FULL = 0, 1
 SYS_FUTEX = 202  # x86_64
 FUTEX_WAIT, FUTEX_WAKE = 0, 1
@@ -170,9 +174,11 @@ class Channel:
         return out
 
     # ---- sender side --------------------------------------------------------------------------
-    def send(self, tensors: list[torch.Tensor], boundary: int, mb: int, is_grad: bool, while_full=None) -> None:
+    def send(self, tensors: list[torch.Tensor], boundary: int, mb: int, is_grad: bool, while_full=None,
+             sizes: list[tuple[int, int]] | None = None) -> None:
         """Copy ``tensors`` into a free slot; when none is free, run ``while_full()`` (drain this
-        worker's own incoming channels) and sleep until the receiver frees one."""
+        worker's own incoming channels) and sleep until the receiver frees one. ``sizes``: the
+        (tensor index, dimension) pairs whose sizes vary by message, written into the header."""
         ints = self.ints
         slot = self._free_slot()
         deadline = None
@@ -188,12 +194,23 @@ class Channel:
                 raise TimeoutError(f"shared-memory send to rank {self.peer}: every slot full for {self.timeout_s:.0f} s")
             futex_wait(self.base + FREED * 4, seen)
             slot = self._free_slot()
-        views = self._message_views(slot, boundary, is_grad, [(t.shape, t.dtype) for t in tensors])
+        w = HEADER_INTS * (1 + slot)
+        if sizes:
+            if len(sizes) > MAX_SIZES:
+                raise ValueError(f"shared-memory send: more than {MAX_SIZES} dynamic dimensions in one message")
+            views = self._views(slot, [(t.shape, t.dtype) for t in tensors])  # this message's sizes
+            if (sum(_aligned(_nbytes(t.shape, t.dtype)) for t in tensors)) > self.slot_bytes:
+                raise ValueError(f"shared-memory send: boundary {boundary} message is larger than its largest "
+                                 "declared size (Task.dynamic_dims)")
+            for k, (i, d) in enumerate(sizes):
+                ints[w + NSIZES + 1 + 2 * k], ints[w + NSIZES + 2 + 2 * k] = (i << 8) | d, tensors[i].shape[d]
+        else:
+            views = self._message_views(slot, boundary, is_grad, [(t.shape, t.dtype) for t in tensors])
         if len(views) != len(tensors) or any(v.shape != t.shape or v.dtype != t.dtype for v, t in zip(views, tensors)):
             raise ValueError(f"shared-memory send: boundary {boundary} message does not match its spec")
         for v, t in zip(views, tensors):
             v.copy_(t.detach())
-        w = HEADER_INTS * (1 + slot)
+        ints[w + NSIZES] = len(sizes) if sizes else 0
         ints[w + MB], ints[w + BOUNDARY], ints[w + IS_GRAD] = mb, boundary, int(is_grad)
         ints[w + STATE] = FULL  # after the data and header: x86 keeps stores in order
         ints[POSTED] = (ints[POSTED] + 1) & 0x7FFFFFFF
@@ -220,7 +237,16 @@ class Channel:
             key = (ints[w + BOUNDARY], ints[w + MB], bool(ints[w + IS_GRAD]))
             if key in self.stash:
                 raise RuntimeError(f"shared-memory receive from rank {self.peer}: message {key} arrived twice")
-            self.stash[key] = [v.clone() for v in self._message_views(slot, key[0], key[2], shapes_of(key[0], key[2]))]
+            n = ints[w + NSIZES]
+            if n:  # a message with dynamic dimensions: its own shapes, views made for it alone
+                shapes = [[list(shape), dtype] for shape, dtype in shapes_of(key[0], key[2])]
+                for k in range(n):
+                    code, size = ints[w + NSIZES + 1 + 2 * k], ints[w + NSIZES + 2 + 2 * k]
+                    shapes[code >> 8][0][code & 0xFF] = size
+                views = self._views(slot, [(tuple(shape), dtype) for shape, dtype in shapes])
+            else:
+                views = self._message_views(slot, key[0], key[2], shapes_of(key[0], key[2]))
+            self.stash[key] = [v.clone() for v in views]
             ints[w + STATE] = FREE
             freed += 1
         if freed:

@@ -119,9 +119,10 @@ def train(cfg: RunConfig, env: WorkerEnv) -> None:
     me = template.workers[rank]
     task = model_mod.load_task(cfg)
     example = task.example_input(cfg.microbatch_size)
+    dynamic = task.varying_dims(cfg.microbatch_size)  # sizes that vary by batch: one capture for all
     modules = model_mod.build_stages(task.model, example, model_mod.stage_layers(cfg, task, layout.virtual_stages),
-                                    task.layers)
-    specs = model_mod.boundary_specs(modules, example, cfg.precision)
+                                    task.layers, dynamic)
+    specs = model_mod.boundary_specs(modules, example, cfg.precision, device.type, dynamic)
     S = len(modules)
     stash = cfg.is_async
     data_parallel = cfg.spec.data_parallel  # DDP: the all-reduce runs inside the backward

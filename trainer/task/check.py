@@ -101,6 +101,11 @@ def check_task(task: Task, batch_size: int | None = None) -> None:
     if not _is_input(x) or not isinstance(y, torch.Tensor):
         raise TaskError(f"collate_fn: a batch must be (input tensor or tuple of tensors, target tensor); "
                         f"got ({_describe(x)}, {_describe(y)})")
+    try:
+        dims = task.varying_dims(min(bs, 2))
+    except Exception as exc:
+        raise TaskError(f"collate_fn: batching train_data raised {type(exc).__name__}: {exc}") from None
+    task.check_dynamic(x, dims)  # at the first batch, before any worker starts
     model = task.model
     was_training = model.training
     model.eval()  # no BatchNorm statistics updated, no dropout drawn: the check leaves no trace

@@ -25,6 +25,20 @@ from pipeboard.trainer.task.names import OPTIMIZERS
 from pipeboard.trainer.task.metrics import METRICS
 
 
+PROBE_BATCHES = 4  # batches collated to find the dimensions that vary (Task.varying_dims)
+
+
+def _input_names(model, count: int) -> list[str]:
+    """The model's forward parameter names for its ``count`` inputs (``input i`` where unknown)."""
+    import inspect
+
+    try:
+        params = [p for p in inspect.signature(model.forward).parameters if p not in ("self",)]
+    except (TypeError, ValueError):
+        params = []
+    return [params[i] if i < len(params) else f"input {i}" for i in range(count)]
+
+
 class TaskError(ValueError):
     """A task that cannot be trained as given; the message names the part at fault."""
 
@@ -48,6 +62,12 @@ class Task:
     - ``batch_size``: the batch a profile measures when none is asked for.
     - ``loader_workers``: DataLoader worker processes per loading stage (0: load in the training
       process; in-memory data need none).
+    - ``dynamic_dims``: input dimensions whose size varies from batch to batch, each with its
+      largest size or None (text padded per batch to its own longest sequence: ``{1: 512}``).
+      They are captured as dynamic (one capture serves every length) and their sizes travel with
+      the tensors between stages. None: found by collating the first few batches (with a
+      ``collate_fn`` only; default collation gives one shape), with no known largest size (stage
+      transfers then go through the process group, not shared memory, which needs a slot size).
     - ``layers``: the module paths that are the model's layers (what a plan splits between, e.g.
       ``["embed", "blocks.0", "blocks.1", "head"]``); None: the blocks of the model's repeated
       stack and the modules around them (``pipeboard.trainer.profile.granularity``).
@@ -66,6 +86,7 @@ class Task:
     batch_size: int = 64
     loader_workers: int = 1
     layers: list[str] | None = None
+    dynamic_dims: dict[int, int | None] | None = None
     name: str = ""
     description: str = ""
     model_args: dict[str, Any] = field(default_factory=dict)
@@ -157,6 +178,42 @@ class Task:
         if size < 1:
             raise TaskError("train_data: the data set is empty")
         return self.collate([self.train_data[i % size] for i in range(n)])
+
+    def varying_dims(self, batch_size: int | None = None) -> dict[int, int | None]:
+        """The input dimensions that vary between batches (see ``dynamic_dims``): the declared
+        ones, and any in which the first ``PROBE_BATCHES`` batches of ``batch_size`` differ."""
+        from pipeboard.trainer.task.loading import map_tensors
+
+        found: dict[int, int | None] = dict(self.dynamic_dims or {})
+        if self.collate_fn is None:
+            return found
+        n, size = batch_size or self.batch_size, self.train_size
+        shapes = []
+        for b in range(PROBE_BATCHES):
+            x, _ = self.collate([self.train_data[(b * n + i) % size] for i in range(n)])
+            got: list = []
+            map_tensors(x, lambda t: got.append(tuple(t.shape)) or t)
+            shapes.append(got)
+        for first in shapes[0]:
+            for d in range(1, len(first)):
+                if d not in found and any(len(s) > k and len(s[k]) > d and s[k][d] != shapes[0][k][d]
+                                          for s in shapes for k in range(len(s))):
+                    found[d] = None
+        return dict(sorted(found.items()))
+
+    def check_dynamic(self, x, dims: dict[int, int | None]) -> None:
+        """TaskError in one line where a batch's input tensors disagree on a dynamic dimension they
+        share (token ids and their attention mask of different lengths), or exceed its largest size."""
+        tensors = list(x) if isinstance(x, (tuple, list)) else [x]
+        names = _input_names(self.model, len(tensors))
+        for d, most in dims.items():
+            having = [(name, t) for name, t in zip(names, tensors) if isinstance(t, torch.Tensor) and t.dim() > d]
+            if len({t.shape[d] for _, t in having}) > 1:
+                shown = ", ".join(f"{name} {tuple(t.shape)}" for name, t in having)
+                raise TaskError(f"collate_fn: the batch's inputs disagree on dynamic dimension {d}: {shown}")
+            if most is not None and having and having[0][1].shape[d] > most:
+                raise TaskError(f"collate_fn: {having[0][0]} has {having[0][1].shape[d]} in dynamic dimension {d}, "
+                                f"more than its largest size {most} (dynamic_dims)")
 
     def example_input(self, batch_size: int | None = None):
         """The inputs of :meth:`example_batch`: a tensor, or a tuple of tensors."""
