@@ -333,7 +333,12 @@ export async function render(container, { id }) {
     // Metrics are small and come first; a long run's timeline follows when it has arrived.
     const failed = (what) => (err) => errorBox.append(notice('error', `Could not load the ${what}: ${err.message}`));
     const metricsDone = getMetrics(id).then((points) => { addMetrics(points); drawCharts(); drawStats(); }, failed('metrics'));
-    const timelineDone = getTimeline(id, { limit: 100000 }).then((rows) => live.setEvents(rows), failed('timeline'));
+    // A long job's actions are kept in windows (docs/storage.md): the Gantt opens on the newest one, the
+    // others are a choice away (#detail-window), so the page never reads every window at once.
+    const newest = (s) => (s.detail_steps || []).at(-1);
+    const timelineDone = request('GET', `/jobs/${id}/steps`, { query: { limit: 1 } })
+      .then((s) => getTimeline(id, newest(s) ? { step_from: newest(s)[0], step_to: newest(s)[1], limit: 100000 } : { limit: 100000 }))
+      .then((rows) => live.setEvents(rows), failed('timeline'));
     await Promise.all([metricsDone, timelineDone]);
     drawCharts();
   } else {
