@@ -115,10 +115,17 @@ def step_summaries(session: Session, job_id: int, *, step_from: int | None = Non
     from pipeboard.trainer.runtime.detail import SUMMARY_COLUMNS
 
     M = MetricPoint
-    rows = session.execute(select(M.step, M.wall_s, M.attempt, M.values).where(M.job_id == job_id, *_window(M, step_from, step_to, None))
-                           .order_by(M.seq)).all()
-    rows = [r for r in rows if "stages" in (r[3] or {})]
-    kept = evenly(rows, limit)
+    # The database picks the steps' points (an evaluation's point has no summary) and thins them by key;
+    # only the kept points' values are read: a day-long job's every summary is never parsed for one page.
+    where = [M.job_id == job_id, M.values["stages"].as_string().is_not(None), *_window(M, step_from, step_to, None)]
+    seqs = session.execute(select(M.seq).where(*where).order_by(M.seq)).scalars().all()
+    chosen = evenly(seqs, limit)
+    columns = select(M.step, M.wall_s, M.attempt, M.values)
+    if len(chosen) == len(seqs):
+        kept = session.execute(columns.where(*where).order_by(M.seq)).all()
+    else:  # in chunks: SQLite takes a bounded number of parameters a statement
+        kept = [row for i in range(0, len(chosen), 900)
+                for row in session.execute(columns.where(M.job_id == job_id, M.seq.in_(chosen[i:i + 900])).order_by(M.seq)).all()]
     detail = session.execute(select(T.step).where(T.job_id == job_id, T.source == EventSource.MEASURED).group_by(T.step)
                              .order_by(T.step)).scalars().all()
     return {
@@ -129,8 +136,8 @@ def step_summaries(session: Session, job_id: int, *, step_from: int | None = Non
         "loss": [r[3].get("loss") for r in kept],
         "samples_per_s": [r[3].get("samples_per_s") for r in kept],
         "stages": [r[3]["stages"] for r in kept],
-        "total": len(rows),
-        "downsampled": len(kept) < len(rows),
+        "total": len(seqs),
+        "downsampled": len(kept) < len(seqs),
         "detail_steps": step_ranges(list(detail)),
     }
 
