@@ -94,3 +94,9 @@ def test_candidates_round_trip_as_json():
     assert {"plan", "schedule", "microbatches", "recompute", "predicted_step_s", "predicted_memory_bytes",
             "measured_step_s"} <= set(d)
     assert Candidate.from_dict(d).key == c.key
+
+
+def test_a_candidate_with_a_field_it_does_not_have_is_refused():
+    d = search(profiles(32), workers=2, batch_size=32, microbatches=[4]).choice.to_dict()
+    with pytest.raises(TuneError, match=r"choice: unknown field\(s\) \['stages'\]"):
+        Candidate.from_dict(d | {"stages": 3})

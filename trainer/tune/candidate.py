@@ -67,10 +67,14 @@ class Candidate:
 
     @classmethod
     def from_dict(cls, raw: Any) -> Candidate:
+        """A candidate as ``to_dict`` wrote it (its derived ``predicted_time_per_sample_s`` is
+        recomputed); a key it does not have is refused."""
         if not isinstance(raw, dict):
             raise TuneError("choice: must be an object (a candidate of `pipeboard tune --json`)", field="choice")
-        known = set(cls.__dataclass_fields__)
+        unknown = sorted(set(raw) - set(cls.__dataclass_fields__) - {"predicted_time_per_sample_s"})
+        if unknown:
+            raise TuneError(f"choice: unknown field(s) {unknown}", field="choice")
         try:
-            return cls(**{k: v for k, v in raw.items() if k in known})
+            return cls(**{k: v for k, v in raw.items() if k != "predicted_time_per_sample_s"})
         except TypeError as exc:
             raise TuneError(f"choice: not a tuner candidate: {exc}", field="choice") from None
