@@ -483,7 +483,8 @@ def reap_stale(session: Session) -> int:
             enqueue_or_fail(session, job_id)
     try:  # cuda jobs waiting for GPUs: a GPU worker may have come (or one gone, above) since they were placed
         dispatch_waiting(session)
-    except ServiceError as exc:  # the broker refused; that job failed saying so
+    except Exception as exc:  # the broker refused (that job failed saying so), or a row it could not read:
+        session.rollback()  # the reaper and the read that called it go on
         log.warning("dispatching waiting cuda jobs: %s", exc)
     # the other hosts of jobs on several hosts: each member's worker heart-beats its own row
     for job_id, attempt, node, host, pgid, last in attempts.stale_members(session, cutoff):

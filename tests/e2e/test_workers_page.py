@@ -5,6 +5,7 @@ placement records). Screenshot: test-artifacts/workers-page.png."""
 
 from __future__ import annotations
 
+import re
 from pathlib import Path
 
 import pytest
@@ -27,7 +28,8 @@ def _gpu_worker_holding_a_job(data_dir: Path) -> int:
 
     engine = make_engine(f"sqlite:///{data_dir}/pipeboard.sqlite")
     with Session(engine) as s:
-        job = Job(name="gpu job", spec={"machine": {"device": "cuda"}}, status=JobStatus.QUEUED, attempt=1)
+        job = Job(name="gpu job", spec={"model": {"name": "mlp-digits"}, "machine": {"device": "cuda"}},
+                  status=JobStatus.QUEUED, attempt=1)  # a whole specification: the jobs list reads it
         s.add(job)
         s.flush()
         s.add(JobAttempt(job_id=job.id, attempt=1, trigger="submit", status=JobStatus.QUEUED, nodes=1,
@@ -56,4 +58,43 @@ def test_workers_page_shows_each_worker_its_gpus_and_the_job_holding_one(server,
     assert rows.nth(1).get_by_role("link", name=f"job {job_id}").get_attribute("href") == f"#/jobs/{job_id}"
     assert page.locator('[data-nav="workers"]').get_attribute("aria-current") == "page"
     shoot(page, "workers-page")
+    assert page.errors == []
+
+
+def _cuda_job_placement_could_not_place(data_dir: Path) -> tuple[int, str]:
+    """A queued three-GPU job put through placement.dispatch against the same database: no live
+    worker has three GPUs free (pipeboard@gpu-1 has two), so it waits with placement's reason."""
+    from pipeboard.app.core.db import make_engine
+    from pipeboard.app.models import Job, JobAttempt, JobStatus
+    from pipeboard.app.services import placement
+
+    engine = make_engine(f"sqlite:///{data_dir}/pipeboard.sqlite")
+    with Session(engine) as s:
+        spec = {"model": {"name": "mlp-digits"}, "machine": {"device": "cuda"}, "layout": {"workers": 3}}
+        job = Job(name="three-gpu job", spec=spec, status=JobStatus.QUEUED, attempt=1)
+        s.add(job)
+        s.flush()
+        s.add(JobAttempt(job_id=job.id, attempt=1, trigger="submit", status=JobStatus.QUEUED, nodes=1))
+        s.flush()
+        decision = placement.dispatch(s, job.id, 1, placement.GpuRequest(job.id, 3), lambda *a: None)
+        s.commit()
+        job_id = job.id
+    engine.dispose()
+    assert isinstance(decision, placement.Waiting)
+    return job_id, decision.reason
+
+
+def test_a_waiting_cuda_jobs_page_says_why_it_waits(server, page, shoot) -> None:
+    server.sign_in(page)
+    job_id, reason = _cuda_job_placement_could_not_place(Path(server.env["PIPEBOARD_DATA_DIR"]))
+    # after the test above: gpu-1's two GPUs (one held while its job is queued); alone: no live worker with a GPU
+    assert reason.startswith("waiting: needs 3 GPUs, largest free block ") or reason == (
+        "waiting for a worker with a GPU (no live worker reports one)")
+    page.goto(f"{server.url}/#/jobs/{job_id}")
+    line = page.locator("#job-waiting")
+    line.wait_for()
+    # the reason as the server places the job again when it is read (gpu-1's heartbeat may have gone stale since)
+    assert re.fullmatch(r"Queued, position \d+: waiting(: needs 3 GPUs, largest free block \d"
+                        r"| for a worker with a GPU \(no live worker reports one\))\.", line.inner_text())
+    shoot(page, "job-waiting")
     assert page.errors == []
