@@ -106,6 +106,14 @@ def load_spec(path: Path) -> dict[str, Any]:
         fail(f"{path}: not valid YAML: {str(exc).splitlines()[0]}", 2)
     if not isinstance(spec, dict):
         fail(f"{path}: the top level must be a mapping of job fields", 2)
+    if "choice" in spec and "run" in spec:  # a `pipeboard tune --json` result: the job that trains its choice
+        from pipeboard.trainer.tune import TuneError
+        from pipeboard.trainer.tune.tuned import job_spec
+
+        try:
+            spec = job_spec(spec)
+        except TuneError as exc:
+            fail(f"{path}: {exc}", 2)
     attach_schedule_file(spec, path)
     from pydantic import ValidationError
 
@@ -251,7 +259,8 @@ def register(cli: typer.Typer) -> None:
     def submit(
         spec_file: Path = typer.Argument(..., help=(
             "Job spec (YAML), see examples/job.yaml. A one-line layout.schedule_file names a torch schedule CSV "
-            "(relative to the YAML), sent as the job's own schedule (layout.schedule: custom).")),
+            "(relative to the YAML), sent as the job's own schedule (layout.schedule: custom). Or a `pipeboard tune "
+            "--json` result: the job that trains its choice.")),
         wait: bool = typer.Option(False, "--wait", help="Follow live progress; exit 0 only if the job succeeds."),
         context: Optional[Path] = typer.Option(
             None, "--context", help="Your project folder: packed, uploaded (once per content) and registered, its "

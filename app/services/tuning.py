@@ -59,6 +59,7 @@ def tune(session: Session, body: TuneCreate, visible: Callable[[Profile], bool],
     from pipeboard.trainer.profile.schema import Profile as ProfileData
     from pipeboard.trainer.profile.schema import ProfileError
     from pipeboard.trainer.tune import TuneError, search
+    from pipeboard.trainer.tune.tuned import job_layout
 
     found = profile_rows(session, body, visible)
     if isinstance(found, PlanCreate):
@@ -89,12 +90,3 @@ def tune(session: Session, body: TuneCreate, visible: Callable[[Profile], bool],
     out["skipped"] = missing + out["skipped"]
     return {**out, "run": run, "job_layout": job_layout(result.choice, body.workers),
             "profile_ids": [row.id for row in rows]}
-
-
-def job_layout(choice: Any, workers: int) -> dict[str, Any]:
-    """A job's `layout` that trains the choice: its planner method (whose split the tuner took),
-    schedule, microbatches, chunks and the stages that recompute."""
-    redo = [s for s, on in enumerate(choice.recompute) if on]
-    return {"workers": workers, "method": choice.plan["method"] if choice.plan["method"] != "dp" else "pipedream",
-            "schedule": choice.schedule, "microbatches": choice.microbatches, "chunks": choice.chunks,
-            "recompute": "all" if redo and len(redo) == len(choice.recompute) else redo or "none"}

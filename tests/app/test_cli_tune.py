@@ -98,3 +98,20 @@ def test_tuned_refuses_layout_options_and_files_that_are_not_tune_results(tmp_pa
     assert result.exit_code == 2 and result.output.startswith("error: --tuned: "), result.output
     result = invoke("train", "--tuned", str(bad), "--schedule", "gpipe", "--steps", "2")
     assert result.exit_code == 2 and "--schedule: with --tuned" in result.output
+
+
+def test_a_tune_file_is_submitted_as_the_job_that_trains_its_choice(profile_files, tmp_path):
+    from pipeboard.app.cli.jobs import load_spec
+
+    out = tmp_path / "tune.json"
+    result = invoke("tune", *profile_files, "--workers", "2", "--batch-size", "32", "--schedule", "1f1b",
+                    "--memory-per-worker", "1e9", "-o", str(out))
+    assert result.exit_code == 0, result.output
+    choice = json.loads(out.read_text())["choice"]
+    spec = load_spec(out)  # what `pipeboard submit tune.json` sends
+    assert spec["model"]["name"] == "mlp" and spec["model"]["batch_size"] == 32
+    layout = spec["layout"]
+    assert (layout["schedule"], layout["microbatches"], layout["method"], layout["workers"]) == \
+        ("1f1b", choice["microbatches"], choice["plan"]["method"], 2)
+    assert layout["recompute"] == ("all" if all(choice["recompute"]) else "none" if not any(choice["recompute"])
+                                   else [i for i, on in enumerate(choice["recompute"]) if on])

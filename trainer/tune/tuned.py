@@ -51,3 +51,26 @@ def fields_of(doc: Any, name: str = "tuned") -> dict[str, Any]:
         return run_fields(Candidate.from_dict(doc["choice"]), run)
     except (KeyError, TypeError, AttributeError) as exc:
         raise TuneError(f"{name}: choice is not a tuner candidate ({type(exc).__name__}: {exc})", field="tuned") from None
+
+
+def job_layout(candidate: Candidate, workers: int) -> dict[str, Any]:
+    """A job's ``layout`` that trains ``candidate``: the planner method whose split the tuner took
+    (the job plans again with it: the even methods give the same split), schedule, microbatches,
+    chunks and the stages that recompute."""
+    redo = [s for s, on in enumerate(candidate.recompute) if on]
+    return {"workers": workers, "method": candidate.plan["method"] if candidate.plan["method"] != "dp" else "pipedream",
+            "schedule": candidate.schedule, "microbatches": candidate.microbatches, "chunks": candidate.chunks,
+            "recompute": "all" if redo and len(redo) == len(candidate.recompute) else redo or "none"}
+
+
+def job_spec(doc: Any) -> dict[str, Any]:
+    """A job specification (version 2) that trains a tune file's choice: its model, batch and
+    ``job_layout``; the service's defaults for the rest (length, optimizer, machine)."""
+    fields = fields_of(doc, "tune file")  # checks the file
+    choice = Candidate.from_dict(doc["choice"])
+    workers = int(doc["run"].get("workers") or sum(int(st["replicas"]) for st in choice.plan["stages"]))
+    model = {"name": fields["model"], "args": fields["model_args"], "batch_size": fields["batch_size"]}
+    if fields.get("data"):
+        model["data"] = fields["data"]
+    return {"version": 2, "model": model, "layout": job_layout(choice, workers),
+            "machine": {"precision": fields["precision"]}}
