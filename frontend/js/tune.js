@@ -19,6 +19,16 @@ export function countsFor(batchSize) {
   return COUNTS.filter((m) => batchSize % m === 0);
 }
 
+/** POST /tune's body from a job specification (pages/newjob.js's spec()): its model, workers,
+ * batch and memory cap; the microbatch counts that divide the batch. Throws naming the field. */
+export function tuneBody(spec) {
+  if (spec.layout.levels) throw new Error('layout.workers: choose for me tunes local worker processes (Workers from)');
+  const body = { model: spec.model.name, model_args: spec.model.args, workers: spec.layout.workers,
+    batch_size: spec.model.batch_size, microbatches: countsFor(spec.model.batch_size) };
+  if (spec.layout.memory_bytes) body.memory_per_worker_bytes = spec.layout.memory_bytes;
+  return body;
+}
+
 /** POST /tune, following each 202's profiling job to its end and asking again. */
 export async function tuneFollowingProfiling(body, signal, say) {
   let answer = await request('POST', '/tune', { body, signal });

@@ -6,7 +6,7 @@
 import { ApiError, createJob, createPlan, getJob, getModel, listModels, listSchedules, request, uploadContext } from '../api.js';
 import { drawGantt } from '../gantt.js';
 import { planStats, stageStrip, throughputChart } from '../planview.js';
-import { chooseForMe, countsFor, fillForm } from '../tune.js';
+import { chooseForMe, fillForm, tuneBody } from '../tune.js';
 import { clear, debounce, h, navigate, notice, parseArgs } from '../util.js';
 
 const METHODS = ['pipedream', 'uniform', 'time', 'params', 'dp'];
@@ -366,10 +366,9 @@ export async function render(container) {
   /** The tuner for the form's model, workers, batch and memory cap; its table in the panel below. */
   async function tune() {
     formError.textContent = '';
-    let s;
+    let body;
     try {
-      s = spec();
-      if (s.layout.levels) throw new Error('layout.workers: choose for me tunes local worker processes (Workers from)');
+      body = tuneBody(spec());
     } catch (err) {
       formError.textContent = err.message;
       markField(form, err.message);
@@ -377,9 +376,6 @@ export async function render(container) {
     }
     tuneController?.abort();
     tuneController = new AbortController();
-    const body = { model: s.model.name, model_args: s.model.args, workers: s.layout.workers,
-      batch_size: s.model.batch_size, microbatches: countsFor(s.model.batch_size) };
-    if (s.layout.memory_bytes) body.memory_per_worker_bytes = s.layout.memory_bytes;
     tunePanel.hidden = false;
     tuneButton.disabled = true;
     try {
