@@ -412,7 +412,7 @@ def cost_part(tmp: Path, pairs: int) -> None:
     ratios = [a / b for a, b in zip(rates["on"], rates["off"])]
     own = (max(rates["off"]) - min(rates["off"])) / statistics.median(rates["off"])
     print(f"- samples/s: on / off per pair {spread(ratios)}; the unsandboxed runs' own spread is {own:.1%} of their "
-          "median (training itself runs unsandboxed: docs/sandbox.md)")
+          "median (each job's profile and training run sandboxed in `on`: docs/sandbox.md)")
 
 
 def main() -> None:

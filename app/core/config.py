@@ -77,7 +77,7 @@ class Settings(BaseSettings):
     validation_time_limit_s: float = Field(300.0, gt=0, description="Seconds a worker gives a model's validation (build, check, split).")
     validation_memory_bytes: int = Field(8 * 1024**3, gt=0, description="Address space a model's validation may use (RLIMIT_AS).")
     sandbox: Literal["auto", "on", "off"] = Field("auto", description=(
-        "Users' code (validation, profiling) in Debian's bubblewrap: its own folders, the installed environment "
+        "Users' code (validation, profiling, training) in Debian's bubblewrap: its own folders, the installed environment "
         "and its data, not other users' contexts, the data folder, the database or the worker's settings "
         "(docs/sandbox.md). auto: where bwrap works here; on: refuse to run users' code without it; off: never."))
     heartbeat_seconds: float = Field(5.0, gt=0, description="How often running jobs and workers report they are alive.")

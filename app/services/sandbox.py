@@ -5,8 +5,9 @@ What a sandboxed process sees (docs/sandbox.md says the same for operators):
 - the installed environment, read-only: /usr (and the /bin, /lib links into it), the Python
   installation and virtual environment running this worker, pipeboard's own source, a few files
   of /etc that programs need (the loader's cache, hosts, resolv.conf, passwd, TLS roots);
-- its own folders, writable: the job's work folder (or the model's unpacked context), and the
-  machine's calibration folder for a profile;
+- its own folders, writable: the job's work folder (or the model's unpacked context), the
+  machine's calibration folder for a profile, the job's checkpoints for its training, and the
+  folder of the relay's socket through which a training run reports (app/services/run_relay.py);
 - its data, read-only: the job's or model's data location when it names one outside those;
 - a /tmp and a /dev/shm of its own (empty; torch's shared-memory transport between a run's
   processes works inside, they all share the one sandbox), /proc of its own process namespace,
