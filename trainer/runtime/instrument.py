@@ -169,6 +169,13 @@ MEMORY_SOURCES = {
 }
 
 
+def memory_source(device_kind: str) -> str:
+    """How a run's workers on ``device_kind`` measure memory (``MemoryMeter``), as this host's kernel allows."""
+    if device_kind == "cuda":
+        return "cuda_max_allocated"
+    return "rss_peak" if reset_rss_peak() else "rss"
+
+
 class MemoryMeter:
     """A worker's peak memory since the last ``take``, on its device: the allocator's peak on a
     GPU, the process's peak resident memory on CPU (MEMORY_SOURCES says what each includes)."""

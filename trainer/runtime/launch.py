@@ -23,6 +23,7 @@ from typing import Any
 from pipeboard.trainer import cpu_matmul
 from pipeboard.trainer.runtime import model as model_mod, shm, stage_memory, tied
 from pipeboard.trainer.runtime.config import ConfigError, RunConfig
+from pipeboard.trainer.runtime.instrument import memory_source
 from pipeboard.trainer.runtime.layout import resolve
 from pipeboard.trainer.runtime.report import LAST_MESSAGE_GRACE_S, Reporter
 from pipeboard.trainer.runtime.worker import WorkerEnv, threads_per_worker, worker_main
@@ -86,7 +87,7 @@ def run_training(cfg: RunConfig, sink: Sink | None = None) -> dict[str, Any]:
     wall0 = time.monotonic()
     sink.on_status("starting", f"{world} workers, schedule {cfg.schedule}", workers=world, **layout.describe())
     reporter = Reporter(sink, world, cfg.batch_size, task.metric_name)
-    reporter.expect_memory(*stage_memory.predict(cfg, layout, task, modules), _memory_source(cfg))
+    reporter.expect_memory(*stage_memory.predict(cfg, layout, task, modules), memory_source(cfg.device))
     procs = []
     # Workers unlink their shared-memory channels once mapped; one killed during set-up cannot,
     # so the launcher removes whatever is left under this run's prefix on every exit.
@@ -138,15 +139,6 @@ def _check_devices(cfg: RunConfig, world: int) -> None:
     if world > torch.cuda.device_count():
         raise ConfigError(f"device cuda: {world} worker processes need {world} GPUs (NCCL runs one process per GPU); "
                           f"this machine has {torch.cuda.device_count()}")
-
-
-def _memory_source(cfg: RunConfig) -> str:
-    """How the workers measure memory (instrument.MemoryMeter), as this host's kernel allows."""
-    if cfg.device == "cuda":
-        return "cuda_max_allocated"
-    from pipeboard.trainer.runtime.instrument import reset_rss_peak
-
-    return "rss_peak" if reset_rss_peak() else "rss"
 
 
 def _start_method(cfg: RunConfig, world: int) -> str:

@@ -27,6 +27,7 @@ import torch.distributed as dist
 
 from pipeboard.trainer.runtime import model as model_mod
 from pipeboard.trainer.runtime.config import ConfigError, RunConfig
+from pipeboard.trainer.runtime.instrument import memory_source
 from pipeboard.trainer.runtime.layout import resolve
 from pipeboard.trainer.runtime.report import LAST_MESSAGE_GRACE_S, Reporter
 from pipeboard.trainer.runtime.sinks import JsonlSink
@@ -99,6 +100,9 @@ def run(cfg: RunConfig, sink: Sink | None = None) -> dict | None:
         sink = sink or NullSink()
         sink.on_status("starting", f"{world} workers over torchrun, schedule {cfg.schedule}", workers=world, **layout.describe())
         reporter = Reporter(sink, world, cfg.batch_size, task.metric_name)
+        # measured per stage as under the local launcher; this entry builds no stages to predict from
+        reporter.expect_memory(None, "not predicted under torchrun (rank 0 builds no stages to count)",
+                               memory_source(cfg.device))
         thread = threading.Thread(target=drain, args=(store, world, reporter, stop), daemon=True)
         thread.start()
     wall0 = time.monotonic()
