@@ -39,7 +39,6 @@ import tempfile
 from collections.abc import Iterable
 from pathlib import Path
 
-from pipeboard.app.core.config import get_settings
 from pipeboard.app.services.errors import ServiceError
 
 log = logging.getLogger(__name__)
@@ -82,6 +81,8 @@ def probe() -> str | None:
 def enabled() -> bool:
     """Whether users' code runs sandboxed now (PIPEBOARD_SANDBOX); SandboxUnavailable for ``on``
     where bwrap cannot run."""
+    from pipeboard.app.core.config import get_settings  # here: the relay imports this module before it starts the run
+
     mode = get_settings().sandbox
     if mode == "off":
         return False
@@ -127,6 +128,8 @@ def command(cmd: list[str], env: dict[str, str], *, cwd: str, writable: Iterable
     """``cmd`` and its environment wrapped in bwrap: the view the module docstring describes,
     with ``writable`` and ``readable`` bound at their own paths, ``cwd`` its working folder."""
     bwrap = shutil.which("bwrap") or "bwrap"
+    from pipeboard.app.core.config import get_settings
+
     data_dir = get_settings().data_dir
     args = [bwrap, "--die-with-parent", "--new-session", "--unshare-pid", "--unshare-ipc", "--unshare-uts",
             "--unshare-cgroup-try", "--proc", "/proc", "--dev", "/dev", "--tmpfs", "/dev/shm", "--tmpfs", "/tmp",
