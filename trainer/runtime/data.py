@@ -8,6 +8,10 @@ keeps targets off every boundary and out of the schedule; the last stage reads t
 the data set can give them (``target(index)``), else whole items; loader workers overlap the
 reads with compute. Requests come in increasing order per
 worker, so one cached batch and the loader's iterator suffice.
+
+A ``collate_fn`` that pads each batch to its own longest sequence gives batches of different
+lengths; the microbatches of one batch are slices of it and share its length (docs/variable-shapes.md
+says why), and each transfer carries its own sizes (``comm``).
 """
 
 from __future__ import annotations
