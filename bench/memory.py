@@ -73,7 +73,7 @@ def replay(cfg: RunConfig, rank: int, recompute: bool) -> tuple[dict[int, int], 
     example, target = default_collate([task.train_data[i] for i in range(cfg.microbatch_size)])
     modules = model_mod.build_stages(task.model, example, model_mod.stage_layers(cfg, task, layout.virtual_stages),
                                      task.layers)
-    counted = measure_stages(modules, example)
+    counted = measure_stages(modules, example, loss=task.loss, target=target)
     redo = list(range(len(modules))) if recompute else []
     mine = template.workers[rank].stages
     split = any(a.kind is Kind.BACKWARD_INPUT for a in actions)

@@ -30,11 +30,34 @@ def test_1f1b_keeps_fewer_on_later_stages_and_pipedream_stashes_versions():
 def test_recompute_keeps_inputs_and_rebuilds_one_stage_in_its_backward():
     off = worker_memory(build("gpipe", 2, 4), [ONE, ONE], optimizer="sgd")
     on = worker_memory(build("gpipe", 2, 4), [ONE, ONE], optimizer="sgd", recompute=[0])
-    # stage 0: 4 inputs kept, and during a backward one full activation rebuilt on top of the
-    # 3 inputs still kept (the backward's own input is released at its end)
-    assert on[0].activations == 4 * 10 + 100
+    # stage 0: 4 microbatches' inputs and outputs kept (the stage holds both until the gradient
+    # comes), and during a backward one full activation rebuilt on top of them (the backward's own
+    # are released at its end)
+    assert on[0].activations == 4 * (10 + 10) + 100
     assert on[1].activations == off[1].activations == 400
     assert on[0].total < off[0].total
+
+
+def test_recompute_keeps_what_the_stage_counted_it_holds():
+    counted = StageMemory(weight_bytes=1000, activation_bytes=100, input_bytes=10, output_bytes=10, recompute_bytes=35)
+    on = worker_memory(build("gpipe", 2, 4), [counted, ONE], optimizer="sgd", recompute=[0])
+    assert on[0].activations == 4 * 35 + 100
+
+
+def test_a_split_backward_keeps_its_output_gradients_until_w():
+    grads = StageMemory(weight_bytes=1000, activation_bytes=100, input_bytes=10, output_bytes=10, weight_grad_bytes=30,
+                        weight_input_bytes=40)
+    plain = worker_memory(build("zb-h1", 2, 4), [ONE, ONE], optimizer="sgd")
+    held = worker_memory(build("zb-h1", 2, 4), [grads, grads], optimizer="sgd")
+    assert all(h.activations > p.activations for h, p in zip(held, plain))
+    # gpipe with batched weight gradients: all 4 BIs before the one W(-1): 4 activations + 4 gradients
+    batched = worker_memory(build("gpipe", 2, 4, batch_weight_grads=True), [grads, grads], optimizer="sgd")
+    assert batched[0].activations == 4 * (100 + 30)
+    # under recompute a BI rebuilds the layer inputs and W still needs them (the rebuilt rest, 100,
+    # lives during the BI only: on top of the 4 microbatches' 20 kept and the 3 earlier BIs' 70)
+    redone = worker_memory(build("gpipe", 2, 4, batch_weight_grads=True), [grads, grads], optimizer="sgd",
+                           recompute=[0])
+    assert redone[0].activations == max(4 * (20 + 30 + 40), 4 * 20 + 3 * 70 + 100)
 
 
 def test_split_backward_holds_activations_until_w():

@@ -26,6 +26,20 @@ def test_counted_inputs_match_a_hand_count():
     assert second.weight_bytes == (8 * 2 + 2) * 4 and second.output_bytes == 0
 
 
+def test_what_the_stage_holds_beyond_autograd_is_counted():
+    """Stage 1 ends in a Linear, which saves its input only: the output the stage holds until its
+    gradient comes counts too; the last stage's loss saves its log-softmax (the logits' size); a
+    Linear's output gradient waits for W."""
+    first, second = measure_stages(two_stages(), torch.randn(3, 4), loss=torch.nn.functional.cross_entropy,
+                                   target=torch.tensor([0, 1, 1]))
+    assert first.recompute_bytes == (3 * 4 + 3 * 8) * 4  # the input (the data) and the output
+    # its input, the logits' log-softmax, the target (int64) and nll_loss's total weight (a float)
+    assert second.recompute_bytes == (3 * 8 + 3 * 2) * 4 + 3 * 8 + 4
+    assert second.activation_bytes == second.recompute_bytes
+    assert first.weight_grad_bytes == 3 * 8 * 4 and second.weight_grad_bytes == 3 * 2 * 4
+    assert first.weight_input_bytes == 3 * 4 * 4 and second.weight_input_bytes == 3 * 8 * 4
+
+
 def test_optimizer_state_is_read_off_the_optimizer():
     p = [torch.nn.Parameter(torch.zeros(2))]
     assert optimizer_kind(torch.optim.Adam(p)) == "adam"
@@ -40,7 +54,7 @@ def test_per_stage_prediction_follows_the_schedule_and_recompute():
     assert one_f_one_b[0] < gpipe[0]  # 1f1b keeps 2 microbatches on stage 0, gpipe all 4
     redone = predict_workers(build("gpipe", 2, 4), stages, "adam", recompute=[0])
     plain = predict_workers(build("gpipe", 2, 4), stages, "adam")
-    assert redone[0].activations == 4 * stages[0].input_bytes + stages[0].activation_bytes
+    assert redone[0].activations == 4 * stages[0].recompute_bytes + stages[0].activation_bytes
     assert plain[0].activations == 4 * stages[0].activation_bytes
     assert redone[0].weights == plain[0].weights == stages[0].weight_bytes
     assert plain[0].optimizer == 2 * stages[0].weight_bytes

@@ -49,29 +49,69 @@ def optimizer_kind(optimizer: torch.optim.Optimizer | str) -> str:
 
 
 def measure_stages(modules: Sequence[nn.Module], example, precision: str = "fp32",
-                   device_type: str = "cpu") -> list[StageMemory]:
+                   device_type: str = "cpu", *, loss=None, target=None) -> list[StageMemory]:
     """memory_model inputs of each stage: ``example`` (one microbatch's input) is run through the
-    stages in order, counting what each forward saves for its backward."""
+    stages in order, counting what a microbatch in flight keeps until its backward. That is more
+    than what autograd saves: the runtime's stage holds each microbatch's inputs and outputs until
+    the gradient comes back (stage.py's ``in_flight``), and the last stage computes the loss
+    outside its module, whose saved tensors (cross-entropy's log-softmax: the logits' size) live
+    as long; with ``loss`` and ``target`` (the task's) they are counted. Under recompute a
+    microbatch keeps exactly those (inputs, outputs, the loss's), not its input alone. A split
+    backward's input-gradient pass (BI) leaves, for the weight pass (W), the gradient of every
+    weighted layer's output (dW = g^T x): ``weight_grad_bytes``; and their inputs,
+    ``weight_input_bytes`` (among the saved activations without recompute; rebuilt by the BI
+    and kept for W with it)."""
     out = []
     xs = [t.detach() for t in _tensors(example)]
+    last = len(modules) - 1
     for index, module in enumerate(modules):
         params = {_storage_key(p) for p in module.parameters()}
         inputs = [t.detach().requires_grad_(True) if (index and t.dtype.is_floating_point) else t for t in xs]
         saved: dict[tuple[int, int], int] = {}
+        kept: dict[tuple[int, int], int] = {}  # what recompute keeps: inputs, outputs, the loss's saved
 
-        def pack(t: torch.Tensor, params=params, saved=saved):
+        def pack(t: torch.Tensor, params=params, into=None):
             key = _storage_key(t)
             if key not in params:
-                saved[key] = key[1]
+                (into if into is not None else saved)[key] = key[1]
             return t
 
-        with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t), autocast(device_type, precision):
-            result = module(*inputs)
+        grads: dict[tuple[int, int], int] = {}  # the output of each weighted layer: its gradient's size
+        layer_inputs: dict[tuple[int, int], int] = {}  # and its input (what dW = g^T x reads)
+
+        def weighted_output(mod, args, result, grads=grads, layer_inputs=layer_inputs):
+            if any(True for _ in mod.parameters(recurse=False)):
+                for t in _tensors(result):
+                    if t.dtype.is_floating_point:
+                        grads[_storage_key(t)] = t.numel() * t.element_size()
+                for t in _tensors(list(args)):
+                    if t.dtype.is_floating_point:
+                        layer_inputs[_storage_key(t)] = t.untyped_storage().nbytes()
+
+        handle = nn.modules.module.register_module_forward_hook(weighted_output)
+        try:
+            with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t), autocast(device_type, precision):
+                result = module(*inputs)
+        finally:
+            handle.remove()
         outs = _tensors(result)
+        # the last stage holds its loss, not its outputs (the loss's graph keeps what it saved)
+        for t in inputs + (outs if index < last else []):
+            key = _storage_key(t)
+            if key not in params:
+                kept[key] = key[1]
+        if index == last and loss is not None and target is not None:
+            structure = getattr(module, "structure", None)
+            shaped = structure(tuple(outs)) if structure is not None else result
+            with torch.autograd.graph.saved_tensors_hooks(lambda t: pack(t, into=kept), lambda t: t), \
+                    autocast(device_type, precision):
+                loss(shaped, target)
         weights = {_storage_key(p): p.untyped_storage().nbytes() for p in module.parameters()}
-        out.append(StageMemory(weight_bytes=sum(weights.values()), activation_bytes=sum(saved.values()),
+        out.append(StageMemory(weight_bytes=sum(weights.values()), activation_bytes=sum({**saved, **kept}.values()),
                                input_bytes=_bytes(inputs),  # held per microbatch in flight (stage 0: the data)
-                               output_bytes=_bytes(outs) if index < len(modules) - 1 else 0))
+                               output_bytes=_bytes(outs) if index < last else 0,
+                               recompute_bytes=sum(kept.values()), weight_grad_bytes=sum(grads.values()),
+                               weight_input_bytes=sum(layer_inputs.values())))
         xs = [t.detach() for t in outs]
     return out
 

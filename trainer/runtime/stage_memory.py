@@ -54,8 +54,9 @@ def predict(cfg, layout, task, modules) -> tuple[dict[int, int] | None, str | No
 
     try:
         example = task.example_input(cfg.microbatch_size)
+        _, target = task.example_batch(cfg.microbatch_size)  # the last stage's loss is counted too
         with torch.enable_grad():  # saved tensors are packed only where autograd records
-            counted = measure_stages(modules, example, cfg.precision, "cpu")
+            counted = measure_stages(modules, example, cfg.precision, "cpu", loss=task.loss, target=target)
         return (predicted_bytes_per_stage(layout.build(cfg.microbatches), counted, _optimizer(task, modules, cfg.lr),
                                           cfg.recompute or ()), None)
     except Exception as exc:  # a model the counting cannot run: the run goes on, its summary says why

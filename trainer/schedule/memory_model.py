@@ -14,9 +14,14 @@ Per worker, summed over the (virtual) stages it holds:
 - activations: the walk along the worker's own actions. A forward of microbatch m on stage s
   adds what s saves for its backward; the backward (or, with a split backward, the W that still
   needs the saved inputs) releases it. The peak of that walk, in bytes, not in pairs, since the
-  stages of one worker (interleaved, V-shaped) differ. A stage under recompute keeps only its
-  boundary input per microbatch in flight; its backward first rebuilds the whole activation,
+  stages of one worker (interleaved, V-shaped) differ. What a forward leaves is more than
+  autograd's saved tensors: the stage holds the microbatch's inputs and outputs until the
+  gradient comes back, and the last stage the loss's saved tensors. A stage under recompute
+  keeps only those (its output and the loss live outside the recomputed call); its backward first rebuilds the whole activation,
   so the walk adds that transient at each of its backwards;
+- a split backward (BI, then W): from its BI to its W a microbatch also keeps the gradient of
+  each weighted layer's output, and under recompute the layer inputs the BI rebuilt (the W's
+  dW = g^T x reads both);
 - boundary buffers: one received input and one received output gradient per stage (the
   pre-posted receives the runtime holds).
 """
@@ -42,8 +47,17 @@ class StageMemory:
 
     weight_bytes: int  # one version of the stage's parameters
     activation_bytes: int  # saved between a microbatch's forward and its backward
-    input_bytes: int = 0  # the activation arriving at the stage (what recompute keeps)
+    input_bytes: int = 0  # the activation arriving at the stage
     output_bytes: int = 0  # the activation leaving it (the size of the gradient that comes back)
+    # what a microbatch keeps under recompute: the stage holds its inputs and outputs until the
+    # gradient comes (and the last stage the loss's saved tensors); 0: input + output bytes
+    recompute_bytes: int = 0
+    # what a split backward's BI leaves for its W beyond the saved activations: the gradient of
+    # each weighted layer's output (dW = g^T x)
+    weight_grad_bytes: int = 0
+    # the weighted layers' inputs (x of dW = g^T x): saved anyway without recompute; under
+    # recompute the BI rebuilds them and they stay until W
+    weight_input_bytes: int = 0
 
     def __post_init__(self) -> None:
         for name, value in asdict(self).items():
@@ -51,7 +65,9 @@ class StageMemory:
                 raise ScheduleError(f"memory: {name} must be >= 0, got {value}")
 
     def kept_per_microbatch(self, recompute: bool) -> int:
-        return self.input_bytes if recompute else self.activation_bytes
+        if not recompute:
+            return self.activation_bytes
+        return self.recompute_bytes or self.input_bytes + self.output_bytes
 
 
 @dataclass(frozen=True)
@@ -81,21 +97,24 @@ def optimizer_copies(optimizer: str) -> int:
         raise ScheduleError(f"optimizer: one of {', '.join(sorted(OPTIMIZER_STATES))}, got {optimizer!r}") from None
 
 
-def activation_walk(code: np.ndarray, stage: np.ndarray, mb: np.ndarray, kept: list[int], rebuilt: list[int]
-                    ) -> tuple[int, int]:
+def activation_walk(code: np.ndarray, stage: np.ndarray, mb: np.ndarray, kept: list[int], rebuilt: list[int],
+                    split: list[int] | None = None) -> tuple[int, int]:
     """(peak bytes, peak pairs) of activations along one worker's action columns. ``kept[s]``:
     bytes a forward of stage s leaves until its backward; ``rebuilt[s]``: bytes a backward of s
-    rebuilds on top of that for its own duration (recompute), 0 otherwise."""
+    rebuilds on top of that for its own duration (recompute), 0 otherwise; ``split[s]``: bytes an
+    input-gradient backward (BI) of s adds until its W releases them with the rest."""
     import numpy as np
     kept_a = np.asarray(kept, np.int64)[np.clip(stage, 0, None)]
+    split_a = np.asarray(split if split is not None else [0] * len(kept), np.int64)[np.clip(stage, 0, None)]
     fwd = code == F
     release = (code == B) | (code == W)
     pairs = fwd.astype(np.int64) - release
     for i, n in batched_weight_counts(code, stage, mb).items():
         pairs[i] = -n
-    delta = np.where(fwd, kept_a, 0) - np.where(release, kept_a, 0)
+    delta = (np.where(fwd, kept_a, 0) - np.where(code == B, kept_a, 0) + np.where(code == BI, split_a, 0)
+             - np.where(code == W, kept_a + split_a, 0))
     for i, n in batched_weight_counts(code, stage, mb).items():
-        delta[i] = -n * kept_a[i]
+        delta[i] = -n * (kept_a[i] + split_a[i])
     level = np.cumsum(delta)
     # a backward's rebuilt activation exists while it runs: before its own release is applied
     before = level - delta
@@ -119,12 +138,14 @@ def worker_memory(schedule: Schedule, stages: list[StageMemory], *, optimizer: s
         cols, _ = schedule_columns(schedule)
     kept = [st.kept_per_microbatch(s in redo) for s, st in enumerate(stages)]
     rebuilt = [st.activation_bytes if s in redo else 0 for s, st in enumerate(stages)]
+    # a BI leaves its output gradients for W, and under recompute the layer inputs it rebuilt
+    split = [st.weight_grad_bytes + (st.weight_input_bytes if s in redo else 0) for s, st in enumerate(stages)]
     out = []
     for spec, (code, stage, mb, version) in zip(schedule.workers, cols):
         versions = {s: peak_versions(code, stage, version, s) for s in spec.stages}
         weights = sum(versions[s] * stages[s].weight_bytes for s in spec.stages)
         one = sum(stages[s].weight_bytes for s in spec.stages)
-        acts, pairs = activation_walk(code, stage, mb, kept, rebuilt)
+        acts, pairs = activation_walk(code, stage, mb, kept, rebuilt, split)
         boundary = sum(stages[s].input_bytes + stages[s].output_bytes for s in spec.stages)
         out.append(WorkerMemory(weights=weights, gradients=one, optimizer=copies * one, activations=acts,
                                 boundary=boundary, versions=max(versions.values(), default=0), in_flight=pairs))
