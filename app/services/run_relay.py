@@ -284,6 +284,8 @@ def main(argv: list[str] | None = None) -> None:
         child = subprocess.Popen(command, env={**inner_env(dict(os.environ)), RELAY_VAR: args.socket},
                                  stdin=subprocess.DEVNULL, process_group=0)
         relay.root = child.pid
+        if early:  # a signal came while it started: it is the run's now
+            forward(early[-1], None)
         while True:
             try:
                 code = child.wait()
