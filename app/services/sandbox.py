@@ -46,7 +46,10 @@ log = logging.getLogger(__name__)
 # The PIPEBOARD_* settings users' code may keep: what the trainer itself reads (and the tree's
 # mark, app/services/proctree.py); every other one (database, broker, tokens) is dropped.
 KEPT_SETTINGS = frozenset({"PIPEBOARD_TREE", "PIPEBOARD_CPU_MATMUL", "PIPEBOARD_P2P", "PIPEBOARD_NODE_NAME",
-                           "PIPEBOARD_SCHEDULES", "PIPEBOARD_RUN_GROUP"})
+                           "PIPEBOARD_SCHEDULES", "PIPEBOARD_RUN_GROUP",
+                           # the run's detail windows (trainer.runtime.detail.DetailPolicy.from_env, docs/storage.md)
+                           *(f"PIPEBOARD_DETAIL_{n}" for n in ("FIRST_STEPS", "EVERY", "WIDTH", "MAX_WINDOWS",
+                                                               "BEFORE_FAILURE", "MAX_QUEUED"))})
 SECRET_NAME = re.compile(r"TOKEN|SECRET|PASSWORD|PASSWD|CREDENTIAL|API_?KEY|ACCESS_?KEY|PRIVATE_?KEY|DATABASE_URL"
                          r"|REDIS_URL|BROKER_URL", re.IGNORECASE)
 ETC_FILES = ("ld.so.cache", "ld.so.conf", "ld.so.conf.d", "hosts", "host.conf", "resolv.conf", "nsswitch.conf",

@@ -105,3 +105,17 @@ def test_a_request_reaches_the_run_through_the_background_writer_as_launched(liv
     with get_sessionmaker()() as s:
         windows = rundata.step_summaries(s, job_id)["detail_steps"]
     assert windows[0] == [0, 1] and len(windows) == 2 and windows[1][0] >= 20 and windows[1][1] - windows[1][0] == 4, windows
+
+
+def test_the_detail_settings_reach_a_sandboxed_run():
+    """Training runs in the sandbox, whose environment loses the server's settings: the detail
+    windows' settings are the run's own and stay (a day-long job's budget is set this way)."""
+    from pipeboard.app.services.sandbox import inner_env
+    from pipeboard.trainer.runtime.detail import DetailPolicy
+
+    names = ["FIRST_STEPS", "EVERY", "WIDTH", "MAX_WINDOWS", "BEFORE_FAILURE", "MAX_QUEUED"]
+    env = {f"PIPEBOARD_DETAIL_{n}": str(i + 7) for i, n in enumerate(names)}
+    inner = inner_env({**env, "PIPEBOARD_DATABASE_URL": "sqlite:///x", "PIPEBOARD_DETAIL_RETENTION_DAYS": "3"})
+    assert {k: v for k, v in inner.items() if k.startswith("PIPEBOARD_")} == env  # the server's own stay out
+    policy = DetailPolicy.from_env(inner)
+    assert (policy.first, policy.every, policy.width, policy.max_periodic, policy.before_failure, policy.max_queued) == (7, 8, 9, 10, 11, 12)
