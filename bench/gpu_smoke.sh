@@ -68,6 +68,8 @@ fi
 
 step "GPU-only tests"
 timeout 120 "$PY" -m pytest -q -p no:cacheprovider tests/trainer/test_runtime_devices.py tests/trainer/test_runtime_posting.py 2>&1 | tail -5
+# action times from CUDA events and the allocator-peak memory meter (instrument.py)
+timeout 60 "$PY" -m pytest -q -p no:cacheprovider tests/trainer/test_runtime_stage_memory.py -k cuda 2>&1 | tail -5
 
 step "bench/gpu.py (one process on the GPU, then the pipelines)"
 timeout 150 "$PY" bench/gpu.py --device cuda --steps 40 --schedules 1f1b,pipedream 2>&1 | tail -12
