@@ -145,12 +145,14 @@ def test_new_job_form_names_bad_fields_then_submits(server_with_worker, page, sh
     assert page.get_attribute("#f-device", "aria-invalid") == "true"
     page.select_option("#f-device", "cpu")
     page.select_option("#f-precision", "bf16")
+    page.select_option("#f-recompute", "all")  # layout.recompute: every stage of the job's plan
     page.click("#submit-job")
     page.wait_for_url(re.compile(r"#/jobs/\d+$"))
     job_id = int(page.url.rsplit("/", 1)[1])
     job = server.api("GET", f"/jobs/{job_id}")
     assert job["name"] == "from-the-form" and job["spec"]["layout"]["weight_grads"] == "immediate"
     assert job["spec"]["machine"] == {"device": "cpu", "precision": "bf16"}
+    assert job["spec"]["layout"]["recompute"] == "all"
     page.locator("h1", has_text="from-the-form").wait_for()  # queued or already on the worker
     shoot(page, "job-submitted")
     # The form's 422 is an API answer, not a console error; nothing else may be logged.
