@@ -21,11 +21,16 @@ IGNORE = -100
 
 
 class Lengths(Dataset):
-    """``samples`` random token sequences (ids 1..VOCAB-1) of lengths in ``lo..hi``, with a class."""
+    """``samples`` random token sequences (ids 1..VOCAB-1) of lengths in ``lo..hi``, with a class;
+    lengths uniform, or with ``skew`` most of them short (``lo + (hi - lo) * u**3``, mean a quarter of
+    the way), as typical text is."""
 
-    def __init__(self, samples: int, lo: int, hi: int, seed: int = 0):
+    def __init__(self, samples: int, lo: int, hi: int, seed: int = 0, skew: bool = False):
         g = torch.Generator().manual_seed(seed)
-        lengths = torch.randint(lo, hi + 1, (samples,), generator=g)
+        if skew:
+            lengths = (lo + (hi - lo) * torch.rand(samples, generator=g) ** 3).round().long()
+        else:
+            lengths = torch.randint(lo, hi + 1, (samples,), generator=g)
         self.items = [torch.randint(1, VOCAB, (int(n),), generator=g) for n in lengths]
         self.labels = torch.randint(0, 2, (samples,), generator=g)
 
@@ -67,14 +72,14 @@ def class_loss(logits, target):
     return F.cross_entropy(logits, target)
 
 
-def _task(model, loss, lm, lo, hi, samples, padding, declare, batch_size):
+def _task(model, loss, lm, lo, hi, samples, padding, declare, batch_size, skew):
     collate = partial(pad, to=hi if padding == "max" else None, lm=lm)
-    return Task(model=model, train_data=Lengths(samples, lo, hi), loss=loss, collate_fn=collate, optimizer="sgd",
+    return Task(model=model, train_data=Lengths(samples, lo, hi, skew=skew), loss=loss, collate_fn=collate, optimizer="sgd",
                 lr=0.1, batch_size=batch_size, loader_workers=0, dynamic_dims={1: hi} if declare else None)
 
 
 def causal_lm(lo: int = 4, hi: int = 24, samples: int = 64, layers: int = 2, dim: int = 32, padding: str = "batch",
-              declare: bool = True, batch_size: int = 8) -> Task:
+              declare: bool = True, batch_size: int = 8, skew: bool = False) -> Task:
     import transformers
 
     cfg = transformers.GPT2Config(n_layer=layers, n_embd=dim, n_head=2, vocab_size=VOCAB, n_positions=hi,
@@ -82,15 +87,15 @@ def causal_lm(lo: int = 4, hi: int = 24, samples: int = 64, layers: int = 2, dim
                                   attn_implementation="sdpa", use_cache=False,
                                   tie_word_embeddings=False)  # pipedream refuses a tie across workers
     return _task(Wrapped(transformers.GPT2LMHeadModel(cfg)), next_token_loss, True, lo, hi, samples, padding,
-                 declare, batch_size)
+                 declare, batch_size, skew)
 
 
 def encoder(lo: int = 4, hi: int = 24, samples: int = 64, layers: int = 2, dim: int = 32, padding: str = "batch",
-            declare: bool = True, batch_size: int = 8) -> Task:
+            declare: bool = True, batch_size: int = 8, skew: bool = False) -> Task:
     import transformers
 
     cfg = transformers.BertConfig(vocab_size=VOCAB, hidden_size=dim, num_hidden_layers=layers, num_attention_heads=2,
                                   intermediate_size=2 * dim, max_position_embeddings=hi, hidden_dropout_prob=0.0,
                                   attention_probs_dropout_prob=0.0, num_labels=2, attn_implementation="sdpa")
     return _task(Wrapped(transformers.BertForSequenceClassification(cfg)), class_loss, False, lo, hi, samples,
-                 padding, declare, batch_size)
+                 padding, declare, batch_size, skew)
