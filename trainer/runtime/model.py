@@ -96,7 +96,7 @@ def resized(example, dims: dict[int, int]) -> tuple:
 @torch.no_grad()
 def _shapes(modules: Sequence[nn.Module], xs: tuple, precision: str, device_type: str) -> list[list]:
     shapes = []
-    for k, m in enumerate(modules[:-1]):
+    for m in modules[:-1]:
         with autocast(device_type, precision):
             out = m(*xs)
         xs = out if isinstance(out, tuple) else (out,)

@@ -194,10 +194,9 @@ class Task:
             got: list = []
             map_tensors(x, lambda t: got.append(tuple(t.shape)) or t)
             shapes.append(got)
-        for first in shapes[0]:
+        for k, first in enumerate(shapes[0]):  # tensor k of each batch against the first batch's
             for d in range(1, len(first)):
-                if d not in found and any(len(s) > k and len(s[k]) > d and s[k][d] != shapes[0][k][d]
-                                          for s in shapes for k in range(len(s))):
+                if d not in found and any(len(s) > k and len(s[k]) > d and s[k][d] != first[d] for s in shapes):
                     found[d] = None
         return dict(sorted(found.items()))
 
