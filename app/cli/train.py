@@ -274,10 +274,11 @@ def _recompute_stages(text: str, cfg) -> list[int] | None:
     if word == "none":
         return None
     if word == "all":
-        known = len(cfg.stages) if cfg.stages is not None else cfg.num_stages
+        # a plan's stages are the virtual stages already (chunks included); --stages counts workers'
+        known = len(cfg.stages) if cfg.stages is not None else cfg.num_stages * cfg.chunks if cfg.num_stages else None
         if known is None:
             raise ConfigError("recompute: 'all' needs --stages or --plan")
-        return list(range(known * cfg.chunks))
+        return list(range(known))
     try:
         return sorted({int(part) for part in word.split(",") if part.strip()})
     except ValueError:
