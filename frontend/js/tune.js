@@ -118,7 +118,8 @@ export async function chooseForMe(body, box, signal, onPick) {
  * split is the runtime's own: any method), schedule, microbatches, recompute (a list of stages
  * becomes an option of its own, its value the list as JSON). */
 export function fillForm(els, c) {
-  els.method.value = c.plan.method === 'dp' ? 'pipedream' : c.plan.method;
+  const planner = [...els.method.options].some((o) => o.value === c.plan.method);
+  els.method.value = planner ? c.plan.method : 'pipedream'; // a method the form has no option for (dp's own split)
   els.schedule.value = c.schedule;
   els.microbatches.value = c.microbatches;
   const stages = c.recompute.map((on, i) => (on ? i : null)).filter((i) => i !== null);
