@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import sqlite3
 import sys
 import textwrap
@@ -100,6 +101,7 @@ def test_a_jobs_training_reads_none_of_the_servers_files_and_its_steps_reach_the
         s.commit()
         attempt = s.get(Job, job_id).attempt
     workdir = data_dir / "jobs" / str(job_id) / f"attempt-{attempt}"  # where the job's code runs (no context: its folder)
+    shutil.rmtree(workdir, ignore_errors=True)  # the session's data folder: another database's job of this id
     workdir.mkdir(parents=True)
     (workdir / "probe_task.py").write_text(PROBING_FACTORY)
     live_database = live_db.removeprefix("sqlite:///") if live_db.startswith("sqlite") else str(database)
