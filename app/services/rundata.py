@@ -79,14 +79,30 @@ def timeline(
 def metrics(session: Session, job_id: int, *, step_from: int | None = None, step_to: int | None = None, after_seq: int | None = None, limit: int = 5000) -> MetricsPublic:
     M = MetricPoint
     where = [M.job_id == job_id, *_window(M, step_from, step_to, after_seq)]
-    rows = session.scalars(select(M).where(*where).order_by(M.seq)).all()
-    kept = evenly(rows, limit)
+    kept, total = _thinned(session, job_id, where, select(M), limit, rows_as_objects=True)
     return MetricsPublic(
         points=[MetricPointPublic(seq=r.seq, step=r.step, wall_s=r.wall_s, epoch=r.epoch, values=_numbers(r.values), attempt=r.attempt)
                 for r in kept],
-        total=len(rows),
-        downsampled=len(kept) < len(rows),
+        total=total,
+        downsampled=len(kept) < total,
     )
+
+
+def _thinned(session: Session, job_id: int, where: list[Any], columns: Any, limit: int, *,
+             rows_as_objects: bool = False) -> tuple[list[Any], int]:
+    """The metric rows under ``where``, evenly thinned to ``limit`` (the last kept), and how many there are.
+    The database picks the points by key; only the kept points' values are read and parsed, so one page of a
+    day-long job never reads its every point."""
+    M = MetricPoint
+    seqs = session.execute(select(M.seq).where(*where).order_by(M.seq)).scalars().all()
+    chosen = evenly(seqs, limit)
+    read = session.scalars if rows_as_objects else session.execute
+    if len(chosen) == len(seqs):
+        return list(read(columns.where(*where).order_by(M.seq)).all()), len(seqs)
+    # in chunks: SQLite takes a bounded number of parameters a statement
+    kept = [row for i in range(0, len(chosen), 900)
+            for row in read(columns.where(M.job_id == job_id, M.seq.in_(chosen[i:i + 900])).order_by(M.seq)).all()]
+    return kept, len(seqs)
 
 
 def chrome_trace(session: Session, job_id: int, source: str = "measured", *, step_from: int | None = None,
@@ -115,17 +131,9 @@ def step_summaries(session: Session, job_id: int, *, step_from: int | None = Non
     from pipeboard.trainer.runtime.detail import SUMMARY_COLUMNS
 
     M = MetricPoint
-    # The database picks the steps' points (an evaluation's point has no summary) and thins them by key;
-    # only the kept points' values are read: a day-long job's every summary is never parsed for one page.
+    # The database picks the steps' points (an evaluation's point has no summary).
     where = [M.job_id == job_id, M.values["stages"].as_string().is_not(None), *_window(M, step_from, step_to, None)]
-    seqs = session.execute(select(M.seq).where(*where).order_by(M.seq)).scalars().all()
-    chosen = evenly(seqs, limit)
-    columns = select(M.step, M.wall_s, M.attempt, M.values)
-    if len(chosen) == len(seqs):
-        kept = session.execute(columns.where(*where).order_by(M.seq)).all()
-    else:  # in chunks: SQLite takes a bounded number of parameters a statement
-        kept = [row for i in range(0, len(chosen), 900)
-                for row in session.execute(columns.where(M.job_id == job_id, M.seq.in_(chosen[i:i + 900])).order_by(M.seq)).all()]
+    kept, total = _thinned(session, job_id, where, select(M.step, M.wall_s, M.attempt, M.values), limit)
     detail = session.execute(select(T.step).where(T.job_id == job_id, T.source == EventSource.MEASURED).group_by(T.step)
                              .order_by(T.step)).scalars().all()
     return {
@@ -136,8 +144,8 @@ def step_summaries(session: Session, job_id: int, *, step_from: int | None = Non
         "loss": [r[3].get("loss") for r in kept],
         "samples_per_s": [r[3].get("samples_per_s") for r in kept],
         "stages": [r[3]["stages"] for r in kept],
-        "total": len(seqs),
-        "downsampled": len(kept) < len(seqs),
+        "total": total,
+        "downsampled": len(kept) < total,
         "detail_steps": step_ranges(list(detail)),
     }
 
