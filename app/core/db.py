@@ -18,6 +18,8 @@ from sqlalchemy.orm import Session, sessionmaker
 from pipeboard.app.core.config import get_settings
 
 SQLITE_BUSY_TIMEOUT_MS = 30_000
+# An execution option: the transaction begins IMMEDIATE (app/services/tx.py's begin_read_write).
+IMMEDIATE = "pipeboard_sqlite_immediate"
 
 
 def make_engine(url: str, **kwargs: Any) -> Engine:
@@ -53,7 +55,7 @@ def _sqlite_pragmas(dbapi_connection: Any, _record: Any) -> None:
 
 
 def _sqlite_begin(connection: Any) -> None:
-    connection.exec_driver_sql("BEGIN")
+    connection.exec_driver_sql("BEGIN IMMEDIATE" if connection.get_execution_options().get(IMMEDIATE) else "BEGIN")
 
 
 @lru_cache

@@ -18,6 +18,7 @@ from sqlalchemy.orm import Session
 
 from pipeboard.app.models import ApiToken, TokenScope, User
 from pipeboard.app.schemas import MAX_TOKEN_LIFETIME_S
+from pipeboard.app.services.tx import begin_read_write
 
 TOKEN_PREFIX = "pb_"
 SCOPES = tuple(s.value for s in TokenScope)  # read, write, admin
@@ -72,6 +73,7 @@ def create_token(session: Session, name: str, scope: str = "read", expires_at: d
         raise ValueError(f"scope must be one of {', '.join(SCOPES)}, got {scope!r}")
     if expires_at is not None and expires_at.tzinfo is None:
         raise ValueError("expires_at must carry a time zone")
+    begin_read_write(session)  # the user is read, then the token written
     owner = user_named(session, user)
     secret = new_token()
     row = ApiToken(name=name, scope=TokenScope(scope), token_hash=hash_token(secret), prefix=token_prefix(secret),

@@ -12,8 +12,20 @@ from __future__ import annotations
 
 from sqlalchemy.orm import Session
 
+from pipeboard.app.core.db import IMMEDIATE
+
 
 def begin_write(session: Session) -> None:
     """End the session's current transaction; call only where it holds no uncommitted writes."""
     if session.in_transaction():
         session.commit()
+
+
+def begin_read_write(session: Session) -> None:
+    """`begin_write` for a write that must read first (find or create): on SQLite the next
+    transaction begins IMMEDIATE, taking the write lock before its first read (waiting its turn
+    under the busy timeout), so no commit can come between its read and its write."""
+    begin_write(session)
+    if session.get_bind().dialect.name == "sqlite":
+        session.connection(execution_options={IMMEDIATE: True})
+

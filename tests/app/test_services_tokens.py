@@ -48,3 +48,37 @@ def test_a_token_needs_a_known_scope_and_an_aware_expiry(session) -> None:
         create_token(session, "x", "root")
     with pytest.raises(ValueError, match="time zone"):
         create_token(session, "x", "read", expires_at=datetime(2030, 1, 1))
+
+
+def test_a_token_is_created_while_another_process_writes_between_its_read_and_its_write(tmp_path) -> None:
+    """SQLite (WAL): a transaction that read and then writes fails at once with "database is
+    locked" if another process committed in between; create_token takes the write lock before it
+    reads the user, so another writer waits for it instead (and it never sees a stale snapshot)."""
+    import sqlite3
+
+    from sqlalchemy import text
+    from sqlalchemy.orm import Session
+
+    from pipeboard.app.core.db import make_engine
+    from pipeboard.app.models import Base
+    from pipeboard.app.services.tx import begin_read_write
+
+    path = tmp_path / "db.sqlite"
+    engine = make_engine(f"sqlite:///{path}")
+    Base.metadata.create_all(engine)
+    other = sqlite3.connect(path, timeout=0, isolation_level=None)
+    with Session(engine) as session:
+        session.execute(text("SELECT count(*) FROM users")).all()  # a read: its snapshot
+        other.execute("INSERT INTO users (name, created_at) VALUES ('carol', '2026-12-06')")  # another process commits
+        _, secret = create_token(session, "ci", "write", user="dave")
+        with pytest.raises(sqlite3.OperationalError, match="locked"):  # it holds the write lock
+            other.execute("INSERT INTO users (name, created_at) VALUES ('erin', '2026-12-06')")
+        session.commit()
+        begin_read_write(session)
+        session.execute(text("SELECT count(*) FROM users")).all()
+        with pytest.raises(sqlite3.OperationalError, match="locked"):  # before any write of its own
+            other.execute("INSERT INTO users (name, created_at) VALUES ('frank', '2026-12-06')")
+        session.rollback()
+    other.execute("INSERT INTO users (name, created_at) VALUES ('grace', '2026-12-06')")  # free again once it ended
+    assert secret.startswith("pb_")
+    engine.dispose()
