@@ -38,7 +38,7 @@ def too_deep_bodies(body: object, depth: int) -> list[str]:
 
 
 @JSON_POSTS.parametrize()
-@settings(max_examples=8, deadline=None, suppress_health_check=list(HealthCheck), derandomize=True)
+@settings(max_examples=4, deadline=None, suppress_health_check=list(HealthCheck), derandomize=True)
 def test_generated_bodies_nested_too_deep_are_a_422_naming_the_body(case):
     client = TestClient(schema.app, base_url="http://testserver")
     body = case.body if isinstance(case.body, (dict, list, str, int, float, bool)) else {}  # NotSet: no body

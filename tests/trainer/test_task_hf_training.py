@@ -38,7 +38,7 @@ def pngs(tmp_path_factory):
     return write_digits_pngs(tmp_path_factory.mktemp("digits-png"), size=32)
 
 
-@pytest.mark.parametrize("stages", [2, 4])
+@pytest.mark.parametrize("stages", [4])  # 2 stages: tests/trainer/test_task_hf.py's splits (suite time)
 def test_resnet18_on_a_png_folder_learns(pngs, stages):
     cfg = RunConfig(model="resnet18-images", model_args={"width": 8}, data=str(pngs), schedule="1f1b",
                     num_stages=stages, batch_size=64, microbatches=4, steps=40)
@@ -50,8 +50,8 @@ def _losses(sink: ListSink) -> list[float]:
     return [r.values["loss"] for r in sorted(sink.metrics, key=lambda r: r.step) if "loss" in r.values]
 
 
-@pytest.mark.parametrize("model,file", [("gpt2-text", "corpus.parquet"), ("llama-text", "corpus.txt")])
-@pytest.mark.parametrize("stages", [2, 4])
+# Each model at one stage count, the other at the other (both counts of both: minutes of the suite).
+@pytest.mark.parametrize("model,file,stages", [("gpt2-text", "corpus.parquet", 2), ("llama-text", "corpus.txt", 4)])
 def test_causal_lms_split_and_their_loss_falls(corpus, model, file, stages):
     sink = ListSink()
     cfg = RunConfig(model=model, model_args=LM_ARGS, data=str(corpus / file), schedule="1f1b", num_stages=stages,
@@ -62,8 +62,7 @@ def test_causal_lms_split_and_their_loss_falls(corpus, model, file, stages):
 
 
 
-@pytest.mark.parametrize("model", ["gpt2-text", "llama-text"])
-@pytest.mark.parametrize("stages", [2, 4])
+@pytest.mark.parametrize("model,stages", [("gpt2-text", 4), ("llama-text", 2)])
 def test_one_pipelined_step_equals_single_process_training(corpus, tmp_path, model, stages):
     cfg = RunConfig(model=model, model_args=LM_ARGS, data=str(corpus / "corpus.txt"), schedule="1f1b",
                     num_stages=stages, batch_size=8, microbatches=4, steps=1, checkpoint_dir=str(tmp_path),
