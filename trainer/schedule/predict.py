@@ -266,15 +266,19 @@ def predict_step_s(
 
 
 def steady_step_s(costs: list[StageCosts], schedule: str, microbatches: int, *, batch_weight_grads: bool = False,
-                  replicas: list[int] | None = None, chunks: int = 1, cores: int | None = None) -> float:
+                  replicas: list[int] | None = None, chunks: int = 1, cores: int | None = None,
+                  build_schedule=None) -> float:
     """The simulator's steady-state seconds per step of ``schedule`` under ``costs`` (one per
     physical stage, or per virtual stage for interleaved-1f1b); see the module docstring.
     ``cores``: the cores the workers share; with more workers than cores a step takes at least
     every worker's busy time per step spread over the cores (the simulator gives each worker a
-    core of its own)."""
+    core of its own). ``build_schedule``: what builds the simulated schedules (the arguments of
+    ``_schedule``), for a caller that reuses them across many costs (the tuner)."""
+    build_schedule = build_schedule or _schedule
     p = len(costs) // chunks
-    one = simulate(_schedule(schedule, p, microbatches, 1, replicas, batch_weight_grads, chunks), costs)
-    more = simulate(_schedule(schedule, p, microbatches, STEADY_ITERATIONS, replicas, batch_weight_grads, chunks), costs)
+    one = simulate(build_schedule(schedule, p, microbatches, 1, replicas, batch_weight_grads, chunks), costs)
+    more = simulate(build_schedule(schedule, p, microbatches, STEADY_ITERATIONS, replicas, batch_weight_grads, chunks),
+                    costs)
     step = (more.iteration_time_s - one.iteration_time_s) / (STEADY_ITERATIONS - 1)
     workers = more.extra["workers"]
     if cores is not None and 0 < cores < workers:

@@ -19,8 +19,8 @@ from typing import Any
 
 from pipeboard.trainer.profile.schema import Link, Profile
 from pipeboard.trainer.schedule import registry
-from pipeboard.trainer.schedule.predict import STEADY_ITERATIONS, _schedule, profile_overhead, stage_costs
-from pipeboard.trainer.schedule.simulate import simulate
+from pipeboard.trainer.schedule import predict
+from pipeboard.trainer.schedule.predict import _schedule, profile_overhead, stage_costs
 
 
 @lru_cache(maxsize=512)
@@ -32,25 +32,17 @@ def _built(schedule: str, p: int, microbatches: int, batches: int, replicas: tup
                      chunks)
 
 
+def _reused(schedule: str, p: int, microbatches: int, batches: int, replicas, batch_weight_grads: bool, chunks: int):
+    return _built(schedule, p, microbatches, batches, tuple(replicas) if replicas else None, batch_weight_grads, chunks)
+
+
 def steady_step_s(costs: list, schedule: str, microbatches: int, *, batch_weight_grads: bool,
                   replicas: list[int] | None, chunks: int, cores: int | None) -> float:
-    """``schedule.predict.steady_step_s`` over schedules built once per shape (see ``_built``):
-    the same simulations, so the same figure (tests/trainer/test_tune_cost.py holds them equal)."""
-    p = len(costs) // chunks
+    """``schedule.predict.steady_step_s`` over schedules built once per shape (see ``_built``)."""
     # without bytes the simulator skips its memory model: predict_memory gives that, once
     costs = [replace(c, activation_bytes=0, weight_bytes=0) for c in costs]
-    key = (schedule, p, microbatches)
-    rest = (tuple(replicas) if replicas else None, batch_weight_grads, chunks)
-    one = simulate(_built(*key, 1, *rest), costs)
-    more = simulate(_built(*key, STEADY_ITERATIONS, *rest), costs)
-    step = (more.iteration_time_s - one.iteration_time_s) / (STEADY_ITERATIONS - 1)
-    workers = more.extra["workers"]
-    if cores is not None and 0 < cores < workers:
-        def busy(r):  # every worker's time in actions, summed
-            return (1.0 - r.bubble_fraction) * r.iteration_time_s * workers
-
-        step = max(step, (busy(more) - busy(one)) / (STEADY_ITERATIONS - 1) / cores)
-    return step
+    return predict.steady_step_s(costs, schedule, microbatches, batch_weight_grads=batch_weight_grads,
+                                 replicas=replicas, chunks=chunks, cores=cores, build_schedule=_reused)
 
 
 def link_of(profile: Profile, bandwidth: float) -> Link:
