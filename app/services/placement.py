@@ -36,7 +36,7 @@ from sqlalchemy.orm import Session
 
 from pipeboard.app.core.config import get_settings
 from pipeboard.app.models import JobAttempt, JobStatus, WorkerHeartbeat, utcnow
-from pipeboard.app.services.tx import begin_write
+from pipeboard.app.services.tx import begin_read_write
 from pipeboard.trainer.runtime.gpu_share import ShareError, pack
 
 HOLDING = (JobStatus.QUEUED, JobStatus.RUNNING)  # an attempt in these states keeps its GPUs
@@ -220,7 +220,10 @@ def dispatch(session: Session, job_id: int, attempt: int, request: GpuRequest,
     """Place a queued cuda attempt: on a fit, it holds its GPUs, is meant for its worker and
     ``send(job_id, worker, attempt)`` queues its task on that worker's direct queue; otherwise it
     waits, meant for no worker, with its reason. The caller commits (after a send that raised,
-    it rolls back: the job is not left holding GPUs for a task that never went)."""
+    it rolls back: the job is not left holding GPUs for a task that never went). What it reads of
+    the GPUs held and what it writes are one locked transaction on SQLite: no commit between them
+    fails the write, and two dispatches never place on the same free GPU."""
+    begin_read_write(session)
     row = session.get(JobAttempt, (job_id, attempt))
     if row is None:
         raise LookupError(f"job {job_id} has no attempt {attempt}")
@@ -238,7 +241,7 @@ def unplace(session: Session, job_id: int, attempt: int) -> bool:
     """A queued cuda attempt placed on a worker that stopped heart-beating gives its GPUs back and
     waits to be placed again (never released to any worker, which could be one without a GPU);
     True where it held GPUs. The caller commits, then dispatches the waiting ones."""
-    begin_write(session)
+    begin_read_write(session)
     row = session.get(JobAttempt, (job_id, attempt))
     if row is None or not row.gpus:
         return False
