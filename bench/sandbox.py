@@ -415,15 +415,21 @@ def cost_part(tmp: Path, pairs: int) -> None:
           "median (each job's profile and training run sandboxed in `on`: docs/sandbox.md)")
 
 
+def chosen_parts(parser: argparse.ArgumentParser, text: str, known: tuple[str, ...]) -> list[str]:
+    """The comma-separated ``--parts``; one that is not ``known`` is the parser's error."""
+    parts = [p.strip() for p in text.split(",") if p.strip()]
+    unknown = set(parts) - set(known)
+    if unknown:
+        parser.error(f"--parts: unknown {', '.join(sorted(unknown))} ({', '.join(known)})")
+    return parts
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--parts", default="bombs,reads,setsid,cost")
     parser.add_argument("--pairs", type=int, default=5)
     args = parser.parse_args()
-    parts = [p.strip() for p in args.parts.split(",") if p.strip()]
-    unknown = set(parts) - {"bombs", "reads", "setsid", "cost"}
-    if unknown:
-        parser.error(f"--parts: unknown {', '.join(sorted(unknown))} (bombs, reads, setsid, cost)")
+    parts = chosen_parts(parser, args.parts, ("bombs", "reads", "setsid", "cost"))
     from pipeboard.app.services import sandbox
 
     print(f"processor: {processor()}")

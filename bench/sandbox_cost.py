@@ -29,7 +29,7 @@ sys.path.insert(0, str(ROOT))
 
 import httpx  # noqa: E402
 
-from bench.sandbox import bombs_part, deployment, processor, spread, wait_job  # noqa: E402
+from bench.sandbox import bombs_part, chosen_parts, deployment, processor, spread, wait_job  # noqa: E402
 from tests.app.test_e2e_support import SMALL_JOB  # noqa: E402
 
 
@@ -111,10 +111,7 @@ def main() -> None:
     parser.add_argument("--pairs", type=int, default=5)
     parser.add_argument("--steps", type=int, default=300)
     args = parser.parse_args()
-    parts = [p.strip() for p in args.parts.split(",") if p.strip()]
-    unknown = set(parts) - {"cost", "bombs"}
-    if unknown:
-        parser.error(f"--parts: unknown {', '.join(sorted(unknown))} (cost, bombs)")
+    parts = chosen_parts(parser, args.parts, ("cost", "bombs"))
     from pipeboard.app.services import sandbox
 
     print(f"processor: {processor()}")
