@@ -21,6 +21,40 @@ import torch
 from pipeboard.trainer.task.loading import EpochBatches, for_stage, make_loader, map_tensors, val_loader
 
 
+MASK_NAME = "attention_mask"  # the input, by the model's forward parameter name, whose nonzeros are the tokens
+
+
+def token_counter(task, dims: dict[int, int | None]):
+    """How to count a batch's tokens (its non-padding positions), or None where the task's inputs
+    have no sequence dimension. The sequence dimension is the task's lowest varying dimension
+    (``Task.varying_dims``: declared in ``dynamic_dims`` or found). The mask is the input the
+    model's forward names ``attention_mask``, when it is (samples, sequence): its nonzeros are the
+    tokens; otherwise tokens are the samples times the sequence dimension's size. Call it while
+    ``task.model`` is there (the names come from its forward)."""
+    if not dims:
+        return None
+    from pipeboard.trainer.task.task import _input_names
+
+    d = min(dims)
+    example = task.example_input(1)
+    count = len(example) if isinstance(example, (tuple, list)) else 1
+    names = _input_names(task.model, count)
+    mask_at = names.index(MASK_NAME) if MASK_NAME in names else None
+
+    def tokens(x) -> int | None:
+        inputs = list(x) if isinstance(x, (tuple, list)) else [x]
+        if mask_at is not None and mask_at < len(inputs):
+            mask = inputs[mask_at]
+            if isinstance(mask, torch.Tensor) and mask.dim() == 2 and d == 1:
+                return int(mask.count_nonzero())
+        for t in inputs:
+            if isinstance(t, torch.Tensor) and t.dim() > d:
+                return int(t.shape[0]) * int(t.shape[d])
+        return None
+
+    return tokens
+
+
 def _to(value, device: torch.device):
     non_blocking = device.type == "cuda"
     return map_tensors(value, lambda t: t.to(device, non_blocking=non_blocking))
@@ -36,7 +70,7 @@ class TrainStream:
     (``target(index)``, see ``pipeboard.trainer.task.loading.TargetsOnly``)."""
 
     def __init__(self, task, batch_size: int, microbatches: int, device: torch.device, workers: int = 0,
-                 load: bool = True, inputs: bool = True) -> None:
+                 load: bool = True, inputs: bool = True, count_tokens=None) -> None:
         self.batch_size = batch_size
         self.microbatches = microbatches
         self.mb_size = batch_size // microbatches
@@ -52,6 +86,8 @@ class TrainStream:
         self._iter = None
         self._index = -1
         self._batch = None
+        self.count_tokens = count_tokens  # token_counter's, where this worker reports the tokens
+        self.tokens: dict[int, int] = {}  # step -> its batch's tokens, until take_tokens
 
     def _batch_of(self, step: int):
         epoch, index = divmod(step, self.steps_per_epoch)
@@ -62,7 +98,15 @@ class TrainStream:
         while self._index < index:
             self._batch = next(self._iter)
             self._index += 1
+            if self.count_tokens is not None:
+                n = self.count_tokens(self._batch[0])
+                if n is not None:
+                    self.tokens[epoch * self.steps_per_epoch + self._index] = n
         return self._batch
+
+    def take_tokens(self, step: int) -> int | None:
+        """The tokens of step ``step``'s batch, once read (None where not counted); forgotten after."""
+        return self.tokens.pop(step, None)
 
     def microbatch(self, g: int):
         """(input, target) of global microbatch ``g`` on the device; input a tensor or a tuple."""

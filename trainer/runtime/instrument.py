@@ -135,10 +135,12 @@ class StepReports:
         self.last = time.perf_counter()
         self.meter: MemoryMeter | None = None
 
-    def step_done(self, k: int, recorder: Recorder, last_stage=None, now: bool = False) -> None:
+    def step_done(self, k: int, recorder: Recorder, last_stage=None, now: bool = False,
+                  tokens: int | None = None) -> None:
         """Report step ``k``: the recorder's events and busy time since the last report, the last
-        stage's losses, this process's peak memory in the step (``MemoryMeter``); put at once
-        with ``now``."""
+        stage's losses, this process's peak memory in the step (``MemoryMeter``), and the step's
+        batch's tokens where this worker counts them (the first stage, ``data.token_counter``);
+        put at once with ``now``."""
         events, busy = recorder.take()
         if self.meter is None:
             self.meter = MemoryMeter(recorder.device)
@@ -147,7 +149,7 @@ class StepReports:
             held, last_stage.losses = last_stage.losses, []
             # one device-to-host copy for the step's microbatches, not one sync each
             losses = torch.stack(held).float().tolist() if held else []
-        self.pending.append((k, recorder.now(), busy, losses, self.meter.take(), events))
+        self.pending.append((k, recorder.now(), busy, losses, self.meter.take(), events, tokens))
         if now or time.perf_counter() - self.last >= self.every_s:
             self.flush()
 

@@ -57,6 +57,7 @@ class Reporter:
         self.predicted_memory_error: str | None = None
         self.memory_source: str | None = None  # instrument.MEMORY_SOURCES
         self.measured_memory: dict[int, int] = {}
+        self.step_tokens: dict[int, int] = {}  # step -> its batch's non-padding tokens, where counted
 
     def expect_memory(self, predicted: dict[int, int] | None, why_not: str | None, source: str) -> None:
         self.predicted_memory, self.predicted_memory_error, self.memory_source = predicted, why_not, source
@@ -110,12 +111,15 @@ class Reporter:
                 self.events.extend(self.windows.admit(step, self.step_events.pop(step)))
         self.maybe_flush()
 
-    def _on_step(self, rank: int, step: int, wall: float, busy: float, losses: list[float], mem: int, events: list) -> None:
+    def _on_step(self, rank: int, step: int, wall: float, busy: float, losses: list[float], mem: int, events: list,
+                 tokens: int | None = None) -> None:
         info = self.workers.get(rank, {"stages": [], "replica": 0})
         replica = info["replica"]
         for kind, stage, mb, t0, t1, k in events:
             self.step_events[k].append(TimelineEvent(rank, stage, replica, mb, kind, t0, t1, k))
         self.partial[step][rank] = (wall, busy, losses, mem)
+        if tokens is not None:  # the first stage's count of the step's batch (data.token_counter)
+            self.step_tokens[step] = self.step_tokens.get(step, 0) + int(tokens)
         for s in info["stages"]:  # a worker's peak is each of its stages' (they share the process)
             self.measured_memory[s] = max(self.measured_memory.get(s, 0), int(mem))
         if len(self.partial[step]) < self.world:
@@ -135,6 +139,11 @@ class Reporter:
             span = self.step_time[window[-1]] - self.step_time[window[0] - 1]
             if span > 0:
                 values["samples_per_s"] = self.batch_size * len(window) / span
+                counted = [self.step_tokens[k] for k in window if k in self.step_tokens]
+                if len(counted) == len(window):  # the same window as samples/s
+                    values["tokens_per_s"] = sum(counted) / span
+        if step in self.step_tokens:
+            values["tokens"] = float(self.step_tokens[step])
         if prev is not None and done > prev:
             per_stage: dict[int, list[float]] = defaultdict(list)
             mem_stage: dict[int, list[int]] = defaultdict(list)
@@ -188,6 +197,14 @@ class Reporter:
         step_s = steady_step_s(self.step_time, self.pauses)
         return self.batch_size / step_s if step_s else None
 
+    def steady_tokens_per_s(self) -> float | None:
+        """Tokens/s in the steady state: the mean tokens per counted step over the measured time
+        per step (None where no step's tokens were counted)."""
+        step_s = steady_step_s(self.step_time, self.pauses)
+        if not step_s or not self.step_tokens:
+            return None
+        return sum(self.step_tokens.values()) / len(self.step_tokens) / step_s
+
     def _onednn_products(self) -> int | None:
         counts = [f[3] for f in self.finished.values() if f[3] is not None]
         return sum(counts) if counts else None
@@ -206,6 +223,8 @@ class Reporter:
         return {
             "samples_per_s": self.steady_samples_per_s(),
             "step_s": steady_step_s(self.step_time, self.pauses),
+            # tasks with a sequence dimension (data.token_counter): their non-padding tokens per second
+            **({"tokens_per_s": self.steady_tokens_per_s()} if self.step_tokens else {}),
             "final_metric": final_metric,
             "metric_name": self.metric_name,
             "higher_is_better": higher_is_better,

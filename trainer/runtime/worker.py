@@ -25,7 +25,7 @@ from pipeboard.trainer.precision import autocast
 from pipeboard.trainer.runtime import checkpoint, model as model_mod, tied
 from pipeboard.trainer.runtime.comm import P2P, node_name, open_channels, p2p_mode
 from pipeboard.trainer.runtime.config import RunConfig
-from pipeboard.trainer.runtime.data import TrainStream, ValStream
+from pipeboard.trainer.runtime.data import TrainStream, ValStream, token_counter
 from pipeboard.trainer.runtime.executor import Executor
 from pipeboard.trainer.runtime.instrument import Heartbeat, Recorder, StepReports
 from pipeboard.trainer.runtime.layout import Layout, resolve
@@ -120,6 +120,7 @@ def train(cfg: RunConfig, env: WorkerEnv) -> None:
     task = model_mod.load_task(cfg)
     example = task.example_input(cfg.microbatch_size)
     dynamic = task.varying_dims(cfg.microbatch_size)  # sizes that vary by batch: one capture for all
+    count_tokens = token_counter(task, dynamic)  # before task.model goes: the mask is found by its name
     modules = model_mod.build_stages(task.model, example, model_mod.stage_layers(cfg, task, layout.virtual_stages),
                                     task.layers, dynamic)
     specs = model_mod.boundary_specs(modules, example, cfg.precision, device.type, dynamic)
@@ -155,7 +156,10 @@ def train(cfg: RunConfig, env: WorkerEnv) -> None:
     # ---- where to start ------------------------------------------------------------------
     feeds = 0 in stages or (S - 1) in stages  # the first stage reads inputs, the last targets
     loader_workers = cfg.loader_workers if cfg.loader_workers is not None else task.loader_workers
-    stream = TrainStream(task, cfg.batch_size, M, device, loader_workers, load=feeds, inputs=0 in stages)
+    # the first stage's replica 0 counts each step's tokens (every replica reads the whole batch)
+    counts = 0 in stages and template_rank_of(template)(0, 0) == rank
+    stream = TrainStream(task, cfg.batch_size, M, device, loader_workers, load=feeds, inputs=0 in stages,
+                         count_tokens=count_tokens if counts else None)
     total = total_steps(cfg, stream.steps_per_epoch)
     ckpt_layout = {**layout.describe(), "model": cfg.model, "batch_size": cfg.batch_size, "microbatches": M}
     start = 0
@@ -195,7 +199,7 @@ def train(cfg: RunConfig, env: WorkerEnv) -> None:
 
     def on_step_done(k: int) -> None:
         failing = bool(cfg.fail_at) and cfg.fail_at.get("rank") == rank and k == cfg.fail_at.get("step")
-        reports.step_done(k, recorder, last_stage, now=failing)
+        reports.step_done(k, recorder, last_stage, now=failing, tokens=stream.take_tokens(k))
         if failing:
             if cfg.fail_at.get("mode") == "hang":
                 while True:
