@@ -20,7 +20,7 @@ from pipeboard.trainer.runtime.comm import P2P, BoundarySpec, TensorSpec
 from pipeboard.trainer.runtime.executor import Executor
 from pipeboard.trainer.runtime.instrument import Heartbeat, Recorder
 from pipeboard.trainer.runtime.posting import (NCCL_LOOKAHEAD, TAGGED_LOOKAHEAD, Issued, issued_transfers,
-                                               lookahead_for, nccl_outcome, receive_posts)
+                                               lookahead_for, nccl_outcome, receive_posts, run_lookahead)
 from pipeboard.trainer.runtime.stage import Stage
 from pipeboard.trainer.runtime.worker import template_rank_of
 from pipeboard.trainer.schedule import registry
@@ -195,3 +195,60 @@ def test_the_executor_issues_transfers_in_the_order_the_model_judged(name, windo
     assert issued == expected
     judged = nccl_outcome([issued_transfers(schedule.actions[r], window) for r in (0, 1)])
     assert judged == ("ok" if window == NCCL_LOOKAHEAD else "deadlock")
+
+
+def _shared(schedule, devices, lookahead: int) -> str:
+    """The model for a run whose worker w is on GPU devices[w]: same-GPU pairs through host memory."""
+    n = len(schedule.actions)
+    tagged = {frozenset((a, b)) for a in range(n) for b in range(n) if a != b and devices[a] == devices[b]}
+    return nccl_outcome([issued_transfers(acts, lookahead) for acts in schedule.actions], tagged)
+
+
+def _pairs(schedule):
+    return {(w, a.peer) for w, acts in enumerate(schedule.actions) for a in acts if a.peer is not None}
+
+
+def test_every_stage_on_one_gpu_posts_ahead_and_never_deadlocks():
+    """Every pair through host memory (matched by message): receives may run ahead, and the run's
+    lookahead says so."""
+    outcomes = {}
+    for name, p, m, s in PIPELINES:
+        devices = [0] * len(s.actions)
+        assert run_lookahead(devices, _pairs(s)) == TAGGED_LOOKAHEAD
+        outcomes[(name, p, m)] = _shared(s, devices, TAGGED_LOOKAHEAD)
+    assert set(outcomes.values()) == {"ok"}, {k: v for k, v in outcomes.items() if v != "ok"}
+
+
+def test_stages_sharing_two_gpus_post_at_their_actions_and_never_deadlock():
+    """Some pairs over NCCL (in order), some through host memory: the run's lookahead is 0 for
+    every worker, and no registered schedule deadlocks."""
+    outcomes, ahead = {}, {}
+    for name, p, m, s in PIPELINES:
+        n = len(s.actions)
+        if n < 3:
+            continue
+        devices = [w * 2 // n for w in range(n)]  # [0, 0, 1] or [0, 0, 1, 1]
+        assert run_lookahead(devices, _pairs(s)) == NCCL_LOOKAHEAD
+        outcomes[(name, p, m)] = _shared(s, devices, NCCL_LOOKAHEAD)
+        ahead[(name, p, m)] = _shared(s, devices, TAGGED_LOOKAHEAD)
+    assert len(outcomes) >= 50
+    assert set(outcomes.values()) == {"ok"}, {k: v for k, v in outcomes.items() if v != "ok"}
+    # posting ahead there deadlocks: the NCCL pairs' in-order pairing still holds
+    assert "deadlock" in set(ahead.values())
+
+
+def test_a_run_posts_ahead_only_without_any_nccl_pair():
+    assert run_lookahead(None, {(0, 1)}) == TAGGED_LOOKAHEAD
+    assert run_lookahead([0, 1], {(0, 1), (1, 0)}) == NCCL_LOOKAHEAD
+    assert run_lookahead([0, 0, 1], {(0, 1), (1, 0)}) == TAGGED_LOOKAHEAD  # the pair that transfers shares GPU 0
+    assert run_lookahead([0, 0, 1], {(0, 1), (1, 2)}) == NCCL_LOOKAHEAD
+
+
+def test_the_model_matches_host_staged_pairs_by_message():
+    a, b = (0, 0, 0), (0, 0, 1)
+    out_of_order = [[Issued("send", 1, a), Issued("send", 1, b)], [Issued("recv", 0, b), Issued("recv", 0, a)]]
+    assert nccl_outcome(out_of_order, {frozenset((0, 1))}) == "ok"
+    both_receive_first = [[Issued("recv", 1, b), Issued("send", 1, a)], [Issued("recv", 0, a), Issued("send", 0, b)]]
+    assert nccl_outcome(both_receive_first, {frozenset((0, 1))}) == "ok"
+    never_sent = [[Issued("recv", 1, a)], [Issued("compute")]]
+    assert nccl_outcome(never_sent, {frozenset((0, 1))}) == "deadlock"

@@ -56,3 +56,35 @@ def per_process(stage_bytes: dict[int, int], stages_of: Sequence[Sequence[int]])
     """Each process's need from the per-stage prediction: a process holding several (virtual)
     stages is one worker, whose figure each of its stages carries (memory_predict); the largest."""
     return [max((stage_bytes.get(s, 0) for s in stages), default=0) for stages in stages_of]
+
+
+def assign(world: int, count: int, stage_need: Sequence[int] | None = None, free: Sequence[int] | None = None,
+           overhead: int = PROCESS_OVERHEAD_BYTES) -> list[int]:
+    """Rank -> the visible GPU it runs on, for a run of ``world`` processes on ``count`` GPUs.
+
+    With a GPU per process, rank r takes GPU r (what ``LOCAL_RANK`` gives under torchrun). With
+    fewer, the processes share them: packed by ``stage_need`` (each process's predicted peak)
+    into ``free`` (each GPU's free bytes), as the service's placement packs them, so a run that
+    cannot fit is refused (``ShareError``) before anything starts; where no prediction is known,
+    round robin (rank r on GPU r mod count)."""
+    if count < 1:
+        raise ShareError("no GPU to place the stage processes on")
+    if world <= count:
+        return list(range(world))
+    if stage_need is None or free is None:
+        return [r % count for r in range(world)]
+    if len(stage_need) != world or len(free) != count:
+        raise ShareError(f"memory figures for {len(stage_need)} processes and {len(free)} GPUs; the run has "
+                         f"{world} processes on {count} GPUs")
+    return pack(list(stage_need), list(free), overhead)
+
+
+def shares_a_gpu(devices: Sequence[int]) -> bool:
+    """Whether two processes of the run are on one GPU."""
+    return len(set(devices)) < len(devices)
+
+
+def pair_transport(devices: Sequence[int], a: int, b: int) -> str:
+    """How ranks ``a`` and ``b`` exchange tensors: ``"host"`` on one GPU (NCCL refuses two ranks on
+    one device: staged through host memory over the CPU transport, comm.P2P), else ``"nccl"``."""
+    return "host" if devices[a] == devices[b] else "nccl"

@@ -39,6 +39,19 @@ def lookahead_for(backend: str) -> int:
     return NCCL_LOOKAHEAD if backend == "nccl" else TAGGED_LOOKAHEAD
 
 
+def run_lookahead(devices, pairs) -> int:
+    """The lookahead of every worker of a run whose rank r is on GPU ``devices[r]`` (None: a CPU
+    run) and whose ranks transfer along ``pairs``: 0 as soon as one pair goes over NCCL (ranks on
+    different GPUs), even for workers whose own peers share their GPU; only a run with no NCCL
+    pair at all (CPU, or every stage on one GPU, all through host memory) posts ahead. One
+    worker posting ahead towards a host-staged peer while another pairs in order over NCCL can
+    deadlock (tests/trainer/test_runtime_posting.py shows it over the registered schedules)."""
+    if devices is None:
+        return TAGGED_LOOKAHEAD
+    nccl = any(devices[a] != devices[b] for a, b in pairs if a != b)
+    return NCCL_LOOKAHEAD if nccl else TAGGED_LOOKAHEAD
+
+
 def recv_key(a: Action) -> tuple[int, int, int]:
     """(0 for an activation / 1 for a gradient, stage, microbatch): what the consumer asks for."""
     return (0 if a.kind is Kind.RECV_ACT else 1, a.stage, a.microbatch)
@@ -111,7 +124,7 @@ def issued_transfers(actions: list[Action], lookahead: int) -> list[Issued]:
     return out
 
 
-def nccl_outcome(programs: list[list[Issued]]) -> str:
+def nccl_outcome(programs: list[list[Issued]], tagged=frozenset()) -> str:
     """Replay every worker's issued operations under NCCL's rules: ``"ok"``, ``"deadlock"`` or
     ``"mismatch"`` (a receive paired with a different message than it was posted for).
 
@@ -120,7 +133,12 @@ def nccl_outcome(programs: list[list[Issued]]) -> str:
     their sends and receives in issue order, each after every compute issued before it (the
     stream waits on the compute stream when the operation is issued). The k-th operation of
     worker a towards b pairs with the k-th of b towards a, whatever the tags; a send and a receive
-    complete together (a send may wait for its receive: NCCL guarantees no buffering)."""
+    complete together (a send may wait for its receive: NCCL guarantees no buffering).
+
+    ``tagged``: the pairs (frozensets of two workers) that go through host memory instead (two
+    stages on one GPU: gloo or a shared-memory channel), matched by message whatever the order:
+    a send is handed over once the computes issued before it are done (its host copy waits for
+    them), and a receive completes once its message was handed over."""
     n = len(programs)
     done = [[False] * len(p) for p in programs]
     recv_done: list[set] = [set() for _ in range(n)]
@@ -138,9 +156,28 @@ def nccl_outcome(programs: list[list[Issued]]) -> str:
     def computes_before_done(w: int, j: int) -> bool:
         return all(done[w][k] for k in range(compute_done_upto[w], j) if programs[w][k].op == "compute")
 
+    handed: set = set()  # (sender, receiver, message) over tagged pairs
     progress = True
     while progress:
         progress = False
+        for a in range(n):
+            for b, qa in queues[a].items():
+                if frozenset((a, b)) not in tagged:
+                    continue
+                for j in qa:
+                    o = programs[a][j]
+                    if done[a][j] or not computes_before_done(a, j):
+                        continue
+                    if o.op == "send" and (a, b, o.key) not in handed:
+                        handed.add((a, b, o.key))
+                        progress = True
+                    elif o.op == "recv" and (b, a, o.key) in handed:
+                        done[a][j] = progress = True
+                        recv_done[a].add(o.key)
+                        for jb in queues[b].get(a, []):
+                            ob = programs[b][jb]
+                            if ob.op == "send" and ob.key == o.key:
+                                done[b][jb] = True
         for w in range(n):  # computes, in order, once their receives are done
             p = programs[w]
             while next_compute[w] < len(p):
@@ -154,7 +191,7 @@ def nccl_outcome(programs: list[list[Issued]]) -> str:
                 next_compute[w] += 1
         for a in range(n):
             for b, qa in queues[a].items():
-                if b < a or b >= n:
+                if b < a or b >= n or frozenset((a, b)) in tagged:
                     continue
                 qb = queues[b].get(a, [])
                 while heads[a][b] < len(qa) and heads[b][a] < len(qb):
