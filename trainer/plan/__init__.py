@@ -25,7 +25,9 @@ def plan(profile: Profile, levels, memory_bytes: float | None = None, memory_con
     """Plan ``profile`` on ``levels`` = [(workers, bandwidth bytes/s), ...], innermost first.
 
     ``activation_compression`` divides activation transfer times (None: transfers not counted,
-    the reference's default). ``memory_constraint`` enforces the reference's stash check against
+    the reference's default). A profile measured at several lengths (``Profile.lengths``) is
+    planned on its layers' expected costs over its data's lengths; the plan's ``options["lengths"]``
+    says which. ``memory_constraint`` enforces the reference's stash check against
     ``memory_bytes`` per worker (16e9 when not given). Exact antichain states are used when they
     number at most ``max_states``, else a linearised topological order (``plan.state_graph``).
     """
@@ -43,13 +45,17 @@ def plan(profile: Profile, levels, memory_bytes: float | None = None, memory_con
     if method == "pipedream":
         from pipeboard.trainer.plan.pipedream import pipedream_plan
 
-        return pipedream_plan(profile, levels, memory_bytes=memory_bytes, memory_constraint=memory_constraint,
+        made = pipedream_plan(profile, levels, memory_bytes=memory_bytes, memory_constraint=memory_constraint,
                               straight=straight, fewer_workers=fewer_workers,
                               activation_compression=activation_compression, max_states=max_states,
                               linearise=linearise)
-    from pipeboard.trainer.plan.baselines import baseline_plan
+    else:
+        from pipeboard.trainer.plan.baselines import baseline_plan
 
-    return baseline_plan(profile, levels, method, activation_compression=activation_compression)
+        made = baseline_plan(profile, levels, method, activation_compression=activation_compression)
+    if profile.lengths is not None:  # planned on the expected costs over these lengths
+        made.options = {**made.options, "lengths": profile.lengths.assumed()}
+    return made
 
 
 def compare(profile: Profile, levels, **options) -> list[Plan]:

@@ -11,16 +11,20 @@ layer's parameters (``optimizer_ms``), the weight-gradient part of the backward 
 larger batch (``weight_batched_ms`` at the profile's ``weight_batch_size``: what one batched
 W(-1) over several microbatches costs); per profile, the measured point-to-point ``link`` and the
 runtime's per-action ``overhead``, and the ``pilot`` runs' calibration of what the layers' times
-miss in a run. Older version 2 files without these still load.
+miss in a run; for inputs that vary in length, the layers' costs at several lengths and the
+data's length histogram (``lengths``, ``pipeboard.trainer.profile.lengths``). Older version 2
+files without these still load.
 """
 
 from __future__ import annotations
 
 import json
 import math
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Any
+
+from pipeboard.trainer.profile.lengths import LengthCosts
 
 # The capture that names a profile's layers (pipeboard.trainer.profile.capture), kept in every
 # profile's meta and in the service's profile cache key: a profile made by another capture (the
@@ -366,6 +370,17 @@ def _check_layer(raw: dict[str, Any], i: int) -> None:
         raise ProfileError(f"{where}: field 'stage_id' must be an integer or null, got {stage!r}")
 
 
+def _lengths(raw: Any, version: int, names: set[str]) -> LengthCosts | None:
+    if raw is None:
+        return None
+    if version == 1:
+        raise ProfileError("profile JSON: field 'lengths' needs version 2")
+    try:
+        return LengthCosts.from_dict(raw, names)
+    except ValueError as exc:
+        raise ProfileError(f"profile JSON: {exc}") from None
+
+
 @dataclass
 class Profile:
     """Layers in topological order plus the edges of their DAG (by layer name)."""
@@ -380,9 +395,20 @@ class Profile:
     overhead: Overhead | None = None  # the runtime's per-action overhead (pipeboard.trainer.runtime.overhead)
     pilot: Pilot | None = None  # what a run adds to the layers' times (pipeboard.trainer.runtime.pilot)
     weight_batch_size: int | None = None  # samples the layers' weight_batched_ms are for
+    # a task whose inputs vary in length: the layers' costs at each measured length and the data's
+    # per-batch lengths; the layers above then hold the expected costs over those lengths
+    lengths: LengthCosts | None = None
 
     def layer_names(self) -> list[str]:
         return [layer.name for layer in self.layers]
+
+    def at_length(self, length: float) -> Profile:
+        """This profile with each layer's time and bytes at ``length`` (``LengthCosts.at``)."""
+        if self.lengths is None:
+            raise ProfileError(f"profile of {self.model!r} was measured at one length: no costs at length {length}")
+        at = self.lengths.at(length)
+        layers = [replace(layer, **at[layer.name]) if layer.name in at else layer for layer in self.layers]
+        return replace(self, layers=layers)
 
     def to_dict(self) -> dict[str, Any]:
         return {
@@ -398,6 +424,7 @@ class Profile:
             "overhead": None if self.overhead is None else asdict(self.overhead),
             "pilot": None if self.pilot is None else asdict(self.pilot),
             "weight_batch_size": self.weight_batch_size,
+            "lengths": None if self.lengths is None else self.lengths.to_dict(),
         }
 
     @classmethod
@@ -456,6 +483,7 @@ class Profile:
             overhead=None if data.get("overhead") is None or version == 1 else Overhead.from_dict(data["overhead"]),
             pilot=None if data.get("pilot") is None or version == 1 else Pilot.from_dict(data["pilot"]),
             weight_batch_size=wbs,
+            lengths=_lengths(data.get("lengths"), version, names),
         )
 
     def to_json(self, indent: int | None = 1) -> str:

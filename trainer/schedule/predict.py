@@ -249,6 +249,7 @@ def predict_step_s(
     link: Link | None = None,
     chunks: int = 1,
     overhead: list[ActionOverhead] | None = None,
+    length: float | None = None,
 ) -> float:
     """Predicted seconds per step (one batch: ``microbatches`` microbatches of the profile's
     batch size) of ``schedule`` over ``stages`` (layer names per stage, one entry per physical
@@ -256,9 +257,18 @@ def predict_step_s(
     once per batch (``microbatches=1``: PipeDream's one update per minibatch).
     ``batch_weight_grads``: each backward is BI and one W(-1) precedes each update (costed from
     ``batch_profile`` when given). ``replicas``: workers per stage; ``link``: overrides the
-    profile's measured link; ``overhead``: the runtime's own cost per action, per stage."""
+    profile's measured link; ``overhead``: the runtime's own cost per action, per stage.
+    ``length``: a step whose batch is padded to that length, from the layers' costs at it
+    (``Profile.at_length``; the profile must have been measured at several lengths); without it,
+    the profile's layers (for a profile with lengths, the expected costs over its data's lengths)."""
     if microbatches < 1:
         raise ScheduleError(f"microbatches must be >= 1, got {microbatches}")
+    if length is not None:
+        if profile.lengths is None:
+            raise ScheduleError(f"length: the profile of {profile.model!r} was measured at one length")
+        profile = profile.at_length(length)
+        if batch_profile is not None and batch_profile.lengths is not None:
+            batch_profile = batch_profile.at_length(length)
     costs = stage_costs(profile, stages, microbatches=microbatches, batch_profile=batch_profile, link=link,
                         replicas=None if replicas is None or chunks > 1 else replicas, overhead=overhead)
     return steady_step_s(costs, schedule, microbatches, batch_weight_grads=batch_weight_grads, replicas=replicas,
