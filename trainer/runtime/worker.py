@@ -34,6 +34,7 @@ from pipeboard.trainer.runtime.posting import lookahead_for
 from pipeboard.trainer.runtime.stage import Stage
 from pipeboard.trainer.runtime.stage_memory import error_message
 from pipeboard.trainer.schedule.actions import Kind
+from pipeboard.trainer.task.metrics import join, join_targets
 
 
 @dataclass
@@ -357,7 +358,8 @@ def _evaluate(cfg, task, executor, stages, template, rank, S, val) -> float | No
     last = stages.get(S - 1)
     if last is None or replica0[S - 1] != rank:
         return None
-    outputs = torch.cat(last.eval_outputs)[: val.count]
-    targets = torch.cat([val.microbatch(j)[1] for j in range(len(val))])[: val.count]
+    # padded to the longest where lengths differ, targets with the ignored index: a per-token mean
+    outputs = join(last.eval_outputs)[: val.count]
+    targets = join_targets([val.microbatch(j)[1] for j in range(len(val))])[: val.count]
     last.eval_outputs = []
     return float(task.metric_fn(outputs.float().cpu(), targets.cpu()))

@@ -1,5 +1,6 @@
 """Validation metrics by name: each takes the outputs and targets of the whole validation split
-(tensors, or lists of per-microbatch tensors) and returns a float."""
+(tensors, or lists of per-microbatch tensors, which ``join`` pads to one where lengths differ)
+and returns a float."""
 
 from __future__ import annotations
 
@@ -10,27 +11,60 @@ import torch
 from torch import nn
 
 
-def _cat(parts) -> torch.Tensor:
+# Target positions no metric counts: what a batch padded to its own longest sequence puts beyond
+# each sequence's end when concatenated with longer ones (torch's cross_entropy ignores it too).
+IGNORE_INDEX = -100
+
+
+def join(parts, fill: float | int = 0, name: str = "outputs") -> torch.Tensor:
+    """Per-microbatch tensors as one, each padded with ``fill`` to the longest in every
+    dimension after the first: validation microbatches of text padded per batch differ in
+    length. Padding targets with IGNORE_INDEX keeps a per-token mean over the whole split (not a
+    mean of the batches' means); float targets cannot be padded so, and differing is an error."""
     if isinstance(parts, torch.Tensor):
         return parts
-    return torch.cat([p.detach() for p in parts])
+    parts = [p.detach() for p in parts]
+    shapes = {tuple(p.shape[1:]) for p in parts}
+    if len(shapes) <= 1:
+        return torch.cat(parts)
+    if fill == IGNORE_INDEX and any(p.is_floating_point() for p in parts):
+        raise ValueError(f"{name}: float targets of different shapes {sorted(shapes)} cannot be padded to be "
+                         f"ignored; give the task a callable metric")
+    longest = [max(sizes) for sizes in zip(*shapes)]
+    out = parts[0].new_full((sum(p.shape[0] for p in parts), *longest), fill)
+    row = 0
+    for p in parts:
+        out[(slice(row, row + p.shape[0]), *(slice(0, n) for n in p.shape[1:]))] = p
+        row += p.shape[0]
+    return out
+
+
+def join_targets(parts) -> torch.Tensor:
+    return join(parts, IGNORE_INDEX, "targets")
+
+
+def _cat(parts) -> torch.Tensor:
+    return join(parts)
 
 
 def accuracy(outputs, targets) -> float:
-    """Share of rows whose arg-max class equals the target class."""
-    out, tgt = _cat(outputs), _cat(targets)
-    return float((out.argmax(dim=-1) == tgt).float().mean())
+    """Share of rows (token targets: of positions, IGNORE_INDEX left out) whose arg-max class
+    equals the target class."""
+    out, tgt = _cat(outputs), join_targets(targets)
+    counted = tgt != IGNORE_INDEX
+    return float(((out.argmax(dim=-1) == tgt) & counted).sum() / counted.sum().clamp(min=1))
 
 
 def perplexity(outputs, targets) -> float:
-    """exp of the mean per-token cross-entropy; outputs are logits [..., vocab]."""
-    out, tgt = _cat(outputs), _cat(targets)
+    """exp of the mean per-token cross-entropy over the split; outputs are logits [..., vocab],
+    positions whose target is IGNORE_INDEX (padding) left out."""
+    out, tgt = _cat(outputs), join_targets(targets)
     ce = nn.functional.cross_entropy(out.reshape(-1, out.shape[-1]).float(), tgt.reshape(-1))
     return float(math.exp(float(ce)))
 
 
 def mean_squared_error(outputs, targets) -> float:
-    out, tgt = _cat(outputs), _cat(targets)
+    out, tgt = _cat(outputs), join_targets(targets)
     return float(nn.functional.mse_loss(out.float(), tgt.float()))
 
 
