@@ -17,7 +17,8 @@ SPEC is a zoo name or a task factory (`package.module:function`, `path/to/file.p
 returning a pipeboard.trainer.Task; the task is built and checked here, before any worker starts.
 
 Ends with a summary line (or, with --json, one JSON object with samples_per_s, final_metric,
-steps, wall_s, ...). Bad input or a failed run: one line on stderr, exit code 2 or 1; 75 when the
+steps, wall_s, ...; tokens_per_s too where the task's inputs have a sequence dimension, see
+docs/variable-shapes.md). Bad input or a failed run: one line on stderr, exit code 2 or 1; 75 when the
 run was lost (a worker process killed or hung) rather than stopped by an error it reported, so
 the same run resumed from its checkpoint could succeed.
 torch is imported inside the command.

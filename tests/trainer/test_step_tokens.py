@@ -66,3 +66,19 @@ def test_without_a_mask_tokens_are_the_samples_times_the_length():
     assert count((ids, mask)) == 6  # the model names its second input attention_mask
     assert count(ids) == 21  # no mask given: samples x length
     assert token_counter(task, {}) is None  # no sequence dimension
+
+
+def test_train_json_gives_tokens_per_s():
+    pytest.importorskip("transformers")
+    import json
+
+    from typer.testing import CliRunner
+
+    from pipeboard.app.cli import cli
+
+    result = CliRunner().invoke(cli, ["train", "--model", "tests.trainer.varlen_tasks:causal_lm", "--stages", "2",
+                                      "--schedule", "1f1b", "--batch-size", "8", "--microbatches", "4", "--steps", "3",
+                                      "--json"])
+    assert result.exit_code == 0, result.output
+    summary = json.loads(result.output.strip().splitlines()[-1])
+    assert summary["tokens_per_s"] > summary["samples_per_s"] > 0  # sequences of 4..24 tokens: several per sample
