@@ -36,11 +36,15 @@ class ChoiceError(ValueError):
 
 def choose_plan(profile_data: dict[str, Any], levels: list[tuple[int, float]], *, memory_bytes: float | None,
                 method: str, schedule: str | None = None, microbatches: int | None = None,
-                weight_grads: str = "batched", chunks: int = 1) -> Any:
+                weight_grads: str = "batched", chunks: int = 1, recompute: str | list[int] | None = None,
+                optimizer: str = "adam") -> Any:
     """A pipeboard.trainer.plan.Plan. With ``schedule`` and ``microbatches`` (what the run runs),
     method ``pipedream``, no memory cap and a profile that carries the measurements
     ``profile_costs`` needs, the plan is the fastest of the candidates (``ranked_candidates``)
-    under the cost model the run's prediction uses."""
+    under the cost model the run's prediction uses. With a memory cap too (``memory_bytes`` per
+    worker) the plan is the fastest candidate that fits it (``fit_under_cap``), activation
+    recompute turned on, beyond the stages ``recompute`` asks for, where a stage would not fit; the
+    plan's options record ``recompute`` (per plan stage) and ``stage_memory_bytes``."""
     from pipeboard.trainer.plan import PlanError, plan
     from pipeboard.trainer.profile.schema import Profile, ProfileError
 
@@ -50,9 +54,12 @@ def choose_plan(profile_data: dict[str, Any], levels: list[tuple[int, float]], *
         raise ChoiceError("profile", f"invalid: {exc}") from None
     if chunks > 1:  # one plan stage per virtual stage: chunks for every worker
         levels = virtual_levels(levels, chunks)
+    capped = memory_bytes is not None and schedule is not None and microbatches is not None
     try:
-        chosen = plan(profile, levels=levels, memory_bytes=memory_bytes, memory_constraint=memory_bytes is not None,
-                      method=method)
+        # under a cap and a schedule, the memory model checks the candidates; PipeDream's stash
+        # formula alone (without a schedule) would miss gradients, optimizer state and recompute
+        chosen = plan(profile, levels=levels, memory_bytes=memory_bytes,
+                      memory_constraint=memory_bytes is not None and not capped, method=method)
         # a replicated, merged or parameterless stage cannot be a chunk: the even splits instead
         for even in EVEN_SPLITS if chunks > 1 and not one_worker_per_stage(chosen, levels[0][0], profile) else ():
             try:
@@ -69,12 +76,75 @@ def choose_plan(profile_data: dict[str, Any], levels: list[tuple[int, float]], *
         raise ChoiceError("chunks", f"{chunks} chunks on each of {levels[0][0] // chunks} workers need "
                                     f"{levels[0][0]} stages with parameters; the model has {trainable} layers with "
                                     "parameters, or no even split gives each stage some")
-    # the baselines do not plan under a memory cap: with one, PipeDream's plan stands
-    if method != PIPEDREAM_PLANNER or schedule is None or microbatches is None or memory_bytes is not None:
+    if schedule is None or microbatches is None:
         return chosen
     ranked = ranked_candidates(profile_data, levels, chosen, schedule, microbatches, weight_grads=weight_grads,
-                               chunks=chunks)
-    return ranked[0][1] if ranked else chosen
+                               chunks=chunks) if method == PIPEDREAM_PLANNER else []
+    candidates = [cand for _, cand in ranked] or [chosen]
+    if not capped:
+        return candidates[0]
+    if method == PIPEDREAM_PLANNER:  # PipeDream's own stash-constrained plan may fit where the others do not
+        try:
+            candidates.append(plan(profile, levels=levels, memory_bytes=memory_bytes, memory_constraint=True))
+        except PlanError:
+            pass
+    return fit_under_cap(candidates, schedule, microbatches, memory_bytes, profile_data=profile_data,
+                         weight_grads=weight_grads, chunks=chunks, recompute=recompute, optimizer=optimizer)
+
+
+def stage_memory(sched: Any, sim: Any) -> list[int] | None:
+    """Predicted peak bytes per (virtual) stage: the most of the workers that hold it (a worker's
+    memory counts every stage it holds), from the simulation's memory per worker."""
+    if sim.peak_memory_bytes is None:
+        return None
+    out = [0] * sched.num_stages
+    for spec, total in zip(sched.workers, sim.peak_memory_bytes):
+        for st in spec.stages:
+            out[st] = max(out[st], int(total))
+    return out
+
+
+def fit_under_cap(candidates: list[Any], schedule: str, microbatches: int, cap: float, *,
+                  profile_data: dict[str, Any] | None, weight_grads: str = "batched", chunks: int = 1,
+                  recompute: str | list[int] | None = None, optimizer: str = "adam") -> Any:
+    """The first of ``candidates`` (fastest first) whose predicted memory per worker
+    (``simulate_plan``'s, the one every view shows) fits ``cap``: with the stages ``recompute``
+    asks for, and where that is over, recompute also on the stages over the cap whose memory it
+    lowers. ChoiceError on ``memory_bytes`` naming the smallest memory any candidate needs."""
+    def sim(cand, redo):
+        sched, result = simulate_plan(cand, schedule, microbatches, weight_grads=weight_grads, chunks=chunks,
+                                      profile_data=profile_data, recompute=redo, optimizer=optimizer,
+                                      compare_data_parallel=False)
+        return sched, stage_memory(sched, result)
+
+    smallest = None
+    for cand in candidates:
+        sched, plain = sim(cand, recompute)
+        if plain is None:
+            raise ChoiceError("memory_bytes", "this profile gives no memory to check a cap against")
+        floor = recompute_stages(recompute, sched.num_stages)
+        redo, memory = floor, plain
+        if max(plain) > cap:
+            _, every = sim(cand, "all")
+            redo = sorted(set(floor) | {s for s, (off, on) in enumerate(zip(plain, every)) if off > cap and on < off})
+            memory = sim(cand, redo)[1] if redo != floor else plain
+            least = max(min(off, on) for off, on in zip(plain, every))
+            if smallest is None or least < smallest[0]:
+                smallest = (least, cand.method)
+        if max(memory) <= cap:
+            cand.options = {**cand.options, "memory_cap_bytes": cap, "memory_schedule": schedule,
+                            "memory_microbatches": microbatches, "optimizer": optimizer,
+                            "recompute": [s in redo for s in range(sched.num_stages)], "stage_memory_bytes": memory}
+            return cand
+    raise ChoiceError("memory_bytes", f"no plan fits in {int(cap)} bytes per worker under {schedule}; the smallest any "
+                                      f"plan needs is {smallest[0]} bytes ({smallest[1]}, recompute where it helps)")
+
+
+def chosen_recompute(plan_obj: Any, recompute: str | list[int] | None) -> str | list[int] | None:
+    """What a run of the plan recomputes: the stages a capped choice turned on (its options),
+    else what was asked."""
+    flags = (getattr(plan_obj, "options", None) or {}).get("recompute")
+    return [s for s, on in enumerate(flags) if on] if flags else recompute
 
 
 def virtual_levels(levels: list[tuple[int, float]], chunks: int) -> list[tuple[int, float]]:
@@ -124,7 +194,7 @@ def ranked_candidates(profile_data: dict[str, Any], levels: list[tuple[int, floa
         seen.add(key)
         try:
             _, sim = simulate_plan(cand, schedule, microbatches, weight_grads=weight_grads, profile_data=profile_data,
-                                   chunks=chunks)
+                                   chunks=chunks, compare_data_parallel=False)
         except ChoiceError:
             continue
         if sim.steady_step_s is None:
@@ -154,9 +224,7 @@ def runtime_schedule(plan_obj: Any, schedule: str, microbatches: int, *, chunks:
     cfg = RunConfig(model="", schedule=schedule, batch_size=microbatches, microbatches=microbatches, chunks=chunks,
                     vertical_sync=vertical_sync, weight_grads=weight_grads)
     if registry.is_data_parallel(schedule):  # the whole model on every worker the planner costs data parallel with
-        from pipeboard.trainer.schedule.costs import data_parallel_costs_from_plan
-
-        cfg.workers = data_parallel_costs_from_plan(d)[1]
+        cfg.workers = data_parallel_workers(d)
     else:
         cfg.stages, cfg.replicas = stages, stage_replicas(d)
     return resolve(cfg).build(microbatches)
@@ -174,7 +242,7 @@ def profile_costs(plan_obj: Any, schedule: str, microbatches: int, profile_data:
 
     # interleaved-1f1b: the plan's stages are the run's virtual stages, in order (chunks x workers
     # of them; trainer.runtime.layout.resolve), one StageCosts each
-    if profile_data is None or registry.is_data_parallel(schedule):
+    if profile_data is None:
         return None
     try:
         prof = Profile.from_dict(profile_data)
@@ -188,8 +256,25 @@ def profile_costs(plan_obj: Any, schedule: str, microbatches: int, profile_data:
     if not stages or not all(stages) or len(stages) % chunks:
         return None
     replicas = stage_replicas(d)
+    if registry.is_data_parallel(schedule):  # the whole model, replicated on every worker the plan has
+        stages, replicas = [[name for st in stages for name in st]], [data_parallel_workers(d)]
     return stage_costs(prof, stages, microbatches=microbatches, replicas=replicas,
                        overhead=profile_overhead(prof, stages))
+
+
+def data_parallel_workers(plan_dict: dict[str, Any]) -> int:
+    return int(plan_dict.get("total_workers") or sum(stage_replicas(plan_dict)))
+
+
+def data_parallel_step_s(plan_obj: Any, microbatches: int, *, profile_data: dict[str, Any] | None,
+                         weight_grads: str = "batched", recompute: str | list[int] | None = None) -> float | None:
+    """Predicted seconds per step of data parallelism on the plan's workers, the whole model on
+    each (schedule ``dp``), under the same cost model as the plan's own prediction: the one
+    comparison against data parallelism. None without the profile cost model."""
+    redo = "all" if recompute == "all" else None  # dp's one stage recomputes only when every stage does
+    _, sim = simulate_plan(plan_obj, "dp", microbatches, weight_grads=weight_grads, profile_data=profile_data,
+                           recompute=redo, compare_data_parallel=False)
+    return sim.steady_step_s
 
 
 def recompute_stages(recompute: str | list[int] | None, stages: int) -> list[int]:
@@ -202,17 +287,35 @@ def recompute_stages(recompute: str | list[int] | None, stages: int) -> list[int
     return list(recompute)
 
 
+def recomputed_costs(costs: list[Any], redo: list[int]) -> list[Any]:
+    """``costs`` with the listed stages recomputing: their backward first replays the forward
+    (torch.utils.checkpoint over the stage's layers) before the input gradient, so the forward's
+    time joins the input-gradient pass (BI) and the whole backward."""
+    from dataclasses import replace
+
+    if not redo:
+        return costs
+    out = list(costs)
+    for st in set(redo):
+        c = out[st]
+        out[st] = replace(c, bwd_s=c.bwd_s + c.fwd_s, bwd_input_s=c.bi_s + c.fwd_s, bwd_weight_s=c.w_s)
+    return out
+
+
 def simulate_plan(plan_obj: Any, schedule: str, microbatches: int, *, samples_per_microbatch: int | None = None,
                   chunks: int = 1, vertical_sync: bool = False, weight_grads: str = "batched",
-                  profile_data: dict[str, Any] | None = None, recompute: str | list[int] | None = None
-                  ) -> tuple[Any, Any]:
+                  profile_data: dict[str, Any] | None = None, recompute: str | list[int] | None = None,
+                  optimizer: str = "adam", compare_data_parallel: bool = True) -> tuple[Any, Any]:
     """(Schedule, SimResult) of the step a run of ``schedule`` on the plan executes (see
     runtime_schedule); ChoiceError naming ``schedule`` if it cannot run. The result's
     ``cost_model`` says where the action costs came from: ``"profile"`` (``profile_costs``),
     else ``"plan"`` (the plan's per-stage forward and backward, no optimizer step, transfers or
     runtime overhead); ``steady_step_s`` is the time per step when steps run back to back (None
     under the plan's costs). ``recompute`` as ``recompute_stages`` takes it: the predicted memory
-    counts it.
+    counts it (and its time: ``recomputed_costs``); the result's ``recompute`` lists the stages
+    that recompute. With ``compare_data_parallel`` and the profile cost model, the result's
+    ``data_parallel_step_s`` is data parallelism's step on the same workers under that model
+    (``data_parallel_step_s``): the one comparison every view shows.
 
     A simulated microbatch costs what the profile measured for one of its batches, so callers
     profile at the microbatch size they will run.
@@ -231,12 +334,18 @@ def simulate_plan(plan_obj: Any, schedule: str, microbatches: int, *, samples_pe
                      else costs_from_plan(plan_obj))
         sched = runtime_schedule(plan_obj, schedule, microbatches, chunks=chunks, vertical_sync=vertical_sync,
                                  weight_grads=weight_grads)
+        if recompute in (None, "none") and chunks == 1 and not registry.is_data_parallel(schedule):
+            recompute = chosen_recompute(plan_obj, recompute)  # as RunConfig.with_plan: the plan's own choice
         redo = recompute_stages(recompute, sched.num_stages)
         if any(st >= sched.num_stages for st in redo):  # a job's door bounds it only by its workers
             raise ChoiceError("recompute", f"stage {max(redo)} is not a stage of this plan (0..{sched.num_stages - 1})")
-        sim = run_sim(sched, costs, samples_per_microbatch=samples_per_microbatch, recompute=redo)
+        costs = recomputed_costs(costs, redo)
+        if len(set(redo)) != len(redo):
+            raise ChoiceError("recompute", f"stage numbers repeat: {list(recompute)}")
+        sim = run_sim(sched, costs, samples_per_microbatch=samples_per_microbatch, recompute=redo, optimizer=optimizer)
         sim.cost_model = cost_model
-        sim.steady_step_s = None
+        sim.recompute = sorted(redo)
+        sim.steady_step_s = sim.data_parallel_step_s = None
         if cost_model == "profile":
             from pipeboard.trainer.schedule.predict import steady_step_s
 
@@ -246,6 +355,8 @@ def simulate_plan(plan_obj: Any, schedule: str, microbatches: int, *, samples_pe
             cores = (profile_data.get("meta") or {}).get("cores")
             cores = cores if isinstance(cores, int) else None
             replicas = stage_replicas(plan_obj) if chunks == 1 else None  # interleaved: none replicated
+            if registry.is_data_parallel(schedule):
+                replicas = [data_parallel_workers(plan_obj.to_dict() if hasattr(plan_obj, "to_dict") else plan_obj)]
             sim.steady_step_s = steady_step_s(costs, schedule, microbatches,
                                               batch_weight_grads=bool(sched.meta.get("batch_weight_grads")),
                                               replicas=replicas, chunks=chunks, cores=cores)
@@ -255,6 +366,11 @@ def simulate_plan(plan_obj: Any, schedule: str, microbatches: int, *, samples_pe
                 sim.steady_step_s *= Pilot.from_dict(profile_data["pilot"]).step_factor(
                     len(sched.workers), cores, replicated=any(r > 1 for r in replicas or []),
                     stages=len(replicas) if replicas else len(sched.workers))
+            if compare_data_parallel and not registry.is_data_parallel(schedule):
+                sim.data_parallel_step_s = data_parallel_step_s(plan_obj, microbatches, profile_data=profile_data,
+                                                                weight_grads=weight_grads, recompute=recompute)
+            elif registry.is_data_parallel(schedule):
+                sim.data_parallel_step_s = sim.steady_step_s
         return sched, sim
     except (ConfigError, ScheduleError, ValueError) as exc:
         if isinstance(exc, ChoiceError):

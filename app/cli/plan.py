@@ -1,13 +1,15 @@
 """`pipeboard plan`: split a profile across a cluster with PipeDream's DP or a baseline.
 
     pipeboard plan PROFILE|SPEC --workers N [N ...] --bandwidth B [B ...] [--schedule NAME [--microbatches M]
-        [--weight-grads batched|immediate] [--memory BYTES [--optimizer adam|adamw|sgd|sgd-plain]]]
+        [--weight-grads batched|immediate] [--recompute none|all|0,2] [--memory BYTES]
+        [--optimizer adam|adamw|sgd|sgd-plain]]
         [--memory-constraint] [--straight] [--fewer-workers] [--activation-compression R]
         [--method pipedream|uniform|time|params|dp] [--json] [-o plan.json] [--compare]
 
-With --schedule (no --memory), the plan is the one `POST /plans` and a job choose for the same
-input (trainer/choose.py: PipeDream's plan against the baselines under the cost model that
-predicts the run), printed with that prediction. PROFILE is a profile JSON or graph.txt. A model SPEC instead (a zoo name or a task factory, as
+With --schedule, the plan is the one `POST /plans` and a job choose for the same input
+(trainer/choose.py: PipeDream's plan against the baselines under the cost model that predicts
+the run; with --memory, the fastest that fits, recompute on where a stage would not), printed
+with that prediction: time per step, memory per stage, the comparison against data parallel. PROFILE is a profile JSON or graph.txt. A model SPEC instead (a zoo name or a task factory, as
 `pipeboard profile` takes, with --model-arg, --data, --batch-size and --precision) is profiled
 first, in this process. Planning a profile imports no torch, so that command starts fast. Bad input ends
 with one line on stderr and exit code 2.
@@ -121,7 +123,24 @@ def _print_comparison(plans) -> None:
     sys.stdout.write("\n" + "\n".join(lines) + "\n")
 
 
-def _chosen(prof, levels, method: str, schedule: str, microbatches: int, weight_grads: str):
+OPTIMIZERS = ("adam", "adamw", "sgd", "sgd-plain")  # as POST /plans' optimizer
+
+
+def parse_recompute(raw: str) -> str | list[int]:
+    """--recompute as a job's layout.recompute: none, all, or stage numbers (0,2)."""
+    if raw in ("none", "all"):
+        return raw
+    try:
+        stages = [int(part) for part in raw.split(",")]
+    except ValueError:
+        stages = []
+    if not stages or any(s < 0 for s in stages):
+        fail(f"--recompute: none, all, or stage numbers from 0 (as 0,2); got {raw!r}")
+    return stages
+
+
+def _chosen(prof, levels, method: str, schedule: str, microbatches: int, weight_grads: str, *,
+            memory: float | None = None, recompute: str | list[int] = "none", optimizer: str = "adam"):
     """(plan, predicted summary) as POST /plans makes them: trainer.choose, one function for both."""
     from pipeboard.app.services.planning import predicted_summary
     from pipeboard.trainer import choose
@@ -131,12 +150,18 @@ def _chosen(prof, levels, method: str, schedule: str, microbatches: int, weight_
         fail(f"--schedule: unknown schedule {schedule!r} (known: {', '.join(registry.names())})")
     if weight_grads not in ("batched", "immediate"):
         fail(f"--weight-grads: batched or immediate, got {weight_grads!r}")
+    if optimizer not in OPTIMIZERS:
+        fail(f"--optimizer: one of {', '.join(OPTIMIZERS)}, got {optimizer!r}")
+    if memory is not None and not memory > 0:
+        fail(f"--memory: must be > 0 bytes, got {memory:g}")
     data = prof.to_dict()
     try:
-        plan = choose.choose_plan(data, levels, memory_bytes=None, method=method, schedule=schedule,
-                                  microbatches=microbatches, weight_grads=weight_grads)
+        plan = choose.choose_plan(data, levels, memory_bytes=memory, method=method, schedule=schedule,
+                                  microbatches=microbatches, weight_grads=weight_grads, recompute=recompute,
+                                  optimizer=optimizer)
         sched, sim = choose.simulate_plan(plan, schedule, microbatches, samples_per_microbatch=prof.batch_size,
-                                          weight_grads=weight_grads, profile_data=data)
+                                          weight_grads=weight_grads, profile_data=data, optimizer=optimizer,
+                                          recompute=choose.chosen_recompute(plan, recompute))
     except choose.ChoiceError as exc:
         fail(str(exc))
     summary = predicted_summary(plan, sched, sim, microbatches, timeline_limit=0)
@@ -145,11 +170,15 @@ def _chosen(prof, levels, method: str, schedule: str, microbatches: int, weight_
 
 
 def _print_predicted(p: dict, schedule: str) -> None:
+    """The one prediction: time per step, memory per stage, the comparison against data parallel."""
     step = p["steady_step_s"] if p["steady_step_s"] is not None else p["iteration_time_s"]
-    memory = ", ".join(f"{b / 1e6:.1f}" for b in p["peak_memory_bytes"] or [])
+    memory = ", ".join(f"{b / 1e6:.1f}" for b in p["stage_memory_bytes"] or [])
+    versus = p["speedup_vs_data_parallel"]
+    redo = ",".join(map(str, p["recompute_stages"])) or "none"
     sys.stdout.write(f"\npredicted under {schedule}, {p['microbatches']} microbatches ({p['cost_model']} costs): "
                      f"{_fmt_s(step)} per step, bubble {p['bubble_fraction']:.1%}"
-                     + (f", peak MB per worker {memory}" if memory else "") + "\n")
+                     + (f", peak MB per stage {memory}" if memory else "") + f", recompute {redo}"
+                     + (f"; {versus:.2f}x data parallel's speed" if versus else "") + "\n")
 
 
 def _is_zoo_name(name: str) -> bool:
@@ -173,14 +202,17 @@ def plan_command(
     schedule: str = typer.Option(
         None, "--schedule",
         help="The schedule the run will have: the plan is the fastest candidate under the cost model that predicts "
-             "it, as POST /plans chooses, with its predicted step and memory per worker. With --memory: the cap is "
+             "it, as POST /plans chooses, with its predicted step and memory per stage. With --memory: the cap is "
              "checked by the memory model (weights by versions kept, gradients, optimizer state, activations in "
              "flight, boundary buffers) under this schedule, turning on activation recompute for the stages that "
              "would not fit."),
     microbatches: int = typer.Option(8, "--microbatches", help="With --schedule: microbatches per batch."),
     weight_grads: str = typer.Option("batched", "--weight-grads",
-                                     help="With --schedule, no --memory: batched or immediate, as the run's."),
+                                     help="With --schedule: batched or immediate, as the run's."),
     optimizer: str = typer.Option("adam", "--optimizer", help="With --schedule: adam, adamw, sgd or sgd-plain."),
+    recompute: str = typer.Option("none", "--recompute",
+                                  help="With --schedule: activation recompute as a job's layout.recompute: none, all, "
+                                       "or stage numbers (0,2); with --memory more stages may be turned on."),
     as_json: bool = typer.Option(False, "--json", help="Print the plan as one JSON object."),
     output: Path = typer.Option(None, "-o", "--output", help="Also write the plan JSON here."),
     compare: bool = typer.Option(False, "--compare", help="Plan with every method and print a throughput table."),
@@ -221,18 +253,25 @@ def plan_command(
                        max_states=max_states)
         if schedule is not None and microbatches < 1:
             fail(f"--microbatches: must be >= 1, got {microbatches}")
-        if schedule is not None and memory is None:
-            if compare or memory_constraint or straight or fewer_workers or activation_compression != 1.0:
-                fail("--schedule: without --memory, give it without --compare, --memory-constraint, --straight, "
-                     "--fewer-workers or --activation-compression (the choice POST /plans makes has none)")
-            result, predicted = _chosen(prof, levels, method or DEFAULT_METHOD, schedule, microbatches, weight_grads)
-        elif schedule is not None:
+        if schedule is None and recompute != "none":
+            fail("--recompute: give it with --schedule (the schedule decides what recompute saves)")
+        planner_only = straight or fewer_workers or activation_compression != 1.0  # options POST /plans lacks
+        if schedule is not None and memory is not None and planner_only:
+            # the planner's own options under a cap: its plan and the baselines checked by memory_fit
+            # (no choice POST /plans can make, so no prediction of the service's is printed)
             from pipeboard.trainer.plan.memory_fit import plan_under_cap
 
-            if compare or method is not None or memory_constraint:  # --method: not given
-                fail("--schedule: with --memory, give it without --compare, --method or --memory-constraint")
+            if compare or method is not None or memory_constraint or recompute != "none":
+                fail("--schedule: with --memory and --straight, --fewer-workers or --activation-compression, give "
+                     "it without --compare, --method, --memory-constraint or --recompute")
             options.pop("memory_bytes"), options.pop("memory_constraint")
             result, _ = plan_under_cap(prof, levels, memory, schedule, microbatches, optimizer=optimizer, **options)
+        elif schedule is not None:
+            if compare or memory_constraint or planner_only:
+                fail("--schedule: give it without --compare, --memory-constraint, --straight, --fewer-workers or "
+                     "--activation-compression (the choice POST /plans makes has none), or with --memory")
+            result, predicted = _chosen(prof, levels, method or DEFAULT_METHOD, schedule, microbatches, weight_grads,
+                                        memory=memory, recompute=parse_recompute(recompute), optimizer=optimizer)
         elif compare:
             plans = compare_methods(prof, levels, **options)
             result = plans[0]

@@ -5,7 +5,7 @@ from __future__ import annotations
 from datetime import datetime
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, model_validator
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 from pipeboard.trainer.schedule import registry as schedules
 
@@ -13,6 +13,10 @@ from pipeboard.app.schemas.common import (
     MAX_PLAN_WORKERS, Level, Method, ScheduleName, Stored, WeightGrads, _described, schedule_field, total_workers,
     weight_grads_field)
 from pipeboard.app.schemas.jobs import JobPublic
+from pipeboard.app.schemas.jobspec import Recompute, spec_error
+
+# the optimizers whose state the memory model counts (trainer.schedule.memory_model)
+PlanOptimizer = Literal["adam", "adamw", "sgd", "sgd-plain"]
 
 
 class PlanCreate(BaseModel):
@@ -32,7 +36,14 @@ class PlanCreate(BaseModel):
     model_args: dict[str, Any] = Field(default_factory=dict)
     batch_size: int = Field(default=32, ge=1, le=65536, description="With `model`: the job's batch size; the profile is measured per microbatch (batch_size // microbatches), as a job does.")
     levels: list[Level] = Field(min_length=1, max_length=4, description="Cluster levels, innermost first.")
-    memory_bytes: float | None = Field(default=None, gt=0, description="Memory per worker; enables the memory constraint.")
+    memory_bytes: float | None = Field(default=None, gt=0, description=(
+        "Memory cap per worker in bytes: the plan is the fastest candidate whose predicted memory (parameters, "
+        "gradients, optimizer state, activations in flight under `schedule`, boundary buffers) fits, with activation "
+        "recompute turned on where a stage would not fit; a cap nothing fits is a 422 naming the smallest need."))
+    recompute: Recompute = Field(default="none", description=(
+        "Activation recompute, as a job's `layout.recompute`: `none`, `all`, or the (virtual) stage numbers that "
+        "recompute; under `memory_bytes` more stages may be turned on. The prediction counts its time and memory."))
+    optimizer: PlanOptimizer = Field(default="adam", description="The optimizer whose state the predicted memory counts.")
     method: Method = "pipedream"
     schedule: ScheduleName = schedule_field("Schedule simulated for the predicted timeline.")
     microbatches: int = Field(default=8, ge=1, le=1024, description="Microbatches per simulated iteration.")
@@ -40,6 +51,14 @@ class PlanCreate(BaseModel):
         f"Model chunks per worker ({schedules.either(schedules.having(chunks=True), quote='')}).")))
     weight_grads: WeightGrads = weight_grads_field()
     timeline_limit: int = Field(default=5000, ge=0, le=200000, description="At most this many predicted events returned.")
+
+    @field_validator("recompute", mode="wrap")
+    @classmethod
+    def _recompute(cls, value: Any, handler: Any) -> Any:
+        try:  # one message for the union, not one per alternative
+            return handler(value)
+        except ValidationError:
+            raise spec_error(f"none, all, or a list of stage numbers from 0 (as [0, 2]); got {value!r}") from None
 
     @model_validator(mode="after")
     def _one_source(self) -> PlanCreate:
@@ -148,10 +167,17 @@ class Prediction(Stored):
     batch_weight_grads: bool | None = Field(default=None, description="Whether the weight gradients run in one pass per update.")
     cost_model: str | None = Field(default=None, description="`profile` (per-layer measurements) or `plan` (per-stage compute only).")
     steady_step_s: float | None = Field(default=None, description="Seconds per step back to back (profile cost model).")
+    data_parallel_step_s: float | None = Field(default=None, description=(
+        "Data parallelism's seconds per step on the same workers under the same cost model (profile cost model)."))
+    stage_memory_bytes: list[int] | None = Field(default=None, description=(
+        "Predicted peak bytes per (virtual) stage: the most of the workers holding it."))
+    recompute_stages: list[int] = Field(default_factory=list, description="The stages that recompute their activations.")
     planner_time_per_minibatch_s: float | None = None
     data_parallel_time_per_minibatch_s: float | None = None
     single_worker_time_per_minibatch_s: float | None = None
-    speedup_vs_data_parallel: float | None = None
+    speedup_vs_data_parallel: float | None = Field(default=None, description=(
+        "Data parallelism's time per step over the pipeline's (>1: the pipeline is predicted faster): "
+        "`data_parallel_step_s / steady_step_s` under the profile cost model, else the planner's objective's ratio."))
     speedup_vs_single_worker: float | None = None
     timeline_total: int | None = Field(default=None, description="Simulated events before downsampling.")
     timeline: list[PredictedEvent] = Field(default_factory=list)
@@ -177,6 +203,8 @@ class PlanRequest(Stored):
     microbatches: int | None = None
     chunks: int | None = None
     weight_grads: str | None = None
+    recompute: str | list[int] | None = None
+    optimizer: str | None = None
 
 
 class PlanPublic(BaseModel):

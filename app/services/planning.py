@@ -12,7 +12,7 @@ from pipeboard.app.services.errors import ServiceError
 from pipeboard.trainer import choose
 # the engine's names, importable from here as before (bench/, tests/, app/services/fidelity.py)
 from pipeboard.trainer.choose import (  # noqa: F401
-    EVEN_SPLITS, PIPEDREAM_PLANNER, profile_costs, ranked_candidates, recompute_stages, runtime_schedule, stage_replicas,
+    EVEN_SPLITS, PIPEDREAM_PLANNER, chosen_recompute, profile_costs, ranked_candidates, recompute_stages, runtime_schedule, stage_replicas,
     virtual_levels)
 
 # Bandwidth assumed between local worker processes when a job gives `workers` rather than
@@ -35,23 +35,25 @@ def _refused(exc: Any) -> ServiceError:
 
 def make_plan(profile_data: dict[str, Any], levels: list[tuple[int, float]], *, memory_bytes: float | None, method: str,
               schedule: str | None = None, microbatches: int | None = None, weight_grads: str = "batched",
-              chunks: int = 1) -> Any:
+              chunks: int = 1, recompute: str | list[int] | None = None, optimizer: str = "adam") -> Any:
     """trainer.choose.choose_plan (the one the CLI calls too); its errors become 422 naming the field."""
     try:
         return choose.choose_plan(profile_data, levels, memory_bytes=memory_bytes, method=method, schedule=schedule,
-                                  microbatches=microbatches, weight_grads=weight_grads, chunks=chunks)
+                                  microbatches=microbatches, weight_grads=weight_grads, chunks=chunks,
+                                  recompute=recompute, optimizer=optimizer)
     except choose.ChoiceError as exc:
         raise _refused(exc) from None
 
 
 def simulate(plan_obj: Any, schedule: str, microbatches: int, *, samples_per_microbatch: int | None = None, chunks: int = 1,
              vertical_sync: bool = False, weight_grads: str = "batched",
-             profile_data: dict[str, Any] | None = None, recompute: str | list[int] | None = None) -> tuple[Any, Any]:
+             profile_data: dict[str, Any] | None = None, recompute: str | list[int] | None = None,
+             optimizer: str = "adam") -> tuple[Any, Any]:
     """trainer.choose.simulate_plan: (Schedule, SimResult) of the step a run executes; 422 naming the field."""
     try:
         return choose.simulate_plan(plan_obj, schedule, microbatches, samples_per_microbatch=samples_per_microbatch,
                                     chunks=chunks, vertical_sync=vertical_sync, weight_grads=weight_grads,
-                                    profile_data=profile_data, recompute=recompute)
+                                    profile_data=profile_data, recompute=recompute, optimizer=optimizer)
     except choose.ChoiceError as exc:
         raise _refused(exc) from None
 
@@ -65,6 +67,11 @@ def predicted_summary(plan_obj: Any, sched: Any, sim: Any, microbatches: int, ti
     pipeline_time = float(d.get("predicted_time_s") or 0.0)
     dp_time = float(d.get("data_parallel_time_s") or 0.0)
     single = float(d.get("single_worker_time_s") or 0.0)
+    steady, dp_step = getattr(sim, "steady_step_s", None), getattr(sim, "data_parallel_step_s", None)
+    if steady and dp_step:  # the profile cost model: data parallelism under the same model as the step
+        versus_dp = dp_step / steady
+    else:  # the plan's costs: the planner's own objective for both
+        versus_dp = (dp_time / pipeline_time) if pipeline_time > 0 and dp_time > 0 else None
     return {
         "iteration_time_s": float(sim.iteration_time_s),
         "throughput": float(sim.throughput),
@@ -83,13 +90,20 @@ def predicted_summary(plan_obj: Any, sched: Any, sim: Any, microbatches: int, ti
         "cost_model": getattr(sim, "cost_model", "plan"),
         # With the profile cost model: seconds per step when steps run back to back (what the
         # run's samples/s measures); None otherwise.
-        "steady_step_s": getattr(sim, "steady_step_s", None),
-        # The planner's objective (seconds per minibatch at steady state) against data
-        # parallel on the same workers: >1 means the pipeline is predicted to be faster.
+        "steady_step_s": steady,
+        # data parallelism's step on the same workers under the step's own cost model (profile costs)
+        "data_parallel_step_s": dp_step,
+        # peak bytes per (virtual) stage (the most of the workers holding it) and the stages that
+        # recompute their activations, as the run will
+        "stage_memory_bytes": choose.stage_memory(sched, sim),
+        "recompute_stages": list(getattr(sim, "recompute", []) or []),
+        # The planner's objective (seconds per minibatch at steady state), kept for the record; the
+        # comparison against data parallel (>1: the pipeline is predicted faster) is the step's own
+        # cost model's where the profile gives one, else the planner's.
         "planner_time_per_minibatch_s": pipeline_time,
         "data_parallel_time_per_minibatch_s": dp_time,
         "single_worker_time_per_minibatch_s": single,
-        "speedup_vs_data_parallel": (dp_time / pipeline_time) if pipeline_time > 0 and dp_time > 0 else None,
+        "speedup_vs_data_parallel": versus_dp,
         "speedup_vs_single_worker": (single / pipeline_time) if pipeline_time > 0 and single > 0 else None,
         "timeline_total": len(timeline),
         "timeline": evenly(timeline, timeline_limit) if len(timeline) > timeline_limit else timeline,

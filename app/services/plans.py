@@ -91,9 +91,13 @@ def create(session: Session, body: PlanCreate, *, submitted_by: str | None = Non
             return profiling_job(session, profile_spec(body), submitted_by=submitted_by, owner_id=owner_id)
     plan_obj = planning.make_plan(prof.data, planning.levels_of(body.levels, None), memory_bytes=body.memory_bytes,
                                   method=body.method, schedule=body.schedule, microbatches=body.microbatches,
-                                  weight_grads=body.weight_grads, chunks=body.chunks)
+                                  weight_grads=body.weight_grads, chunks=body.chunks, recompute=body.recompute,
+                                  optimizer=body.optimizer)
+    # what was asked, or (under a cap) the stages the choice turned recompute on for, those included
     sched, sim = planning.simulate(plan_obj, body.schedule, body.microbatches, samples_per_microbatch=prof.batch_size,
-                                   chunks=body.chunks, weight_grads=body.weight_grads, profile_data=prof.data)
+                                   chunks=body.chunks, weight_grads=body.weight_grads, profile_data=prof.data,
+                                   recompute=planning.chosen_recompute(plan_obj, body.recompute),
+                                   optimizer=body.optimizer)
     predicted = planning.predicted_summary(plan_obj, sched, sim, body.microbatches, body.timeline_limit)
     request = body.model_dump(mode="json", exclude={"timeline_limit"})
     row = PlanRow(profile_id=prof.id, request=request, data=plan_obj.to_dict(), predicted=predicted, owner_id=owner_id)
