@@ -18,11 +18,14 @@ def step_values(sink: ListSink) -> dict[int, dict]:
     return {r.step: r.values for r in sink.metrics if "stages" in r.values}
 
 
-def test_a_variable_length_run_reports_the_tokens_of_its_batches(tmp_path):
+# a synchronous schedule, and the asynchronous one, whose first stage reads a batch before the
+# previous step is done
+@pytest.mark.parametrize("schedule", ["1f1b", "pipedream"])
+def test_a_variable_length_run_reports_the_tokens_of_its_batches(schedule):
     pytest.importorskip("transformers")
     from tests.trainer.varlen_tasks import causal_lm
 
-    cfg = RunConfig(model="tests.trainer.varlen_tasks:causal_lm", schedule="1f1b", num_stages=2, batch_size=8,
+    cfg = RunConfig(model="tests.trainer.varlen_tasks:causal_lm", schedule=schedule, num_stages=2, batch_size=8,
                     microbatches=4, steps=STEPS, eval_at_end=False)
     sink = ListSink()
     summary = run_training(cfg, sink)
