@@ -1,8 +1,9 @@
 """`DbSink(job_id)`: the `pipeboard.trainer.sink.Sink` that `pipeboard train --job-id N` reports through.
 
 Each call is one transaction: the rows (timeline events or metric points, inserted with one
-executemany) and the job-log event announcing them commit together, then go out on Redis
-pub/sub when the broker is Redis. Calls already arrive in batches (rank 0 gathers the others'),
+executemany) and the job-log event announcing them (their seq range only: events.py puts the rows
+back when the log is read) commit together, then go out on Redis pub/sub, rows included, when the
+broker is Redis. Calls already arrive in batches (rank 0 gathers the others'),
 so one transaction per call keeps the write rate low.
 
 It also fences its attempt: every write checks, under the job row's lock, that the job still runs
@@ -34,16 +35,14 @@ from pipeboard.trainer.schedule.actions import TimelineEvent
 
 log = logging.getLogger(__name__)
 
-# A timeline batch's events ride along in its SSE message up to this many; a bigger batch only
-# announces its seq range and the client fetches /timeline (keeps the log and the stream small).
-INLINE_EVENTS = 2000
+INLINE_EVENTS = job_events.INLINE_EVENTS
 # The job-log event kind the job page's "record the next N steps" appends; the running job reads it.
 DETAIL_REQUEST = "detail_request"
 
 
 def compact(ev: TimelineEvent) -> list[Any]:
     """[worker, stage, replica, microbatch, kind, start, end, step]: the SSE wire form."""
-    return [ev.worker, ev.stage, ev.replica, ev.microbatch, _kind(ev.kind), round(ev.start, 6), round(ev.end, 6), ev.step]
+    return job_events.compact_action(ev.worker, ev.stage, ev.replica, ev.microbatch, _kind(ev.kind), ev.start, ev.end, ev.step)
 
 
 def _kind(kind: Any) -> str:
@@ -109,9 +108,9 @@ class DbSink:
             "steps": [min(e.step for e in events), max(e.step for e in events)],
             "attempt": self.attempt,
         }
-        if len(events) <= INLINE_EVENTS:
-            payload["events"] = [compact(e) for e in events]
-        self._commit_with([("timeline", payload)])
+        # the log keeps the range; the live message also carries the actions
+        inline = {"events": [compact(e) for e in events]} if len(events) <= INLINE_EVENTS else {}
+        self._commit_with([("timeline", payload)], [inline])
         self._timeline_seq = first + len(rows) - 1
 
     def on_metrics(self, records: Sequence[MetricRecord]) -> None:
@@ -124,9 +123,10 @@ class DbSink:
             for i, r in enumerate(records)
         ]
         self.session.execute(insert(MetricPoint), rows)
-        points = [{"seq": row["seq"], "step": row["step"], "wall_s": row["wall_s"], "epoch": row["epoch"], "values": row["values"],
-                   "attempt": self.attempt} for row in rows]
-        self._commit_with([("metrics", {"points": points})])
+        points = [job_events.metric_point(row["seq"], row["step"], row["wall_s"], row["epoch"], row["values"], self.attempt) for row in rows]
+        ref = {"first_seq": first, "last_seq": first + len(rows) - 1, "count": len(rows),
+               "steps": [min(r.step for r in records), max(r.step for r in records)], "attempt": self.attempt}
+        self._commit_with([("metrics", ref)], [{"points": points}])
         self._metric_seq = first + len(rows) - 1
 
     def on_summary(self, summary: dict[str, Any]) -> None:
@@ -150,10 +150,11 @@ class DbSink:
 
     # --- internals ------------------------------------------------------------------------
 
-    def _commit_with(self, items: list[tuple[str, dict[str, Any]]]) -> None:
+    def _commit_with(self, items: list[tuple[str, dict[str, Any]]], live: list[dict[str, Any]] | None = None) -> None:
         """Commit the pending rows with their log events, if the job still runs this attempt:
         the check happens under the job row's lock (taken by the append), so a run that outlived
-        its attempt (its worker was lost and the job moved on) can never write into the next."""
+        its attempt (its worker was lost and the job moved on) can never write into the next.
+        ``live``: per item, what its published message carries beyond its stored payload."""
         try:
             published = job_events.append(self.session, self.job_id, items, commit=False)
             status, attempt = self.session.execute(select(Job.status, Job.attempt).where(Job.id == self.job_id)).one()
@@ -164,6 +165,8 @@ class DbSink:
         except Exception:
             self.session.rollback()
             raise
+        for message, extra in zip(published, live or []):
+            message["data"] = {**message["data"], **extra}
         job_events.publish(self.job_id, published)
 
     def _superseded(self, status: JobStatus, attempt: int) -> None:

@@ -4,14 +4,14 @@ from __future__ import annotations
 
 from typing import Any
 
-from sqlalchemy import func, select
+from sqlalchemy import func, or_, select
 from sqlalchemy.orm import Session
 
 from pipeboard.app.models import EventSource, MetricPoint
 from pipeboard.app.models import TimelineEvent as TimelineEventRow
 from pipeboard.app.schemas import MetricPointPublic, MetricsPublic, TimelineEventPublic, TimelinePublic
 from pipeboard.app.services import attempts
-from pipeboard.app.services.downsample import evenly, pick_steps
+from pipeboard.app.services.downsample import pick_steps
 from pipeboard.trainer.runtime.report import step_ranges
 
 T = TimelineEventRow
@@ -90,19 +90,20 @@ def metrics(session: Session, job_id: int, *, step_from: int | None = None, step
 
 def _thinned(session: Session, job_id: int, where: list[Any], columns: Any, limit: int, *,
              rows_as_objects: bool = False) -> tuple[list[Any], int]:
-    """The metric rows under ``where``, evenly thinned to ``limit`` (the last kept), and how many there are.
-    The database picks the points by key; only the kept points' values are read and parsed, so one page of a
-    day-long job never reads its every point."""
+    """The metric rows under ``where``, evenly thinned to at most ``limit`` (the last kept), and how many there are.
+    The points are picked by key in the index (every stride-th seq, and the last), and only the kept points' rows are
+    read and parsed: one page of a day-long job reads a few thousand points however long it ran."""
     M = MetricPoint
-    seqs = session.execute(select(M.seq).where(*where).order_by(M.seq)).scalars().all()
-    chosen = evenly(seqs, limit)
+    lo, hi, total = session.execute(select(func.min(M.seq), func.max(M.seq), func.count()).where(*where)).one()
     read = session.scalars if rows_as_objects else session.execute
-    if len(chosen) == len(seqs):
-        return list(read(columns.where(*where).order_by(M.seq)).all()), len(seqs)
-    # in chunks: SQLite takes a bounded number of parameters a statement
-    kept = [row for i in range(0, len(chosen), 900)
-            for row in read(columns.where(M.job_id == job_id, M.seq.in_(chosen[i:i + 900])).order_by(M.seq)).all()]
-    return kept, len(seqs)
+    if total <= limit:
+        return list(read(columns.where(*where).order_by(M.seq)).all()), int(total)
+    if limit == 1:
+        pick = M.seq == hi
+    else:  # at most limit - 1 multiples of the stride in [lo, hi], and hi
+        stride = -(-(hi - lo + 1) // (limit - 1))
+        pick = or_((M.seq - lo) % stride == 0, M.seq == hi)
+    return list(read(columns.where(*where, pick).order_by(M.seq)).all()), int(total)
 
 
 def chrome_trace(session: Session, job_id: int, source: str = "measured", *, step_from: int | None = None,
@@ -134,8 +135,6 @@ def step_summaries(session: Session, job_id: int, *, step_from: int | None = Non
     # The database picks the steps' points (an evaluation's point has no summary).
     where = [M.job_id == job_id, M.values["stages"].as_string().is_not(None), *_window(M, step_from, step_to, None)]
     kept, total = _thinned(session, job_id, where, select(M.step, M.wall_s, M.attempt, M.values), limit)
-    detail = session.execute(select(T.step).where(T.job_id == job_id, T.source == EventSource.MEASURED).group_by(T.step)
-                             .order_by(T.step)).scalars().all()
     return {
         "columns": list(SUMMARY_COLUMNS),
         "step": [r[0] for r in kept],
@@ -146,6 +145,20 @@ def step_summaries(session: Session, job_id: int, *, step_from: int | None = Non
         "stages": [r[3]["stages"] for r in kept],
         "total": total,
         "downsampled": len(kept) < total,
-        "detail_steps": step_ranges(list(detail)),
+        "detail_steps": detail_windows(session, job_id),
     }
+
+
+def detail_windows(session: Session, job_id: int) -> list[list[int]]:
+    """The [first, last] step ranges whose full actions are recorded (a bounded set of steps: docs/storage.md)."""
+    detail = session.execute(select(T.step).where(T.job_id == job_id, T.source == EventSource.MEASURED).group_by(T.step)
+                             .order_by(T.step)).scalars().all()
+    return step_ranges(list(detail))
+
+
+def last_step(session: Session, job_id: int) -> int | None:
+    """The step of the newest metric point (a resumed attempt's steps continue from where it resumed): one row read
+    by key, so its cost does not grow with the job."""
+    M = MetricPoint
+    return session.scalar(select(M.step).where(M.job_id == job_id).order_by(M.seq.desc()).limit(1))
 

@@ -1,5 +1,6 @@
 """`/jobs/{id}/events`: the live Server-Sent Events stream of one job; `/steps`, its per-step summaries;
-`/detail`, asking the running job to record its next steps' full action timeline."""
+`/detail`, which steps have their full action timeline (GET) and asking the running job to record its next
+steps' in full (POST)."""
 
 from __future__ import annotations
 
@@ -89,6 +90,21 @@ def job_steps(
 ) -> dict[str, Any]:
     ownership.job_for(session, principal, job_id)
     return rundata.step_summaries(session, job_id, step_from=step_from, step_to=step_to, limit=limit)
+
+
+@router.get(
+    "/{job_id}/detail",
+    summary="Which steps have full actions",
+    description=(
+        "`detail_steps`: the [first, last] step ranges whose full action timeline was recorded, and `last_step`: the "
+        "newest step with a summary (null before the first). What `/steps` says of them, without reading any summary: "
+        "its cost does not grow with the job's steps."
+    ),
+    responses=NOT_FOUND,
+)
+def job_detail_windows(job_id: JobId, session: SessionDep, principal: ReadAccess) -> dict[str, Any]:
+    ownership.job_for(session, principal, job_id)
+    return {"job_id": job_id, "detail_steps": rundata.detail_windows(session, job_id), "last_step": rundata.last_step(session, job_id)}
 
 
 class DetailRequest(BaseModel):
