@@ -22,6 +22,15 @@ export function series(points, key) {
   return { x, y };
 }
 
+/** At most about ``limit`` of the points, evenly spaced, the last and every evaluation (a `metric` value: there are
+ * few, and thinning would lose the time-to-accuracy curve) kept: a long running job's charts stay bounded. */
+export function thinPoints(points, limit) {
+  const last = points.length - 1;
+  const every = last / Math.max(1, limit - 1);
+  const picked = new Set(Array.from({ length: Math.min(limit, points.length) }, (_, i) => Math.round(i * every)));
+  return points.filter((p, i) => picked.has(i) || i === last || p.values?.metric != null);
+}
+
 /** Keys present in any point, e.g. every `utilization.<stage>`. */
 export function keysWithPrefix(points, prefix) {
   const keys = new Set();
@@ -35,7 +44,7 @@ export function attemptMarks(attempts = []) {
     .map((a) => ({ x: a.offset_s, text: `attempt ${a.attempt}${a.resume_step ? ` · from step ${a.resume_step}` : ' · from the start'}` }));
 }
 
-export function lineChart(div, traces, { title, xTitle = '', xSuffix = 's', yTitle = '', yRange, empty = 'no points yet', marks = [] } = {}) {
+export function lineChart(div, traces, { title, xTitle = '', xSuffix = 's', yTitle = '', y2Title, yRange, empty = 'no points yet', marks = [] } = {}) {
   // x is wall time by default: ticks say "2s", leaving room below them for a legend.
   const has = traces.some((t) => t.x.length);
   // A dashed line where each later attempt begins (the gap before it is the time the fault cost).
@@ -48,6 +57,8 @@ export function lineChart(div, traces, { title, xTitle = '', xSuffix = 's', yTit
     // Without points, axes would show a made-up range: show only the message.
     xaxis: { title: { text: xTitle }, ticksuffix: xSuffix, zeroline: false, visible: has },
     yaxis: { title: { text: yTitle }, range: yRange, zeroline: false, visible: has },
+    // a second quantity (traces with yaxis 'y2') on its own scale, at the right
+    ...(y2Title ? { yaxis2: { title: { text: y2Title }, overlaying: 'y', side: 'right', zeroline: false, showgrid: false, visible: has } } : {}),
     showlegend: traces.length > 1,
     legend: { orientation: 'h', x: 0, y: -0.12, yanchor: 'top' },
     annotations: has ? markNotes : [{ text: empty, showarrow: false, xref: 'paper', yref: 'paper', x: 0.5, y: 0.5, font: { color: '#52606d' } }],

@@ -9,8 +9,8 @@
 // between a snapshot and the stream) and then follows it; a finished job is read from the
 // timeline and metrics routes. Redraws happen once per batch of messages, never per message.
 
-import { cancelJob, eventsUrl, fetchTrace, getJob, getMetrics, getPlan, getTimeline, normalizeMetric, request, retryJob } from '../api.js';
-import { attemptMarks, lineChart, series, utilisationFromMetrics, utilisationFromTimeline } from '../charts.js';
+import { cancelJob, eventsUrl, fetchTrace, getJob, getPlan, getTimeline, normalizeMetric, request, retryJob } from '../api.js';
+import { attemptMarks, lineChart, series, thinPoints, utilisationFromMetrics, utilisationFromTimeline } from '../charts.js';
 import { GanttChart } from '../gantt.js';
 import { openInPerfetto, saveBytes } from '../perfetto.js';
 import { openStream } from '../sse.js';
@@ -18,6 +18,9 @@ import { clear, durationBetween, fmtBytes, fmtNumber, fmtPercent, fmtSeconds, h,
 
 const FINAL = new Set(['succeeded', 'failed', 'cancelled']);
 const WINDOWS = [[1, 'last step'], [3, 'last 3 steps'], [10, 'last 10 steps'], [0, 'all']];
+// Points per series the charts are given, whatever the job's length: more than a chart has pixels
+// across. A finished job's are thinned by the server; a running job's stream is thinned here past twice it.
+const CHART_POINTS = 1000;
 
 const fromCompact = (r, attempt = 1, hosts = {}) => ({ worker: r[0], stage: r[1], replica: r[2], microbatch: r[3], kind: r[4], start: r[5], end: r[6], step: r[7], attempt, host: hosts[r[0]] });
 
@@ -65,12 +68,12 @@ export async function render(container, { id }) {
   const fmtRange = ([a, b]) => (a === b ? `${a}` : `${a}–${b}`);
   async function loadWindows() {
     try {
-      const [steps, disk] = await Promise.all([request('GET', `/jobs/${id}/steps`, { query: { limit: 1 } }),
-        request('GET', `/jobs/${id}/storage`)]);
-      const ranges = steps.detail_steps || [];
+      const [windows, disk] = await Promise.all([request('GET', `/jobs/${id}/detail`), request('GET', `/jobs/${id}/storage`)]);
+      const ranges = windows.detail_steps || [];
+      const upTo = windows.last_step == null ? 'none yet' : `up to step ${windows.last_step}`;
       detailNote.textContent = ranges.length
-        ? `Full actions recorded for steps ${ranges.map(fmtRange).join(', ')}; every step has its summary (${steps.total} steps).`
-        : `No step has its full actions recorded yet; every step has its summary (${steps.total} steps).`;
+        ? `Full actions recorded for steps ${ranges.map(fmtRange).join(', ')}; every step has its summary (${upTo}).`
+        : `No step has its full actions recorded yet; every step has its summary (${upTo}).`;
       const chosen = detailSelect.value;
       clear(detailSelect).append(h('option', { value: '' }, 'Windows: newest'),
         ...ranges.map((r) => h('option', { value: r.join(':'), selected: r.join(':') === chosen }, `steps ${fmtRange(r)}`)));
@@ -140,10 +143,12 @@ export async function render(container, { id }) {
   function drawStats() {
     const j = state.job;
     const lastSpeed = series(state.metrics, 'samples_per_s').y.at(-1);
+    const lastTokens = series(state.metrics, 'tokens_per_s').y.at(-1);
     const metric = series(state.metrics, 'metric').y;
     clear(stats).append(...[
       ['status', j.status],
       ['samples/s', fmtNumber(j.samplesPerS ?? lastSpeed)],
+      ...(lastTokens != null ? [['tokens/s', fmtNumber(j.summary?.tokens_per_s ?? lastTokens)]] : []),
       [`best ${j.metricName || 'metric'}`, fmtNumber(j.bestMetric ?? metric.at(-1))],
       ['steps', j.summary?.steps ?? state.metrics.at(-1)?.step ?? '–'],
       ...(j.summary?.target != null ? [['time to target', j.summary.reached_target ? fmtSeconds(j.summary.time_to_target_s) : 'not reached']] : []),
@@ -200,13 +205,24 @@ export async function render(container, { id }) {
   }
 
   function drawCharts() {
-    const util = utilisationFromMetrics(state.metrics);
+    drawUtilisation();
     const marks = attemptMarks(state.job.attempts);
-    lineChart(utilDiv, util.length ? util : utilisationFromTimeline(live.events), { title: 'Utilisation per stage', yTitle: 'busy fraction', yRange: [0, 1.05], marks });
-    lineChart(speedDiv, [{ name: 'samples/s', ...series(state.metrics, 'samples_per_s') }], { title: 'Samples per second', yTitle: 'samples/s', marks });
+    // tokens/s beside samples/s (its own axis) when the run reports them
+    const tokens = series(state.metrics, 'tokens_per_s');
+    const speed = [{ name: 'samples/s', ...series(state.metrics, 'samples_per_s') }];
+    if (tokens.x.length) speed.push({ name: 'tokens/s', ...tokens, yaxis: 'y2' });
+    lineChart(speedDiv, speed, { title: tokens.x.length ? 'Samples and tokens per second' : 'Samples per second', yTitle: 'samples/s',
+      y2Title: tokens.x.length ? 'tokens/s' : undefined, marks });
     lineChart(lossDiv, [{ name: 'loss', ...series(state.metrics, 'loss') }], { title: 'Loss', yTitle: 'loss', marks });
     lineChart(metricDiv, [{ name: state.job.metricName || 'metric', ...series(state.metrics, 'metric') }], { title: `${state.job.metricName || 'Metric'} over time (time to accuracy)`, yTitle: state.job.metricName || 'metric', marks });
     drawPredictionError();
+  }
+
+  /** From the metric points when the run reports utilisation, else from the Gantt's actions. */
+  function drawUtilisation() {
+    const util = utilisationFromMetrics(state.metrics);
+    lineChart(utilDiv, util.length ? util : utilisationFromTimeline(live.events),
+      { title: 'Utilisation per stage', yTitle: 'busy fraction', yRange: [0, 1.05], marks: attemptMarks(state.job.attempts) });
   }
 
   /** The server's figures (job.fidelity, or the newest `fidelity` event while it runs): the plan's
@@ -248,6 +264,7 @@ export async function render(container, { id }) {
       }
       state.metrics.push(p);
     }
+    if (state.metrics.length > 2 * CHART_POINTS) state.metrics = thinPoints(state.metrics, CHART_POINTS);
   }
 
   async function refreshJob() {
@@ -328,20 +345,22 @@ export async function render(container, { id }) {
 
   state.job = job;
   drawHeader();
-  await Promise.all([live.setEvents([]), loadPredicted()]);
   if (FINAL.has(job.status)) {
-    // Metrics are small and come first; a long run's timeline follows when it has arrived.
+    // Every first request at once, each chart drawn once when its data is in: the metric series (thinned by
+    // the server to CHART_POINTS a series), the newest recorded window's actions, the prediction.
     const failed = (what) => (err) => errorBox.append(notice('error', `Could not load the ${what}: ${err.message}`));
-    const metricsDone = getMetrics(id).then((points) => { addMetrics(points); drawCharts(); drawStats(); }, failed('metrics'));
+    const metricsDone = request('GET', `/jobs/${id}/metrics`, { query: { limit: CHART_POINTS } })
+      .then((m) => { addMetrics(m.points || []); drawCharts(); drawStats(); }, failed('metrics'));
     // A long job's actions are kept in windows (docs/storage.md): the Gantt opens on the newest one, the
     // others are a choice away (#detail-window), so the page never reads every window at once.
-    const newest = (s) => (s.detail_steps || []).at(-1);
-    const timelineDone = request('GET', `/jobs/${id}/steps`, { query: { limit: 1 } })
-      .then((s) => getTimeline(id, newest(s) ? { step_from: newest(s)[0], step_to: newest(s)[1], limit: 100000 } : { limit: 100000 }))
-      .then((rows) => live.setEvents(rows), failed('timeline'));
-    await Promise.all([metricsDone, timelineDone]);
-    drawCharts();
+    const timelineDone = request('GET', `/jobs/${id}/detail`)
+      .then((w) => { const newest = (w.detail_steps || []).at(-1); return getTimeline(id, newest ? { step_from: newest[0], step_to: newest[1], limit: 100000 } : { limit: 100000 }); })
+      .then((rows) => live.setEvents(rows), (err) => { failed('timeline')(err); return live.setEvents([]); });
+    await Promise.all([loadPredicted(), metricsDone, timelineDone]);
+    // utilisation from the actions once they are in, for a run that reports none
+    if (!utilisationFromMetrics(state.metrics).length) drawUtilisation();
   } else {
+    await Promise.all([live.setEvents([]), loadPredicted()]);
     drawCharts();
     follow();
   }
