@@ -261,3 +261,24 @@ def test_a_what_if_plans_from_a_profile_calibrated_for_more(client, session, pro
     answer = client.post("/api/v1/plans", json={**WHAT_IF, "weight_grads": "immediate"})
     assert answer.status_code == 201, answer.text
     assert answer.json()["profile_id"] == profile_id
+
+
+def test_the_comparison_against_data_parallel_is_the_steps_own_cost_model(client):
+    """Under the profile cost model, data parallelism is predicted as its own run would be (the
+    whole model replicated, schedule dp), and the one comparison is the ratio of the two steps."""
+    from pipeboard.trainer import choose
+    from tests.app.test_services_planning import calibrated_chain
+
+    data = calibrated_chain()
+    pid = upload_json(client, data)
+    made = plan(client, profile_id=pid, levels=[{"workers": 2, "bandwidth": 5e9}], schedule="gpipe", microbatches=4,
+                method="uniform", timeline_limit=0)
+    assert made.status_code == 201, made.text
+    predicted = made.json()["predicted"]
+    assert predicted["cost_model"] == "profile"
+    dp_plan = choose.choose_plan(data, [(2, 5e9)], memory_bytes=None, method="uniform")
+    _, dp = choose.simulate_plan(dp_plan, "dp", 4, profile_data=data)
+    assert dp.cost_model == "profile" and predicted["data_parallel_step_s"] == dp.steady_step_s
+    assert predicted["speedup_vs_data_parallel"] == pytest.approx(dp.steady_step_s / predicted["steady_step_s"])
+    assert predicted["speedup_vs_data_parallel"] != pytest.approx(
+        predicted["data_parallel_time_per_minibatch_s"] / predicted["planner_time_per_minibatch_s"])

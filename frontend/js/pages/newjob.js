@@ -5,7 +5,7 @@
 
 import { ApiError, createJob, createPlan, getJob, getModel, listModels, listSchedules, request, uploadContext } from '../api.js';
 import { drawGantt } from '../gantt.js';
-import { planStats, stageStrip, throughputChart } from '../planview.js';
+import { renderWhatIf } from '../planview.js';
 import { chooseForMe, fillForm, tuneBody } from '../tune.js';
 import { clear, debounce, h, navigate, notice, parseArgs } from '../util.js';
 
@@ -276,6 +276,7 @@ export async function render(container) {
       weight_grads: l.weight_grads, microbatches: l.microbatches, levels: l.levels || [{ workers: l.workers, bandwidth: LOCAL_BANDWIDTH }], timeline_limit: 20000,
     };
     if (l.memory_bytes) body.memory_bytes = l.memory_bytes;
+    if (l.recompute && l.recompute !== 'none') body.recompute = l.recompute; // the prediction counts it
     if (chosenSchedule()?.chunks && l.chunks) body.chunks = l.chunks;
     box.setAttribute('aria-busy', 'true');
     const progress = notice('loading', 'Planning…');
@@ -283,12 +284,7 @@ export async function render(container) {
     try {
       const planPublic = await planFollowingProfiling(body, controller.signal, (text) => { progress.textContent = text; });
       if (closed) return;
-      const gantt = h('div', { class: 'chart', id: 'what-if-gantt' });
-      const tput = h('div', { class: 'chart', id: 'what-if-throughput' });
-      clear(box).append(planStats(planPublic), stageStrip(planPublic.plan || {}),
-        h('h3', {}, 'Predicted Gantt (one iteration)'), gantt, tput,
-        h('p', {}, h('a', { href: `#/plans/${planPublic.id}` }, 'Open the full plan view')));
-      await Promise.all([drawGantt(gantt, planPublic.predicted?.timeline || []), throughputChart(tput, planPublic.plan || {})]);
+      await renderWhatIf(box, planPublic, drawGantt);
     } catch (err) {
       if (err.name === 'AbortError') return;
       clear(box).append(notice('error', `No plan: ${err.message}`));
