@@ -53,11 +53,24 @@ def test_a_split_backward_keeps_its_output_gradients_until_w():
     # gpipe with batched weight gradients: all 4 BIs before the one W(-1): 4 activations + 4 gradients
     batched = worker_memory(build("gpipe", 2, 4, batch_weight_grads=True), [grads, grads], optimizer="sgd")
     assert batched[0].activations == 4 * (100 + 30)
-    # under recompute a BI rebuilds the layer inputs and W still needs them (the rebuilt rest, 100,
-    # lives during the BI only: on top of the 4 microbatches' 20 kept and the 3 earlier BIs' 70)
+    # under recompute a BI lets its rebuilt graph go and W replays the stage from the kept inputs:
+    # the rebuilt 100 lives during one BI or one microbatch's W at a time, on top of the 4
+    # microbatches' 20 kept, and at the W beside the gradients it makes
     redone = worker_memory(build("gpipe", 2, 4, batch_weight_grads=True), [grads, grads], optimizer="sgd",
                            recompute=[0])
-    assert redone[0].activations == max(4 * (20 + 30 + 40), 4 * 20 + 3 * 70 + 100)
+    assert (redone[0].activations, redone[0].gradients) == (4 * 20 + 100, 1000)
+
+
+def test_gradients_exist_from_a_stages_first_backward_to_its_update():
+    big = StageMemory(weight_bytes=1000, activation_bytes=400)
+    # 1f1b on 2 stages, 4 microbatches: stage 0 runs F0 F1 before its first B; that B makes the
+    # gradients while both microbatches' activations are held, and later levels stay lower
+    parts = worker_memory(build("1f1b", 2, 4), [big, big], optimizer="sgd")
+    assert (parts[0].activations, parts[0].gradients) == (800, 1000)
+    # with no backward in the actions, no gradient would exist: a schedule's forward-only prefix
+    # (every forward of gpipe) peaks beside the gradients only once its first backward runs
+    gpipe = worker_memory(build("gpipe", 2, 4), [big, big], optimizer="sgd")
+    assert all((w.activations, w.gradients) == (1600, 1000) for w in gpipe)
 
 
 def test_split_backward_holds_activations_until_w():

@@ -72,7 +72,7 @@ def test_the_reporter_adds_the_stages_figures_to_an_out_of_memory_error_and_not_
 
 
 def test_the_cpu_meter_sees_a_peak_inside_the_step_that_is_gone_at_its_end():
-    meter = MemoryMeter(torch.device("cpu"))
+    meter = MemoryMeter(torch.device("cpu"), source="rss_peak")
     if meter.source != "rss_peak":
         pytest.fail(f"this kernel refused to reset the peak ({meter.source}); the test needs Linux 4.0+")
     meter.take()
@@ -114,3 +114,13 @@ def test_cuda_actions_are_timed_by_events_on_the_hosts_clock():
     assert host0 - rec.origin - 1e-3 <= start <= end <= host0 - rec.origin + host_done + 1e-3
     assert busy == pytest.approx(end - start)
     assert MemoryMeter(dev).source == "cuda_max_allocated"
+
+
+@pytest.mark.parametrize("schedule,recompute", [("1f1b", None), ("zb-h1", [0, 1]), ("pipedream", None)])
+def test_a_cpu_run_counts_its_tensors_and_the_prediction_comes_near(schedule, recompute):
+    # counted bytes: the weights at least, and far below the process's resident memory (hundreds of MiB)
+    summary = run_training(cfg(schedule=schedule, recompute=recompute, model_args={**SMALL, "width": 256}, steps=2))
+    assert summary["memory_source"] == "counted"
+    for m in summary["memory"]:
+        assert 2 * 256 * 256 * 4 <= m["measured_bytes"] < 16 * 2**20
+        assert abs(m["predicted_bytes"] - m["measured_bytes"]) / m["measured_bytes"] < 0.25

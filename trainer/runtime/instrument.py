@@ -164,6 +164,10 @@ class StepReports:
 MEMORY_SOURCES = {
     "cuda_max_allocated": "the CUDA caching allocator's peak bytes allocated in the step "
                           "(torch.cuda.max_memory_allocated, reset at each step report)",
+    "counted": "the bytes of the worker's tensors at their peak in the step, counted per storage once "
+               "(trainer/runtime/memory_count.py): parameters and stashed weight versions, gradients, optimizer "
+               "state, what autograd saved for backward (saved_tensors_hooks), the microbatches in flight and "
+               "recompute's rebuilt activations; not the interpreter, torch's libraries or the heap's slack",
     "rss_peak": "the stage process's peak resident memory in the step (Linux VmHWM, reset at each step report "
                 "through /proc/self/clear_refs): the interpreter, torch's libraries and freed memory the heap "
                 "keeps are in it, so it reads above the tensors' bytes",
@@ -175,19 +179,22 @@ def memory_source(device_kind: str) -> str:
     """How a run's workers on ``device_kind`` measure memory (``MemoryMeter``), as this host's kernel allows."""
     if device_kind == "cuda":
         return "cuda_max_allocated"
-    return "rss_peak" if reset_rss_peak() else "rss"
+    return "counted"
 
 
 class MemoryMeter:
     """A worker's peak memory since the last ``take``, on its device: the allocator's peak on a
-    GPU, the process's peak resident memory on CPU (MEMORY_SOURCES says what each includes)."""
+    GPU, the counted bytes of its tensors on CPU (``source="rss_peak"``: the process's peak
+    resident memory instead; MEMORY_SOURCES says what each includes)."""
 
-    def __init__(self, device: torch.device) -> None:
+    def __init__(self, device: torch.device, source: str | None = None) -> None:
         self.device = device
         if device.type == "cuda":
             self.source = "cuda_max_allocated"
             torch.cuda.reset_peak_memory_stats(device)
-        else:
+        elif source in (None, "counted"):
+            self.source = "counted"
+        else:  # the process's resident memory: what a run outside torch's tensors costs the host
             self.source = "rss_peak" if reset_rss_peak() else "rss"
 
     def take(self) -> int:
@@ -195,6 +202,10 @@ class MemoryMeter:
             peak = int(torch.cuda.max_memory_allocated(self.device))
             torch.cuda.reset_peak_memory_stats(self.device)
             return peak
+        if self.source == "counted":
+            from pipeboard.trainer.runtime.memory_count import COUNTER
+
+            return COUNTER.take()
         if self.source == "rss_peak":
             peak = _rss_peak()
             reset_rss_peak()

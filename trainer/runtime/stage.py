@@ -13,6 +13,7 @@ pending; ``backward_weight(mb)`` (or ``-1``: every pending microbatch at once) c
 from __future__ import annotations
 
 from contextlib import nullcontext
+from dataclasses import dataclass
 from typing import Callable
 
 import torch
@@ -20,8 +21,22 @@ import torch.distributed as dist
 from torch import nn
 from torch.utils.checkpoint import checkpoint
 
+from pipeboard.trainer.runtime.memory_count import COUNTER
 from pipeboard.trainer.runtime.versions import WeightVersions
 from pipeboard.trainer.runtime.weightgrad import CallRecorder, PendingWeights, backward_inputs, backward_weights, get_attr_slots
+
+
+@dataclass(eq=False)
+class _Replay:
+    """What a recomputing stage's W needs after its BI: it reruns the forward from the inputs
+    (under the forward's random state) and takes the weight gradients in one backward. Taking
+    them layer by layer through the checkpointed graph would replay the whole stage once per
+    layer and keep every replay's tensors until the graph went."""
+
+    inputs: list[torch.Tensor]
+    grads: list[torch.Tensor] | None  # the output gradients BI received (None: the last stage)
+    rng: tuple
+    target: torch.Tensor | None
 
 
 class Stage:
@@ -74,6 +89,18 @@ class Stage:
         self.eval_outputs: list[torch.Tensor] = []
         # called with this stage right before each update (tied parameters: trainer/runtime/tied.py)
         self.before_step: Callable[[Stage], None] | None = None
+        # On CPU the worker's memory is counted in tensors' bytes (memory_count.py): storages this
+        # stage keeps per microbatch, from its forward to its backward (or from BI to W)
+        first = next(iter(module.parameters()), None)
+        self.counter = COUNTER if first is None or first.device.type == "cpu" else None
+        self._held: dict[int, list] = {}
+        self._held_w: dict[int, list] = {}
+        self._rebuilding = False
+        self._rng: dict[int, tuple] = {}  # recompute: each microbatch's random state and target, for W
+        self._device = first.device if first is not None else torch.device("cpu")
+        if self.counter is not None:
+            self.counter.stages.add(self)
+            self.counter.refresh()
 
     @property
     def optimizer(self) -> torch.optim.Optimizer:
@@ -84,8 +111,17 @@ class Stage:
         if tensors is not None:
             out = self._call_with(tensors, inputs)
         else:
-            out = (self.ddp if (train and self.ddp is not None) else self.module)(*inputs)
+            out = self._module_call(self.ddp if (train and self.ddp is not None) else self.module, inputs)
         return out if isinstance(out, tuple) else (out,)
+
+    def _module_call(self, module, inputs):
+        if self._rebuilding and self.counter is not None:  # recompute's replay inside a backward
+            with self.counter.rebuilding():
+                return module(*inputs)
+        return module(*inputs)
+
+    def _counting(self):
+        return self.counter.hooks() if self.counter is not None else nullcontext()
 
     def _structured(self, outputs: tuple[torch.Tensor, ...]):
         """What the model itself returns (a tensor, tuple, dict, ModelOutput), as the loss expects."""
@@ -105,7 +141,7 @@ class Stage:
         try:
             for owner, name, i in slots:
                 owner._parameters[name] = tensors[i]
-            return self.module(*inputs)
+            return self._module_call(self.module, inputs)
         finally:
             for (owner, name, _), p in zip(slots, saved):
                 owner._parameters[name] = p
@@ -118,8 +154,11 @@ class Stage:
             self.ddp.require_backward_grad_sync = sync_grads
         if self._recorder is not None:
             self._recorder.start()
+        if self.recompute and self._recorder is not None:  # a split backward may follow
+            cuda = self._device.type == "cuda"
+            self._rng[mb] = (torch.get_rng_state(), torch.cuda.get_rng_state(self._device) if cuda else None, target)
         try:
-            with self.autocast():
+            with self.autocast(), self._counting():
                 if self.recompute:
                     outputs = checkpoint(self._call, version, inputs, use_reentrant=False)
                 else:
@@ -128,12 +167,16 @@ class Stage:
                     loss = self.loss_fn(self._structured(outputs), target)
         finally:
             calls = self._recorder.stop() if self._recorder is not None else []
+        if self.recompute:
+            calls = []  # the notes would keep what recompute frees (a Linear's input); W replays instead
         if self.is_last:
             self.losses.append(loss.detach())
-            self.in_flight[mb] = (inputs, (loss * self.loss_scale,), calls, version)
-            return ()
+            with self._counting():
+                outputs = (loss * self.loss_scale,)
         self.in_flight[mb] = (inputs, outputs, calls, version)
-        return tuple(o.detach() for o in outputs)
+        if self.counter is not None:
+            self._held[mb] = self.counter.hold([*inputs, *outputs, *(c.x for c in calls)])
+        return () if self.is_last else tuple(o.detach() for o in outputs)
 
     def backward(self, mb: int, grads: list[torch.Tensor] | None, weights: bool = True) -> list[torch.Tensor]:
         """Backpropagate microbatch ``mb``; returns the gradients of its floating-point inputs.
@@ -143,9 +186,29 @@ class Stage:
             inputs, outputs, calls, version = self.in_flight.pop(mb)
         except KeyError:
             raise RuntimeError(f"stage {self.index}: backward of microbatch {mb} before its forward") from None
-        if not weights:
-            return self._backward_inputs(mb, inputs, outputs, grads, calls, version)
-        del calls  # the full backward needs no notes
+        self._rebuilding = self.recompute
+        try:
+            if not weights:
+                got = self._backward_inputs(mb, inputs, outputs, grads, calls, version)
+            else:
+                del calls  # the full backward needs no notes
+                self._rng.pop(mb, None)
+                got = self._backward_full(inputs, outputs, grads)
+        finally:
+            self._rebuilding = False
+        if self.counter is not None:
+            if not weights:  # what W reads: each noted layer's input and output gradient, or a replay's
+                pending = self.pending_weights[mb][1]
+                self._held_w[mb] = self.counter.hold(
+                    [*pending.inputs, *(pending.grads or ())] if isinstance(pending, _Replay)
+                    else [t for c in pending.calls for t in (c.x, *c.grads)])
+            self.counter.drop(self._held.pop(mb, []))
+            del inputs, outputs
+            self.counter.end_backward()
+            self.counter.refresh()
+        return got
+
+    def _backward_full(self, inputs, outputs, grads) -> list[torch.Tensor]:
         if self.is_last:
             torch.autograd.backward(outputs[0])
         else:
@@ -157,6 +220,8 @@ class Stage:
         return [x.grad if x.grad is not None else torch.zeros_like(x) for x in inputs if x.dtype.is_floating_point]
 
     def _backward_inputs(self, mb: int, inputs, outputs, grads, calls, version: int) -> list[torch.Tensor]:
+        if self.recompute and mb in self._rng:
+            return self._replayed_inputs(mb, inputs, outputs, grads, version)
         if self._recorder is None:
             raise RuntimeError(f"stage {self.index}: a split backward (BI/W) needs the layer calls noted during the "
                                "forward (not with DistributedDataParallel, nor layer_calls=False)")
@@ -178,6 +243,51 @@ class Stage:
         by_id = {id(x): g for x, g in zip(needs, got)}
         return [g if (g := by_id.get(id(x))) is not None else torch.zeros_like(x) for x in wanted]
 
+    def _replayed_inputs(self, mb: int, inputs, outputs, grads, version: int) -> list[torch.Tensor]:
+        """BI of a recomputing stage: the input gradients through the checkpointed graph, which
+        goes with them; W replays the forward itself (``_Replay``)."""
+        if mb in self.pending_weights:
+            raise RuntimeError(f"stage {self.index}: microbatch {mb} already awaits its weight gradients")
+        cpu_rng, cuda_rng, target = self._rng.pop(mb)
+        wanted = [] if self.is_first else [x for x in inputs if x.dtype.is_floating_point]
+        needs = [x for x in wanted if x.requires_grad]
+        if self.is_last:
+            roots, root_grads = [outputs[0]], None
+        else:
+            pairs = [(o, g) for o, g in zip((o for o in outputs if o.dtype.is_floating_point), grads) if o.requires_grad]
+            roots, root_grads = [o for o, _ in pairs], [g for _, g in pairs]
+        got = torch.autograd.grad(roots, needs, root_grads, allow_unused=True) if roots and needs else []
+        tensors = self.versions.tensors(version) or self.versions.params
+        self.pending_weights[mb] = (tensors, _Replay([x.detach() for x in inputs], None if self.is_last else list(grads),
+                                                     (cpu_rng, cuda_rng, version), target))
+        by_id = {id(x): g for x, g in zip(needs, got)}
+        return [g if (g := by_id.get(id(x))) is not None else torch.zeros_like(x) for x in wanted]
+
+    def _replay_weights(self, tensors: list[torch.Tensor], r: _Replay) -> None:
+        cpu_rng, cuda_rng, _ = r.rng
+        devices = [self._device] if cuda_rng is not None else []
+        with torch.random.fork_rng(devices=devices), torch.enable_grad():
+            torch.set_rng_state(cpu_rng)
+            if cuda_rng is not None:
+                torch.cuda.set_rng_state(cuda_rng, self._device)
+            with self.autocast(), self._counting():
+                # the version's own tensors: it may have been released since the BI
+                outputs = self._call_with(tensors, list(r.inputs)) if self.versions.stash else self.module(*r.inputs)
+                outputs = outputs if isinstance(outputs, tuple) else (outputs,)
+                if self.is_last:
+                    roots, root_grads = [self.loss_fn(self._structured(outputs), r.target) * self.loss_scale], None
+                else:  # paired as the backward pairs them
+                    pairs = [(o, g) for o, g in zip((o for o in outputs if o.dtype.is_floating_point), r.grads)
+                             if o.requires_grad]
+                    roots, root_grads = [o for o, _ in pairs], [g for _, g in pairs]
+            targets = [t for t in tensors if t.requires_grad]
+            if not targets or not roots:  # a stage without weights (or no output reached the loss)
+                return
+            got = torch.autograd.grad(roots, targets, root_grads, allow_unused=True)
+        for t, g in zip(targets, got):
+            if g is not None:
+                t.grad = g if t.grad is None else t.grad.add_(g)
+
     def backward_weight(self, mb: int) -> None:
         """Weight gradients of microbatch ``mb``'s earlier BI, or with ``mb == -1`` of every
         microbatch awaiting them (batched where the layer allows). They accumulate into the
@@ -193,7 +303,18 @@ class Stage:
                                    "input-gradient backward") from None
         if not todo:
             return
-        backward_weights([pending for _, (_, pending) in todo])
+        # without grad mode: g^T x of a Linear's noted input would otherwise record a graph on the
+        # weight's gradient, which then kept every microbatch's activations until the update
+        with torch.no_grad():
+            backward_weights([pending for _, (_, pending) in todo if not isinstance(pending, _Replay)])
+        for m, (tensors, pending) in todo:
+            if isinstance(pending, _Replay):  # one microbatch's replay at a time
+                self._replay_weights(tensors, pending)
+            if self.counter is not None:
+                self.counter.drop(self._held_w.pop(m, []))
+                self.counter.end_backward()
+        if self.counter is not None:
+            self.counter.refresh()
         if self.versions.stash:
             # A version released since its BI has had its gradients moved to the parameters
             # already; these late ones follow the same way.
@@ -236,4 +357,9 @@ class Stage:
                                f"{sorted(self.pending_weights)} still pending (a W must come before it)")
         if self.before_step is not None:
             self.before_step(self)
+        grads = self.counter.refresh() if self.counter is not None else 0
         self.versions.step(version, keep_current)
+        if self.counter is not None:
+            # the new optimizer state and version were made while the gradients still existed
+            self.counter.refresh()
+            self.counter.note(extra=grads)

@@ -8,7 +8,9 @@ Per worker, summed over the (virtual) stages it holds:
 - weights: one copy of a stage's parameters per version held at once (pipedream's weight
   stashing keeps several; the synchronous schedules one), read off the action order
   (``stash.peak_versions``);
-- gradients: one accumulation buffer the size of one version of the weights;
+- gradients: one accumulation buffer the size of one version of the weights, from a stage's
+  first backward (or W) of a batch to its update, which lets them go: at the walk's peak they
+  may not exist yet (gpipe's peak, every forward done, comes before any gradient);
 - optimizer state: ``OPTIMIZER_STATES[optimizer]`` copies of the weights (adam's two moments,
   sgd with momentum's one buffer);
 - activations: the walk along the worker's own actions. A forward of microbatch m on stage s
@@ -20,8 +22,9 @@ Per worker, summed over the (virtual) stages it holds:
   keeps only those (its output and the loss live outside the recomputed call); its backward first rebuilds the whole activation,
   so the walk adds that transient at each of its backwards;
 - a split backward (BI, then W): from its BI to its W a microbatch also keeps the gradient of
-  each weighted layer's output, and under recompute the layer inputs the BI rebuilt (the W's
-  dW = g^T x reads both);
+  each weighted layer's output (the W's dW = g^T x reads it with the saved input); under
+  recompute the BI lets the checkpointed graph go and the W replays the stage from its inputs
+  (kept until then), so the rebuilt activation is a transient of the W too;
 - boundary buffers: one received input and one received output gradient per stage (the
   pre-posted receives the runtime holds).
 """
@@ -32,7 +35,7 @@ from dataclasses import asdict, dataclass
 from typing import TYPE_CHECKING, Iterable
 
 from pipeboard.trainer.schedule.actions import Schedule, ScheduleError
-from pipeboard.trainer.schedule.stash import B, BI, F, W, batched_weight_counts, peak_versions, schedule_columns
+from pipeboard.trainer.schedule.stash import B, BI, STEP, F, W, batched_weight_counts, peak_versions, schedule_columns
 
 if TYPE_CHECKING:
     import numpy as np
@@ -75,7 +78,8 @@ class WorkerMemory:
     """Peak bytes of one worker, by part; ``total`` is what a cap is checked against."""
 
     weights: int
-    gradients: int
+    gradients: int  # at the peak (0 where the peak comes before a stage's first backward)
+    # activations: at the peak, on top of the gradients then
     optimizer: int
     activations: int
     boundary: int
@@ -98,11 +102,13 @@ def optimizer_copies(optimizer: str) -> int:
 
 
 def activation_walk(code: np.ndarray, stage: np.ndarray, mb: np.ndarray, kept: list[int], rebuilt: list[int],
-                    split: list[int] | None = None) -> tuple[int, int]:
-    """(peak bytes, peak pairs) of activations along one worker's action columns. ``kept[s]``:
-    bytes a forward of stage s leaves until its backward; ``rebuilt[s]``: bytes a backward of s
-    rebuilds on top of that for its own duration (recompute), 0 otherwise; ``split[s]``: bytes an
-    input-gradient backward (BI) of s adds until its W releases them with the rest."""
+                    split: list[int] | None = None, grads: list[int] | None = None) -> tuple[int, int, int]:
+    """(peak bytes, peak pairs, gradients' bytes at that peak) along one worker's action columns.
+    ``kept[s]``: bytes a forward of stage s leaves until its backward; ``rebuilt[s]``: bytes a
+    backward of s (and under a split backward its W) rebuilds on top of that for its own duration
+    (recompute), 0 otherwise; ``split[s]``: bytes an input-gradient backward (BI) of s adds until
+    its W releases them with the rest; ``grads[s]``: stage s's gradients, made by its first
+    backward (B or W) and let go at its update."""
     import numpy as np
     kept_a = np.asarray(kept, np.int64)[np.clip(stage, 0, None)]
     split_a = np.asarray(split if split is not None else [0] * len(kept), np.int64)[np.clip(stage, 0, None)]
@@ -115,12 +121,28 @@ def activation_walk(code: np.ndarray, stage: np.ndarray, mb: np.ndarray, kept: l
              - np.where(code == W, kept_a + split_a, 0))
     for i, n in batched_weight_counts(code, stage, mb).items():
         delta[i] = -n * (kept_a[i] + split_a[i])
+    grad_delta = np.zeros(len(code), np.int64)
+    for s, size in enumerate(grads or ()):
+        made = False
+        for i in np.flatnonzero(stage == s):
+            if code[i] in (B, W) and not made:
+                grad_delta[i], made = size, True
+            elif code[i] == STEP and made:
+                grad_delta[i], made = -size, False
     level = np.cumsum(delta)
+    grad_level = np.cumsum(grad_delta)
     # a backward's rebuilt activation exists while it runs: before its own release is applied
-    before = level - delta
-    transient = np.where((code == B) | (code == BI), np.asarray(rebuilt, np.int64)[np.clip(stage, 0, None)], 0)
-    peak = max(int(level.max(initial=0)), int((before + transient).max(initial=0)))
-    return peak, int(np.cumsum(pairs).max(initial=0))
+    # (its gradients are made during it)
+    before = level - delta + grad_level
+    transient = np.where((code == B) | (code == BI) | (code == W),
+                         np.asarray(rebuilt, np.int64)[np.clip(stage, 0, None)], 0)
+    total = level + grad_level
+    at = int(np.argmax(total)) if len(total) else 0
+    peak, grads_at = (int(total[at]), int(grad_level[at])) if len(total) and total[at] > 0 else (0, 0)
+    i = int(np.argmax(before + transient)) if len(code) else 0
+    if len(code) and int(before[i] + transient[i]) > peak:
+        peak, grads_at = int(before[i] + transient[i]), int(grad_level[i])
+    return peak, int(np.cumsum(pairs).max(initial=0)), grads_at
 
 
 def worker_memory(schedule: Schedule, stages: list[StageMemory], *, optimizer: str = "sgd",
@@ -138,16 +160,17 @@ def worker_memory(schedule: Schedule, stages: list[StageMemory], *, optimizer: s
         cols, _ = schedule_columns(schedule)
     kept = [st.kept_per_microbatch(s in redo) for s, st in enumerate(stages)]
     rebuilt = [st.activation_bytes if s in redo else 0 for s, st in enumerate(stages)]
-    # a BI leaves its output gradients for W, and under recompute the layer inputs it rebuilt
-    split = [st.weight_grad_bytes + (st.weight_input_bytes if s in redo else 0) for s, st in enumerate(stages)]
+    # a BI leaves its output gradients for W (under recompute, W replays: nothing beyond the kept)
+    split = [0 if s in redo else st.weight_grad_bytes for s, st in enumerate(stages)]
     out = []
     for spec, (code, stage, mb, version) in zip(schedule.workers, cols):
         versions = {s: peak_versions(code, stage, version, s) for s in spec.stages}
         weights = sum(versions[s] * stages[s].weight_bytes for s in spec.stages)
         one = sum(stages[s].weight_bytes for s in spec.stages)
-        acts, pairs = activation_walk(code, stage, mb, kept, rebuilt, split)
+        grads = [stages[s].weight_bytes if s in spec.stages else 0 for s in range(len(stages))]
+        peak, pairs, grads_at = activation_walk(code, stage, mb, kept, rebuilt, split, grads)
         boundary = sum(stages[s].input_bytes + stages[s].output_bytes for s in spec.stages)
-        out.append(WorkerMemory(weights=weights, gradients=one, optimizer=copies * one, activations=acts,
+        out.append(WorkerMemory(weights=weights, gradients=grads_at, optimizer=copies * one, activations=peak - grads_at,
                                 boundary=boundary, versions=max(versions.values(), default=0), in_flight=pairs))
     return out
 
