@@ -42,6 +42,16 @@ def _optimizer(task, modules, lr) -> str:
     return "sgd-plain"  # no parameters anywhere: no optimizer state
 
 
+def _microbatches(cfg) -> int:
+    """How many microbatches the predicted action list spans: one batch for a synchronous
+    schedule (every batch repeats it); an asynchronous one (pipedream) runs its batches as one
+    pipeline, whose first batch holds one weight version where later ones hold several, so up to
+    4 batches of it (its steady state on the pipelines runs use), as many as the run has."""
+    if not cfg.is_async:
+        return cfg.microbatches
+    return cfg.microbatches * max(1, min(cfg.steps or 4, 4))
+
+
 def predict(cfg, layout, task, modules) -> tuple[dict[int, int] | None, str | None]:
     """(virtual stage -> predicted peak bytes of the worker holding it, None) or (None, why not).
 
@@ -57,7 +67,7 @@ def predict(cfg, layout, task, modules) -> tuple[dict[int, int] | None, str | No
         _, target = task.example_batch(cfg.microbatch_size)  # the last stage's loss is counted too
         with torch.enable_grad():  # saved tensors are packed only where autograd records
             counted = measure_stages(modules, example, cfg.precision, "cpu", loss=task.loss, target=target)
-        return (predicted_bytes_per_stage(layout.build(cfg.microbatches), counted, _optimizer(task, modules, cfg.lr),
+        return (predicted_bytes_per_stage(layout.build(_microbatches(cfg)), counted, _optimizer(task, modules, cfg.lr),
                                           cfg.recompute or ()), None)
     except Exception as exc:  # a model the counting cannot run: the run goes on, its summary says why
         return None, f"{type(exc).__name__}: {exc}".splitlines()[0][:300]
