@@ -7,6 +7,7 @@ import os
 import subprocess
 import sys
 from pathlib import Path
+from types import SimpleNamespace
 
 import pytest
 
@@ -117,11 +118,14 @@ def test_cuda_training_checks_the_machine_s_gpus_before_starting(monkeypatch):
     monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
     r = in_process(*BASE, "--stages", "2", "--schedule", "1f1b", "--steps", "1", "--device", "cuda")
     assert r.exit_code == 2 and r.stderr.strip() == "error: device cuda: CUDA is not available on this machine", r.output
-    # one GPU cannot hold two NCCL ranks: the run is refused, naming both counts
+    # two stage processes share the one GPU where their predicted memory fits (each with its CUDA
+    # context's 512 MiB): a 700 MiB GPU holds one, and the run is refused naming the other
     monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
     monkeypatch.setattr(torch.cuda, "device_count", lambda: 1)
+    monkeypatch.setattr(torch.cuda, "get_device_properties", lambda i: SimpleNamespace(total_memory=700 * 2**20))
     r = in_process(*BASE, "--stages", "2", "--schedule", "1f1b", "--steps", "1", "--device", "cuda")
-    assert r.exit_code == 2 and "2 worker processes need 2 GPUs" in r.stderr and "has 1" in r.stderr, r.output
+    assert r.exit_code == 2 and "device cuda: 2 stage processes on 1 GPU(s): stage process " in r.stderr, r.output
+    assert "the most any GPU has left is" in r.stderr and len(r.stderr.strip().splitlines()) == 1, r.output
 
 
 def test_train_asks_for_huge_pages_before_torch_allocates(monkeypatch):

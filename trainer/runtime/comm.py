@@ -24,9 +24,9 @@ shared memory (``pipeboard.trainer.runtime.shm``: one channel per directed pair,
 memory is unsupported (``shm.supported``: Linux on x86_64 with /dev/shm) and where a host's
 channels would take more than half of its free /dev/shm. ``shm`` does the same but is an error
 where shared memory is unsupported or too small; ``gloo`` always uses the process group. CUDA
-workers always use the process group (NCCL) whatever the setting: the worker passes ``gloo``
-for them. Shared memory is the default because a same-host transfer then costs one slot copy
-and a futex wake instead of a gloo send through the loopback socket, far less CPU, which counts
+workers on different GPUs use NCCL whatever the setting; CUDA workers sharing a GPU go through
+host memory by the setting (``staged`` peers; docs/runtime.md, "Several stages on one GPU").
+Shared memory is the default because a same-host transfer then costs one slot copy and a futex wake instead of a gloo send through the loopback socket, far less CPU, which counts
 most where the runtime's fixed cost per step is most of the step (docs/runtime.md, "Transfers",
 has the measurements).
 """
@@ -140,6 +140,22 @@ class SizedRecv:
         return self.buffers
 
 
+class StagedRecv:
+    """A receive from a rank on this run's own GPU, through host memory: ``wait`` takes the host
+    tensors the CPU transport delivered and copies them to the device (pinned buffers: the copy
+    is queued on the current stream, before the consumer's kernels)."""
+
+    __slots__ = ("inner", "device", "buffers")
+
+    def __init__(self, inner, device: torch.device) -> None:
+        self.inner, self.device, self.buffers = inner, device, None
+
+    def wait(self) -> list[torch.Tensor]:
+        if self.buffers is None:
+            self.buffers = [t.to(self.device, non_blocking=True) for t in self.inner.wait()]
+        return self.buffers
+
+
 class ShmRecv:
     """A receive from a shared-memory channel: ``wait`` takes exactly its message, in any order."""
 
@@ -159,7 +175,7 @@ class P2P:
     ``channels_out`` / ``channels_in`` (rank -> shm.Channel) go through shared memory."""
 
     def __init__(self, specs: list[BoundarySpec], device: torch.device, channels_out: dict | None = None,
-                 channels_in: dict | None = None) -> None:
+                 channels_in: dict | None = None, staged: frozenset[int] = frozenset(), nccl_group=None) -> None:
         if any(len(s.tensors) > MAX_TENSORS for s in specs):
             raise ValueError(f"a stage boundary carries more than {MAX_TENSORS} tensors")
         if any(len(s.tensors) > HEADER_INDEX and any(t.dynamic for t in s.tensors) for s in specs):
@@ -175,6 +191,12 @@ class P2P:
         self.channels_in: dict[int, shm.Channel] = channels_in or {}
         self._shapes = message_shapes(specs)
         self._dynamic = dynamic_dims(specs)
+        # Peers on this worker's own GPU (NCCL refuses two ranks on one device): their tensors go
+        # through host memory over the world group (gloo) or a shared-memory channel; every other
+        # peer's over ``nccl_group`` where one is given (a run whose world group is gloo), else the world.
+        self.staged = frozenset(staged)
+        self.nccl_group = nccl_group
+        self._pin = device.type == "cuda"  # pinned host buffers: the device copies run at DMA speed
 
     def shapes_of(self, boundary: int, is_grad: bool):
         return self._shapes[(boundary, is_grad)]
@@ -194,39 +216,77 @@ class P2P:
     def _tag(self, boundary: int, mb: int, is_grad: bool, i: int) -> int:
         return tag(boundary, mb, is_grad, i, len(self.specs))
 
-    def post_recv(self, boundary: int, mb: int, is_grad: bool, peer: int) -> PendingRecv:
+    def _pg(self, peer: int):
+        return self.nccl_group if self.nccl_group is not None and peer not in self.staged else self.pg
+
+    def _on_host(self, peer: int) -> bool:
+        return peer in self.staged or self.device.type == "cpu"
+
+    def post_recv(self, boundary: int, mb: int, is_grad: bool, peer: int):
+        got = self._post_recv(boundary, mb, is_grad, peer)
+        return StagedRecv(got, self.device) if peer in self.staged and self.device.type != "cpu" else got
+
+    def _post_recv(self, boundary: int, mb: int, is_grad: bool, peer: int):
         ch = self.channels_in.get(peer)
         if ch is not None:
             return ShmRecv(ch, (boundary, mb, is_grad), self.shapes_of)
         dynamic = self._dynamic[(boundary, is_grad)]
         if dynamic:
-            header = torch.empty(len(dynamic), dtype=torch.int64, device=self.device)
-            work = self.pg.recv([header], peer, self._tag(boundary, mb, is_grad, HEADER_INDEX))
+            header = torch.empty(len(dynamic), dtype=torch.int64, device="cpu" if self._on_host(peer) else self.device)
+            work = self._pg(peer).recv([header], peer, self._tag(boundary, mb, is_grad, HEADER_INDEX))
             return SizedRecv(PendingRecv([work], [header]), self, (boundary, mb, is_grad), peer)
         return self._recv_tensors(boundary, mb, is_grad, peer, [shape for shape, _ in self.shapes_of(boundary, is_grad)])
 
     def _recv_tensors(self, boundary: int, mb: int, is_grad: bool, peer: int, shapes) -> PendingRecv:
         works, bufs = [], []
+        host = self._on_host(peer)
+        pg = self._pg(peer)
         for i, (shape, (_, dtype)) in enumerate(zip(shapes, self.shapes_of(boundary, is_grad))):
-            buf = torch.empty(shape, dtype=dtype, device=self.device)
-            works.append(self.pg.recv([buf], peer, self._tag(boundary, mb, is_grad, i)))
+            if host:
+                buf = torch.empty(shape, dtype=dtype, pin_memory=self._pin)
+            else:
+                buf = torch.empty(shape, dtype=dtype, device=self.device)
+            works.append(pg.recv([buf], peer, self._tag(boundary, mb, is_grad, i)))
             bufs.append(buf)
         return PendingRecv(works, bufs)
 
+    def check(self, tensors: list[torch.Tensor], boundary: int, is_grad: bool) -> None:
+        """ValueError in one line where a message differs from its boundary's spec (count, dtype,
+        or a size the spec fixes): a receiver would read it into the wrong buffer."""
+        spec = self.shapes_of(boundary, is_grad)
+        dyn = {(i, d) for i, d in self._dynamic[(boundary, is_grad)]}
+        if len(tensors) != len(spec):
+            raise ValueError(f"boundary {boundary}: {len(tensors)} tensors sent, its spec has {len(spec)}")
+        for i, (t, (shape, dtype)) in enumerate(zip(tensors, spec)):
+            if t.dtype != dtype or t.dim() != len(shape) or any(
+                    t.shape[d] != n for d, n in enumerate(shape) if (i, d) not in dyn):
+                raise ValueError(f"boundary {boundary}{' gradient' if is_grad else ''} tensor {i}: sent "
+                                 f"{tuple(t.shape)} {t.dtype}, its spec is {tuple(shape)} {dtype}")
+
     def send(self, tensors: list[torch.Tensor], boundary: int, mb: int, is_grad: bool, peer: int) -> None:
+        self.check(tensors, boundary, is_grad)
         ch = self.channels_out.get(peer)
         dynamic = self._dynamic[(boundary, is_grad)]
-        if ch is not None:
+        if ch is not None:  # a GPU tensor is copied into the slot (the copy waits for its kernels)
             ch.send(tensors, boundary, mb, is_grad, while_full=self.drain_incoming, sizes=dynamic)
             return
+        host = self._on_host(peer)
+        pg = self._pg(peer)
         if dynamic:
-            header = torch.tensor([tensors[i].shape[d] for i, d in dynamic], dtype=torch.int64).to(self.device)
-            self.sends.append((self.pg.send([header], peer, self._tag(boundary, mb, is_grad, HEADER_INDEX)), header))
+            header = torch.tensor([tensors[i].shape[d] for i, d in dynamic], dtype=torch.int64)
+            header = header if host else header.to(self.device)
+            self.sends.append((pg.send([header], peer, self._tag(boundary, mb, is_grad, HEADER_INDEX)), header))
         for i, t in enumerate(tensors):
             t = t.detach()
-            if not t.is_contiguous():
+            if host and t.device.type != "cpu":
+                # staged: into a pinned buffer; the copy returns once the tensor's kernels and the
+                # copy itself are done, so the CPU transport reads finished data
+                staged = torch.empty(t.shape, dtype=t.dtype, pin_memory=True)
+                staged.copy_(t)
+                t = staged
+            elif not t.is_contiguous():
                 t = t.contiguous()
-            work = self.pg.send([t], peer, self._tag(boundary, mb, is_grad, i))
+            work = pg.send([t], peer, self._tag(boundary, mb, is_grad, i))
             self.sends.append((work, t))
         # Drop finished sends from the front so their buffers can be freed.
         while self.sends and self.sends[0][0].is_completed():

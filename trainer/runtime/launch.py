@@ -21,7 +21,7 @@ import time
 from typing import Any
 
 from pipeboard.trainer import cpu_matmul
-from pipeboard.trainer.runtime import model as model_mod, shm, stage_memory, tied
+from pipeboard.trainer.runtime import gpu_share, model as model_mod, shm, stage_memory, tied
 from pipeboard.trainer.runtime.config import ConfigError, RunConfig
 from pipeboard.trainer.runtime.instrument import memory_source
 from pipeboard.trainer.runtime.layout import resolve
@@ -74,7 +74,8 @@ def run_training(cfg: RunConfig, sink: Sink | None = None) -> dict[str, Any]:
     cfg = cfg.with_(stages=layers, num_stages=None, cpu_matmul=cpu_matmul.configured(cfg.cpu_matmul))
     layout = resolve(cfg)
     world = layout.world
-    _check_devices(cfg, world)
+    predicted = stage_memory.predict(cfg, layout, task, modules)
+    gpus = gpu_devices(cfg.device, layout, predicted[0])
     # Building any torch.optim optimizer imports torch._dynamo (seconds); do it once here so
     # forked workers inherit it instead of each paying for it.
     import torch._dynamo  # noqa: F401
@@ -87,7 +88,7 @@ def run_training(cfg: RunConfig, sink: Sink | None = None) -> dict[str, Any]:
     wall0 = time.monotonic()
     sink.on_status("starting", f"{world} workers, schedule {cfg.schedule}", workers=world, **layout.describe())
     reporter = Reporter(sink, world, cfg.batch_size, task.metric_name)
-    reporter.expect_memory(*stage_memory.predict(cfg, layout, task, modules), memory_source(cfg.device))
+    reporter.expect_memory(*predicted, memory_source(cfg.device))
     procs = []
     # Workers unlink their shared-memory channels once mapped; one killed during set-up cannot,
     # so the launcher removes whatever is left under this run's prefix on every exit.
@@ -99,7 +100,7 @@ def run_training(cfg: RunConfig, sink: Sink | None = None) -> dict[str, Any]:
         gc.freeze()
     try:
         for rank in range(world):
-            env = WorkerEnv(rank, world, f"tcp://127.0.0.1:{port}", origin, channel, heartbeat, prefix)
+            env = WorkerEnv(rank, world, f"tcp://127.0.0.1:{port}", origin, channel, heartbeat, prefix, gpus)
             # Not daemonic: a worker's DataLoader starts processes of its own, which a daemonic
             # process may not. Workers still die with the launcher (PR_SET_PDEATHSIG, _stop_all).
             p = ctx.Process(target=worker_main, args=(cfg, env), name=f"pipeboard-rank{rank}", daemon=False)
@@ -128,17 +129,27 @@ def run_training(cfg: RunConfig, sink: Sink | None = None) -> dict[str, Any]:
     return summary
 
 
-def _check_devices(cfg: RunConfig, world: int) -> None:
-    """CUDA runs here need a GPU per worker: NCCL refuses two ranks on one device."""
-    if cfg.device != "cuda":
-        return
+def gpu_devices(device: str, layout, predicted: dict[int, int] | None) -> tuple[int, ...] | None:
+    """Rank -> the visible GPU it runs on (None on CPU). A GPU each where there are enough;
+    otherwise several stage processes share a GPU, packed by predicted memory into each GPU's
+    memory as the service's placement packs them (gpu_share.assign), and a run whose stages
+    cannot fit is refused in one line before any process starts. Ranks on one GPU exchange
+    tensors through host memory (comm.P2P), the others over NCCL."""
+    if device != "cuda":
+        return None
     import torch
 
     if not torch.cuda.is_available():
         raise ConfigError("device cuda: CUDA is not available on this machine")
-    if world > torch.cuda.device_count():
-        raise ConfigError(f"device cuda: {world} worker processes need {world} GPUs (NCCL runs one process per GPU); "
-                          f"this machine has {torch.cuda.device_count()}")
+    count, world = torch.cuda.device_count(), layout.world
+    need = total = None
+    if world > count and predicted is not None:
+        need = gpu_share.per_process(predicted, [layout.stages_of(r) for r in range(world)])
+        total = [torch.cuda.get_device_properties(i).total_memory for i in range(count)]
+    try:
+        return tuple(gpu_share.assign(world, count, need, total))
+    except gpu_share.ShareError as exc:
+        raise ConfigError(f"device cuda: {world} stage processes on {count} GPU(s): {exc}") from None
 
 
 def _start_method(cfg: RunConfig, world: int) -> str:

@@ -30,7 +30,8 @@ from pipeboard.trainer.runtime.executor import Executor
 from pipeboard.trainer.runtime.instrument import Heartbeat, Recorder, StepReports
 from pipeboard.trainer.runtime.layout import Layout, resolve
 from pipeboard.trainer.runtime.plan_steps import eval_actions, segment_ends, total_steps
-from pipeboard.trainer.runtime.posting import lookahead_for
+from pipeboard.trainer.runtime.gpu_share import pair_transport, shares_a_gpu
+from pipeboard.trainer.runtime.posting import lookahead_for, run_lookahead
 from pipeboard.trainer.runtime.stage import Stage
 from pipeboard.trainer.runtime.stage_memory import error_message
 from pipeboard.trainer.schedule.actions import Kind
@@ -46,6 +47,7 @@ class WorkerEnv:
     channel: Any  # has put(message)
     heartbeat: Any = None  # shared double array (local launcher) or None
     shm_prefix: str | None = None  # names of this run's shared-memory channels (None: rank 0 picks)
+    gpus: tuple[int, ...] | None = None  # rank -> its visible GPU, the launcher's (None: LOCAL_RANK)
 
 
 def worker_main(cfg: RunConfig, env: WorkerEnv) -> None:
@@ -82,18 +84,20 @@ def _set_up_process(rank: int) -> None:
         pass
 
 
-def run_device(kind: str, rank: int) -> torch.device:
-    """This worker's device. On a GPU: ``cuda:LOCAL_RANK`` (the rank among this host's workers;
-    torchrun sets it, the local launcher's ranks all share one host so it is the rank), modulo
-    the GPUs this process sees (``CUDA_VISIBLE_DEVICES`` is how the service hands a run its GPUs).
-    RuntimeError in one line where torch sees no GPU."""
+def run_device(kind: str, rank: int, gpus: tuple[int, ...] | None = None) -> torch.device:
+    """This worker's device. On a GPU: ``cuda:gpus[rank]`` where the launcher assigned the GPUs
+    (several stage processes may share one, launch.gpu_devices), else ``cuda:LOCAL_RANK`` (the
+    rank among this host's workers; torchrun sets it), modulo the GPUs this process sees
+    (``CUDA_VISIBLE_DEVICES`` is how the service hands a run its GPUs). RuntimeError in one line
+    where torch sees no GPU."""
     if kind != "cuda":
         return torch.device("cpu")
     count = torch.cuda.device_count()
     if count == 0:
         raise RuntimeError("device cuda: torch sees no GPU on this host (torch.cuda.device_count() is 0, "
                            f"CUDA_VISIBLE_DEVICES={os.environ.get('CUDA_VISIBLE_DEVICES', '(unset)')})")
-    return torch.device(f"cuda:{int(os.environ.get('LOCAL_RANK', rank)) % count}")
+    index = gpus[rank] if gpus is not None else int(os.environ.get("LOCAL_RANK", rank))
+    return torch.device(f"cuda:{index % count}")
 
 
 def _stages_of(cfg: RunConfig, rank: int) -> tuple[int, ...]:
@@ -103,13 +107,16 @@ def _stages_of(cfg: RunConfig, rank: int) -> tuple[int, ...]:
 def train(cfg: RunConfig, env: WorkerEnv) -> None:
     rank, world = env.rank, env.world
     torch.set_num_threads(cfg.threads or threads_per_worker(world))
-    device = run_device(cfg.device, rank)
+    device = run_device(cfg.device, rank, env.gpus)
+    # Several ranks on one GPU: NCCL refuses a communicator with two ranks on a device, so the world
+    # group (and so every collective) is gloo, and NCCL carries only transfers between GPUs.
+    shared = device.type == "cuda" and env.gpus is not None and shares_a_gpu(env.gpus)
     if device.type == "cpu":
         cpu_matmul.use(cfg.cpu_matmul)
     if device.type == "cuda":
         torch.cuda.set_device(device)
     timeout = timedelta(seconds=cfg.hang_timeout_s + 60)
-    dist.init_process_group("nccl" if device.type == "cuda" else "gloo", init_method=env.init_method,
+    dist.init_process_group("nccl" if device.type == "cuda" and not shared else "gloo", init_method=env.init_method,
                             rank=rank, world_size=world, timeout=timeout)
     control = dist.new_group(backend="gloo", timeout=timeout) if device.type == "cuda" else None
 
@@ -179,15 +186,22 @@ def train(cfg: RunConfig, env: WorkerEnv) -> None:
     dist.barrier(group=control)
     origin = env.origin if env.origin is not None else time.perf_counter()
     recorder = Recorder(origin, cfg.instrument, device=device)
-    mode = "gloo" if device.type == "cuda" else p2p_mode(cfg.p2p)
-    # Enough slots that a sender rarely waits: two batches' microbatches, at most 256 MiB a channel.
+    mode = "gloo" if device.type == "cuda" and not shared else p2p_mode(cfg.p2p)
     rank_of = template_rank_of(template)
-    out, inc = open_channels(mode, rank, world, _transfer_pairs(template, rank_of, S), specs, max(8, 2 * M),
-                             env.shm_prefix, cfg.hang_timeout_s + 60)
-    p2p = P2P(specs, device, out, inc)
-    # NCCL pairs transfers in issue order, whatever the tags: no receive may run ahead (posting.py)
-    executor = Executor(rank, stages, S, p2p, rank_of, groups, recorder, heartbeat,
-                        window=lookahead_for(dist.get_backend()))
+    pairs = _transfer_pairs(template, rank_of, S)
+    staged, nccl_group, window = frozenset(), None, lookahead_for(dist.get_backend())
+    if shared:  # same-GPU peers through host memory; the others over an NCCL group (every rank makes it)
+        staged = frozenset(r for r in range(world) if r != rank and env.gpus[r] == env.gpus[rank])
+        if any(pair_transport(env.gpus, a, b) == "nccl" for a, b in pairs):
+            nccl_group = dist.new_group(backend="nccl", timeout=timeout)
+        window = run_lookahead(env.gpus, pairs)
+        pairs = {(a, b) for a, b in pairs if pair_transport(env.gpus, a, b) == "host"}
+    # Enough slots that a sender rarely waits: two batches' microbatches, at most 256 MiB a channel.
+    out, inc = open_channels(mode, rank, world, pairs, specs, max(8, 2 * M), env.shm_prefix, cfg.hang_timeout_s + 60)
+    p2p = P2P(specs, device, out, inc, staged, nccl_group)
+    # NCCL pairs transfers in issue order, whatever the tags: no receive may run ahead where any
+    # pair goes over NCCL (posting.py)
+    executor = Executor(rank, stages, S, p2p, rank_of, groups, recorder, heartbeat, window=window)
     last_stage = stages.get(S - 1)
     is_reporter = last_stage is not None and rank_of(S - 1, 0) == rank
     # beat before saying ready: the launcher starts watching for silence once every worker is
