@@ -10,12 +10,12 @@ of 4 stages (uniform split) x 16 microbatches (batch 64, 1F1B) for --steps steps
   run, and the lag is the last step's (seen - step time) above it. It is exact to within the
   fastest step's own delay (a commit and a poll, tens of ms). Also the run's own figure: its summary's
   wall_s - train_s (last step to summary, writer excluded),
-- over HTTP (httpx, median of 3): the job page's first requests (GET /jobs/{id}, /timeline of the
-  newest recorded window as the page asks, /metrics, /steps limit 1, /storage), and /timeline of
-  every window at once (limit 100,000),
+- over HTTP (httpx, median of 3): the job page's first requests (GET /jobs/{id}, /detail, /timeline of
+  the newest recorded window and /metrics limit 1,000, as the page asks them, /storage), and /timeline
+  of every window at once (limit 100,000), /metrics at its default limit (5,000), /steps,
 - in Chromium (Debian's /usr/bin/chromium through playwright, as tests/e2e): the job page's load, from
   navigation to its throughput chart and Gantt drawn, and the timeline request's own duration (the
-  browser's Resource Timing), median of 3 loads,
+  browser's Resource Timing), median of 3 loads, and the page's Plotly draws and the points they were given,
 - screenshots (--shots): the job page while it runs just after "Record the next 20 steps" was
   clicked, the finished job's step charts over all its steps, the Gantt on a periodic window and on
   the requested one.
@@ -24,6 +24,11 @@ of 4 stages (uniform split) x 16 microbatches (batch 64, 1F1B) for --steps steps
 its steps: what the service stored before detail windows), same figures.
 --pairs: samples/s of the job through the service against `pipeboard train` alone (same model,
 stages, microbatches, batch; --pair-steps steps), alternating, the median ratio and its spread.
+
+--existing DATA_DIR:JOB: only the reads and the page of a job already in a data folder (another run's), served by
+this checkout: one job timed under two versions of the code.
+--stages, --microbatches: another pipeline shape (the page's and the store's costs depend on the steps; 2 stages of
+1 microbatch train hundreds of steps a second, a cheap way to a long job).
 
     .venv/bin/python bench/long_jobs_served.py --steps 50000 --baseline-steps 5000 --pairs 3
 """
@@ -64,10 +69,16 @@ def spec(steps: int, name: str) -> dict:
             "schedule": "1f1b", "microbatches": MICROBATCHES, "stop": {"steps": steps}}
 
 
+def set_shape(stages: int, microbatches: int) -> None:
+    """A smaller pipeline trains many more steps a second; the page's and the store's cost depend on the steps."""
+    global STAGES, MICROBATCHES
+    STAGES, MICROBATCHES = stages, microbatches
+
+
 class Served:
     """`pipeboard up --workers 1` in its own data folder (and database, when `database_url`)."""
 
-    def __init__(self, tmp: Path, database_url: str | None, extra_env: dict[str, str]) -> None:
+    def __init__(self, tmp: Path, database_url: str | None, extra_env: dict[str, str], token: str | None = None) -> None:
         self.data = tmp / "data"
         self.port = free_port()
         self.url = f"http://127.0.0.1:{self.port}"
@@ -81,10 +92,11 @@ class Served:
                                      start_new_session=True)
         deadline = time.monotonic() + 180
         while time.monotonic() < deadline:
-            token = re.search(r"/#token=(pb_[A-Za-z0-9_-]+)", self.log.read_text(errors="replace"))
+            # a restarted data folder prints no sign-in link: the caller brings a token
+            found = token or (lambda m: m and m.group(1))(re.search(r"/#token=(pb_[A-Za-z0-9_-]+)", self.log.read_text(errors="replace")))
             try:
-                if token and httpx.get(f"{self.url}/api/v1/health", timeout=5).json().get("workers", 0) >= 1:
-                    self.token = token.group(1)
+                if found and httpx.get(f"{self.url}/api/v1/health", timeout=5).json().get("workers", 0) >= 1:
+                    self.token = found
                     self.http = httpx.Client(base_url=f"{self.url}/api/v1", headers={"Authorization": f"Bearer {self.token}"}, timeout=300)
                     return
             except httpx.HTTPError:
@@ -148,14 +160,16 @@ def http_reads(server: Served, job_id: int) -> dict:
         return lambda: server.http.get(path, params=params).raise_for_status()
 
     newest = server.http.get(f"/jobs/{job_id}/steps", params={"limit": 1}).json()["detail_steps"][-1]
-    reads = {"job": get(f"/jobs/{job_id}"), "timeline": get(f"/jobs/{job_id}/timeline", step_from=newest[0], step_to=newest[1], limit=100000),
+    reads = {"job": get(f"/jobs/{job_id}"), "detail": get(f"/jobs/{job_id}/detail"),
+             "timeline": get(f"/jobs/{job_id}/timeline", step_from=newest[0], step_to=newest[1], limit=100000),
              "timeline_every_window": get(f"/jobs/{job_id}/timeline", limit=100000),
-             "metrics": get(f"/jobs/{job_id}/metrics"), "steps": get(f"/jobs/{job_id}/steps", limit=1),
+             "metrics": get(f"/jobs/{job_id}/metrics", limit=1000), "metrics_5000": get(f"/jobs/{job_id}/metrics"),
+             "steps": get(f"/jobs/{job_id}/steps", limit=1),
              "steps_all": get(f"/jobs/{job_id}/steps", limit=5000), "storage": get(f"/jobs/{job_id}/storage")}
     out = {name: timed(fn) for name, fn in reads.items()}
 
     def page():  # the job page's first requests, as it sends them: at once
-        threads = [threading.Thread(target=reads[n]) for n in ("job", "timeline", "metrics", "steps", "storage")]
+        threads = [threading.Thread(target=reads[n]) for n in ("job", "detail", "timeline", "metrics", "storage")]
         [t.start() for t in threads]
         [t.join() for t in threads]
     out["page_requests"] = timed(page)
@@ -164,6 +178,13 @@ def http_reads(server: Served, job_id: int) -> dict:
 
 DRAWN = ("() => ['chart-throughput', 'gantt-live'].every((id) => ((document.getElementById(id) || {}).data || [])"
          ".some((t) => (t.x || []).length > 0))")
+# counts the page's Plotly draws and the points they are given (every trace's x), from navigation on
+COUNT_DRAWS = """window.__draws = 0; window.__points = 0;
+Object.defineProperty(window, 'Plotly', { configurable: true, get() { return window.__plotly; }, set(p) {
+  const react = p.react;
+  p.react = function (div, data, ...rest) { window.__draws++; window.__points += (data || []).reduce((n, t) => n + (t.x || []).length, 0);
+    return react.call(this, div, data, ...rest); };
+  window.__plotly = p; } });"""
 TIMELINE_MS = ("() => performance.getEntriesByType('resource').filter((e) => e.name.includes('/timeline') && !e.name.includes('predicted'))"
                ".map((e) => e.duration)")
 
@@ -174,19 +195,22 @@ def browser_figures(server: Served, job_id: int, shots: Path | None, requested: 
     with sync_playwright() as pw:
         browser = pw.chromium.launch(executable_path=CHROMIUM, args=CHROMIUM_ARGS)
         context = browser.new_context(viewport={"width": 1280, "height": 800})
+        context.add_init_script(COUNT_DRAWS)
         page = context.new_page()
         page.set_default_timeout(180000)
         page.goto(f"{server.url}/#token={server.token}")
         page.locator("#auth-status", has_text="admin").wait_for()
-        loads, timeline = [], []
+        loads, timeline, draws = [], [], []
         for _ in range(3):
             page.goto(f"{server.url}/#/jobs")
-            page.evaluate("() => performance.clearResourceTimings()")
+            page.evaluate("() => { performance.clearResourceTimings(); window.__draws = 0; window.__points = 0; }")
             t = time.perf_counter()
             page.goto(f"{server.url}/#/jobs/{job_id}")
             page.wait_for_function(DRAWN)
             loads.append(time.perf_counter() - t)
             timeline += page.evaluate(TIMELINE_MS)[-1:]
+            page.wait_for_timeout(1000)  # the draws after the measured ones (the utilisation's, the windows')
+            draws.append(page.evaluate("() => [window.__draws, window.__points]"))
         if shots:
             page.locator("#detail-windows", has_text="Full actions").wait_for()
             page.screenshot(path=str(shots / f"{label}-charts.png"), full_page=True)
@@ -200,7 +224,8 @@ def browser_figures(server: Served, job_id: int, shots: Path | None, requested: 
                 page.wait_for_timeout(1500)
                 page.screenshot(path=str(shots / f"{label}-gantt-{name}-{first}.png"), full_page=True)
         browser.close()
-    return {"page_load_s": statistics.median(loads), "timeline_request_s": statistics.median(timeline) / 1000 if timeline else None}
+    return {"page_load_s": statistics.median(loads), "timeline_request_s": statistics.median(timeline) / 1000 if timeline else None,
+            "plotly_draws": draws[-1][0], "plotly_points": draws[-1][1]}
 
 
 def request_while_running(server: Served, job_id: int, shots: Path | None, label: str) -> None:
@@ -282,6 +307,22 @@ def served_job(database: str, pg_url: str, steps: int, *, keep_all: bool, shots:
             drop()
 
 
+def existing_job(data: Path, job_id: int) -> dict:
+    """The page's and the reads' figures of a job already in a data folder (another bench run's), served by this
+    checkout: the same job timed under two versions of the code."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith("PIPEBOARD_")}
+    made = subprocess.run([sys.executable, "-c", "from pipeboard.app.cli import main; main()", "token", "create", "bench", "--scope", "admin"],
+                          env={**env, "PIPEBOARD_DATA_DIR": str(data)}, capture_output=True, text=True, check=True, cwd=ROOT)
+    token = re.search(r"pb_[A-Za-z0-9_-]+", made.stdout).group(0)
+    server = Served(data.parent, None, {}, token=token)
+    try:
+        steps = server.api("GET", f"/jobs/{job_id}")["summary"]["steps"]
+        return {"label": f"{data}: job {job_id}, {steps} steps", "http": http_reads(server, job_id),
+                "browser": browser_figures(server, job_id, None, None, "existing")}
+    finally:
+        server.stop()
+
+
 def direct_run(steps: int) -> float:
     """`pipeboard train` alone, no service: the same job's steady samples/s."""
     out = subprocess.run([PIPEBOARD, "train", "--model", MODEL, "--stages", str(STAGES), "--workers", str(STAGES), "--schedule", "1f1b",
@@ -302,7 +343,8 @@ def report(r: dict) -> None:
     if "browser" in r:
         b = r["browser"]
         tl = f"{b['timeline_request_s']:.3f} s" if b["timeline_request_s"] is not None else "n/a"
-        print(f"  Chromium (median of 3): job page drawn {b['page_load_s']:.3f} s, its timeline request {tl}", flush=True)
+        print(f"  Chromium (median of 3): job page drawn {b['page_load_s']:.3f} s, its timeline request {tl}; "
+              f"{b['plotly_draws']} Plotly draws given {b['plotly_points']} points in all", flush=True)
 
 
 def main() -> None:
@@ -312,10 +354,23 @@ def main() -> None:
     parser.add_argument("--pairs", type=int, default=3)
     parser.add_argument("--pair-steps", type=int, default=2000)
     parser.add_argument("--databases", default="sqlite,postgres")
+    parser.add_argument("--stages", type=int, default=STAGES)
+    parser.add_argument("--microbatches", type=int, default=MICROBATCHES)
     parser.add_argument("--postgres-url", default=os.environ.get("PIPEBOARD_TEST_POSTGRES_URL", "postgresql+psycopg://postgres@127.0.0.1:5432/test"))
     parser.add_argument("--shots", default="", help="folder for screenshots (empty: none)")
     parser.add_argument("--only", default="long,pairs,baseline", help="which parts to run, in this order")
+    parser.add_argument("--existing", default="", help="DATA_DIR:JOB_ID: only time the page and reads of that job, served by this checkout")
     args = parser.parse_args()
+    if args.existing:
+        data, job_id = args.existing.rsplit(":", 1)
+        print(f"processor: {cpu_name()}, {os.cpu_count()} CPUs", flush=True)
+        r = existing_job(Path(data), int(job_id))
+        b = r["browser"]
+        print(f"[{r['label']}]\n  HTTP (median of 3): " + ", ".join(f"{k} {v:.3f} s" for k, v in r["http"].items()), flush=True)
+        print(f"  Chromium (median of 3): job page drawn {b['page_load_s']:.3f} s, its timeline request {b['timeline_request_s']:.3f} s; "
+              f"{b['plotly_draws']} Plotly draws given {b['plotly_points']} points in all", flush=True)
+        return
+    set_shape(args.stages, args.microbatches)
     shots = Path(args.shots) if args.shots else None
     if shots:
         shots.mkdir(parents=True, exist_ok=True)
