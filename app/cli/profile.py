@@ -1,7 +1,8 @@
 """`pipeboard profile` and `pipeboard models`.
 
     pipeboard profile MODEL [--batch-size N] [--device cpu|cuda] [--model-arg k=v ...] [--data PATH]
-        [--precision fp32|bf16] -o profile.json
+        [--precision fp32|bf16] [--calibrate [--workers W] [--microbatches M] [--weight-grads batched|immediate]
+        [--optimizer NAME]] -o profile.json
     pipeboard profile import graph.txt -o profile.json
     pipeboard profile export profile.json -o graph.txt
     pipeboard models
@@ -47,10 +48,24 @@ profile_app = typer.Typer(
 )
 
 
+def calibration_options(spec: str, batch_size: int, workers: int, microbatches: int, weight_grads: str,
+                        optimizer: str | None) -> dict:
+    """trainer.calibrate's options for a run of ``workers`` local processes, ``microbatches``
+    microbatches of ``batch_size`` per step: the flags a job's profiling child gets
+    (profiles.calibration_args), read by that child's own parser, so both measure the same."""
+    from pipeboard.app.services import profile_run, profiles
+
+    flags = profiles.calibration_args(workers, batch_size * microbatches, weight_grads, optimizer=optimizer,
+                                      microbatches=microbatches)
+    return profile_run.options_of(profile_run.parser().parse_args(["--source", spec, "-o", "-", *flags]))
+
+
 def measure(spec: str, *, batch_size: int | None, device: str, model_args: dict, data: str | None,
-            precision: str, warmup: int, repeats: int, seed: int, threads: int, cpu_matmul: str | None):
+            precision: str, warmup: int, repeats: int, seed: int, threads: int, cpu_matmul: str | None,
+            calibration: dict | None = None):
     """Build SPEC's task, check it, and profile its model: the Profile (one-line errors via
-    ``fail``). Shared by `pipeboard profile` and `pipeboard plan SPEC`."""
+    ``fail``). Shared by `pipeboard profile` and `pipeboard plan SPEC`. ``calibration``
+    (``calibration_options``): trainer.calibrate's calibrated profile, as a job's."""
     if device not in ("cpu", "cuda"):
         fail(f"--device must be 'cpu' or 'cuda', got {device!r}")
     if batch_size is not None and batch_size < 1:
@@ -73,7 +88,8 @@ def measure(spec: str, *, batch_size: int | None, device: str, model_args: dict,
 
     import torch
 
-    torch.set_num_threads(threads)
+    # a calibrated profile times the layers on the threads each of the run's workers will have
+    torch.set_num_threads((calibration or {}).get("threads") or threads)
     try:
         backend = matmul.configured(cpu_matmul)  # checked on every device, used on the CPU
         if device == "cpu":
@@ -100,9 +116,16 @@ def measure(spec: str, *, batch_size: int | None, device: str, model_args: dict,
             def progress(done: int, total: int, what: str) -> None:
                 bar.update(job, completed=done, total=total, description=what)
 
-            prof = profile_model(task.model, example, batch_size=bs, device=device, warmup=warmup, repeats=repeats,
-                                 progress=progress, optimizer=task.optimizer_name if task.optimizer_name != "custom" else "adam",
-                                 model_name=spec, precision=precision, layers=task.layers)
+            if calibration is not None:
+                from pipeboard.trainer.calibrate import calibrated_profile
+
+                prof = calibrated_profile(spec, model_args, bs, device, repeats, warmup=warmup, task=task,
+                                          progress=progress, precision=precision, **calibration)
+            else:
+                prof = profile_model(task.model, example, batch_size=bs, device=device, warmup=warmup,
+                                     repeats=repeats, progress=progress, model_name=spec, precision=precision,
+                                     optimizer=task.optimizer_name if task.optimizer_name != "custom" else "adam",
+                                     layers=task.layers)
     except (KeyboardInterrupt, typer.Exit):
         raise
     except Exception as exc:  # one line, never a traceback (the message names what failed)
@@ -131,14 +154,35 @@ def profile_cmd(
         None, "--cpu-matmul",
         help="float32 matrix products: default (PyTorch's BLAS) or onednn, as the runs it plans will use "
              "(default: $PIPEBOARD_CPU_MATMUL, else default)"),
+    calibrate: bool = typer.Option(
+        False, "--calibrate",
+        help="Also measure what a job's profile measures for its run (--batch-size is the microbatch): the link "
+             "between two worker processes, the runtime's per-action overhead and data loading, the layers with the "
+             "other workers training meanwhile on the threads each has, W(-1) at the whole batch (batched weight "
+             "gradients) and the pilot runs; `pipeboard plan` then predicts with them."),
+    workers: int = typer.Option(2, "--workers", help="With --calibrate: the run's local worker processes."),
+    microbatches: int = typer.Option(4, "--microbatches", help="With --calibrate: microbatches per step of the run."),
+    weight_grads: str = typer.Option("batched", "--weight-grads", help="With --calibrate: batched or immediate."),
+    optimizer: Optional[str] = typer.Option(None, "--optimizer",
+                                            help="With --calibrate: the optimizer the run steps (default: the model's)."),
 ) -> None:
     """Measure MODEL layer by layer and write a profile JSON."""
     try:
         args = parse_model_args(model_arg)
     except ValueError as exc:
         fail(str(exc))
+    calibration = None
+    if calibrate:
+        if workers < 1 or microbatches < 1:
+            fail(f"--workers and --microbatches must be >= 1, got {workers} and {microbatches}")
+        if weight_grads not in ("batched", "immediate"):
+            fail(f"--weight-grads: batched or immediate, got {weight_grads!r}")
+        if batch_size is None:
+            fail("--calibrate: give --batch-size (the microbatch the run's workers compute)")
+        calibration = calibration_options(model, batch_size, workers, microbatches, weight_grads, optimizer)
     prof = measure(model, batch_size=batch_size, device=device, model_args=args, data=data, precision=precision,
-                   warmup=warmup, repeats=repeats, seed=seed, threads=threads, cpu_matmul=cpu_matmul)
+                   warmup=warmup, repeats=repeats, seed=seed, threads=threads, cpu_matmul=cpu_matmul,
+                   calibration=calibration)
     try:
         output.parent.mkdir(parents=True, exist_ok=True)
         prof.save(output)

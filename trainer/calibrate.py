@@ -1,0 +1,131 @@
+"""A calibrated profile: the layers measured as a run will run them, and the machine's figures the
+run's prediction needs beyond them (trainer.schedule.predict), in one profile.
+
+``calibrated_profile`` is what a job's profiling phase measures (the service runs it in a child,
+``python -m pipeboard.app.services.profile_run``) and what ``pipeboard profile --calibrate``
+measures in its own process, so a profile made either way carries the same figures:
+
+- ``weight_batch_size``: what each layer costs in the runtime's batched weight gradients (W(-1))
+  over a batch of that many samples (``weight_batched_ms``). The runtime computes a plain
+  nn.Linear's in one matmul over the whole batch, far cheaper than one per microbatch: the model
+  is profiled again at that batch and the Linear's weight-gradient part kept; other layers' it
+  computes a microbatch at a time: that many microbatches times their part;
+- ``calibrate``: the link between two worker processes and the runtime's per-action overhead
+  (trainer.runtime.machine, kept for a while in ``machine_cache``); with ``run_batch_size``,
+  what loading a batch of that many samples costs the first and last stage per step; with
+  ``pilot_workers`` and ``pilot_microbatches`` (CPU), the pilot runs (trainer.runtime.pilot):
+  the runtime trains the model a few steps as a pipeline and as a replicated stage, and what its
+  actions took beyond the profile's prediction is kept;
+- ``concurrent``: that many processes train the model on the profiled microbatch meanwhile, as a
+  run's other workers do on the other cores.
+
+It lives beside the planner's choice (trainer/choose.py), not in trainer.profile, because it
+runs the runtime (trainer.profile never imports it).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+
+def load_task(source: str, model_args: dict[str, Any], batch_size: int, data: str | None = None):
+    """The checked task of a zoo name or a task factory (`pkg.mod:function`, `file.py:function`)."""
+    from pipeboard.trainer.spec import load_task as load
+    from pipeboard.trainer.task import check_task
+
+    task = load(source, model_args, data)
+    check_task(task, batch_size)
+    return task
+
+
+def batched_by_runtime(desc: str) -> bool:
+    """Whether the runtime's W(-1) computes this layer's weight gradients in one matmul over all
+    the microbatches (trainer.runtime.weightgrad: plain nn.Linear; its repr starts so)."""
+    return desc.startswith("Linear(")
+
+
+def calibrated_profile(source: str, model_args: dict[str, Any], batch_size: int, device: str = "cpu",
+                       repeats: int = 5, *, optimizer: str | None = None, weight_batch_size: int | None = None,
+                       calibrate: bool = False, data: str | None = None, concurrent: int = 0,
+                       run_batch_size: int | None = None, machine_cache: str | None = None,
+                       machine_max_age_s: float = 0.0, pilot_workers: int | None = None,
+                       pilot_microbatches: int | None = None, threads: int | None = None, warmup: int = 2,
+                       task: Any = None, progress=None, precision: str = "fp32") -> Any:
+    """The Profile of the model at ``batch_size`` with what the module docstring lists. ``task``:
+    the loaded task (else loaded from ``source``); ``progress``: profile_model's callback."""
+    from pipeboard.trainer.hostinfo import usable_cores
+    from pipeboard.trainer.profile.profiler import profile_model
+
+    task = task if task is not None else load_task(source, model_args, batch_size, data)
+    model, example = task.model, task.example_input(batch_size)
+    if optimizer is None and task.optimizer_name != "custom":
+        optimizer = task.optimizer_name  # what the runtime will step
+    opt = optimizer or "adam"
+    # the other workers' processes train on microbatches meanwhile, as in the run
+    load = dict(concurrent=concurrent, load_input=example) if concurrent else {}
+    extra = {"progress": progress} if progress is not None else {}
+    prof = profile_model(model, example, batch_size=batch_size, device=device, warmup=warmup, repeats=repeats,
+                         optimizer=opt, layers=task.layers, precision=precision, **extra, **load)
+    if not prof.model:
+        prof.model = source
+    # the cores a local run's workers will share (more workers than cores take turns on them)
+    prof.meta["cores"] = usable_cores()
+    if weight_batch_size is not None:
+        batched_weight_gradients(prof, task, batch_size, weight_batch_size, device=device, repeats=repeats,
+                                 optimizer=opt, precision=precision, **load)
+    if calibrate:
+        calibrate_machine(prof, task, source, model_args, batch_size, device=device, data=data,
+                          run_batch_size=run_batch_size, machine_cache=machine_cache,
+                          machine_max_age_s=machine_max_age_s, pilot_workers=pilot_workers,
+                          pilot_microbatches=pilot_microbatches, threads=threads, optimizer=optimizer)
+    return prof
+
+
+def batched_weight_gradients(prof: Any, task: Any, batch_size: int, weight_batch_size: int, *, device: str,
+                             repeats: int, optimizer: str, precision: str = "fp32", **load: Any) -> None:
+    """Sets the layers' ``weight_batched_ms`` for W(-1) over ``weight_batch_size`` samples."""
+    from pipeboard.trainer.profile.profiler import profile_model
+
+    if weight_batch_size == batch_size:  # one microbatch per batch: W(-1) is the profile's own weight part
+        for layer in prof.layers:
+            layer.weight_batched_ms = layer.backward_weight_ms
+        prof.weight_batch_size = batch_size
+        return
+    big = profile_model(task.model, task.example_input(weight_batch_size), batch_size=weight_batch_size,
+                        device=device, warmup=2, repeats=repeats, optimizer=optimizer, optimizer_steps=False,
+                        layers=task.layers, precision=precision, **load)
+    weights = {layer.name: layer.backward_weight_ms for layer in big.layers}
+    per_batch = weight_batch_size / batch_size
+    for layer in prof.layers:
+        if batched_by_runtime(layer.desc):
+            layer.weight_batched_ms = weights.get(layer.name)
+        elif layer.backward_weight_ms is not None:  # the runtime's W(-1) runs these a microbatch at a time
+            layer.weight_batched_ms = layer.backward_weight_ms * per_batch
+    prof.weight_batch_size = weight_batch_size
+    prof.meta["weight_batch_wall_s"] = big.meta.get("wall_s")
+
+
+def calibrate_machine(prof: Any, task: Any, source: str, model_args: dict[str, Any], batch_size: int, *,
+                      device: str = "cpu", data: str | None = None, run_batch_size: int | None = None,
+                      machine_cache: str | None = None, machine_max_age_s: float = 0.0,
+                      pilot_workers: int | None = None, pilot_microbatches: int | None = None,
+                      threads: int | None = None, optimizer: str | None = None) -> None:
+    """Sets the profile's ``link``, ``overhead`` (with the data loading, given ``run_batch_size``)
+    and ``pilot`` (given the pilot's workers and microbatches, on the CPU)."""
+    from pipeboard.trainer.hostinfo import usable_cores
+    from pipeboard.trainer.runtime import machine
+
+    # the machine's figures, kept for a while (trainer/runtime/machine.py); the model's, below
+    prof.link, prof.overhead, prof.meta["machine_calibration"] = machine.calibration(machine_cache, machine_max_age_s,
+                                                                                     device=device)
+    if run_batch_size is not None and run_batch_size >= batch_size:
+        from pipeboard.trainer.runtime.overhead import measure_data_load
+
+        first, last = measure_data_load(task, run_batch_size, max(1, run_batch_size // batch_size))
+        prof.overhead.load_first_ms, prof.overhead.load_last_ms = first * 1e3, last * 1e3
+    if pilot_workers and pilot_microbatches and run_batch_size and device == "cpu":
+        from pipeboard.trainer.runtime import pilot
+
+        prof.pilot = pilot.measure(prof, source, model_args, batch_size=run_batch_size,
+                                   microbatches=pilot_microbatches, workers=pilot_workers, cores=usable_cores(),
+                                   data=data, threads=threads, optimizer=optimizer)
