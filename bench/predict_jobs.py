@@ -45,6 +45,7 @@ MODELS = {
     "resnet-digits": ({}, 32, 4),
     "transformer-text": ({}, 32, 4),
     "mlp": ({"depth": 8, "width": 1024}, 64, 8),
+    "gpt2-text": ({}, 32, 4),  # transformers' GPT-2 (4 layers of 64) on the bundled text
 }
 CHECKPOINT_EVERY = 20  # a job's default (app/schemas.py DEFAULT_CHECKPOINT_EVERY)
 
@@ -113,7 +114,8 @@ def rank(prof: dict, name: str, workers: int, schedule: str, steps: int, keep: P
     return agree
 
 
-def train(name: str, schedule: str, plan_path: Path, steps: int, chunks: int, checkpoints: Path | None) -> dict:
+def train(name: str, schedule: str, plan_path: Path, steps: int, chunks: int, checkpoints: Path | None,
+          recompute: str | None = None) -> dict:
     """The summary of ``pipeboard train`` on the plan (the runner's command, less the job)."""
     args, batch, m = MODELS[name]
     cmd = [str(Path(sys.executable).with_name("pipeboard")), "train", "--model", name]
@@ -123,6 +125,8 @@ def train(name: str, schedule: str, plan_path: Path, steps: int, chunks: int, ch
             "--weight-grads", "batched", "--steps", str(steps), "--json"]
     if chunks > 1:
         cmd += ["--chunks", str(chunks)]
+    if recompute is not None:
+        cmd += ["--recompute", recompute]
     if checkpoints is not None:
         cmd += ["--checkpoint-dir", str(checkpoints), "--checkpoint-every", str(CHECKPOINT_EVERY)]
     done = subprocess.run(cmd, check=True, capture_output=True, text=True)

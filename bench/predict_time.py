@@ -1,0 +1,133 @@
+"""Predicted against measured time per step, recompute off and on, and the pipeline against data
+parallelism, per model.
+
+    .venv/bin/python bench/predict_time.py [--models mlp-digits,cnn-digits,transformer-text,gpt2-text]
+        [--schedules gpipe,1f1b,pipedream,zb-h1,interleaved-1f1b] [--workers 2] [--steps 10] [--runs 3]
+
+Per model (bench/predict_jobs.py's job configurations): the job's calibrated profile
+(``predict_jobs.profile``), then per schedule the plan a job would run (``planning.make_plan``,
+interleaved-1f1b with 2 chunks) and its predicted steady step (``planning.simulate``'s
+``steady_step_s``) with recompute ``none`` and ``all`` (its time: trainer.choose.recomputed_costs),
+and data parallelism on the same workers (``data_parallel_step_s``). Measured: ``pipeboard train
+--plan`` (``predict_jobs.train``), its summary's ``step_s``; the runs alternate (every
+configuration once, then again, ``--runs`` rounds) and the median counts. It prints each row, the
+median and worst |error|, and per model whether the predicted order of each pipeline against data
+parallelism is the measured one; the processor and the load average before and after.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+sys.path = [p for p in sys.path if Path(p or ".").resolve() != Path(__file__).resolve().parent]
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+sys.path.insert(0, str(Path(__file__).resolve().parent))  # predict_jobs, imported by path below
+
+from pipeboard.app.services import planning  # noqa: E402
+from pipeboard.trainer.hostinfo import cpu_name  # noqa: E402
+
+import predict_jobs  # noqa: E402  (bench/ sibling)
+
+sys.path.pop(0)
+DEFAULT_MODELS = "mlp-digits,cnn-digits,transformer-text,gpt2-text"
+SCHEDULES = "gpipe,1f1b,pipedream,zb-h1,interleaved-1f1b"
+
+
+def configs(prof: dict, name: str, workers: int, schedules: list[str]) -> list[dict]:
+    """One row per (schedule, recompute), and data parallelism: its plan, its prediction."""
+    _, batch, m = predict_jobs.MODELS[name]
+    rows = []
+    for schedule in schedules:
+        chunks = 2 if schedule == "interleaved-1f1b" else 1
+        try:
+            plan_obj = planning.make_plan(prof, planning.levels_of(None, workers), memory_bytes=None,
+                                          method="pipedream", schedule=schedule, microbatches=m, chunks=chunks)
+        except Exception as exc:  # a schedule that cannot run this model's plans: say so, go on
+            print(f"  {schedule}: no plan ({exc})", flush=True)
+            continue
+        for recompute in ("none", "all"):
+            _, sim = planning.simulate(plan_obj, schedule, m, samples_per_microbatch=max(1, batch // m), chunks=chunks,
+                                       weight_grads="batched", profile_data=prof, recompute=recompute)
+            rows.append({"schedule": schedule, "recompute": recompute, "chunks": chunks, "plan": plan_obj,
+                         "predicted_s": sim.steady_step_s, "dp_predicted_s": sim.data_parallel_step_s})
+        if schedule == schedules[0]:  # data parallelism's own run, predicted under the same model
+            _, sim = planning.simulate(plan_obj, "dp", m, weight_grads="batched", profile_data=prof)
+            rows.append({"schedule": "dp", "recompute": "none", "chunks": 1, "plan": plan_obj,
+                         "predicted_s": sim.steady_step_s, "dp_predicted_s": sim.steady_step_s})
+    return rows
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--models", default=DEFAULT_MODELS)
+    ap.add_argument("--schedules", default=SCHEDULES)
+    ap.add_argument("--workers", type=int, default=2)
+    ap.add_argument("--steps", type=int, default=10)
+    ap.add_argument("--runs", type=int, default=3)
+    ap.add_argument("--keep", default=None)
+    args = ap.parse_args()
+    keep = Path(args.keep) if args.keep else Path(tempfile.mkdtemp(prefix="predict_time_"))
+    keep.mkdir(parents=True, exist_ok=True)
+    start = time.monotonic()
+    print(f"{cpu_name()}; /proc/loadavg {open('/proc/loadavg').read().strip()} at start; {args.workers} workers, "
+          f"{args.steps} steps per run, {args.runs} alternating runs; files in {keep}", flush=True)
+    errors, orders = [], []
+    for name in args.models.split(","):
+        prof, took = predict_jobs.profile(name, args.workers, keep / f"{name}.profile.json")
+        print(f"{name}: profiled in {took:.1f} s", flush=True)
+        rows = configs(prof, name, args.workers, args.schedules.split(","))
+        for row in rows:
+            row["path"] = keep / f"{name}-{row['schedule']}.plan.json"
+            row["path"].write_text(json.dumps(row["plan"].to_dict()))
+            row["measured"] = []
+        for _ in range(args.runs):  # alternating: every configuration once per round
+            for row in rows:
+                try:
+                    summary = predict_jobs.train(name, row["schedule"], row["path"], args.steps, row["chunks"], None,
+                                                 recompute=None if row["schedule"] == "dp" else row["recompute"])
+                except subprocess.CalledProcessError as exc:  # say why, and leave the row out
+                    row["failed"] = (exc.stderr or exc.stdout or "").strip().splitlines()[-1:] or ["?"]
+                    continue
+                row["measured"].append(summary["step_s"])
+        for row in [r for r in rows if not r["measured"]]:
+            print(f"  {name} {row['schedule']} recompute {row['recompute']}: failed: {row['failed'][0]}", flush=True)
+        rows = [r for r in rows if r["measured"]]
+        dp = next((r for r in rows if r["schedule"] == "dp"), None)
+        dp_meas = statistics.median(dp["measured"]) if dp else None
+        agree = []
+        for row in rows:
+            meas = statistics.median(row["measured"])
+            pred = row["predicted_s"]
+            err = None if pred is None else pred / meas - 1
+            if err is not None:
+                errors.append(abs(err))
+            order = ""
+            if dp_meas and row["schedule"] != "dp" and pred and row["dp_predicted_s"]:
+                same = (pred < row["dp_predicted_s"]) == (meas < dp_meas)
+                agree.append(same)
+                order = f"; vs dp predicted {row['dp_predicted_s'] / pred:.2f}x, measured {dp_meas / meas:.2f}x"
+            print(f"  {name:16s} {row['schedule']:16s} recompute {row['recompute']:4s} predicted "
+                  + (f"{pred * 1e3:8.2f}" if pred else "    none") + f" ms, measured {meas * 1e3:8.2f} ms ("
+                  + ", ".join(f"{m * 1e3:.2f}" for m in row["measured"]) + ")"
+                  + (f", error {err:+6.1%}" if err is not None else "") + order, flush=True)
+        if agree:
+            orders.append((name, sum(agree), len(agree)))
+            print(f"  {name}: predicted order pipeline against data parallel matches the measured one in "
+                  f"{sum(agree)} of {len(agree)} rows", flush=True)
+    if errors:
+        print(f"{len(errors)} rows: median |error| {statistics.median(errors):.1%}, worst {max(errors):.1%}")
+    for name, ok, n in orders:
+        print(f"{name}: order against data parallel matches in {ok}/{n}")
+    print(f"/proc/loadavg {open('/proc/loadavg').read().strip()} at end; {time.monotonic() - start:.0f} s")
+
+
+if __name__ == "__main__":
+    main()
