@@ -8,7 +8,7 @@ import pytest
 import torch
 from torch import nn
 
-from pipeboard.trainer.runtime.memory_count import COUNTER
+from pipeboard.trainer.runtime.memory_count import counter
 from pipeboard.trainer.runtime.stage import Stage
 
 
@@ -62,11 +62,11 @@ def test_split_backward_under_recompute_gives_the_plain_gradients(is_last):
 
 
 def test_the_counter_holds_nothing_of_a_microbatch_after_its_weight_pass():
-    COUNTER.take()
-    base_level = COUNTER.level
+    counter().take()
+    base_level = counter().level
     for recompute in (False, True):
         *_, stage = run(recompute=recompute, split=True, is_last=False)
-        assert COUNTER.level == base_level  # every saved, in-flight and BI-to-W tensor was let go
+        assert counter().level == base_level  # every saved, in-flight and BI-to-W tensor was let go
         assert not stage.pending_weights and not stage.in_flight
     # while microbatches are in flight the counter holds their saved tensors
     torch.manual_seed(0)
@@ -74,6 +74,6 @@ def test_the_counter_holds_nothing_of_a_microbatch_after_its_weight_pass():
     stage = Stage(0, copy.deepcopy(module), torch.optim.SGD(module.parameters(), lr=0.1), is_first=False,
                   is_last=False, loss_fn=None, stash=False, loss_scale=1.0)
     out = stage.forward(0, 0, [torch.randn(2, 5, 16)], None)
-    assert COUNTER.level > base_level + out[0].numel() * 4
+    assert counter().level > base_level + out[0].numel() * 4
     stage.backward(0, [torch.ones_like(out[0])])
-    assert COUNTER.level == base_level
+    assert counter().level == base_level

@@ -203,9 +203,9 @@ class MemoryMeter:
             torch.cuda.reset_peak_memory_stats(self.device)
             return peak
         if self.source == "counted":
-            from pipeboard.trainer.runtime.memory_count import COUNTER
+            from pipeboard.trainer.runtime.memory_count import counter
 
-            return COUNTER.take()
+            return counter().take()
         if self.source == "rss_peak":
             peak = _rss_peak()
             reset_rss_peak()

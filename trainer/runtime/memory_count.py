@@ -21,6 +21,7 @@ counting hook on top of it that hands every tensor on to it unchanged.
 
 from __future__ import annotations
 
+import threading
 import weakref
 from contextlib import contextmanager
 
@@ -176,4 +177,14 @@ class Counter:
         return peak
 
 
-COUNTER = Counter()  # one per worker process: its stages
+_local = threading.local()
+
+
+def counter() -> Counter:
+    """The calling thread's counter. A worker builds its stages and takes its meter on one thread; a
+    counter shared across threads (tests run workers as threads of one process) would read one
+    worker's tensors while another swaps their storages."""
+    c = getattr(_local, "counter", None)
+    if c is None:
+        c = _local.counter = Counter()
+    return c

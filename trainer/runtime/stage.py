@@ -21,7 +21,7 @@ import torch.distributed as dist
 from torch import nn
 from torch.utils.checkpoint import checkpoint
 
-from pipeboard.trainer.runtime.memory_count import COUNTER
+from pipeboard.trainer.runtime.memory_count import counter
 from pipeboard.trainer.runtime.versions import WeightVersions
 from pipeboard.trainer.runtime.weightgrad import CallRecorder, PendingWeights, backward_inputs, backward_weights, get_attr_slots
 
@@ -92,7 +92,7 @@ class Stage:
         # On CPU the worker's memory is counted in tensors' bytes (memory_count.py): storages this
         # stage keeps per microbatch, from its forward to its backward (or from BI to W)
         first = next(iter(module.parameters()), None)
-        self.counter = COUNTER if first is None or first.device.type == "cpu" else None
+        self.counter = counter() if first is None or first.device.type == "cpu" else None
         self._held: dict[int, list] = {}
         self._held_w: dict[int, list] = {}
         self._rebuilding = False
