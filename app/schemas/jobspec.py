@@ -166,6 +166,9 @@ class MachineSection(Section):
         "Where the stages run: `cpu`, or `cuda` (refused while no live worker reports a GPU)."))
     precision: Annotated[Literal["fp32", "bf16"], Run("precision")] = Field(default="fp32", description=(
         "`fp32`, or `bf16`: forwards under autocast, float32 master weights and optimizer state."))
+    gpus_per_host: int | None = Field(default=None, ge=1, le=1024, description=(
+        "cuda only: the GPUs a host gives the job when its stage processes share them (packed by predicted memory; "
+        "stages on one GPU exchange tensors through host memory). Left out: one GPU for each process."))
 
 
 class CheckpointSection(Section):
@@ -209,6 +212,8 @@ class JobSpec(Section):
         still loads."""
         out = []
         layout = self.layout
+        if self.machine.gpus_per_host is not None and self.machine.device != "cuda":
+            out.append(("machine.gpus_per_host", "only for machine.device cuda (GPUs shared by the job's processes)"))
         if self.model.batch_size % layout.microbatches:
             out.append(("layout.microbatches", f"{layout.microbatches} microbatches do not divide "
                                                f"model.batch_size {self.model.batch_size} evenly"))

@@ -114,9 +114,9 @@ def gpu_workers(session: Session) -> int:
 
 
 def gpu_request(job_id: int, spec: JobSpec) -> placement.GpuRequest:
-    """A cuda job's need on one host: one GPU for each of its processes there (the specification
-    has no field for processes sharing GPUs yet)."""
-    return placement.GpuRequest(job_id, spec.layout.processes // spec.layout.nodes)
+    """A cuda job's need on one host: one GPU for each of its processes there, or the
+    `machine.gpus_per_host` GPUs they share (the run's launcher packs its stages onto those)."""
+    return placement.GpuRequest(job_id, spec.layout.processes // spec.layout.nodes, gpus_per_host=spec.machine.gpus_per_host)
 
 
 def check_spec(session: Session, spec: JobSpec, kind: str = "train") -> None:

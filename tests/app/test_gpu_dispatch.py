@@ -100,3 +100,22 @@ def test_a_placed_attempt_whose_gpu_worker_is_gone_is_placed_again_not_released(
     jobs.get(session, job.id)
     session.refresh(row)
     assert row.gpus == {"worker": "pipeboard@gpu2", "devices": [0]} and sent[-1][2] is not None
+
+
+def test_a_job_whose_stages_share_one_gpu_is_placed_on_a_one_gpu_worker(session: Session, sent):
+    _gpu_worker(session, "pipeboard@gpu1", 1)
+    shared = jobs.submit(session, JobSpec.model_validate({"model": "mlp-digits", "machine": {"device": "cuda", "gpus_per_host": 1},
+                                                          "layout": {"workers": 2}, "length": {"steps": 2}}))
+    assert placement.held_devices(session, shared.id, 1) == "0"  # both stage processes on the one GPU
+    assert sent[0][1] == (shared.id, 1)
+    with pytest.raises(ServiceError) as err:  # more shared GPUs than the job has processes
+        jobs.submit(session, JobSpec.model_validate({"model": "mlp-digits", "machine": {"device": "cuda", "gpus_per_host": 3},
+                                                     "layout": {"workers": 2}, "length": {"steps": 2}}))
+    assert err.value.status == 422 and str(err.value).startswith("machine.gpus_per_host:")
+
+
+def test_gpus_per_host_is_refused_for_a_cpu_job_naming_the_field(session: Session, sent):
+    with pytest.raises(ServiceError) as err:
+        jobs.submit(session, JobSpec.model_validate({"model": "mlp-digits", "machine": {"gpus_per_host": 1},
+                                                     "layout": {"workers": 2}, "length": {"steps": 2}}))
+    assert err.value.status == 422 and str(err.value).startswith("machine.gpus_per_host:")

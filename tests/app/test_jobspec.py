@@ -67,6 +67,7 @@ THE_SERVICES_OWN = {
     "layout.method": "the planner's method",
     "layout.nodes": "how many hosts' agents the runner starts (torchrun)",
     "checkpoints.max_attempts": "how often the service retries a lost attempt",
+    "machine.gpus_per_host": "placement's GPU request: the run sees those GPUs (CUDA_VISIBLE_DEVICES) and packs its stages on them",
 }
 
 
