@@ -142,7 +142,7 @@ def register(cli: typer.Typer) -> None:
         eval_every: Optional[int] = typer.Option(None, "--eval-every", help="Steps between validations (--target)."),
         hang_timeout: float = typer.Option(30.0, "--hang-timeout", help="Seconds without progress that count as hung."),
         device: str = typer.Option("cpu", "--device",
-                                   help="cpu (gloo) or cuda (NCCL; one GPU per worker process on this machine)."),
+                                   help="cpu (gloo) or cuda (NCCL between GPUs; with fewer GPUs than worker processes, stages share GPUs packed by predicted memory and talk through host memory)."),
         cpu_matmul: Optional[str] = typer.Option(
             None, "--cpu-matmul",
             help="CPU workers' float32 matrix products: default (PyTorch's BLAS) or onednn (up to twice as fast on "

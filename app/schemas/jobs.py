@@ -121,8 +121,9 @@ class RunSummary(Stored):
     profile_id: int | None = Field(default=None, description="A profiling job's stored profile.")
     memory: list[StageMemory] | None = Field(default=None, description="Per stage, predicted beside measured peak memory.")
     memory_source: str | None = Field(default=None, description=(
-        "How `measured_bytes` was measured: `cuda_max_allocated` (the CUDA allocator's peak), `rss_peak` (the stage "
-        "process's peak resident memory: the interpreter and torch's libraries are in it), or `rss`."))
+        "How `measured_bytes` was measured: `cuda_max_allocated` (the CUDA allocator's peak), `counted` (CPU: the "
+        "stage's tensors counted in bytes: parameters, versions, gradients, optimizer state and what autograd saves), "
+        "`rss_peak` (the stage process's peak resident memory: the interpreter and torch's libraries are in it), or `rss`."))
 
 
 class JobPublic(BaseModel):

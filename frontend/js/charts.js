@@ -59,6 +59,8 @@ export function lineChart(div, traces, { title, xTitle = '', xSuffix = 's', yTit
     yaxis: { title: { text: yTitle }, range: yRange, zeroline: false, visible: has },
     // a second quantity (traces with yaxis 'y2') on its own scale, at the right
     ...(y2Title ? { yaxis2: { title: { text: y2Title }, overlaying: 'y', side: 'right', zeroline: false, showgrid: false, visible: has } } : {}),
+    // the right axis's tick labels and title need the room the left one has
+    ...(y2Title ? { margin: { l: 60, r: 60, t: 32, b: 40 } } : {}),
     showlegend: traces.length > 1,
     legend: { orientation: 'h', x: 0, y: -0.12, yanchor: 'top' },
     annotations: has ? markNotes : [{ text: empty, showarrow: false, xref: 'paper', yref: 'paper', x: 0.5, y: 0.5, font: { color: '#52606d' } }],

@@ -164,7 +164,7 @@ export async function render(container, { id }) {
     const m = state.job.summary?.memory || [];
     clear(memoryBox);
     if (!m.length) return;
-    const how = { cuda_max_allocated: 'CUDA allocator peak', rss_peak: 'process peak RSS', rss: 'process RSS' }[state.job.summary.memory_source] || 'measured';
+    const how = { cuda_max_allocated: 'CUDA allocator peak', counted: 'tensor bytes counted', rss_peak: 'process peak RSS', rss: 'process RSS' }[state.job.summary.memory_source] || 'measured';
     memoryBox.append(h('strong', {}, 'Memory per stage: '), m.map((e) => `stage ${e.stage} predicted ${e.predicted_bytes == null ? '?' : fmtBytes(e.predicted_bytes)}, `
       + `measured ${e.measured_bytes == null ? '?' : fmtBytes(e.measured_bytes)}`).join(' · ') + ` (${how}).`);
   }
