@@ -151,7 +151,7 @@ def test_new_job_form_names_bad_fields_then_submits(server_with_worker, page, sh
     job_id = int(page.url.rsplit("/", 1)[1])
     job = server.api("GET", f"/jobs/{job_id}")
     assert job["name"] == "from-the-form" and job["spec"]["layout"]["weight_grads"] == "immediate"
-    assert job["spec"]["machine"] == {"device": "cpu", "precision": "bf16"}
+    assert job["spec"]["machine"] == {"device": "cpu", "precision": "bf16", "gpus_per_host": None}  # a GPU each (cuda only)
     assert job["spec"]["layout"]["recompute"] == "all"
     page.locator("h1", has_text="from-the-form").wait_for()  # queued or already on the worker
     shoot(page, "job-submitted")
