@@ -11,10 +11,12 @@ ONE = StageMemory(weight_bytes=1000, activation_bytes=100, input_bytes=10, outpu
 
 def test_gpipe_keeps_every_microbatch_and_one_version():
     parts = worker_memory(build("gpipe", 2, 4), [ONE, ONE], optimizer="adam")
-    for w in parts:
+    for w, got in zip(parts, (10, 0)):
         assert (w.weights, w.gradients, w.optimizer) == (1000, 1000, 2000)
-        assert w.activations == 4 * 100 and w.in_flight == 4 and w.boundary == 20
-        assert w.total == 1000 + 1000 + 2000 + 400 + 20
+        # boundary: stage 0's first backward holds the output gradient it received (10 bytes) on
+        # top of every microbatch kept; the last stage receives no gradient
+        assert w.activations == 4 * 100 and w.in_flight == 4 and w.boundary == got
+        assert w.total == 1000 + 1000 + 2000 + 400 + got
 
 
 def test_1f1b_keeps_fewer_on_later_stages_and_pipedream_stashes_versions():
@@ -53,12 +55,13 @@ def test_a_split_backward_keeps_its_output_gradients_until_w():
     # gpipe with batched weight gradients: all 4 BIs before the one W(-1): 4 activations + 4 gradients
     batched = worker_memory(build("gpipe", 2, 4, batch_weight_grads=True), [grads, grads], optimizer="sgd")
     assert batched[0].activations == 4 * (100 + 30)
-    # under recompute a BI lets its rebuilt graph go and W replays the stage from the kept inputs:
-    # the rebuilt 100 lives during one BI or one microbatch's W at a time, on top of the 4
-    # microbatches' 20 kept, and at the W beside the gradients it makes
+    # under recompute a BI lets its rebuilt graph go and W replays the stage from the kept inputs
+    # and the received output gradient (10, kept from BI to W): the rebuilt 100 lives during one
+    # BI or one microbatch's W at a time, on top of the 4 microbatches' 20 + 10 kept, and at the
+    # W beside the gradients it makes
     redone = worker_memory(build("gpipe", 2, 4, batch_weight_grads=True), [grads, grads], optimizer="sgd",
                            recompute=[0])
-    assert (redone[0].activations, redone[0].gradients) == (4 * 20 + 100, 1000)
+    assert (redone[0].activations, redone[0].gradients) == (4 * (20 + 10) + 100, 1000)
 
 
 def test_gradients_exist_from_a_stages_first_backward_to_its_update():

@@ -11,7 +11,8 @@ worker counts, per storage once:
   or below);
 - in flight: what the stage itself keeps per microbatch between forward and backward (inputs,
   outputs, the layer inputs its weight-gradient notes hold; after a split backward's BI the
-  output gradients its W reads), which is where the boundary buffers of a received microbatch live;
+  output gradients its W reads), which is where a received input lives; a received output
+  gradient is counted while its backward runs (and, where W reads it, until then);
 - rebuilt: under recompute, what the backward's replay saves again, from the replay until that
   backward ends.
 ``take`` gives the peak of their sum since the last ``take`` (sampled at every change).

@@ -186,6 +186,9 @@ class Stage:
             inputs, outputs, calls, version = self.in_flight.pop(mb)
         except KeyError:
             raise RuntimeError(f"stage {self.index}: backward of microbatch {mb} before its forward") from None
+        # the received output gradient is memory this stage holds while its backward runs (the
+        # boundary buffer memory_model predicts); a split backward's W notes keep it longer
+        got_grads = self.counter.hold(grads or []) if self.counter is not None else []
         self._rebuilding = self.recompute
         try:
             if not weights:
@@ -205,6 +208,7 @@ class Stage:
             self.counter.drop(self._held.pop(mb, []))
             del inputs, outputs
             self.counter.end_backward()
+            self.counter.drop(got_grads)
             self.counter.refresh()
         return got
 

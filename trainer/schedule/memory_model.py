@@ -25,8 +25,14 @@ Per worker, summed over the (virtual) stages it holds:
   each weighted layer's output (the W's dW = g^T x reads it with the saved input); under
   recompute the BI lets the checkpointed graph go and the W replays the stage from its inputs
   (kept until then), so the rebuilt activation is a transient of the W too;
-- boundary buffers: one received input and one received output gradient per stage (the
-  pre-posted receives the runtime holds).
+- boundary buffers: what a stage receives. A received input is the forward's input, kept with
+  the microbatch (inside ``activation_bytes``, as the runtime's stage holds it); a received output
+  gradient (``output_bytes``; none on the last stage) lives while its backward (B or BI) runs, a
+  transient of that backward like recompute's rebuild, and under recompute with a split backward
+  the replay keeps it from BI to its W. ``WorkerMemory.boundary`` is the received gradient live
+  at the peak. Messages that arrive before their consumer runs (receives posted ahead, a
+  shared-memory channel's stash) are neither predicted nor counted: how many there are is the
+  transport's timing, not the schedule's.
 """
 
 from __future__ import annotations
@@ -82,7 +88,7 @@ class WorkerMemory:
     # activations: at the peak, on top of the gradients then
     optimizer: int
     activations: int
-    boundary: int
+    boundary: int  # received output gradients live at the peak (during a backward)
     versions: int  # most weight versions of one stage held at once
     in_flight: int  # most (microbatch, stage) pairs in flight at once
 
@@ -102,13 +108,16 @@ def optimizer_copies(optimizer: str) -> int:
 
 
 def activation_walk(code: np.ndarray, stage: np.ndarray, mb: np.ndarray, kept: list[int], rebuilt: list[int],
-                    split: list[int] | None = None, grads: list[int] | None = None) -> tuple[int, int, int]:
-    """(peak bytes, peak pairs, gradients' bytes at that peak) along one worker's action columns.
+                    split: list[int] | None = None, grads: list[int] | None = None,
+                    received: list[int] | None = None) -> tuple[int, int, int, int]:
+    """(peak bytes, peak pairs, gradients' bytes at that peak, received gradients' bytes at that
+    peak) along one worker's action columns.
     ``kept[s]``: bytes a forward of stage s leaves until its backward; ``rebuilt[s]``: bytes a
     backward of s (and under a split backward its W) rebuilds on top of that for its own duration
     (recompute), 0 otherwise; ``split[s]``: bytes an input-gradient backward (BI) of s adds until
     its W releases them with the rest; ``grads[s]``: stage s's gradients, made by its first
-    backward (B or W) and let go at its update."""
+    backward (B or W) and let go at its update; ``received[s]``: the output gradient a backward
+    (B or BI) of s receives, live for that backward's duration."""
     import numpy as np
     kept_a = np.asarray(kept, np.int64)[np.clip(stage, 0, None)]
     split_a = np.asarray(split if split is not None else [0] * len(kept), np.int64)[np.clip(stage, 0, None)]
@@ -134,15 +143,17 @@ def activation_walk(code: np.ndarray, stage: np.ndarray, mb: np.ndarray, kept: l
     # a backward's rebuilt activation exists while it runs: before its own release is applied
     # (its gradients are made during it)
     before = level - delta + grad_level
-    transient = np.where((code == B) | (code == BI) | (code == W),
-                         np.asarray(rebuilt, np.int64)[np.clip(stage, 0, None)], 0)
+    at_stage = np.clip(stage, 0, None)
+    got = np.where((code == B) | (code == BI),
+                   np.asarray(received if received is not None else [0] * len(kept), np.int64)[at_stage], 0)
+    transient = np.where((code == B) | (code == BI) | (code == W), np.asarray(rebuilt, np.int64)[at_stage], 0) + got
     total = level + grad_level
     at = int(np.argmax(total)) if len(total) else 0
-    peak, grads_at = (int(total[at]), int(grad_level[at])) if len(total) and total[at] > 0 else (0, 0)
+    peak, grads_at, got_at = (int(total[at]), int(grad_level[at]), 0) if len(total) and total[at] > 0 else (0, 0, 0)
     i = int(np.argmax(before + transient)) if len(code) else 0
     if len(code) and int(before[i] + transient[i]) > peak:
-        peak, grads_at = int(before[i] + transient[i]), int(grad_level[i])
-    return peak, int(np.cumsum(pairs).max(initial=0)), grads_at
+        peak, grads_at, got_at = int(before[i] + transient[i]), int(grad_level[i]), int(got[i])
+    return peak, int(np.cumsum(pairs).max(initial=0)), grads_at, got_at
 
 
 def worker_memory(schedule: Schedule, stages: list[StageMemory], *, optimizer: str = "sgd",
@@ -160,18 +171,20 @@ def worker_memory(schedule: Schedule, stages: list[StageMemory], *, optimizer: s
         cols, _ = schedule_columns(schedule)
     kept = [st.kept_per_microbatch(s in redo) for s, st in enumerate(stages)]
     rebuilt = [st.activation_bytes if s in redo else 0 for s, st in enumerate(stages)]
-    # a BI leaves its output gradients for W (under recompute, W replays: nothing beyond the kept)
-    split = [0 if s in redo else st.weight_grad_bytes for s, st in enumerate(stages)]
+    # a BI leaves its output gradients for W (under recompute, W replays from the kept inputs and
+    # the received output gradient, which the replay keeps until then)
+    split = [st.output_bytes if s in redo else st.weight_grad_bytes for s, st in enumerate(stages)]
+    # the last stage receives no gradient: it computes its loss
+    received = [st.output_bytes if s < len(stages) - 1 else 0 for s, st in enumerate(stages)]
     out = []
     for spec, (code, stage, mb, version) in zip(schedule.workers, cols):
         versions = {s: peak_versions(code, stage, version, s) for s in spec.stages}
         weights = sum(versions[s] * stages[s].weight_bytes for s in spec.stages)
         one = sum(stages[s].weight_bytes for s in spec.stages)
         grads = [stages[s].weight_bytes if s in spec.stages else 0 for s in range(len(stages))]
-        peak, pairs, grads_at = activation_walk(code, stage, mb, kept, rebuilt, split, grads)
-        boundary = sum(stages[s].input_bytes + stages[s].output_bytes for s in spec.stages)
-        out.append(WorkerMemory(weights=weights, gradients=grads_at, optimizer=copies * one, activations=peak - grads_at,
-                                boundary=boundary, versions=max(versions.values(), default=0), in_flight=pairs))
+        peak, pairs, grads_at, got_at = activation_walk(code, stage, mb, kept, rebuilt, split, grads, received)
+        out.append(WorkerMemory(weights=weights, gradients=grads_at, optimizer=copies * one,
+                                activations=peak - grads_at - got_at, boundary=got_at, versions=max(versions.values(), default=0), in_flight=pairs))
     return out
 
 
