@@ -80,3 +80,49 @@ METRICS: dict[str, tuple[Callable[..., float], bool]] = {
     "perplexity": (perplexity, False),
     "mse": (mean_squared_error, False),
 }
+
+
+def counted(target: torch.Tensor) -> int:
+    """How many target elements a mean-reduced loss averages over: integer targets leave out
+    IGNORE_INDEX (padding), float targets count every element."""
+    if target.is_floating_point():
+        return target.numel()
+    return int((target != IGNORE_INDEX).sum())
+
+
+class Running:
+    """A metric accumulated batch by batch: per-batch sums and counts, never one tensor of the
+    whole split, so batches padded to their own lengths need no common shape. ``value`` equals
+    the metric over the concatenated split (a per-token mean, not a mean of the batches' means).
+    ``loss``: the task's loss, for the metric "loss" (averaged over ``counted`` targets, as
+    torch's mean reduction does)."""
+
+    def __init__(self, name: str, loss: Callable[..., torch.Tensor] | None = None):
+        if name != "loss" and name not in METRICS:
+            raise ValueError(f"metric: unknown name {name!r}")
+        self.name, self.loss = name, loss
+        self.total, self.count = 0.0, 0
+
+    def add(self, output: torch.Tensor, target: torch.Tensor) -> None:
+        output, target = output.detach(), target.detach()
+        if self.name == "loss":
+            n = counted(target)
+            self.total += float(self.loss(output, target)) * n
+        elif self.name == "accuracy":
+            keep = target != IGNORE_INDEX
+            n = int(keep.sum())
+            self.total += float(((output.argmax(dim=-1) == target) & keep).sum())
+        elif self.name == "perplexity":
+            n = counted(target)
+            self.total += float(nn.functional.cross_entropy(output.reshape(-1, output.shape[-1]).float(),
+                                                            target.reshape(-1), reduction="sum"))
+        else:  # mse
+            n = target.numel()
+            self.total += float(nn.functional.mse_loss(output.float(), target.float(), reduction="sum"))
+        self.count += n
+
+    def value(self) -> float:
+        if self.name == "accuracy":
+            return self.total / max(self.count, 1)
+        mean = self.total / self.count if self.count else float("nan")
+        return math.exp(mean) if self.name == "perplexity" else mean

@@ -109,15 +109,23 @@ class Task:
         return METRICS[name][1] if name in METRICS else False  # "loss": lower is better
 
     def metric_fn(self, outputs, targets) -> float:
-        """The metric over the whole validation split (outputs and targets concatenated)."""
+        """The metric over the whole validation split: tensors, or lists of per-batch tensors
+        (whose lengths may differ: a named metric accumulates them batch by batch, ``Running``)."""
         if callable(self.metric):
             return float(self.metric(outputs, targets))
-        name = self.metric_name
-        if name == "loss":
-            out = torch.cat(outputs) if isinstance(outputs, (list, tuple)) else outputs
-            tgt = torch.cat(targets) if isinstance(targets, (list, tuple)) else targets
-            return float(self.loss(out, tgt))
-        return METRICS[name][0](outputs, targets)
+        running = self.running_metric()
+        if isinstance(outputs, (list, tuple)):
+            for out, tgt in zip(outputs, targets):
+                running.add(out, tgt)
+        else:
+            running.add(outputs, targets)
+        return running.value()
+
+    def running_metric(self):
+        """A named metric's batch-by-batch accumulator (``metrics.Running``)."""
+        from pipeboard.trainer.task.metrics import Running
+
+        return Running(self.metric_name, self.loss)
 
     def reached(self, value: float, target: float | None = None) -> bool:
         """Whether a metric value meets ``target`` (default: the task's)."""
@@ -241,10 +249,17 @@ class Task:
         model = model or self.model
         was_training = model.training
         model.eval()
+        # A named metric sums per batch: batches padded to their own lengths are never concatenated.
+        running = None if callable(self.metric) else self.running_metric()
         outs, tgts = [], []
-        for x, y in self.val_batches(batch_size):
-            out = model(*x) if isinstance(x, (tuple, list)) else model(x)
-            outs.append(out)
-            tgts.append(y)
-        model.train(was_training)
-        return self.metric_fn(outs, tgts)
+        try:
+            for x, y in self.val_batches(batch_size):
+                out = model(*x) if isinstance(x, (tuple, list)) else model(x)
+                if running is not None:
+                    running.add(out, y)
+                else:
+                    outs.append(out)
+                    tgts.append(y)
+        finally:
+            model.train(was_training)
+        return running.value() if running is not None else float(self.metric(outs, tgts))
