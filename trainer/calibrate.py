@@ -19,6 +19,12 @@ measures in its own process, so a profile made either way carries the same figur
 - ``concurrent``: that many processes train the model on the profiled microbatch meanwhile, as a
   run's other workers do on the other cores.
 
+A task whose batches vary in length (``Task.varying_dims``: text padded per batch) is measured at
+the lengths its data has (``trainer.profile.at_lengths.profile_at_lengths`` over the run's first
+batches, ``length_batches``): the profile's layers hold the expected costs over the batches'
+length histogram and its ``lengths`` the costs at each measured length, which the plan and the
+prediction read (docs/variable-shapes.md).
+
 It lives beside the planner's choice (trainer/choose.py), not in trainer.profile, because it
 runs the runtime (trainer.profile never imports it).
 """
@@ -64,8 +70,16 @@ def calibrated_profile(source: str, model_args: dict[str, Any], batch_size: int,
     # the other workers' processes train on microbatches meanwhile, as in the run
     load = dict(concurrent=concurrent, load_input=example) if concurrent else {}
     extra = {"progress": progress} if progress is not None else {}
-    prof = profile_model(model, example, batch_size=batch_size, device=device, warmup=warmup, repeats=repeats,
-                         optimizer=opt, layers=task.layers, precision=precision, **extra, **load)
+    measure = dict(device=device, warmup=warmup, repeats=repeats, optimizer=opt, layers=task.layers,
+                   precision=precision, **extra, **load)
+    lengths = length_batches(task, batch_size, run_batch_size)
+    if lengths is not None:  # batches padded to their own lengths: measured at the lengths the data has
+        from pipeboard.trainer.profile.at_lengths import profile_at_lengths
+
+        dim, batches = lengths
+        prof = profile_at_lengths(model, batches, dim, batch_size, **measure)
+    else:
+        prof = profile_model(model, example, batch_size=batch_size, **measure)
     if not prof.model:
         prof.model = source
     # the cores a local run's workers will share (more workers than cores take turns on them)
@@ -79,6 +93,27 @@ def calibrated_profile(source: str, model_args: dict[str, Any], batch_size: int,
                           machine_max_age_s=machine_max_age_s, pilot_workers=pilot_workers,
                           pilot_microbatches=pilot_microbatches, threads=threads, optimizer=optimizer)
     return prof
+
+
+LENGTH_BATCHES = 256  # the run's first batches whose padded lengths make the profile's length histogram
+
+
+def length_batches(task: Any, batch_size: int, run_batch_size: int | None = None) -> tuple[int, list] | None:
+    """(dimension, inputs of the run's first ``LENGTH_BATCHES`` batches in its epoch-0 order) for a
+    task whose inputs vary in length from batch to batch (``Task.varying_dims``: declared
+    ``dynamic_dims`` or found by collating), None for one of fixed shape. The batches are the
+    run's (``run_batch_size`` samples, at least ``batch_size``), so the lengths profiled and the
+    histogram the planner assumes are those of the batches the run will train on."""
+    dims = task.varying_dims(batch_size)
+    if not dims:
+        return None
+    dim = min(dims)  # a text batch's sequence dimension (the first after the samples)
+    run = max(batch_size, run_batch_size or task.batch_size or batch_size)
+    batches = [tuple(x) if isinstance(x, list) else x
+               for (x, _), _k in zip(task.train_batches(run), range(LENGTH_BATCHES))]
+    if not batches:  # fewer samples than one run batch: the profiled batch's own size
+        batches = [x for (x, _), _k in zip(task.train_batches(batch_size), range(LENGTH_BATCHES))]
+    return dim, batches
 
 
 def batched_weight_gradients(prof: Any, task: Any, batch_size: int, weight_batch_size: int, *, device: str,

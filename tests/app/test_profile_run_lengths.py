@@ -1,0 +1,53 @@
+"""The service's profile of a text task padded per batch is measured at its data's lengths
+(trainer.calibrate.length_batches -> profile_at_lengths), and the service's plan is predicted from
+them and says which it assumed."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from pipeboard.app.services import planning, profile_run
+from pipeboard.trainer.profile.schema import Profile
+
+SOURCE = "tests.trainer.varlen_tasks:causal_lm"
+ARGS = {"lo": 4, "hi": 160, "samples": 64, "layers": 1, "dim": 32, "skew": True}  # mostly short, as text is
+
+
+@pytest.fixture(scope="module")
+def served(tmp_path_factory):
+    out = tmp_path_factory.mktemp("profile") / "served.json"
+    assert profile_run.main(["--source", SOURCE, "--model-args", json.dumps(ARGS), "--batch-size", "4",
+                             "--repeats", "2", "--threads", "1", "-o", str(out)]) == 0
+    return json.loads(out.read_text())
+
+
+def test_service_profile_of_varying_lengths_carries_them(served):
+    lengths = served["lengths"]
+    assert lengths is not None
+    assert lengths["dim"] == 1
+    assert len(lengths["measured"]) > 1  # several lengths measured, not the example's one
+    assert lengths["batch_size"] == 8  # the run's batches (the task's batch_size), cut to microbatches of 4
+    assert sum(lengths["histogram"]["counts"]) == 64 // 8
+    assert min(lengths["measured"]) < max(lengths["measured"]) <= ARGS["hi"]
+
+
+def test_fixed_length_task_has_no_lengths(tmp_path):
+    out = tmp_path / "fixed.json"
+    args = {**ARGS, "padding": "max", "declare": False}
+    assert profile_run.main(["--source", SOURCE, "--model-args", json.dumps(args), "--batch-size", "4",
+                             "--repeats", "1", "-o", str(out)]) == 0
+    assert json.loads(out.read_text())["lengths"] is None
+
+
+def test_service_plan_is_predicted_from_the_lengths(served):
+    levels = [(2, 1e9)]
+    made = planning.make_plan(served, levels, memory_bytes=None, method="pipedream")
+    profile = Profile.from_dict(served)
+    assert made.to_dict()["options"]["lengths"] == profile.lengths.assumed()
+    # the plan's time is the expected cost over the data's lengths: below the longest batch's
+    longest = profile.at_length(max(profile.lengths.measured)).to_dict()
+    longest["lengths"] = None
+    at_longest = planning.make_plan(longest, levels, memory_bytes=None, method="pipedream")
+    assert made.single_worker_time_s < at_longest.single_worker_time_s
