@@ -288,18 +288,12 @@ def recompute_stages(recompute: str | list[int] | None, stages: int) -> list[int
 
 
 def recomputed_costs(costs: list[Any], redo: list[int]) -> list[Any]:
-    """``costs`` with the listed stages recomputing: their backward first replays the forward
-    (torch.utils.checkpoint over the stage's layers) before the input gradient, so the forward's
-    time joins the input-gradient pass (BI) and the whole backward."""
-    from dataclasses import replace
+    """``costs`` with the listed stages recomputing, charged by the cost model's one formula
+    (trainer.schedule.predict.recomputed: a replayed forward in B and BI, and a W that replays
+    the forward and the input gradients again)."""
+    from pipeboard.trainer.schedule.predict import recomputed_costs as charged
 
-    if not redo:
-        return costs
-    out = list(costs)
-    for st in set(redo):
-        c = out[st]
-        out[st] = replace(c, bwd_s=c.bwd_s + c.fwd_s, bwd_input_s=c.bi_s + c.fwd_s, bwd_weight_s=c.w_s)
-    return out
+    return charged(costs, redo) if redo else costs
 
 
 def simulate_plan(plan_obj: Any, schedule: str, microbatches: int, *, samples_per_microbatch: int | None = None,

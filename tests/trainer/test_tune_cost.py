@@ -1,6 +1,6 @@
 """The tuner's predictions are the trainer's one cost model: its cached steady state equals
 schedule.predict.steady_step_s, its memory equals plan.memory_fit.plan_memory, and recompute
-adds each recomputed stage's forward to its backward."""
+is charged by predict.recomputed."""
 
 import pytest
 
@@ -27,9 +27,13 @@ def test_recompute_adds_each_recomputed_stages_forward_to_its_backward():
     split = splits.pipeline_splits(prof, 2, 5e9)[0]
     off = cost.predict_time(prof, split, "gpipe", 1, 1, [False, False], 5e9)
     first = cost.predict_time(prof, split, "gpipe", 1, 1, [True, False], 5e9)
-    # gpipe, one microbatch: the step is every forward and backward in sequence
+    # gpipe, one microbatch: the step is every forward and backward in sequence; with its weight
+    # gradients batched (BI, then W(-1)) a recomputing stage replays its forward in the BI, and its
+    # W replays the forward and the input gradients again (predict.recomputed)
     fwd = sum(layer.forward_ms for layer in prof.layers if layer.name in split["stages"][0]["layers"]) / 1e3
-    assert first - off == pytest.approx(fwd, rel=1e-9)
+    stages = [st["layers"] for st in split["stages"]]
+    c = stage_costs(prof, stages, microbatches=1, replicas=[1, 1], overhead=profile_overhead(prof, stages))[0]
+    assert first - off == pytest.approx(fwd + (fwd + c.bi_s + c.w_s - c.w_batched_s), rel=1e-9)
 
 
 @pytest.mark.parametrize("schedule, m", [("1f1b", 4), ("gpipe", 2), ("pipedream", 4), ("zb-h1", 4)])

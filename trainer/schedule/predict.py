@@ -216,6 +216,29 @@ def stage_costs(
     return costs
 
 
+def recomputed(c: StageCosts, forward_s: float | None = None) -> StageCosts:
+    """A stage's costs under activation recompute, as the runtime (trainer/runtime/stage.py) runs it.
+
+    ``forward_s``: the replayed forward (default ``c.fwd_s``). A full backward (B) and an
+    input-gradient backward (BI) first replay the forward through torch.utils.checkpoint: each
+    costs one forward more. A weight-gradient pass (W) of a recomputing stage cannot reuse the
+    BI's graph (it let it go, that is the memory recompute saves): it replays the forward from
+    the kept inputs and backpropagates to the weights, which runs the interior input gradients
+    again, so it costs a forward, a BI and a W; a batched W(-1) replays one microbatch at a time,
+    so it is no cheaper per microbatch."""
+    f = c.fwd_s if forward_s is None else forward_s
+    w = f + c.bi_s + c.w_s
+    return replace(c, bwd_s=c.bwd_s + f, bwd_input_s=c.bi_s + f, bwd_weight_s=w, bwd_weight_batched_s=w)
+
+
+def recomputed_costs(costs: list[StageCosts], redo) -> list[StageCosts]:
+    """``costs`` with the stages listed in ``redo`` recomputing (``recomputed``)."""
+    out = list(costs)
+    for st in set(redo or ()):
+        out[st] = recomputed(out[st])
+    return out
+
+
 def repeat_iterations(schedule: Schedule, k: int) -> Schedule:
     """``k`` iterations of a synchronous schedule back to back on each worker, as the runtime
     runs them: microbatches and weight versions numbered on."""

@@ -20,7 +20,7 @@ from typing import Any
 from pipeboard.trainer.profile.schema import Link, Profile
 from pipeboard.trainer.schedule import registry
 from pipeboard.trainer.schedule import predict
-from pipeboard.trainer.schedule.predict import _schedule, profile_overhead, stage_costs
+from pipeboard.trainer.schedule.predict import _schedule, profile_overhead, recomputed, stage_costs
 
 
 @lru_cache(maxsize=512)
@@ -64,9 +64,7 @@ def predict_time(profile: Profile, split: dict[str, Any], schedule: str, microba
         for k, on in enumerate(recompute):
             if on:
                 extra = sum(by_name[n].forward_ms for n in stages[k]) / 1e3
-                c = costs[k]
-                costs[k] = replace(c, bwd_s=c.bwd_s + extra,
-                                   bwd_input_s=None if c.bwd_input_s is None else c.bwd_input_s + extra)
+                costs[k] = recomputed(costs[k], extra)
     spec = registry.get(schedule)
     cores = profile.meta.get("cores") if isinstance(profile.meta.get("cores"), int) else None
     step = steady_step_s(costs, schedule, microbatches, batch_weight_grads="batched" in spec.weight_grads,
