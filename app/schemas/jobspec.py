@@ -72,6 +72,14 @@ class ModelSection(Section):
         default=None, ge=0, le=64, description="DataLoader worker processes per loading stage (default: the task's).")
 
 
+class SplitStage(Section):
+    """One stage of an explicit split: a plan's (and a tuner candidate's) stage, as it is."""
+
+    layers: list[Annotated[str, Field(min_length=1, max_length=300)]] = Field(
+        min_length=1, max_length=100_000, description="The stage's layer names (the profile's), in model order.")
+    replicas: int = Field(default=1, ge=1, le=MAX_JOB_WORKERS, description="Worker processes that replicate it.")
+
+
 class LayoutSection(Section):
     workers: int | None = Field(default=None, ge=1, le=MAX_JOB_WORKERS, description=(
         f"Worker processes (default {DEFAULT_WORKERS}); or give `levels`."))
@@ -96,6 +104,13 @@ class LayoutSection(Section):
         "microbatch in flight and reruns its forward in each backward: less memory, more time. A number "
         "the job's plan does not have (the planner may choose fewer stages than workers) fails the run "
         "naming it; `all` always fits."))
+    # a tuner's choice (trainer/tune/tuned.py's job_layout): the job trains these stages, not a re-plan
+    split: list[SplitStage] | None = Field(default=None, min_length=1, max_length=MAX_JOB_WORKERS * 16, description=(
+        "The stages to train, in pipeline order, each its `layers` (the model's layer names) and `replicas`: the "
+        "planner does not run. The layers must be the model's, each on one stage, no stage fed from a later one "
+        "(checked against the model's profile when the job plans; a job fails naming this field otherwise); the "
+        "replicas sum to the workers (with chunks: workers x chunks stages of one replica; data parallel: one stage, "
+        "a replica per worker). `method` and `memory_bytes` (the planner's) are refused with it."))
     nodes: int = Field(default=1, ge=1, le=MAX_JOB_NODES, description=(
         "Worker hosts the job trains on at once, reserved together (each runs an equal share of the processes)."))
 
@@ -217,6 +232,7 @@ class JobSpec(Section):
         if self.model.batch_size % layout.microbatches:
             out.append(("layout.microbatches", f"{layout.microbatches} microbatches do not divide "
                                                f"model.batch_size {self.model.batch_size} evenly"))
+        out += split_problems(layout)
         if isinstance(layout.recompute, list):
             # a plan has at most a stage per worker and chunk; data parallel one, on every worker
             stages = (1 if layout.schedule_file is None and schedules.is_data_parallel(layout.schedule)
@@ -246,6 +262,46 @@ class JobSpec(Section):
             out.append(("layout.vertical_sync", f"{layout.schedule} has no vertical sync (schedules that have it: "
                                                 f"{schedules.either(schedules.having(vertical_sync=True))})"))
         return out
+
+
+def split_problems(layout: LayoutSection) -> list[tuple[str, str]]:
+    """(field, why) for a ``layout.split`` that cannot be the job's plan whatever the model: its
+    shape against the workers, chunks, schedule and the planner's own fields."""
+    split = layout.split
+    if split is None:
+        return []
+    out = []
+    if layout.method != "pipedream":  # the default, which a stored specification carries
+        out.append(("layout.method", "layout.split gives the stages: the planner does not run (leave method out)"))
+    if layout.memory_bytes is not None:
+        out.append(("layout.memory_bytes", "layout.split gives the stages: the planner's memory cap does not apply "
+                                           "(the tuner's --memory-per-worker chooses a split under a cap)"))
+    if layout.levels is not None and len(layout.levels) > 1:
+        out.append(("layout.split", "a split is laid out on one level of workers: give layout.workers or one level"))
+    names = [n for st in split for n in st.layers]
+    seen: set[str] = set()
+    twice = next((n for n in names if n in seen or seen.add(n)), None)
+    if twice is not None:
+        out.append(("layout.split", f"layer {twice!r} is on more than one stage"))
+    replicas = [st.replicas for st in split]
+    processes = layout.processes
+    data_parallel = layout.schedule_file is None and schedules.is_data_parallel(layout.schedule)
+    if data_parallel and (len(split) != 1 or replicas[0] != processes):
+        out.append(("layout.split", f"{layout.schedule} trains the whole model on each worker: one stage with "
+                                    f"replicas {processes}; got {len(split)} stage(s), replicas {replicas}"))
+    elif layout.chunks > 1 and (len(split) != processes * layout.chunks or any(r != 1 for r in replicas)):
+        out.append(("layout.split", f"{layout.chunks} chunks on {processes} workers take {processes * layout.chunks} "
+                                    f"stages of one replica; got {len(split)} stage(s), replicas {replicas}"))
+    elif not data_parallel and layout.chunks == 1 and sum(replicas) != processes:
+        out.append(("layout.split", f"its replicas {replicas} sum to {sum(replicas)}; the job has {processes} "
+                                    "worker processes"))
+    elif (not data_parallel and layout.schedule_file is None and any(r > 1 for r in replicas)
+          and not schedules.get(layout.schedule).replication):
+        out.append(("layout.split", f"{layout.schedule} runs one replica per stage; got replicas {replicas} "
+                                    f"(schedules that replicate: {schedules.either(schedules.having(replication=True))})"))
+    if isinstance(layout.recompute, list) and any(s >= len(split) for s in layout.recompute) and not data_parallel:
+        out.append(("layout.recompute", f"stage {max(layout.recompute)} is past layout.split's last stage, {len(split) - 1}"))
+    return out
 
 
 # version 1's flat fields -> (section, field) in version 2

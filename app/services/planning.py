@@ -45,6 +45,25 @@ def make_plan(profile_data: dict[str, Any], levels: list[tuple[int, float]], *, 
         raise _refused(exc) from None
 
 
+def split_plan(profile_data: dict[str, Any], split: list[dict[str, Any]], levels: list[tuple[int, float]], *,
+               chunks: int = 1) -> Any:
+    """A job's ``layout.split`` as its plan (trainer.tune.given: the stages as given, costed as the
+    planner costs its own; with chunks, one stage per virtual stage); 422 naming ``layout.split``."""
+    from pipeboard.trainer.profile.schema import Profile, ProfileError
+    from pipeboard.trainer.tune import TuneError
+    from pipeboard.trainer.tune.given import split_plan as given_plan
+
+    try:
+        profile = Profile.from_dict(profile_data)
+    except ProfileError as exc:
+        raise ServiceError(f"profile_id: stored profile is invalid: {exc}", status=422, field="profile_id") from None
+    (workers, bandwidth), = virtual_levels(levels, chunks) if chunks > 1 else levels[:1]
+    try:
+        return given_plan(profile, split, workers, bandwidth)
+    except TuneError as exc:
+        raise ServiceError(f"layout.{exc}", status=422, field="layout.split") from None
+
+
 def simulate(plan_obj: Any, schedule: str, microbatches: int, *, samples_per_microbatch: int | None = None, chunks: int = 1,
              vertical_sync: bool = False, weight_grads: str = "batched",
              profile_data: dict[str, Any] | None = None, recompute: str | list[int] | None = None,

@@ -303,9 +303,12 @@ class JobRun:
         levels = planning.levels_of(dumped["levels"], dumped["workers"])
         schedule = layout.schedule_to_run()
         # the plan the job's own schedule runs fastest under the cost model that predicts it
-        plan_obj = planning.make_plan(prof.data, levels, memory_bytes=layout.memory_bytes, method=layout.method,
-                                      schedule=schedule, microbatches=layout.microbatches,
-                                      weight_grads=layout.weight_grads, chunks=layout.chunks)
+        if layout.split is not None:  # the stages the specification gives (a tuner's choice): no planning
+            plan_obj = planning.split_plan(prof.data, dumped["split"], levels, chunks=layout.chunks)
+        else:
+            plan_obj = planning.make_plan(prof.data, levels, memory_bytes=layout.memory_bytes, method=layout.method,
+                                          schedule=schedule, microbatches=layout.microbatches,
+                                          weight_grads=layout.weight_grads, chunks=layout.chunks)
         micro = max(1, spec_of(job).model.batch_size // layout.microbatches)
         sched, sim = planning.simulate(plan_obj, schedule, layout.microbatches, samples_per_microbatch=micro,
                                        chunks=layout.chunks, vertical_sync=layout.vertical_sync,
@@ -313,7 +316,7 @@ class JobRun:
                                        recompute=layout.recompute)
         predicted = planning.predicted_summary(plan_obj, sched, sim, layout.microbatches, timeline_limit=0)
         request = {k: dumped[k] for k in ("levels", "workers", "memory_bytes", "method", "schedule", "microbatches",
-                                          "weight_grads")}
+                                          "weight_grads", "split")}
         plan_row = PlanRow(profile_id=profile_id, request=request, data=plan_obj.to_dict(), predicted=predicted,
                            owner_id=job.owner_id)  # the job's plan is its owner's, like the job
         begin_write(self.session)

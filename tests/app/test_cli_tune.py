@@ -111,7 +111,7 @@ def test_a_tune_file_is_submitted_as_the_job_that_trains_its_choice(profile_file
     spec = load_spec(out)  # what `pipeboard submit tune.json` sends
     assert spec["model"]["name"] == "mlp" and spec["model"]["batch_size"] == 32
     layout = spec["layout"]
-    assert (layout["schedule"], layout["microbatches"], layout["method"], layout["workers"]) == \
-        ("1f1b", choice["microbatches"], choice["plan"]["method"], 2)
+    assert (layout["schedule"], layout["microbatches"], layout["workers"]) == ("1f1b", choice["microbatches"], 2)
+    assert layout["split"] == [{"layers": st["layers"], "replicas": st["replicas"]} for st in choice["plan"]["stages"]]
     assert layout["recompute"] == ("all" if all(choice["recompute"]) else "none" if not any(choice["recompute"])
                                    else [i for i, on in enumerate(choice["recompute"]) if on])

@@ -65,6 +65,7 @@ THE_SERVICES_OWN = {
     "layout.levels": "the planner's input, as workers",
     "layout.memory_bytes": "the planner's memory constraint",
     "layout.method": "the planner's method",
+    "layout.split": "the job's plan when given (the planner does not run): the run gets its stages and replicas",
     "layout.nodes": "how many hosts' agents the runner starts (torchrun)",
     "checkpoints.max_attempts": "how often the service retries a lost attempt",
     "machine.gpus_per_host": "placement's GPU request: the run sees those GPUs (CUDA_VISIBLE_DEVICES) and packs its stages on them",

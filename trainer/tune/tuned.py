@@ -54,11 +54,12 @@ def fields_of(doc: Any, name: str = "tuned") -> dict[str, Any]:
 
 
 def job_layout(candidate: Candidate, workers: int) -> dict[str, Any]:
-    """A job's ``layout`` that trains ``candidate``: the planner method whose split the tuner took
-    (the job plans again with it: the even methods give the same split), schedule, microbatches,
-    chunks and the stages that recompute."""
+    """A job's ``layout`` that trains ``candidate``: its ``split`` (the stages, layers and
+    replicas, as the candidate's plan has them: the job trains them, it does not plan again),
+    schedule, microbatches, chunks and the stages that recompute."""
     redo = [s for s, on in enumerate(candidate.recompute) if on]
-    return {"workers": workers, "method": candidate.plan["method"] if candidate.plan["method"] != "dp" else "pipedream",
+    split = [{"layers": list(st["layers"]), "replicas": int(st["replicas"])} for st in candidate.plan["stages"]]
+    return {"workers": workers, "split": split,
             "schedule": candidate.schedule, "microbatches": candidate.microbatches, "chunks": candidate.chunks,
             "recompute": "all" if redo and len(redo) == len(candidate.recompute) else redo or "none"}
 
