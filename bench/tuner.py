@@ -2,7 +2,7 @@
 
     .venv/bin/python bench/tuner.py [--models mlp,gpt2-text] [--data PATH] [--workers 2] [--batch-size 32]
         [--microbatches 2,4,8,16] [--schedules all|1f1b,gpipe,...] [--repeats 3] [--steps 8] [--no-cap]
-        [--speed-only | --no-speed]
+        [--speed-only | --no-speed] [--one-cell]
 
 Grid (per model): every applicable schedule x the microbatch counts x the planner's (pipedream)
 and the uniform split x recompute off/on everywhere; each cell the median of --repeats runs of
@@ -19,8 +19,13 @@ Speed: `pipeboard tune` without --verify, whole process, on profiles of a 48-lay
 synthetic mlp, depth 23) at four microbatch sizes, 8 workers, every schedule, microbatch counts
 2, 4, 8, 16, recompute off/on: wall and CPU seconds of the process, median of 3.
 
-Models: mlp (8 x 1,024, the zoo's synthetic regression); gpt2-text and llama-text need --data (a
-local text file); the zoo has no encoder (a transformers encoder would be a task factory SPEC).
+Models: mlp (8 x 1,024, the zoo's synthetic regression); the transformers causal LMs gpt2-text and
+llama-text and the encoder bert-text (BERT, masked LM), small configs (4 layers, width 64, 64 byte
+positions), on --data (a local text file) or, without it, the standard-library sources the zoo ships.
+
+--one-cell: per model, how many cells the grid has and what one run of one cell costs: the run's
+whole wall time (process start-up, model build, the steps) against its measured steps, for an
+estimate of the whole grid's time (cells x repeats x that).
 Prints the processor (lscpu model name) first.
 """
 
@@ -43,7 +48,7 @@ sys.path.insert(0, str(ROOT))
 
 from pipeboard.trainer.hostinfo import cpu_name  # noqa: E402
 
-MODEL_ARGS = {"mlp": {"depth": 8, "width": 1024}, "gpt2-text": {}, "llama-text": {}}
+MODEL_ARGS = {"mlp": {"depth": 8, "width": 1024}, "gpt2-text": {}, "llama-text": {}, "bert-text": {}}
 
 
 def profiles_for(model: str, args: dict, sizes: list[int], data: str | None) -> list:
@@ -119,6 +124,13 @@ def grid(model: str, args: dict, opts) -> None:
     run = {"model": model, "model_args": args, "data": opts.data, "precision": "fp32"}
     print(f"{model}: {len(cells)} grid cells (+{len(extra)} for the choice), {opts.repeats} repeats of "
           f"{opts.steps} steps", flush=True)
+    if opts.one_cell:  # the first cell the runtime runs (tied weights refuse pipedream's)
+        for cell in cells:
+            try:
+                return one_cell(model, cell, run, opts.steps)
+            except Exception as exc:
+                print(f"  {cell.label()}: {type(exc).__name__}: {str(exc)[:160]}", file=sys.stderr)
+        return
     measure_cells(cells + extra, run, opts.repeats, opts.steps)
     report(model, choice, cells + extra)
     if opts.no_cap:
@@ -139,6 +151,22 @@ def grid(model: str, args: dict, opts) -> None:
         fitting.append(pick)
     print(f"{model}: cap {cap} B per worker (rules out {fastest.label()}):")
     report(f"{model} capped", pick, fitting)
+
+
+def one_cell(model: str, cell, run, steps: int) -> None:
+    """One run of one cell, timed whole: what each of the grid's runs costs, and how much of it
+    is not the steps (process start-up, model build and split, the first step)."""
+    from pipeboard.trainer.tune.verify import measure
+
+    t0 = time.perf_counter()
+    step_s, _ = measure(cell, run, steps=steps)
+    whole = time.perf_counter() - t0
+    start = time.perf_counter()  # the fixed part alone: the same cell for one step
+    measure(cell, run, steps=2)
+    fixed = time.perf_counter() - start - 2 * step_s
+    print(f"{model}: one run of {cell.label()}: {whole:.2f} s wall for {steps} steps of {step_s * 1e3:.2f} ms "
+          f"(steps {steps * step_s:.2f} s; the rest {whole - steps * step_s:.2f} s); a 2-step run of it: "
+          f"{fixed + 2 * step_s:.2f} s, of which {fixed:.2f} s is not its steps", flush=True)
 
 
 def speed(opts) -> None:
@@ -183,6 +211,7 @@ def main() -> None:
     parser.add_argument("--no-cap", action="store_true")
     parser.add_argument("--speed-only", action="store_true")
     parser.add_argument("--no-speed", action="store_true")
+    parser.add_argument("--one-cell", action="store_true")
     opts = parser.parse_args()
     print(f"processor: {cpu_name()}; cores {os.cpu_count()}", flush=True)
     if not opts.speed_only:

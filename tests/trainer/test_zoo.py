@@ -16,6 +16,7 @@ SMALL = {
     "mlp": {"depth": 2, "width": 32, "samples": 512},
     "gpt2-text": {"layers": 1, "dim": 32, "heads": 2, "seq_len": 16},
     "llama-text": {"layers": 1, "dim": 32, "heads": 2, "seq_len": 16},
+    "bert-text": {"layers": 1, "dim": 32, "heads": 2, "seq_len": 16},
     "resnet18-images": {"width": 4, "size": 16},
 }
 IN_MEMORY = ["mlp-digits", "cnn-digits", "resnet-digits", "transformer-text", "mlp"]  # TensorDataset data
@@ -25,7 +26,7 @@ pytestmark = pytest.mark.usefixtures("one_thread")
 
 
 def test_names_and_describe_agree_with_the_entries():
-    assert zoo.names() == IN_MEMORY + ["gpt2-text", "llama-text", "resnet18-images"]
+    assert zoo.names() == IN_MEMORY + ["gpt2-text", "llama-text", "bert-text", "resnet18-images"]
     for d in zoo.describe():
         entry = zoo.get(d["name"], **SMALL[d["name"]])
         assert entry.name == d["name"]

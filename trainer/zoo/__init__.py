@@ -25,7 +25,7 @@ def _factories() -> dict[str, Callable[..., Task]]:
     from pipeboard.trainer.zoo.digits import cnn_digits, mlp_digits, resnet_digits
     from pipeboard.trainer.zoo.synthetic import mlp
     from pipeboard.trainer.zoo.text import transformer_text
-    from pipeboard.trainer.zoo.hf import gpt2_text, llama_text, resnet18_images
+    from pipeboard.trainer.zoo.hf import bert_text, gpt2_text, llama_text, resnet18_images
 
     return {
         "mlp-digits": mlp_digits,
@@ -35,6 +35,7 @@ def _factories() -> dict[str, Callable[..., Task]]:
         "mlp": mlp,
         "gpt2-text": gpt2_text,
         "llama-text": llama_text,
+        "bert-text": bert_text,
         "resnet18-images": resnet18_images,
     }
 
@@ -50,6 +51,8 @@ _INFO = {
                   "perplexity", 6.0),
     "llama-text": ("transformers Llama causal LM (random init) on a local text/parquet/JSON file (--data)",
                    "perplexity", 6.0),
+    "bert-text": ("transformers BERT encoder, masked LM (random init) on a local text/parquet/JSON file (--data)",
+                  "perplexity", 6.0),
     "resnet18-images": ("transformers ResNet-18 layout (random init) on an imagefolder tree of PNG/JPEG files "
                         "(--data; default: scikit-learn's digits as PNG files)", "accuracy", 0.9),
 }

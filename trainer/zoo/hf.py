@@ -15,6 +15,7 @@ from __future__ import annotations
 import tempfile
 from pathlib import Path
 
+import torch
 from torch import nn
 
 from pipeboard.trainer.task import Task
@@ -73,6 +74,37 @@ def llama_text(data: str | None = None, layers: int = 4, dim: int = 64, heads: i
     config.use_cache = False
     return _lm_task("llama-text", Logits(LlamaForCausalLM(config)), train, val,
                     "transformers Llama causal LM (random init) on a local text/parquet/JSON file (--data)")
+
+
+class Masked(torch.utils.data.Dataset):
+    """A text-window data set as masked language modelling: each window's input with a share of
+    its tokens replaced by a mask token (``vocab_size``, one past the text's), the target the
+    window itself. The mask of a window is fixed by its index, so every epoch sees the same."""
+
+    def __init__(self, windows, share: float = 0.15):
+        self.windows, self.share, self.vocab_size = windows, share, windows.vocab_size + 1
+
+    def __len__(self) -> int:
+        return len(self.windows)
+
+    def __getitem__(self, index: int):
+        x, _ = self.windows[index]
+        hide = torch.rand(x.shape, generator=torch.Generator().manual_seed(int(index))) < self.share
+        return x.masked_fill(hide, self.vocab_size - 1), x
+
+
+def bert_text(data: str | None = None, layers: int = 4, dim: int = 64, heads: int = 4, seq_len: int = 64) -> Task:
+    """A BERT encoder (bidirectional attention, post-norm, learned positions) with its masked-LM
+    head, on UTF-8 bytes of a text, parquet or JSON file, 15% of each window's bytes masked."""
+    from transformers import BertConfig, BertForMaskedLM
+
+    train, val = _text(data, seq_len)
+    train, val = Masked(train), (Masked(val) if val is not None else None)
+    config = BertConfig(vocab_size=train.vocab_size, hidden_size=dim, num_hidden_layers=layers,
+                        num_attention_heads=heads, intermediate_size=4 * dim, max_position_embeddings=seq_len,
+                        hidden_dropout_prob=0.0, attention_probs_dropout_prob=0.0, type_vocab_size=1)
+    return _lm_task("bert-text", Logits(BertForMaskedLM(config)), train, val,
+                    "transformers BERT encoder, masked LM (random init) on a local text/parquet/JSON file (--data)")
 
 
 def resnet18_images(data: str | None = None, width: int = 16, size: int = 32) -> Task:
