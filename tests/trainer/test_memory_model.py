@@ -56,12 +56,12 @@ def test_a_split_backward_keeps_its_output_gradients_until_w():
     batched = worker_memory(build("gpipe", 2, 4, batch_weight_grads=True), [grads, grads], optimizer="sgd")
     assert batched[0].activations == 4 * (100 + 30)
     # under recompute a BI lets its rebuilt graph go and W replays the stage from the kept inputs
-    # and the received output gradient (10, kept from BI to W): the rebuilt 100 lives during one
-    # BI or one microbatch's W at a time, on top of the 4 microbatches' 20 + 10 kept, and at the
-    # W beside the gradients it makes
+    # and the received output gradient (kept from BI to W in place of the outputs, the same size):
+    # the rebuilt 100 lives during one BI or one microbatch's W at a time, on top of the 4
+    # microbatches' 20 kept, and at the W beside the gradients it makes
     redone = worker_memory(build("gpipe", 2, 4, batch_weight_grads=True), [grads, grads], optimizer="sgd",
                            recompute=[0])
-    assert (redone[0].activations, redone[0].gradients) == (4 * (20 + 10) + 100, 1000)
+    assert (redone[0].activations, redone[0].gradients) == (4 * 20 + 100, 1000)
 
 
 def test_gradients_exist_from_a_stages_first_backward_to_its_update():

@@ -28,8 +28,8 @@ Per worker, summed over the (virtual) stages it holds:
 - boundary buffers: what a stage receives. A received input is the forward's input, kept with
   the microbatch (inside ``activation_bytes``, as the runtime's stage holds it); a received output
   gradient (``output_bytes``; none on the last stage) lives while its backward (B or BI) runs, a
-  transient of that backward like recompute's rebuild, and under recompute with a split backward
-  the replay keeps it from BI to its W. ``WorkerMemory.boundary`` is the received gradient live
+  transient of that backward like recompute's rebuild (under recompute with a split backward the
+  replay keeps it from BI to its W in place of the outputs the BI lets go, the same size). ``WorkerMemory.boundary`` is the received gradient live
   at the peak. Messages that arrive before their consumer runs (receives posted ahead, a
   shared-memory channel's stash) are neither predicted nor counted: how many there are is the
   transport's timing, not the schedule's.
@@ -171,9 +171,10 @@ def worker_memory(schedule: Schedule, stages: list[StageMemory], *, optimizer: s
         cols, _ = schedule_columns(schedule)
     kept = [st.kept_per_microbatch(s in redo) for s, st in enumerate(stages)]
     rebuilt = [st.activation_bytes if s in redo else 0 for s, st in enumerate(stages)]
-    # a BI leaves its output gradients for W (under recompute, W replays from the kept inputs and
-    # the received output gradient, which the replay keeps until then)
-    split = [st.output_bytes if s in redo else st.weight_grad_bytes for s, st in enumerate(stages)]
+    # a BI leaves its output gradients for W. Under recompute W replays from the kept inputs and
+    # the received output gradient: the BI lets the stage's outputs go and the gradient, the same
+    # size, takes their place in what the microbatch keeps, so nothing is added
+    split = [0 if s in redo else st.weight_grad_bytes for s, st in enumerate(stages)]
     # the last stage receives no gradient: it computes its loss
     received = [st.output_bytes if s < len(stages) - 1 else 0 for s, st in enumerate(stages)]
     out = []
