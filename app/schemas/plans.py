@@ -104,6 +104,19 @@ class PlanStage(Stored):
     time_s: float = Field(description="This stage's time per minibatch under the planner's cost model.")
 
 
+class LengthHistogram(Stored):
+    edges: list[float] = Field(description="Band edges, shortest to longest padded length.")
+    counts: list[int] = Field(description="Batches whose padded length falls in each band.")
+
+
+class PlanLengths(Stored):
+    dim: int = Field(description="The input dimension whose size varies (the sequence).")
+    measured: list[int] = Field(description="The lengths the profile measured.")
+    batch_size: int = Field(description="Samples per batch whose padded lengths were counted.")
+    histogram: LengthHistogram = Field(description="The batches' padded lengths.")
+    mean_length: float = Field(description="The batches' mean padded length.")
+
+
 class PlanOptions(Stored):
     straight: bool | None = None
     fewer_workers: bool | None = None
@@ -111,7 +124,11 @@ class PlanOptions(Stored):
     memory_bytes: float | None = None
     memory_constraint: bool | None = None
     max_states: int | None = None
-
+    lengths: PlanLengths | None = Field(
+        default=None,
+        description="For a profile measured at several lengths (a task whose batches vary in length): the "
+                    "lengths the plan assumed; the plan is costed on each layer's expected cost over their "
+                    "histogram. Absent for a profile of one shape.")
 
 class PlanData(Stored):
     """A plan (pipeboard.trainer.plan.Plan.to_dict(): docs/plan-format.md)."""

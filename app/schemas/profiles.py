@@ -40,4 +40,9 @@ class ProfilePublic(BaseModel):
     total_forward_ms: float = 0.0
     total_backward_ms: float = 0.0
     layers: list[LayerRow] = Field(default_factory=list)
+    lengths: dict[str, Any] | None = Field(
+        default=None,
+        description="For a task whose batches vary in length: the lengths it was measured at and the data's "
+                    "length histogram, as `dim`, `measured`, `batch_size` and `histogram` (`edges`, `counts`); "
+                    "its layers' times are the expected costs over that histogram. Null for one shape.")
     data: dict[str, Any] | None = Field(default=None, description="The profile JSON (pipeboard.profile v1).")

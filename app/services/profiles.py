@@ -178,5 +178,14 @@ def to_public(row: Profile, *, include_data: bool = False) -> ProfilePublic:
         total_forward_ms=fwd,
         total_backward_ms=bwd,
         layers=layers,
+        lengths=assumed_lengths(row.data),
         data=row.data if include_data else None,
     )
+
+
+def assumed_lengths(data: dict[str, Any] | None) -> dict[str, Any] | None:
+    """The lengths a stored profile was measured at (its ``lengths`` less the per-layer costs)."""
+    raw = (data or {}).get("lengths")
+    if not isinstance(raw, dict):
+        return None
+    return {k: raw[k] for k in ("dim", "measured", "batch_size", "histogram") if k in raw}

@@ -51,3 +51,20 @@ def test_service_plan_is_predicted_from_the_lengths(served):
     longest["lengths"] = None
     at_longest = planning.make_plan(longest, levels, memory_bytes=None, method="pipedream")
     assert made.single_worker_time_s < at_longest.single_worker_time_s
+
+
+def test_public_schemas_say_which_lengths(served):
+    from pipeboard.app.models import Profile as Row
+    from pipeboard.app.schemas.plans import PlanData, PlanOptions
+    from pipeboard.app.schemas.profiles import ProfilePublic
+    from pipeboard.app.services.profiles import to_public
+
+    public = to_public(Row(id=1, name="varlen", data=served, batch_size=4))
+    assert public.lengths["measured"] == served["lengths"]["measured"]
+    assert public.lengths["histogram"] == served["lengths"]["histogram"]
+    assert "layers" not in public.lengths  # the summary, not the per-layer costs
+    made = planning.make_plan(served, [(2, 1e9)], memory_bytes=None, method="pipedream").to_dict()
+    answered = PlanData.model_validate(made).model_dump()
+    assert answered["options"]["lengths"]["measured"] == served["lengths"]["measured"]
+    for model in (PlanOptions, ProfilePublic):
+        assert "histogram" in model.model_json_schema()["properties"]["lengths"]["description"]
