@@ -25,7 +25,10 @@ from tests.conftest import postgres_schema, require_postgres, require_redis
 
 pytestmark = [pytest.mark.slow, pytest.mark.redis, pytest.mark.postgres]
 
-TWO_HOST_JOB = {**FAULT_JOB, "nodes": 2, "stop": {"target": 0.85}, "checkpoint_every": 20}
+# Validation every 400 steps: the target (reached near step 66 when checked each epoch) cannot
+# end attempt 1 before the kill, which waits for checkpoint 20 and for the service to record step 20.
+TWO_HOST_JOB = {**FAULT_JOB, "nodes": 2, "stop": {"target": 0.85}, "hyperparameters": {"eval_every": 400},
+                "checkpoint_every": 20}
 
 
 @pytest.fixture(scope="module")
@@ -113,18 +116,29 @@ def test_a_killed_stage_process_resumes_from_the_checkpoint_with_the_same_losses
 def test_a_two_host_job_trains_to_target_and_survives_losing_a_host_s_worker(cluster):
     dep, hosts = cluster
     job_id = dep.api("POST", "/jobs", json=TWO_HOST_JOB)["id"]
-    messages, killed, groups = [], None, set()
+    killed, groups = [], set()
+
+    def kill_other_host() -> None:  # the host that joined the leader's
+        row = dep.job_row(job_id)
+        name = next(n for n in hosts.names if n != row.worker_hostname)
+        groups.add(row.pgid)
+        hosts.kill(name)
+        killed.append(name)
+        hosts.start(name)  # what a supervisor does; its jobs' next attempts need it
+
+    # Once checkpoint 20 is on disk and the service has step 20 (the killed host's reports in flight
+    # are lost with it), not when the stream shows a step past 20: a fast machine reached the
+    # target before a kill sent then.
+    cutter = KillAfterCheckpoint(dep, job_id, [hosts.workdir / name for name in hosts.names], kill_other_host,
+                                 step=TWO_HOST_JOB["checkpoint_every"], recorded=True)
+    messages = []
     for message in dep.events(job_id, timeout=400):
         messages.append(message)
         if message["event"] == "attempt":
             assert set(message["data"]["hosts"].values()) == {"host-a", "host-b"}, message
-        if killed is None and message["event"] == "metrics" and max(p["step"] for p in message["data"]["points"]) > 20:
-            row = dep.job_row(job_id)
-            killed = next(n for n in hosts.names if n != row.worker_hostname)  # the host that joined the leader's
-            groups.add(row.pgid)
-            hosts.kill(killed)
-            hosts.start(killed)  # what a supervisor does; its jobs' next attempts need it
-    assert killed, hosts.logs()
+    cutter.thread.join(timeout=5)
+    assert cutter.error is None and killed, hosts.logs()
+    killed = killed[0]
     job = check_resumed_run(dep, job_id, messages)
     assert job["summary"]["reached_target"] is True and job["summary"]["final_metric"] >= TWO_HOST_JOB["stop"]["target"]
     assert f"host {killed}'s worker pipeboard@{killed}" in job["attempts"][0]["error"] or "train failed" in job["attempts"][0]["error"]
