@@ -113,25 +113,45 @@ def _activation_bytes(value: Any) -> float | list[float]:
     return [_tensor_bytes(t) for t in flat_tensors(value)]
 
 
-def _own_parameters(lg: LayerGraph, layer: LayerNode, seen: set[int]) -> list[torch.Tensor]:
-    """The parameters this layer (or a helper it recomputes) uses, each counted once in the whole
-    profile (a shared module is charged to its first layer)."""
-    own: list[torch.Tensor] = []
+def _layer_parameters(lg: LayerGraph, layer: LayerNode) -> list[torch.Tensor]:
+    """Every parameter this layer (or a helper it recomputes) uses, shared ones included."""
+    params: list[torch.Tensor] = []
     for node in [*layer.helpers, layer.node]:
-        params: list[torch.Tensor] = []
         if node.op == "call_module":
-            params = list(lg.gm.get_submodule(str(node.target)).parameters())
+            params += list(lg.gm.get_submodule(str(node.target)).parameters())
         elif node.op == "get_attr":
             attr = lg.gm
             for part in str(node.target).split("."):
                 attr = getattr(attr, part)
             if isinstance(attr, nn.Parameter):
-                params = [attr]
-        for p in params:
-            if id(p) not in seen:
-                seen.add(id(p))
-                own.append(p)
+                params.append(attr)
+    return params
+
+
+def _own_parameters(lg: LayerGraph, layer: LayerNode, seen: set[int]) -> list[torch.Tensor]:
+    """The parameters this layer uses, each counted once in the whole profile (a shared module is
+    charged to its first layer)."""
+    own: list[torch.Tensor] = []
+    for p in _layer_parameters(lg, layer):
+        if id(p) not in seen:
+            seen.add(id(p))
+            own.append(p)
     return own
+
+
+def tied_layers(lg: LayerGraph) -> list[list[str]]:
+    """Groups of layers that use one trained parameter (tied weights, e.g. an embedding and the
+    output head): the planner and tuner keep a group on one worker for schedules that cannot keep
+    copies on several in step (pipedream; ``runtime.tied.check``)."""
+    users: dict[int, list[str]] = {}
+    for layer in lg.layers:
+        if layer.kind == "layer":
+            for p in _layer_parameters(lg, layer):
+                if p.requires_grad:
+                    names = users.setdefault(id(p), [])
+                    if layer.name not in names:
+                        names.append(layer.name)
+    return sorted({tuple(names) for names in users.values() if len(names) > 1}, key=lambda g: g)
 
 
 class _LayerClock(fx.Interpreter):
@@ -385,6 +405,7 @@ def profile_model(
         "optimizer": optimizer,
         "capture": CAPTURE_VERSION,
         "inputs": lg.input_names(),
+        "tied": [list(group) for group in tied_layers(lg)],
         "outputs": lg.outputs,
         "layer_sum_ms": layer_sum,
         "step_ms": step_ms,

@@ -51,6 +51,21 @@ def _runnable(split: dict[str, Any], schedule: str, batch_size: int, microbatche
     return _refusal(schedule, batch_size, microbatches, chunks, workers, shape)
 
 
+def _split_ties(profile: Profile, split: dict[str, Any], schedule: str) -> str | None:
+    """Why an asynchronous schedule cannot run this split of a model with tied weights (the
+    profile's ``meta["tied"]``: layers sharing a parameter), or None: one update per stage clock
+    cannot keep the copies on two workers one parameter (``runtime.tied.check`` refuses it)."""
+    if registry.get(schedule).synchronous:
+        return None
+    stage_of = {name: i for i, st in enumerate(split["stages"]) for name in st["layers"]}
+    for group in profile.meta.get("tied") or []:
+        stages = sorted({stage_of[name] for name in group if name in stage_of})
+        if len(stages) > 1:
+            return (f"{schedule}: layers {', '.join(group)} share a parameter (tied weights) and sit on stages "
+                    f"{', '.join(map(str, stages))}")
+    return None
+
+
 @lru_cache(maxsize=1024)
 def _refusal(schedule: str, batch_size: int, microbatches: int, chunks: int, workers: int,
              replicas: tuple | None) -> str | None:
@@ -138,7 +153,7 @@ def search(profiles: dict[int, Profile] | list[Profile], *, workers: int, batch_
         optimizer = cost.optimizer_of(profile)
         for schedule, chunks, split in _layouts(profile, workers, bandwidth, names):
             label = f"{schedule} {split['method']} mb {m}"
-            why = _runnable(split, schedule, batch_size, m, chunks, workers)
+            why = _runnable(split, schedule, batch_size, m, chunks, workers) or _split_ties(profile, split, schedule)
             if why is not None:
                 skipped.append({"candidate": label, "why": why})
                 continue
