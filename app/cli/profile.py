@@ -122,10 +122,15 @@ def measure(spec: str, *, batch_size: int | None, device: str, model_args: dict,
                 prof = calibrated_profile(spec, model_args, bs, device, repeats, warmup=warmup, task=task,
                                           progress=progress, precision=precision, **calibration)
             else:
-                prof = profile_model(task.model, example, batch_size=bs, device=device, warmup=warmup,
-                                     repeats=repeats, progress=progress, model_name=spec, precision=precision,
-                                     optimizer=task.optimizer_name if task.optimizer_name != "custom" else "adam",
-                                     layers=task.layers)
+                from pipeboard.trainer.calibrate import length_batches
+                from pipeboard.trainer.profile.at_lengths import profile_at_lengths
+
+                measure = dict(device=device, warmup=warmup, repeats=repeats, progress=progress, model_name=spec,
+                               precision=precision, layers=task.layers,
+                               optimizer=task.optimizer_name if task.optimizer_name != "custom" else "adam")
+                lengths = length_batches(task, bs)  # batches padded to their own lengths: the data's lengths
+                prof = (profile_at_lengths(task.model, lengths[1], lengths[0], bs, **measure) if lengths is not None
+                        else profile_model(task.model, example, batch_size=bs, **measure))
     except (KeyboardInterrupt, typer.Exit):
         raise
     except Exception as exc:  # one line, never a traceback (the message names what failed)

@@ -68,3 +68,20 @@ def test_public_schemas_say_which_lengths(served):
     assert answered["options"]["lengths"]["measured"] == served["lengths"]["measured"]
     for model in (PlanOptions, ProfilePublic):
         assert "histogram" in model.model_json_schema()["properties"]["lengths"]["description"]
+
+
+def test_the_cli_profiles_at_the_data_s_lengths_as_the_service_does(served, tmp_path):
+    from typer.testing import CliRunner
+
+    from pipeboard.app.cli import cli
+
+    out = tmp_path / "cli.json"
+    model_args = [flag for k, v in ARGS.items() for flag in ("--model-arg", f"{k}={json.dumps(v)}")]
+    answer = CliRunner().invoke(cli, ["profile", SOURCE, *model_args, "--batch-size", "4", "--repeats", "1",
+                                      "--warmup", "1", "-o", str(out)])
+    assert answer.exit_code == 0, answer.output
+    mine = json.loads(out.read_text())["lengths"]
+    assert mine is not None and len(mine["measured"]) > 1
+    # the same batches of the same data: the same lengths and histogram as the service's profile
+    assert (mine["dim"], mine["measured"], mine["histogram"]) == \
+        (served["lengths"]["dim"], served["lengths"]["measured"], served["lengths"]["histogram"])

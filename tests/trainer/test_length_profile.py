@@ -6,12 +6,13 @@ from __future__ import annotations
 
 import itertools
 import json
+from dataclasses import replace
 
 import pytest
 
 from pipeboard.trainer.plan import plan
 from pipeboard.trainer.profile.lengths import LengthCosts, choose_lengths, histogram, interpolate
-from pipeboard.trainer.profile.schema import Layer, Profile, ProfileError
+from pipeboard.trainer.profile.schema import Layer, Link, Profile, ProfileError
 from pipeboard.trainer.schedule.actions import ScheduleError
 from pipeboard.trainer.schedule.predict import predict_step_s
 
@@ -126,3 +127,38 @@ def test_a_causal_lm_is_profiled_at_its_datas_lengths():
             else got.layers[layer.name]["activation_bytes"][-1])
     assert long.layers[-1].activation_total > short.layers[-1].activation_total > 0
     assert Profile.from_json(prof.to_json()).lengths == got
+
+
+def _costed(prof: Profile) -> Profile:
+    """The profile with what the profile cost model needs (input-gradient part, optimizer step, a link)."""
+    layers = [replace(layer, backward_input_ms=layer.backward_ms / 2, optimizer_ms=0.01) if layer.parameter_bytes
+              else layer for layer in prof.layers]
+    return replace(prof, layers=layers, link=Link(latency_ms=0.01, bytes_per_ms=1e6), meta={"optimizer": "sgd"})
+
+
+def test_memory_is_predicted_at_the_longest_length_and_time_at_the_expected_costs():
+    from pipeboard.trainer.choose import simulate_plan
+    from pipeboard.trainer.schedule.predict import stage_costs
+    from pipeboard.trainer.tune import cost, search
+
+    prof = _costed(_quadratic_profile())
+    longest = prof.at_longest()
+    assert [layer.activation_bytes for layer in longest.layers[1:]] == [4.0 * 64 * 512] * 2
+    assert prof.layers[1].activation_bytes < longest.layers[1].activation_bytes  # mostly short data
+    stages = [["x", "a"], ["b"]]
+    costs = stage_costs(prof, stages)
+    assert [c.activation_bytes for c in costs] == [int(8.0 + 4.0 * 64 * 512), int(4.0 * 64 * 512)]
+    # time stays the expected cost: the same forward as costed at one length on the expected layers
+    one_length = replace(prof, lengths=None)  # the expected costs, as a profile of one length
+    assert [c.fwd_s for c in costs] == [c.fwd_s for c in stage_costs(one_length, stages)]
+    # the service's and CLI's prediction (simulate_plan) and the tuner's agree on the longest's memory
+    split = plan(prof, levels=[(2, 1e9)], method="uniform")
+    _, sim = simulate_plan(split, "1f1b", 4, profile_data=prof.to_dict(), compare_data_parallel=False)
+    _, sim_expected = simulate_plan(split, "1f1b", 4, profile_data=one_length.to_dict(), compare_data_parallel=False)
+    assert max(sim.peak_memory_bytes) > max(sim_expected.peak_memory_bytes)
+    result = search([prof], workers=2, batch_size=8, microbatches=(4,), schedules=["1f1b"])
+    chosen = next(c for c in result.candidates if not any(c.recompute))
+    filled = cost.at_longest(prof, chosen.plan)
+    assert [st["activation_bytes"] for st in filled["stages"]] > [st["activation_bytes"] for st in chosen.plan["stages"]]
+    assert chosen.stage_memory_bytes == cost.predict_memory(filled, "1f1b", 4, 1, [False, False], "sgd")
+

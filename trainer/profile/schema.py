@@ -410,6 +410,11 @@ class Profile:
         layers = [replace(layer, **at[layer.name]) if layer.name in at else layer for layer in self.layers]
         return replace(self, layers=layers)
 
+    def at_longest(self) -> Profile:
+        """What memory must fit: the layers at the longest measured length (a batch padded to it
+        keeps the most activations); this profile itself when it was measured at one length."""
+        return self if self.lengths is None else self.at_length(max(self.lengths.measured))
+
     def to_dict(self) -> dict[str, Any]:
         return {
             "format": FORMAT_NAME,

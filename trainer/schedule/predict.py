@@ -146,6 +146,7 @@ def stage_costs(
                    and profile.weight_batch_size == profile.batch_size * microbatches)
     out_bytes = _boundary_bytes(profile, stages)
     last = len(stages) - 1
+    longest = profile.at_longest()  # lengths that vary: time is the expected cost, memory the longest's
     costs = []
     for k, stage in enumerate(stages):
         layers = _layers(profile, stage, k)
@@ -210,7 +211,7 @@ def stage_costs(
             bwd_weight_batched_s=None if w_batched is None else w_batched / 1e3,
             send_act_s=send_act / 1e3, send_grad_s=send_grad / 1e3, allreduce_s=allreduce / 1e3,
             step_s=step / 1e3,
-            activation_bytes=int(sum(layer.activation_total for layer in layers)),
+            activation_bytes=int(sum(layer.activation_total for layer in _layers(longest, stage, k))),
             weight_bytes=int(sum(layer.parameter_bytes for layer in layers)),
         ))
     return costs

@@ -158,12 +158,13 @@ def search(profiles: dict[int, Profile] | list[Profile], *, workers: int, batch_
                 skipped.append({"candidate": label, "why": why})
                 continue
             n = len(split["stages"])
+            fill = cost.at_longest(profile, split)  # what memory must fit: the longest batch
             try:
-                off = cost.predict_memory(split, schedule, m, chunks, [False] * n, optimizer)
-                on = cost.predict_memory(split, schedule, m, chunks, [True] * n, optimizer)
+                off = cost.predict_memory(fill, schedule, m, chunks, [False] * n, optimizer)
+                on = cost.predict_memory(fill, schedule, m, chunks, [True] * n, optimizer)
                 for redo in _recompute_choices(off, on, memory_bytes):
                     mem = off if not any(redo) else on if all(redo) else \
-                        cost.predict_memory(split, schedule, m, chunks, redo, optimizer)
+                        cost.predict_memory(fill, schedule, m, chunks, redo, optimizer)
                     step = cost.predict_time(profile, split, schedule, m, chunks, redo, bandwidth)
                     peak = max(mem)
                     fits = memory_bytes is None or peak <= memory_bytes
