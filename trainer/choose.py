@@ -337,9 +337,7 @@ def simulate_plan(plan_obj: Any, schedule: str, microbatches: int, *, samples_pe
         if len(set(redo)) != len(redo):
             raise ChoiceError("recompute", f"stage numbers repeat: {list(recompute)}")
         sim = run_sim(sched, costs, samples_per_microbatch=samples_per_microbatch, recompute=redo, optimizer=optimizer)
-        sim.cost_model = cost_model
-        sim.recompute = sorted(redo)
-        sim.steady_step_s = sim.data_parallel_step_s = None
+        sim.cost_model, sim.recompute = cost_model, sorted(redo)
         if cost_model == "profile":
             from pipeboard.trainer.schedule.predict import steady_step_s
 

@@ -86,7 +86,7 @@ def predicted_summary(plan_obj: Any, sched: Any, sim: Any, microbatches: int, ti
     pipeline_time = float(d.get("predicted_time_s") or 0.0)
     dp_time = float(d.get("data_parallel_time_s") or 0.0)
     single = float(d.get("single_worker_time_s") or 0.0)
-    steady, dp_step = getattr(sim, "steady_step_s", None), getattr(sim, "data_parallel_step_s", None)
+    steady, dp_step = sim.steady_step_s, sim.data_parallel_step_s
     if steady and dp_step:  # the profile cost model: data parallelism under the same model as the step
         versus_dp = dp_step / steady
     else:  # the plan's costs: the planner's own objective for both
@@ -106,7 +106,7 @@ def predicted_summary(plan_obj: Any, sched: Any, sim: Any, microbatches: int, ti
         "batch_weight_grads": bool(sched.meta.get("batch_weight_grads")),
         # Where the simulated action costs came from: "profile" (per-layer measurements, link and
         # runtime overhead through pipeboard.trainer.schedule.predict) or "plan" (per-stage compute only).
-        "cost_model": getattr(sim, "cost_model", "plan"),
+        "cost_model": sim.cost_model or "plan",
         # With the profile cost model: seconds per step when steps run back to back (what the
         # run's samples/s measures); None otherwise.
         "steady_step_s": steady,
@@ -115,7 +115,7 @@ def predicted_summary(plan_obj: Any, sched: Any, sim: Any, microbatches: int, ti
         # peak bytes per (virtual) stage (the most of the workers holding it) and the stages that
         # recompute their activations, as the run will
         "stage_memory_bytes": choose.stage_memory(sched, sim),
-        "recompute_stages": list(getattr(sim, "recompute", []) or []),
+        "recompute_stages": list(sim.recompute),
         # The planner's objective (seconds per minibatch at steady state), kept for the record; the
         # comparison against data parallel (>1: the pipeline is predicted faster) is the step's own
         # cost model's where the profile gives one, else the planner's.

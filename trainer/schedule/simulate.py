@@ -53,6 +53,12 @@ class SimResult:
     steady_bubble_fraction: float | None  # idle share once every worker runs 1F1B, before the drain
     steady_throughput: float | None  # microbatches per second within that steady state
     samples_per_s: float | None = None
+    # set by trainer.choose.simulate_plan: where the costs came from ("profile" or "plan"), the
+    # stages that recompute, the step back to back and data parallelism's under the same costs
+    cost_model: str | None = None
+    recompute: list[int] = field(default_factory=list)
+    steady_step_s: float | None = None
+    data_parallel_step_s: float | None = None
     extra: dict[str, Any] = field(default_factory=dict)
     _make_timeline: Any = field(default=None, repr=False, compare=False)
     _timeline: list[TimelineEvent] | None = field(default=None, repr=False, compare=False)
