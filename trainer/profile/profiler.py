@@ -15,14 +15,14 @@ the current stream.
 Gradients accumulate by default (``accumulate=True``): every measured backward adds into
 gradients that already exist, as microbatches 2..M of a pipeline step do. (Starting each step
 without gradients instead times the allocation of fresh gradient buffers, whose page faults come
-and go with the allocator's history: a 1024x1024 Linear's backward measured 1.4 or 3.4 ms.)
+and go with the allocator's history; docs/profile-format.md has the figures.)
 With ``split_backward`` further instrumented steps run with the parameters frozen and the
 model inputs requiring gradients: autograd then computes input gradients only, and each layer's
 time is its ``backward_input_ms`` (zero for a layer fed only by model inputs: the first stage
 computes no input gradient). A layer output that would then need no gradient (computed from
 integer inputs alone, e.g. a token embedding's) is made a leaf that does, so the chain above it
 is timed as the runtime's BI runs it (it carries the gradient down to every parameterised
-layer's output); without it a language model's input-gradient backward measured 0 in every
+layer's output); without it a language model's input-gradient backward would read 0 in every
 layer. ``optimizer_ms`` and the ``concurrent`` load: see conditions.py.
 
 Self-check: the sum of all per-layer medians is compared with a measured whole training step
@@ -326,11 +326,10 @@ def profile_model(
     ``optimizer_ms``. ``concurrent``: processes training the same model meanwhile (CPU only;
     e.g. stages - 1 for a pipeline with one stage per core). ``load_input``: what those processes
     train on, by default ``example_input``; give it what the other stages run while this
-    measurement's work runs in the pipeline. Measuring a whole batch for batched weight gradients
-    (one W per update, at the batch size) under a load of microbatches: the other stage is busy
-    with microbatches then, and the 512-row W of the benchmark mlp's 8 layers measured 90.6 and
-    89.5 ms under a 64-row load against 85.5 and 84.9 under a 512-row one (alternating), closer to
-    what runs record (43.7-45.2 ms for a 4-layer stage).
+    measurement's work runs in the pipeline: a whole batch profiled for batched weight gradients
+    (one W per update, at the batch size) is measured under a load of microbatches, since the
+    other stage is busy with microbatches while W runs (docs/profile-format.md, ``concurrent``,
+    has the figures).
 
     The process is switched to the runtime workers' heap setting first (freed memory is kept:
     ``pipeboard.trainer.allocator.keep_freed_memory``), so that backwards are not timed with page faults a

@@ -267,10 +267,10 @@ class Pilot:
         of ``stages`` stages (``replicated``: one of them on several replicas). With more workers
         than cores, the oversubscribed pilots' factors: data parallelism (one replicated stage)
         takes the replicated one's, a plan of several stages the pipeline's, as its processes
-        hand each microbatch on and every handoff waits for the OS to run the receiver (2L+4Lx3
-        of mlp-digits on 2 cores measured 42-53% over the replicated factor's prediction,
-        docs/fidelity.md); either where the other was not measured. Otherwise the pipeline
-        pilot's own factor, or (a replicated stage) the replicated pilot's; 1 where not measured."""
+        hand each microbatch on and every handoff waits for the OS to run the receiver
+        (docs/profile-format.md, ``pilot``, has the measured case); either where the other was
+        not measured. Otherwise the pipeline pilot's own factor, or (a replicated stage) the
+        replicated pilot's; 1 where not measured."""
         if cores is not None and workers > cores:
             pipeline, data_parallel = self.oversubscribed_factor, self.oversubscribed_replicated_factor
             if replicated and stages == 1:

@@ -14,11 +14,11 @@ model and the machine; so instead of guessing it, the profile phase runs the mod
   few layers have parameters, as long as they outnumber the cores), whose measured
   steady step over its prediction (the pipeline pilot's figures applied, the cores' busy-time
   bound included) is what the OS's taking turns adds (``Pilot.step_factor``); and the whole model
-  on ``workers`` replicas, the same for data parallelism (the replicated pilot's figures applied):
-  4 replicas of mlp-digits on 2 cores measured half what the pipeline's factor predicted. Which
-  process the OS runs next is a matter of chance, and one pilot's steady step varied 1.9x between
-  runs (docs/fidelity.md): each oversubscribed pilot runs OVERSUBSCRIBED_RUNS times and keeps
-  the median step.
+  on ``workers`` replicas, the same for data parallelism (the replicated pilot's figures applied),
+  whose replicas hand nothing on between all-reduces and so take turns unlike a pipeline's stages.
+  Which process the OS runs next is a matter of chance, so one oversubscribed run's steady step
+  is noisy: each oversubscribed pilot runs OVERSUBSCRIBED_RUNS times and keeps the median step
+  (docs/profile-format.md, ``pilot``, has the figures).
 
 Each pilot's events over its second half (``pipeboard.trainer.schedule.refit.measured_terms``)
 are set against the same stages' predicted costs (``predict.stage_costs`` without a pilot): per
