@@ -286,10 +286,10 @@ def train(cfg: RunConfig, env: WorkerEnv) -> None:
 def freeze_heap() -> None:
     """Collect what setting up left, then move every object alive into the collector's permanent
     generation: training's collections then walk only what training allocates. Without it, a
-    collection that walked the imported modules and the model stalled a stage 6-8 ms mid-step,
-    a 3 ms step turned into a 12 ms one at the same step of every run (docs/runtime.md,
-    "Garbage collection"). Forked from a launcher that froze its own objects, the collection
-    here walks only the worker's; a spawned worker's walks everything once, before training."""
+    collection that walks the imported modules and the model stalls every stage mid-step, at the
+    same step of every run (docs/runtime.md, "Garbage collection", has the figures). Forked from
+    a launcher that froze its own objects, the collection here walks only the worker's; a spawned
+    worker's walks everything once, before training."""
     gc.collect()
     gc.freeze()
 
