@@ -8,11 +8,10 @@ the same simulation the a-priori prediction used). What moved is reported term b
 
 The mean, not the median, of the actions of each microbatch (F, B, BI, W): a step's time is the
 sum of its actions, and on a machine the run shares, actions the scheduler preempted make a long
-tail that is real time; a median drops it (the mlp 8 x 1,024 under load: medians re-fitted a step
-22% short of the measured one, the busiest worker's summed spans alone were 11% over it). The
-median of the terms that come once per step (the optimizer step, the all-reduce, W(-1), the gaps):
-the correction sees four steps, and the first of them can still be warming up (docs/fidelity.md
-has the measured case).
+tail that is real time, which a median would drop. The median of the terms that come once per
+step (the optimizer step, the all-reduce, W(-1), the gaps): the correction sees four steps, and
+the first of them can still be warming up. docs/fidelity.md ("The online correction") has the
+measured cases for both.
 
 The terms, per stage (one per physical stage, or per virtual stage for interleaved-1f1b):
 
@@ -20,7 +19,7 @@ The terms, per stage (one per physical stage, or per virtual stage for interleav
   BI and W spans; a batched W(-1) span counts per microbatch it covers (the worker's forwards of
   that step: a replica runs its share; the simulator charges ``bwd_weight_batched_s`` per
   microbatch);
-- ``step`` (the optimizer step) and ``allreduce``: the means of their spans;
+- ``step`` (the optimizer step) and ``allreduce``: the medians of their spans (once per step);
 - ``transfer_act``, ``transfer_grad``: from a send's start to the end of the receive that waited
   for it (only receives that were posted before the send started, so the span is the transfer,
   not the receiver's own lateness);
@@ -145,7 +144,8 @@ def measured_terms(events: Iterable[TimelineEvent], microbatches: int) -> dict[t
 def refit(costs: list[StageCosts], events: Iterable[TimelineEvent], *, schedule: str, microbatches: int,
           batch_weight_grads: bool = False, replicas: list[int] | None = None, chunks: int = 1) -> Refit:
     """``costs`` (one per physical stage, or per virtual stage with ``chunks`` > 1) with each term
-    the ``events`` measured replaced by its mean, and the steady step simulated under them."""
+    the ``events`` measured replaced by its mean (the median for the terms that come once per
+    step), and the steady step simulated under them."""
     spans = measured_terms(events, microbatches)
     terms: list[Term] = []
     fitted = []
