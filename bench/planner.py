@@ -47,7 +47,7 @@ sys.path.insert(0, str(ROOT))
 import numpy  # noqa: E402,F401  (loaded before timing: the in-process numbers are a warm process's)
 
 from pipeboard.trainer.plan import plan  # noqa: E402
-from pipeboard.trainer.plan.costs import level_specs  # noqa: E402
+from pipeboard.trainer.plan.formulas import level_specs  # noqa: E402
 from pipeboard.trainer.plan.reference_flags import parse_reference_flags  # noqa: E402
 from pipeboard.trainer.plan.solve import choose  # noqa: E402
 from pipeboard.trainer.plan.states import state_chain  # noqa: E402

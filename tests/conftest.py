@@ -45,8 +45,8 @@ import kombu.pools
 import pytest
 
 if os.environ.get("MUTANT_UNDER_TEST") is not None:
-    # mutmut (docs/mutation-testing.md) names a mutant by its file's path (trainer/plan/costs.py:
-    # trainer.plan.costs) and puts its mutated copy of trainer/ on sys.path as `trainer`; the
+    # mutmut (docs/mutation-testing.md) names a mutant by its file's path (trainer/plan/formulas.py:
+    # trainer.plan.formulas) and puts its mutated copy of trainer/ on sys.path as `trainer`; the
     # code under test imports pipeboard.trainer, which must be that copy, under that name.
     import importlib.util
 

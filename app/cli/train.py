@@ -36,7 +36,7 @@ from pipeboard.app.cli.common import RegistryHelpCommand, fail, parse_model_args
 
 
 def _load_plan(path: str) -> Any:
-    from pipeboard.trainer.plan.model import Plan
+    from pipeboard.trainer.plan.plan_format import Plan
 
     try:
         return Plan.load(path)

@@ -446,7 +446,7 @@ def run_config(spec: JobSpec, plan: dict[str, Any], source: str | None = None,
     ``checkpoints.every`` steps and resumes from the newest complete checkpoint at or before
     ``recorded``, the last step the job has measurements of (a lost run may have checkpointed steps
     it never reported: those are trained again)."""
-    from pipeboard.trainer.plan.model import Plan
+    from pipeboard.trainer.plan.plan_format import Plan
     from pipeboard.trainer.runtime.config import RunConfig
 
     given: dict[str, Any] = {}

@@ -89,7 +89,7 @@ def test_an_interleaved_plan_has_a_stage_per_chunk_of_every_worker():
 
 def test_more_workers_than_cores_scale_data_parallelism_and_pipelines_by_their_own_pilot():
     from pipeboard.trainer.plan import plan
-    from pipeboard.trainer.plan.model import Plan
+    from pipeboard.trainer.plan.plan_format import Plan
 
     data = calibrated_chain()
     data["meta"] = {**(data.get("meta") or {}), "cores": 2}

@@ -105,7 +105,8 @@ def test_exploding_profiles_are_linearised(name):
 
 def test_importing_the_planner_does_not_import_torch_or_numpy():
     # NumPy loads only with a vectorised strategy (trainer/plan/solve.py); torch never.
-    code = ("import sys, pipeboard.trainer.plan.graph, pipeboard.trainer.plan, pipeboard.trainer.plan.pipedream, pipeboard.trainer.plan.baselines, pipeboard.app.cli.plan; "
+    code = ("import sys, pipeboard.trainer.plan.graph, pipeboard.trainer.plan, pipeboard.trainer.plan.pipedream_plan, "
+            "pipeboard.trainer.plan.baselines, pipeboard.trainer.plan.strategies, pipeboard.app.cli.plan; "
             "print('torch' in sys.modules, 'numpy' in sys.modules)")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert out.stdout.strip() == "False False"

@@ -1,4 +1,5 @@
-"""The NumPy views the vectorised strategies read (trainer/plan/arrays.py) against plain forms.
+"""The NumPy views the vectorised strategies read (trainer/plan/strategies/arrays.py) against
+plain forms.
 
 Block sums formed on read must be exactly the reference's (n+1, n) table (one subtraction,
 row 0 the sums themselves); the state DAG's pairs from bitsets must be ``nonzero`` of the
@@ -13,9 +14,10 @@ import numpy as np
 import pytest
 
 from tests.trainer.test_plan_exact import random_profile
-from pipeboard.trainer.plan import recurrence, top_row
-from pipeboard.trainer.plan.arrays import ArrayTable, Blocks, ChainArrays, Dense, chain_pairs, groups, pairs_of
-from pipeboard.trainer.plan.costs import LevelSpec
+from pipeboard.trainer.plan import recurrence
+from pipeboard.trainer.plan.strategies import top_row
+from pipeboard.trainer.plan.strategies.arrays import ArrayTable, Blocks, ChainArrays, Dense, chain_pairs, groups, pairs_of
+from pipeboard.trainer.plan.formulas import LevelSpec
 from pipeboard.trainer.plan.readout import split
 from pipeboard.trainer.plan.states import block, state_chain
 

@@ -1,5 +1,6 @@
-"""The capped chain strategy (trainer/plan/chain_caps.py, capped_chain.py) on chains long enough
-for the caps to cut rows short, against the plain recurrence and the uncapped strategies."""
+"""The capped chain strategy (trainer/plan/strategies/chain_caps.py, capped_chain.py) on chains
+long enough for the caps to cut rows short, against the plain recurrence and the uncapped
+strategies."""
 
 from __future__ import annotations
 
@@ -10,9 +11,10 @@ import numpy as np
 import pytest
 
 from tests.trainer.test_plan_exact import chain_profile
-from pipeboard.trainer.plan import capped_chain, chain_caps, solve
-from pipeboard.trainer.plan.arrays import ChainArrays
-from pipeboard.trainer.plan.costs import level_specs
+from pipeboard.trainer.plan import solve
+from pipeboard.trainer.plan.strategies import capped_chain, chain_caps
+from pipeboard.trainer.plan.strategies.arrays import ChainArrays
+from pipeboard.trainer.plan.formulas import level_specs
 from pipeboard.trainer.plan.states import state_chain
 
 

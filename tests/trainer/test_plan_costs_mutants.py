@@ -14,8 +14,8 @@ import math
 import numpy as np
 import pytest
 
-from pipeboard.trainer.plan import costs
-from pipeboard.trainer.plan.costs import LevelSpec
+from pipeboard.trainer.plan import formulas
+from pipeboard.trainer.plan.formulas import LevelSpec
 
 
 def test_a_level_spec_by_default_is_one_unshared_final_level_counting_transfers():
@@ -24,8 +24,8 @@ def test_a_level_spec_by_default_is_one_unshared_final_level_counting_transfers(
         1, True, False, False, None, 1.0)
     # The defaults as costs: 1 GB of weights on 2 of 4 machines, no sharing: (1 + 4 * 1e9 / 2e9) / 2;
     # a 1 GB input after a cut takes 2 * 1e9 / 1e9 = 2 s, not divided by any compression.
-    assert costs.first_stage_s(spec, 1.0, 1e9, 0.0, 2) == 1.5
-    assert costs.last_stage_s(spec, 0.1, 0.0, 1, 1e9, 0.0) == 2.0
+    assert formulas.first_stage_s(spec, 1.0, 1e9, 0.0, 2) == 1.5
+    assert formulas.last_stage_s(spec, 0.1, 0.0, 1, 1e9, 0.0) == 2.0
 
 
 def test_a_level_spec_prints_every_field():
@@ -37,43 +37,43 @@ def test_a_level_spec_prints_every_field():
 
 
 def test_level_specs_by_default_neither_straighten_nor_compress():
-    (spec,) = costs.level_specs([(4, 1e9)])
+    (spec,) = formulas.level_specs([(4, 1e9)])
     assert (spec.machines, spec.sharing, spec.final) == (4, 1, True)
     assert (spec.straight, spec.fewer, spec.memory, spec.compression) == (False, False, None, 1.0)
     assert list(spec.replica_counts(4)) == [1, 2, 3]  # not straight: any count leaving one machine
 
 
 def test_larger_takes_any_mix_of_scalars_and_arrays():
-    assert costs.larger(1.0, 2.0) == 2.0 and costs.larger(3.0, 2.0) == 3.0
-    assert type(costs.larger(1.0, 2.0)) is float  # the pure-Python path stays in floats
-    assert costs.larger(1.0, np.array([0.5, 2.0])).tolist() == [1.0, 2.0]
-    assert costs.larger(np.array([0.5, 2.0]), 1.0).tolist() == [1.0, 2.0]
-    assert costs.larger(np.array([0.5, 3.0]), np.array([1.0, 2.0])).tolist() == [1.0, 3.0]
+    assert formulas.larger(1.0, 2.0) == 2.0 and formulas.larger(3.0, 2.0) == 3.0
+    assert type(formulas.larger(1.0, 2.0)) is float  # the pure-Python path stays in floats
+    assert formulas.larger(1.0, np.array([0.5, 2.0])).tolist() == [1.0, 2.0]
+    assert formulas.larger(np.array([0.5, 2.0]), 1.0).tolist() == [1.0, 2.0]
+    assert formulas.larger(np.array([0.5, 3.0]), np.array([1.0, 2.0])).tolist() == [1.0, 3.0]
 
 
 def test_unless_takes_any_mix_of_scalars_and_arrays():
     # scalars: the value itself (a Python float, NumPy never loaded) or +inf
-    assert costs.unless(False, 2.5) == 2.5 and type(costs.unless(False, 2.5)) is float
-    assert costs.unless(True, 2.5) == math.inf and type(costs.unless(True, 2.5)) is float
+    assert formulas.unless(False, 2.5) == 2.5 and type(formulas.unless(False, 2.5)) is float
+    assert formulas.unless(True, 2.5) == math.inf and type(formulas.unless(True, 2.5)) is float
     # an array condition over a scalar value, and a scalar condition over an array value
-    assert costs.unless(np.array([True, False]), 2.5).tolist() == [math.inf, 2.5]
-    assert costs.unless(True, np.array([1.0, 2.0])).tolist() == [math.inf, math.inf]
-    assert costs.unless(False, np.array([1.0, 2.0])).tolist() == [1.0, 2.0]
-    assert costs.unless(np.array([False, True]), np.array([1.0, 2.0])).tolist() == [1.0, math.inf]
+    assert formulas.unless(np.array([True, False]), 2.5).tolist() == [math.inf, 2.5]
+    assert formulas.unless(True, np.array([1.0, 2.0])).tolist() == [math.inf, math.inf]
+    assert formulas.unless(False, np.array([1.0, 2.0])).tolist() == [1.0, 2.0]
+    assert formulas.unless(np.array([False, True]), np.array([1.0, 2.0])).tolist() == [1.0, math.inf]
 
 
 def test_flat_allreduce_is_shared_by_the_replicas_of_every_level_inside():
     # 1 GB of weights, 2 replicas per level: inside a server (10 GB/s) nothing shares it, across
     # servers (1 GB/s) the 2 inner replicas do, across racks (0.1 GB/s) the 2 x 2 inner ones do.
     expected = 4 * 1e9 / (10e9 * 2) + 4 * 1e9 / (1e9 * 2) / 2 + 4 * 1e9 / (1e8 * 2) / 4  # 0.2 + 1 + 5
-    assert costs.flat_allreduce_s(1e9, [2, 2, 2], [10e9, 1e9, 1e8]) == pytest.approx(expected, rel=1e-15)
+    assert formulas.flat_allreduce_s(1e9, [2, 2, 2], [10e9, 1e9, 1e8]) == pytest.approx(expected, rel=1e-15)
     assert expected == pytest.approx(6.2)
     # a level with one replica adds nothing but still multiplies the sharing of the levels above
-    assert costs.flat_allreduce_s(1e9, [1, 2, 2], [10e9, 1e9, 1e8]) == pytest.approx(4e9 / 2e9 + 4e9 / 2e8 / 2)
+    assert formulas.flat_allreduce_s(1e9, [1, 2, 2], [10e9, 1e9, 1e8]) == pytest.approx(4e9 / 2e9 + 4e9 / 2e8 / 2)
 
 
 def test_a_flat_stage_takes_its_slowest_term_divided_among_its_replicas():
-    assert costs.flat_stage_s(1.0, 0.5, 2, 0.0, 0.0) == 0.75  # (compute + all-reduce) / 2
-    assert costs.flat_stage_s(1.0, 1.0, 2, 6.0, 0.5) == 3.0  # receiving its input: 6 / 2
-    assert costs.flat_stage_s(1.0, 1.0, 2, 0.5, 6.0) == 3.0  # sending its output: 6 / 2
-    assert costs.flat_stage_s(1.0, 1.0, 4, 2.0, 2.0) == 0.5  # compute + all-reduce: 2 / 4, as are the sends
+    assert formulas.flat_stage_s(1.0, 0.5, 2, 0.0, 0.0) == 0.75  # (compute + all-reduce) / 2
+    assert formulas.flat_stage_s(1.0, 1.0, 2, 6.0, 0.5) == 3.0  # receiving its input: 6 / 2
+    assert formulas.flat_stage_s(1.0, 1.0, 2, 0.5, 6.0) == 3.0  # sending its output: 6 / 2
+    assert formulas.flat_stage_s(1.0, 1.0, 4, 2.0, 2.0) == 0.5  # compute + all-reduce: 2 / 4, as are the sends

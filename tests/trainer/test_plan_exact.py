@@ -1,7 +1,7 @@
 """The planner's recurrence equals a brute-force enumeration of every partition and replication.
 
 The brute force below is written straight from the cost model as docs/plan-format.md states it,
-with its own formulas (not ``pipeboard.trainer.plan.costs``): it lists every chain of states from a block
+with its own formulas (not ``pipeboard.trainer.plan.formulas``): it lists every chain of states from a block
 start to its end (each state a predecessor of the next in the state DAG), every assignment of
 replicas to the chain's stages, scores each in plain Python, and keeps the best. Random small
 DAGs, one to three levels, with every option, must give the same numbers as the plain
@@ -18,7 +18,7 @@ import numpy as np
 import pytest
 
 from pipeboard.trainer.plan import plan
-from pipeboard.trainer.plan.pipedream import solve
+from pipeboard.trainer.plan.pipedream_plan import solve
 from pipeboard.trainer.plan.states import state_chain
 from pipeboard.trainer.profile.schema import Layer, Profile
 

@@ -10,7 +10,7 @@ import pytest
 
 from tests.trainer.test_plan_exact import random_profile
 from pipeboard.trainer.plan import plan
-from pipeboard.trainer.plan.layout import full_topological_order
+from pipeboard.trainer.plan.flat_stages import full_topological_order
 from pipeboard.trainer.profile.schema import Profile
 
 

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import math
 
-from pipeboard.trainer.plan.costs import LevelSpec
+from pipeboard.trainer.plan.formulas import LevelSpec
 from pipeboard.trainer.plan.recurrence import level1_value, solve_level, solve_levels, work
 from pipeboard.trainer.plan.states import state_chain
 from pipeboard.trainer.profile.schema import Layer, Profile

@@ -14,8 +14,8 @@ import pytest
 
 from tests.shared_data import SHARED_PROFILES, graph_txt, shared_profiles_dir
 from pipeboard.trainer.plan import plan
-from pipeboard.trainer.plan.costs import level_specs
-from pipeboard.trainer.plan.pipedream import solve
+from pipeboard.trainer.plan.formulas import level_specs
+from pipeboard.trainer.plan.pipedream_plan import solve
 from pipeboard.trainer.plan.recurrence import work
 from pipeboard.trainer.plan.reference_flags import parse_reference_flags
 from pipeboard.trainer.plan.states import state_chain

@@ -17,7 +17,7 @@ import pytest
 from tests.shared_data import graph_txt, shared_profiles_dir
 from tests.trainer.test_plan_exact import random_profile
 from pipeboard.trainer.plan.graph import AntichainWalk, LayerGraph, bit_indices
-from pipeboard.trainer.plan.arrays import ChainArrays
+from pipeboard.trainer.plan.strategies.arrays import ChainArrays
 from pipeboard.trainer.plan.states import antichain_states, state_chain
 from pipeboard.trainer.profile.files import load_profile
 

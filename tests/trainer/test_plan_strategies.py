@@ -20,11 +20,12 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from tests.trainer.test_plan_exact import chain_profile, random_profile
-from pipeboard.trainer.plan import all_rows, recurrence, solve, top_row, two_machine_top
-from pipeboard.trainer.plan.arrays import ChainArrays, Dense
-from pipeboard.trainer.plan.costs import LevelSpec, level_specs
+from pipeboard.trainer.plan import recurrence, solve
+from pipeboard.trainer.plan.strategies import all_rows, top_row, two_machine_top
+from pipeboard.trainer.plan.strategies.arrays import ChainArrays, Dense
+from pipeboard.trainer.plan.formulas import LevelSpec, level_specs
 from pipeboard.trainer.plan.errors import PlanError
-from pipeboard.trainer.plan.pipedream import pipedream_plan
+from pipeboard.trainer.plan.pipedream_plan import pipedream_plan
 from pipeboard.trainer.plan.states import state_chain
 
 CASES = settings(max_examples=60, deadline=None, derandomize=True, database=None)
@@ -172,7 +173,7 @@ def test_the_choice_reads_what_the_problem_is():
     long = state_chain(chain_profile(random.Random(4), 600))
     three = level_specs([(4, 1e10), (4, 1e9), (3, 1e8)])
     assert recurrence.work(long, three) >= solve.CAPPED_CHAIN_FROM > recurrence.work(long, level_specs([(2, 1e9)] * 2))
-    from pipeboard.trainer.plan import capped_chain
+    from pipeboard.trainer.plan.strategies import capped_chain
 
     expected = "capped_chain" if capped_chain.available() else "all_rows"
     assert solve.choose(long, three) == [expected, expected, "top_row"]
@@ -184,7 +185,7 @@ def test_the_choice_reads_what_the_problem_is():
 
 def test_small_plans_need_no_numpy_and_large_ones_no_plain_recurrence():
     code = ("import sys; from pipeboard.trainer.plan import plan; from pipeboard.trainer.plan.solve import choose; "
-            "from pipeboard.trainer.plan.states import state_chain; from pipeboard.trainer.plan.costs import level_specs; "
+            "from pipeboard.trainer.plan.states import state_chain; from pipeboard.trainer.plan.formulas import level_specs; "
             "from pipeboard.trainer.profile.schema import Layer, Profile\n"
             "def chain(n): return Profile([Layer(f'l{i}', 'L', 1.0 + i % 3, 2.0, 1e6, 1e6 * (i % 2)) "
             "for i in range(n)], [(f'l{i}', f'l{i + 1}') for i in range(n - 1)])\n"

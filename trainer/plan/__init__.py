@@ -11,7 +11,7 @@ import math
 
 from pipeboard.trainer.plan.cluster import levels_from_lists, validate_levels
 from pipeboard.trainer.plan.errors import PlanError
-from pipeboard.trainer.plan.model import Level, LevelStage, Plan, Stage
+from pipeboard.trainer.plan.plan_format import Level, LevelStage, Plan, Stage
 from pipeboard.trainer.profile.schema import Profile
 
 METHODS = ("pipedream", "uniform", "time", "params", "dp")
@@ -43,7 +43,7 @@ def plan(profile: Profile, levels, memory_bytes: float | None = None, memory_con
     if not isinstance(max_states, int) or max_states < 1:
         raise PlanError(f"max_states: must be a positive integer, got {max_states!r}")
     if method == "pipedream":
-        from pipeboard.trainer.plan.pipedream import pipedream_plan
+        from pipeboard.trainer.plan.pipedream_plan import pipedream_plan
 
         made = pipedream_plan(profile, levels, memory_bytes=memory_bytes, memory_constraint=memory_constraint,
                               straight=straight, fewer_workers=fewer_workers,

@@ -17,9 +17,9 @@ import bisect
 import math
 
 from pipeboard.trainer.plan.cluster import total_workers
-from pipeboard.trainer.plan.costs import data_parallel_s
-from pipeboard.trainer.plan.layout import Leaf, build_stages
-from pipeboard.trainer.plan.model import Level, LevelStage, Plan, timing_fields
+from pipeboard.trainer.plan.formulas import data_parallel_s
+from pipeboard.trainer.plan.flat_stages import Leaf, build_stages
+from pipeboard.trainer.plan.plan_format import Level, LevelStage, Plan, timing_fields
 from pipeboard.trainer.plan.states import StateChain, state_chain
 from pipeboard.trainer.profile.schema import Profile
 

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import math
 
-from pipeboard.trainer.plan.layout import Leaf
+from pipeboard.trainer.plan.flat_stages import Leaf
 
 
 def split(table, i: int, j: int, m: int) -> list[tuple[int, int, int]]:

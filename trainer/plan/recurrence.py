@@ -14,7 +14,7 @@ for a state k that precedes j in the state DAG:
 Each level's best time for a block on all its machines becomes the next level's compute time
 for that block (``value``); the outermost level only solves the block starting at state 0. The
 loops are the reference's (machine count outside the end state, predecessors in order), the
-costs ``pipeboard.trainer.plan.costs``'s, so the numbers are the reference's. Pure Python: it is also how
+costs ``pipeboard.trainer.plan.formulas``'s, so the numbers are the reference's. Pure Python: it is also how
 small plans are solved, with no NumPy to load.
 """
 
@@ -22,7 +22,8 @@ from __future__ import annotations
 
 from typing import Callable
 
-from pipeboard.trainer.plan.costs import INF, LevelSpec, first_stage_s, last_stage_s, over_memory, stage_bytes, stash_factor
+from pipeboard.trainer.plan.formulas import (INF, LevelSpec, first_stage_s, last_stage_s, over_memory, stage_bytes,
+                                             stash_factor)
 from pipeboard.trainer.plan.states import StateChain, block
 
 Value = Callable[[int, int], float]  # value(i, j): the level's compute time of block i..j (+inf: none)

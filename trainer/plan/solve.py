@@ -8,16 +8,17 @@ test_plan_strategies.py`` checks each against it); they differ in what they expl
   would have finished importing (so ``pipeboard plan`` on a small model never loads it). Once
   NumPy is loaded (a server, a notebook, the tests) there is nothing left to save, and the
   vectorised strategies are quicker.
-- ``top_row`` (``top_row.py``): the outermost level needs only the block starting at state 0:
-  one row, machine count outermost over every state pair at once.
-- ``all_rows`` (``all_rows.py``): a level below the top, every block start at once, end by end.
-- ``two_machine_top`` (``two_machine_top.py``): the level just below a two-machine top level
-  needs only row 0 and the blocks ending at the last state (one backward pass for all).
-- ``capped_chain`` (``capped_chain.py``, bounds in ``chain_caps.py``): on a chain of two or
-  more levels a bound on the optimum caps how far each block can reach, and the levels below
-  the top are solved within the caps by a loop numba compiles. Taken when numba is installed
-  and the problem's ``recurrence.work`` is at least ``CAPPED_CHAIN_FROM`` (on smaller ones the
-  uncapped levels finish before numba would have imported).
+- ``top_row`` (``strategies/top_row.py``): the outermost level needs only the block starting at
+  state 0: one row, machine count outermost over every state pair at once.
+- ``all_rows`` (``strategies/all_rows.py``): a level below the top, every block start at once,
+  end by end.
+- ``two_machine_top`` (``strategies/two_machine_top.py``): the level just below a two-machine top
+  level needs only row 0 and the blocks ending at the last state (one backward pass for all).
+- ``capped_chain`` (``strategies/capped_chain.py``, bounds in ``strategies/chain_caps.py``): on a
+  chain of two or more levels a bound on the optimum caps how far each block can reach, and the
+  levels below the top are solved within the caps by a loop numba compiles. Taken when numba is
+  installed and the problem's ``recurrence.work`` is at least ``CAPPED_CHAIN_FROM`` (on smaller
+  ones the uncapped levels finish before numba would have imported).
 
 The choice reads what the problem is: its levels, whether its states form a chain, and its
 size against those two limits, each set where importing a library starts to pay (measured in
@@ -31,7 +32,7 @@ import math
 import sys
 
 from pipeboard.trainer.plan import recurrence
-from pipeboard.trainer.plan.costs import LevelSpec
+from pipeboard.trainer.plan.formulas import LevelSpec
 from pipeboard.trainer.plan.states import StateChain
 
 PLAIN_UP_TO = 100_000  # ``recurrence.work``: what the plain recurrence does in about half NumPy's import time
@@ -47,7 +48,7 @@ def choose(chain: StateChain, specs: list[LevelSpec]) -> list[str]:
         return ["plain"] * L
     if L == 1:  # one level: its top row only (nothing below it to import the strategies for)
         return ["top_row"]
-    from pipeboard.trainer.plan import capped_chain, two_machine_top
+    from pipeboard.trainer.plan.strategies import capped_chain, two_machine_top
 
     capped = chain.is_chain() and work >= CAPPED_CHAIN_FROM and capped_chain.available()
     names = []
@@ -71,11 +72,11 @@ def solve_levels(chain: StateChain, specs: list[LevelSpec], strategies: list[str
     _check(names, specs, chain)
     if all(name == "plain" for name in names):
         return recurrence.solve_levels(chain, specs)  # (each table's ``strategy`` says "plain")
-    from pipeboard.trainer.plan.arrays import ChainArrays
+    from pipeboard.trainer.plan.strategies.arrays import ChainArrays
 
     a = ChainArrays(chain)
     if "capped_chain" in names:
-        from pipeboard.trainer.plan import capped_chain, chain_caps
+        from pipeboard.trainer.plan.strategies import capped_chain, chain_caps
 
         compiled = capped_chain.available() if compiled is None else compiled
         workers = math.prod(s.machines for s in specs)
@@ -96,7 +97,7 @@ def _check(names: list[str], specs: list[LevelSpec], chain: StateChain) -> None:
         if (name == "top_row") != spec.final and name != "plain":
             raise ValueError(f"strategies: {name!r} cannot solve level {idx + 1} (top_row is for the final level only)")
         if name == "two_machine_top":
-            from pipeboard.trainer.plan import two_machine_top
+            from pipeboard.trainer.plan.strategies import two_machine_top
 
             if not (idx == len(specs) - 2 and two_machine_top.applies(spec, specs[-1])):
                 raise ValueError(f"strategies: two_machine_top does not apply to level {idx + 1}")
@@ -108,11 +109,11 @@ def run_levels(chain: StateChain, a, specs: list[LevelSpec], names: list[str], u
                compiled: bool) -> list:
     """The levels innermost first under the named strategies; ``upper``: the capped chain's
     bound on the optimum (its caps and row bounds are derived from it)."""
-    from pipeboard.trainer.plan import all_rows, capped_chain, top_row, two_machine_top
-    from pipeboard.trainer.plan.arrays import Dense
+    from pipeboard.trainer.plan.strategies import all_rows, capped_chain, top_row, two_machine_top
+    from pipeboard.trainer.plan.strategies.arrays import Dense
 
     if upper is not None:
-        from pipeboard.trainer.plan import chain_caps
+        from pipeboard.trainer.plan.strategies import chain_caps
 
         levels = [(s.machines, s.bandwidth) for s in specs]
         bounds, limits = chain_caps.row_bounds(a, levels, upper), chain_caps.limits(a, levels, upper)

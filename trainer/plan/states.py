@@ -3,7 +3,7 @@
 Exact antichain states (the reference's, in its order) when they number at most a limit,
 otherwise a linearised topological order in which every tensor crossing a cut is counted.
 Plain Python lists throughout: a small plan is solved without ever loading NumPy, and the
-vectorised strategies take arrays of these (``pipeboard.trainer.plan.arrays``) when they need them.
+vectorised strategies take arrays of these (``pipeboard.trainer.plan.strategies.arrays``) when they need them.
 """
 
 from __future__ import annotations

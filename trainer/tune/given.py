@@ -13,9 +13,9 @@ import math
 from typing import Any
 
 from pipeboard.trainer.plan.baselines import _cut_level, _first_machines
-from pipeboard.trainer.plan.costs import data_parallel_s
-from pipeboard.trainer.plan.layout import Leaf, build_stages
-from pipeboard.trainer.plan.model import Level, LevelStage, Plan, timing_fields
+from pipeboard.trainer.plan.formulas import data_parallel_s
+from pipeboard.trainer.plan.flat_stages import Leaf, build_stages
+from pipeboard.trainer.plan.plan_format import Level, LevelStage, Plan, timing_fields
 from pipeboard.trainer.plan.states import state_chain
 from pipeboard.trainer.profile.schema import Profile
 from pipeboard.trainer.tune.candidate import TuneError

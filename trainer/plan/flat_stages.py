@@ -1,7 +1,8 @@
 """From stage ranges to the flat pipeline: layers per stage, worker ranks, per-stage costs.
 
 Worker ranks are numbered server by server: on ``[(4, 10e9), (4, 1.25e9)]`` the worker w of
-server s has rank ``4 * s + w``. Each flat stage gets its costs from ``pipeboard.trainer.plan.costs``.
+server s has rank ``4 * s + w``. Each flat stage gets its costs from
+``pipeboard.trainer.plan.formulas``.
 """
 
 from __future__ import annotations
@@ -9,8 +10,8 @@ from __future__ import annotations
 import heapq
 import math
 
-from pipeboard.trainer.plan.costs import flat_allreduce_s, flat_stage_s, stage_memory_bytes, transfer_s
-from pipeboard.trainer.plan.model import Stage
+from pipeboard.trainer.plan.formulas import flat_allreduce_s, flat_stage_s, stage_memory_bytes, transfer_s
+from pipeboard.trainer.plan.plan_format import Stage
 from pipeboard.trainer.plan.states import StateChain, block
 
 

@@ -36,8 +36,8 @@ from typing import Callable
 
 import numpy as np
 
-from pipeboard.trainer.plan.arrays import ChainArrays
-from pipeboard.trainer.plan.costs import allreduce_s
+from pipeboard.trainer.plan.strategies.arrays import ChainArrays
+from pipeboard.trainer.plan.formulas import allreduce_s
 
 # Relative slack on every bound compared against: far above the rounding of the compute sums,
 # so no block of an optimal plan is ever cut off by it.

@@ -11,10 +11,10 @@ from __future__ import annotations
 import math
 
 from pipeboard.trainer.plan.cluster import total_workers
-from pipeboard.trainer.plan.costs import data_parallel_s, level_specs
+from pipeboard.trainer.plan.formulas import data_parallel_s, level_specs
 from pipeboard.trainer.plan.errors import PlanError
-from pipeboard.trainer.plan.layout import build_stages
-from pipeboard.trainer.plan.model import Level, LevelStage, Plan, timing_fields
+from pipeboard.trainer.plan.flat_stages import build_stages
+from pipeboard.trainer.plan.plan_format import Level, LevelStage, Plan, timing_fields
 from pipeboard.trainer.plan.readout import leaves, read_levels
 from pipeboard.trainer.plan.solve import solve_levels
 from pipeboard.trainer.plan.states import StateChain, block, state_chain

@@ -25,9 +25,9 @@ import importlib.util
 
 import numpy as np
 
-from pipeboard.trainer.plan.arrays import ArrayTable, ChainArrays
-from pipeboard.trainer.plan.chain_caps import SLACK
-from pipeboard.trainer.plan.costs import INF, LevelSpec, over_memory, stash_factor
+from pipeboard.trainer.plan.strategies.arrays import ArrayTable, ChainArrays
+from pipeboard.trainer.plan.strategies.chain_caps import SLACK
+from pipeboard.trainer.plan.formulas import INF, LevelSpec, over_memory, stash_factor
 
 _compiled = None
 

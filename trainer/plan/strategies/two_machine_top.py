@@ -18,9 +18,9 @@ from __future__ import annotations
 
 import numpy as np
 
-from pipeboard.trainer.plan.arrays import ArrayTable, ChainArrays
-from pipeboard.trainer.plan.costs import INF, LevelSpec, over_memory, stash_factor
-from pipeboard.trainer.plan.top_row import solve_row
+from pipeboard.trainer.plan.strategies.arrays import ArrayTable, ChainArrays
+from pipeboard.trainer.plan.formulas import INF, LevelSpec, over_memory, stash_factor
+from pipeboard.trainer.plan.strategies.top_row import solve_row
 
 
 def applies(spec: LevelSpec, top: LevelSpec) -> bool:

@@ -14,8 +14,8 @@ from typing import Callable
 
 import numpy as np
 
-from pipeboard.trainer.plan.costs import (INF, LevelSpec, first_stage_s, larger, last_stage_s, over_memory, stage_bytes,
-                                stash_factor)
+from pipeboard.trainer.plan.formulas import (INF, LevelSpec, first_stage_s, larger, last_stage_s, over_memory,
+                                             stage_bytes, stash_factor)
 from pipeboard.trainer.plan.states import StateChain
 
 

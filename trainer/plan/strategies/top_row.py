@@ -17,8 +17,8 @@ from __future__ import annotations
 
 import numpy as np
 
-from pipeboard.trainer.plan.arrays import ArrayTable, ChainArrays, groups
-from pipeboard.trainer.plan.costs import INF, LevelSpec, over_memory, stash_factor
+from pipeboard.trainer.plan.strategies.arrays import ArrayTable, ChainArrays, groups
+from pipeboard.trainer.plan.formulas import INF, LevelSpec, over_memory, stash_factor
 
 SLAB_ENTRIES = 1 << 16  # (pair, m') entries per slab: its cost table (512 KiB) stays in a core's L2 cache
 
