@@ -17,9 +17,9 @@ import tempfile
 from pathlib import Path
 
 from pipeboard.trainer.schedule import build
-from pipeboard.trainer.schedule.costs import costs_uniform
+from pipeboard.trainer.schedule.action_costs import costs_uniform
 from pipeboard.trainer.schedule.gantt import figure, write_html
-from pipeboard.trainer.schedule.simulate import simulate
+from pipeboard.trainer.schedule.simulator import simulate
 
 CASES = [
     ("1f1b", dict(num_stages=4, microbatches=8), "1F1B (PipeDream-Flush), 4 stages, 8 microbatches"),

@@ -68,7 +68,7 @@ from collections import Counter
 from pipeboard.trainer.runtime.posting import NCCL_LOOKAHEAD, TAGGED_LOOKAHEAD, issued_transfers, nccl_outcome
 from pipeboard.trainer.schedule import registry
 from pipeboard.trainer.schedule.actions import Kind, ScheduleError
-from pipeboard.trainer.schedule.build import build
+from pipeboard.trainer.schedule.builder import build
 
 new, old, one_gpu, cases = Counter(), Counter(), Counter(), 0
 for name in registry.names():

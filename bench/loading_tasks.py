@@ -20,7 +20,7 @@ from __future__ import annotations
 import sys
 from pathlib import Path
 
-# pipeboard.trainer.task.spec imports a task file with its folder first on sys.path (so that it can import
+# pipeboard.trainer.task.factory imports a task file with its folder first on sys.path (so that it can import
 # its siblings); this folder, bench/, holds scripts named like stdlib modules (profile.py), which
 # would then shadow them: transformers' lazy import of the ResNet classes goes through cProfile,
 # which imports `profile`, and fails. Take the folder back off the path before anything imports.

@@ -30,7 +30,7 @@ sys.path[:] = [p for p in sys.path if os.path.abspath(p or ".") != os.path.dirna
 import torch  # noqa: E402
 from torch.utils.data import default_collate  # noqa: E402
 
-from pipeboard.trainer.runtime import model as model_mod  # noqa: E402
+from pipeboard.trainer.runtime import stage_modules  # noqa: E402
 from pipeboard.trainer.runtime.config import RunConfig  # noqa: E402
 from pipeboard.trainer.runtime.executor import version_last_use  # noqa: E402
 from pipeboard.trainer.runtime.layout import resolve  # noqa: E402
@@ -69,10 +69,10 @@ def replay(cfg: RunConfig, rank: int, recompute: bool) -> tuple[dict[int, int], 
     template = layout.build(cfg.microbatches)
     actions = template.actions[rank]
     twice = actions + [a for a in layout.build(cfg.microbatches).actions[rank]]  # a second batch (same list)
-    task = model_mod.load_task(cfg)
+    task = stage_modules.load_task(cfg)
     example, target = default_collate([task.train_data[i] for i in range(cfg.microbatch_size)])
-    modules = model_mod.build_stages(task.model, example, model_mod.stage_layers(cfg, task, layout.virtual_stages),
-                                     task.layers)
+    modules = stage_modules.build_stages(task.model, example,
+                                         stage_modules.stage_layers(cfg, task, layout.virtual_stages), task.layers)
     counted = measure_stages(modules, example, loss=task.loss, target=target)
     redo = list(range(len(modules))) if recompute else []
     mine = template.workers[rank].stages

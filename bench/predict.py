@@ -49,9 +49,9 @@ from pipeboard.trainer import cpu_matmul  # noqa: E402
 from pipeboard.trainer.runtime.links import measure_link  # noqa: E402
 from pipeboard.trainer.profile.profiler import profile_model  # noqa: E402
 from pipeboard.trainer.runtime import RunConfig, run_training  # noqa: E402
-from pipeboard.trainer.runtime import model as model_mod  # noqa: E402
+from pipeboard.trainer.runtime import stage_modules  # noqa: E402
 from pipeboard.trainer.runtime.overhead import measure_action_overhead  # noqa: E402
-from pipeboard.trainer.schedule.costs import StageCosts  # noqa: E402
+from pipeboard.trainer.schedule.action_costs import StageCosts  # noqa: E402
 from pipeboard.trainer.schedule.predict import ActionOverhead, predict_step_s, stage_costs, steady_step_s  # noqa: E402
 from pipeboard.trainer.sink import NullSink  # noqa: E402
 
@@ -172,10 +172,10 @@ class Prediction:
         """Predicted seconds per step: with the tiny-stage overhead, and with the runtime floor."""
         cfg = run_cfg(schedule, steps=1, weight_grads=self.weight_grads, **c)
         torch.set_num_threads(1)
-        zoo = model_mod.load_zoo(cfg)
-        stages = model_mod.stage_layers(cfg, zoo, STAGES)
+        zoo = stage_modules.load_zoo(cfg)
+        stages = stage_modules.stage_layers(cfg, zoo, STAGES)
         if self.overhead is None:
-            modules = model_mod.build_stages(zoo.model, zoo.example_input(cfg.microbatch_size), stages)
+            modules = stage_modules.build_stages(zoo.model, zoo.example_input(cfg.microbatch_size), stages)
             self.overhead = runtime_overhead(modules)[1]
         mb = cfg.microbatch_size
         kw = dict(batch_profile=self._profile(zoo, cfg.batch_size, mb), batch_weight_grads=cfg.weight_grads == "batched")
@@ -213,7 +213,7 @@ def main() -> None:
           f"{link.bytes_per_ms * 1e3 / 1e9:.2f} GB/s, posting a send {link.post_ms:.3f} ms")
     names = ["a", "b"] if args.config == "both" else [args.config]
     schedules = args.schedules.split(",")
-    zoo = model_mod.load_zoo(run_cfg("1f1b", 64, 8, 1, "batched"))
+    zoo = stage_modules.load_zoo(run_cfg("1f1b", 64, 8, 1, "batched"))
     # (samples measured, samples the other stage's process trains on meanwhile): the microbatch,
     # and the batch (batched weight gradients) while the other stage runs microbatches
     needed = set()
@@ -226,7 +226,7 @@ def main() -> None:
         t = time.monotonic()
         profiles[(size, load)] = stage_profile(zoo, size, load, link, args.repeats)
         print(f"profile at {size} samples, the other stage on {load}: {time.monotonic() - t:.1f} s")
-    modules = model_mod.build_stages(zoo.model, zoo.example_input(8), model_mod.stage_layers(
+    modules = stage_modules.build_stages(zoo.model, zoo.example_input(8), stage_modules.stage_layers(
         run_cfg("1f1b", 64, 8, 1, "batched"), zoo, STAGES))
     counts, overhead = runtime_overhead(modules)
     print("runtime overhead per action (tiny stages of " + ", ".join(map(str, counts)) + " layers), ms: " + "; ".join(
@@ -241,7 +241,7 @@ def main() -> None:
         for s in schedules:
             for mode in args.weight_grads.split(","):
                 cfg = run_cfg(s, steps=steps, weight_grads=mode, **c)
-                stages = model_mod.stage_layers(cfg, zoo, STAGES)
+                stages = stage_modules.stage_layers(cfg, zoo, STAGES)
                 M, mb = cfg.microbatches, cfg.microbatch_size
                 batched = mode == "batched"
                 pred = predict_step_s(profiles[(mb, mb)], stages, cfg.schedule, M, batch_profile=profiles[(c["batch_size"], mb)],

@@ -27,7 +27,7 @@ import torch  # noqa: E402
 
 from pipeboard.trainer.profile.profiler import profile_model  # noqa: E402
 from pipeboard.trainer.runtime import RunConfig, run_training  # noqa: E402
-from pipeboard.trainer.runtime import model as model_mod  # noqa: E402
+from pipeboard.trainer.runtime import stage_modules  # noqa: E402
 from pipeboard.trainer.runtime.links import measure_link  # noqa: E402
 from pipeboard.trainer.runtime.overhead import measure_action_overhead  # noqa: E402
 from pipeboard.trainer.schedule.predict import predict_step_s  # noqa: E402
@@ -50,7 +50,7 @@ def configs(model: str, steps: int) -> dict[str, RunConfig]:
 
 def predicted(cfg: RunConfig, link) -> float:
     torch.set_num_threads(1)
-    task = model_mod.load_task(cfg)
+    task = stage_modules.load_task(cfg)
     mb = cfg.microbatch_size
     example = task.example_input(mb)
     optimizer = cfg.optimizer or (task.optimizer if isinstance(task.optimizer, str) else "adam")
@@ -58,12 +58,12 @@ def predicted(cfg: RunConfig, link) -> float:
                          repeats=10, concurrent=WORKERS - 1, load_input=example)
     prof.link = link
     if cfg.schedule == "dp":
-        stages = model_mod.stage_layers(cfg.with_(num_stages=1), task, 1)
+        stages = stage_modules.stage_layers(cfg.with_(num_stages=1), task, 1)
         replicas = [WORKERS]
     else:
-        stages = model_mod.stage_layers(cfg, task, WORKERS)
+        stages = stage_modules.stage_layers(cfg, task, WORKERS)
         replicas = None
-    modules = model_mod.build_stages(task.model, example, stages, task.layers)
+    modules = stage_modules.build_stages(task.model, example, stages, task.layers)
     counts = [sum(1 for m in mod.modules() if any(True for _ in m.parameters(recurse=False))) for mod in modules]
     overhead = [measure_action_overhead(n, k == len(counts) - 1) for k, n in enumerate(counts)]
     return predict_step_s(prof, stages, cfg.schedule, cfg.microbatches, replicas=replicas, link=link,

@@ -55,7 +55,7 @@ import torch.multiprocessing as mp  # noqa: E402
 
 from pipeboard.trainer import cpu_matmul  # noqa: E402
 from pipeboard.trainer.runtime import RunConfig, run_training  # noqa: E402
-from pipeboard.trainer.runtime import model as model_mod  # noqa: E402
+from pipeboard.trainer.runtime import stage_modules  # noqa: E402
 from pipeboard.trainer.runtime.data import TrainStream  # noqa: E402
 from pipeboard.trainer.runtime.launch import free_port  # noqa: E402
 
@@ -84,9 +84,9 @@ def ours(schedule: str, steps: int, instrument: bool = True, **c) -> float:
 
 
 def _stage_setup(cfg: RunConfig):
-    zoo = model_mod.load_zoo(cfg)
-    layers = model_mod.stage_layers(cfg, zoo, STAGES)
-    modules = model_mod.build_stages(zoo.model, zoo.example_input(cfg.microbatch_size), layers)
+    zoo = stage_modules.load_zoo(cfg)
+    layers = stage_modules.stage_layers(cfg, zoo, STAGES)
+    modules = stage_modules.build_stages(zoo.model, zoo.example_input(cfg.microbatch_size), layers)
     return zoo, modules
 
 
@@ -218,7 +218,7 @@ def ceiling(steps: int, schedule: str, **c) -> float:
     schedule step after step on those measured action times with no communication cost, which
     places the pipeline bubble (fill, drain, where the batched W and the step fall) exactly."""
     from pipeboard.trainer.runtime.layout import resolve
-    from pipeboard.trainer.schedule.costs import StageCosts
+    from pipeboard.trainer.schedule.action_costs import StageCosts
     from pipeboard.trainer.schedule.predict import steady_step_s
 
     cfg = run_cfg(schedule, steps=steps, **c)
@@ -251,7 +251,7 @@ def _whole_model_worker(cfg: RunConfig, steps: int, microbatches: int, start, fi
     the time they all run."""
     torch.set_num_threads(1)
     keep_freed_memory()
-    zoo = model_mod.load_zoo(cfg)
+    zoo = stage_modules.load_zoo(cfg)
     opt = zoo.make_optimizer(zoo.model.parameters())
     stream = TrainStream(zoo, cfg.batch_size, microbatches, torch.device("cpu"))
 

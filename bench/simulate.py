@@ -25,9 +25,9 @@ from pathlib import Path
 
 from pipeboard.trainer.hostinfo import cpu_name
 from pipeboard.trainer.schedule import build
-from pipeboard.trainer.schedule.costs import costs_uniform
-from pipeboard.trainer.schedule.simulate import simulate
-from pipeboard.trainer.schedule.validate import validate
+from pipeboard.trainer.schedule.action_costs import costs_uniform
+from pipeboard.trainer.schedule.simulator import simulate
+from pipeboard.trainer.schedule.validator import validate
 
 
 def best(repeat: int, fn):

@@ -31,7 +31,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 import torch  # noqa: E402
 
 import pipeboard.trainer.zoo  # noqa: E402
-from pipeboard.trainer.runtime.model import build_stages, layer_names  # noqa: E402
+from pipeboard.trainer.runtime.stage_modules import build_stages, layer_names  # noqa: E402
 from pipeboard.trainer.runtime.stage import Stage  # noqa: E402
 
 MODES = ("full", "batched", "each")

@@ -204,7 +204,7 @@ def ranked_candidates(profile_data: dict[str, Any], levels: list[tuple[int, floa
 
 
 def stage_replicas(plan_obj: Any) -> list[int]:
-    from pipeboard.trainer.schedule.costs import plan_replicas
+    from pipeboard.trainer.schedule.action_costs import plan_replicas
 
     return plan_replicas(plan_obj)
 
@@ -316,8 +316,8 @@ def simulate_plan(plan_obj: Any, schedule: str, microbatches: int, *, samples_pe
     """
     from pipeboard.trainer.runtime.config import ConfigError
     from pipeboard.trainer.schedule import ScheduleError
-    from pipeboard.trainer.schedule.costs import costs_from_plan, data_parallel_costs_from_plan
-    from pipeboard.trainer.schedule.simulate import simulate as run_sim
+    from pipeboard.trainer.schedule.action_costs import costs_from_plan, data_parallel_costs_from_plan
+    from pipeboard.trainer.schedule.simulator import simulate as run_sim
 
     try:
         costs = profile_costs(plan_obj, schedule, microbatches, profile_data, chunks)

@@ -2,7 +2,7 @@
 or ``path/to/file.py:function``.
 
 The zoo's entries are task factories like a user's: a name only says which one, and both are
-built by ``pipeboard.trainer.task.spec.build_task``. This module sits above the two (``pipeboard.trainer.task`` knows
+built by ``pipeboard.trainer.task.factory.build_task``. This module sits above the two (``pipeboard.trainer.task`` knows
 nothing of the zoo, the zoo builds on ``pipeboard.trainer.task``).
 """
 
@@ -11,7 +11,7 @@ from __future__ import annotations
 from typing import Any, Callable
 
 from pipeboard.trainer import zoo
-from pipeboard.trainer.task.spec import build_task, is_factory_path, resolve_factory
+from pipeboard.trainer.task.factory import build_task, is_factory_path, resolve_factory
 from pipeboard.trainer.task.task import Task
 
 

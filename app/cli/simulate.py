@@ -65,7 +65,7 @@ def _plan_costs(path: Path, schedule: str):
     from pipeboard.trainer.schedule import registry
 
     from pipeboard.trainer.schedule.actions import ScheduleError
-    from pipeboard.trainer.schedule.costs import costs_from_plan, data_parallel_costs_from_plan, plan_replicas
+    from pipeboard.trainer.schedule.action_costs import costs_from_plan, data_parallel_costs_from_plan, plan_replicas
 
     try:
         data = json.loads(path.read_text())
@@ -101,8 +101,8 @@ def simulate_command(
 ) -> tuple[Any, Any]:
     """Build and simulate; returns (schedule, SimResult). Raises UsageError or ScheduleError."""
     from pipeboard.trainer.schedule import build, registry
-    from pipeboard.trainer.schedule.costs import costs_uniform
-    from pipeboard.trainer.schedule.simulate import simulate
+    from pipeboard.trainer.schedule.action_costs import costs_uniform
+    from pipeboard.trainer.schedule.simulator import simulate
 
     if schedule is None:
         raise UsageError(f"--schedule: required, one of {', '.join(registry.names())}")

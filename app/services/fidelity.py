@@ -112,8 +112,8 @@ def figures(predicted: dict[str, Any] | None, measured_step_s: float | None, ste
 
 def _plan_inputs(session: Session, job: Job) -> tuple[Any, Any, list[int]] | None:
     """(costs, schedule, replicas) the job's plan was simulated with, as planning.simulate makes them."""
-    from pipeboard.trainer.schedule.costs import costs_from_plan, data_parallel_costs_from_plan
-    from pipeboard.trainer.schedule.simulate import stage_costs
+    from pipeboard.trainer.schedule.action_costs import costs_from_plan, data_parallel_costs_from_plan
+    from pipeboard.trainer.schedule.simulator import stage_costs
     from pipeboard.trainer.schedule import registry
 
     if job.plan_id is None:

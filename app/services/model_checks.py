@@ -1,7 +1,7 @@
 """Validating a registered model, on a worker: its task built, checked and split in a subprocess.
 
 The API only stores the registration (status ``validating``) and queues ``pipeboard.validate_model``;
-the worker unpacks the model's code context (if any) and runs ``python -m pipeboard.trainer.validate``
+the worker unpacks the model's code context (if any) and runs ``python -m pipeboard.trainer.validate_spec``
 there, as a process tree that ends whole (app/services/proctree.py: ``setsid`` children too), with a
 wall-clock limit and an address-space limit (RLIMIT_AS), in the sandbox where one is on
 (app/services/sandbox.py: its own folder, the installed environment and its data), so a factory that raises, hangs,
@@ -52,7 +52,7 @@ def _limits(memory_bytes: int):
 def run_validation(source: str, config: dict[str, Any], data: str | None, workdir: Path, *,
                    time_limit_s: float, memory_bytes: int) -> dict[str, Any]:
     """``{"ok": bool, "message": str, "layers": int?}`` of validating ``source`` in ``workdir``."""
-    cmd = [sys.executable, "-m", "pipeboard.trainer.validate", source, "--model-args", json.dumps(config)]
+    cmd = [sys.executable, "-m", "pipeboard.trainer.validate_spec", source, "--model-args", json.dumps(config)]
     if data:
         cmd += ["--data", data]
     # PYTHONSAFEPATH: `-m` must not put the context folder first on sys.path, where a project's

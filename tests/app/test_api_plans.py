@@ -100,7 +100,7 @@ def test_a_calibrated_profile_predicts_from_its_measurements(client):
     from pipeboard.app.services import planning
     from pipeboard.trainer.profile.schema import Profile
     from pipeboard.trainer.schedule.predict import profile_overhead, stage_costs, steady_step_s
-    from pipeboard.trainer.schedule.simulate import simulate
+    from pipeboard.trainer.schedule.simulator import simulate
 
     data = v2_profile()
     pid = upload_json(client, data)
@@ -133,8 +133,8 @@ def test_a_calibrated_profile_predicts_from_its_measurements(client):
 
 def test_a_profile_without_what_predict_needs_falls_back_to_the_plan(client, profile_id):
     from pipeboard.app.services import planning
-    from pipeboard.trainer.schedule.costs import costs_from_plan
-    from pipeboard.trainer.schedule.simulate import simulate
+    from pipeboard.trainer.schedule.action_costs import costs_from_plan
+    from pipeboard.trainer.schedule.simulator import simulate
 
     levels = [{"workers": 2, "bandwidth": 1e9}]
     for pid in (upload_json(client, v2_profile(link=False)), profile_id):  # no link; an imported graph.txt

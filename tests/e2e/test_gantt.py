@@ -7,8 +7,8 @@ from __future__ import annotations
 import pytest
 
 from pipeboard.trainer.schedule import build
-from pipeboard.trainer.schedule.costs import StageCosts
-from pipeboard.trainer.schedule.simulate import simulate
+from pipeboard.trainer.schedule.action_costs import StageCosts
+from pipeboard.trainer.schedule.simulator import simulate
 
 pytestmark = pytest.mark.e2e
 

@@ -6,7 +6,7 @@ from torch import nn
 
 from pipeboard.trainer.runtime.memory_count import Counter
 from pipeboard.trainer.runtime.stage import Stage
-from pipeboard.trainer.schedule.build import build
+from pipeboard.trainer.schedule.builder import build
 from pipeboard.trainer.schedule.memory_model import StageMemory, worker_memory
 
 

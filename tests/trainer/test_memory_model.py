@@ -3,7 +3,7 @@
 import pytest
 
 from pipeboard.trainer.schedule.actions import ScheduleError
-from pipeboard.trainer.schedule.build import build
+from pipeboard.trainer.schedule.builder import build
 from pipeboard.trainer.schedule.memory_model import StageMemory, worker_memory
 
 ONE = StageMemory(weight_bytes=1000, activation_bytes=100, input_bytes=10, output_bytes=10)

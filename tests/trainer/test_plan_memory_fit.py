@@ -5,7 +5,7 @@ import pytest
 
 from pipeboard.trainer.plan.errors import PlanError
 from pipeboard.trainer.plan.memory_fit import choose_under_cap, least_memory, plan_memory, with_recompute
-from pipeboard.trainer.schedule.build import build
+from pipeboard.trainer.schedule.builder import build
 from pipeboard.trainer.schedule.memory_model import StageMemory, worker_memory
 
 

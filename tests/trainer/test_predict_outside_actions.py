@@ -168,7 +168,7 @@ def test_step_reports_go_in_batches_and_read_as_single_ones():
 def test_more_workers_than_cores_share_them():
     """Four one-stage replicas on two cores: each step's work, 4 x (F + B) + steps, spread over
     two cores, not the one-core-each simulation; with enough cores the simulation stands."""
-    from pipeboard.trainer.schedule.costs import StageCosts
+    from pipeboard.trainer.schedule.action_costs import StageCosts
     from pipeboard.trainer.schedule.predict import steady_step_s
 
     costs = [StageCosts(fwd_s=1e-3, bwd_s=2e-3, step_s=0.5e-3)]

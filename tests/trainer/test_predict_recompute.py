@@ -5,7 +5,7 @@ import torch
 from torch import nn
 
 from pipeboard.trainer.runtime.stage import Stage
-from pipeboard.trainer.schedule.costs import StageCosts
+from pipeboard.trainer.schedule.action_costs import StageCosts
 from pipeboard.trainer.schedule.predict import recomputed, recomputed_costs
 
 

@@ -9,7 +9,7 @@ from pipeboard.trainer.runtime.memory_predict import (
     predict_workers,
     predicted_bytes_per_stage,
 )
-from pipeboard.trainer.schedule.build import build
+from pipeboard.trainer.schedule.builder import build
 
 
 def two_stages():

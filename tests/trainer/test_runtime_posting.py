@@ -25,7 +25,7 @@ from pipeboard.trainer.runtime.stage import Stage
 from pipeboard.trainer.runtime.worker import template_rank_of
 from pipeboard.trainer.schedule import registry
 from pipeboard.trainer.schedule.actions import Kind, ScheduleError
-from pipeboard.trainer.schedule.build import build
+from pipeboard.trainer.schedule.builder import build
 
 
 def _pipelines():

@@ -45,12 +45,12 @@ def test_bf16_loss_within_two_percent_of_fp32(tmp_path, schedule, extra):
 
 
 def test_bf16_activations_cross_the_boundary_as_bf16():
-    from pipeboard.trainer.runtime import model as model_mod
+    from pipeboard.trainer.runtime import stage_modules
     from pipeboard.trainer.spec import load_task
 
     task = load_task("mlp", SMALL)
     example = task.example_input(4)
-    modules = model_mod.build_stages(task.model, example, model_mod.uniform_split(
-        *zip(*model_mod.layer_sizes(task.model, example)), 2))
-    assert {t.dtype for t in model_mod.boundary_specs(modules, example, "bf16")[0].tensors} == {torch.bfloat16}
-    assert {t.dtype for t in model_mod.boundary_specs(modules, example, "fp32")[0].tensors} == {torch.float32}
+    modules = stage_modules.build_stages(task.model, example, stage_modules.uniform_split(
+        *zip(*stage_modules.layer_sizes(task.model, example)), 2))
+    assert {t.dtype for t in stage_modules.boundary_specs(modules, example, "bf16")[0].tensors} == {torch.bfloat16}
+    assert {t.dtype for t in stage_modules.boundary_specs(modules, example, "fp32")[0].tensors} == {torch.float32}

@@ -15,7 +15,7 @@ import torch
 from torch import nn
 
 import pipeboard.trainer.zoo
-from pipeboard.trainer.runtime.model import build_stages, layer_names, uniform_split
+from pipeboard.trainer.runtime.stage_modules import build_stages, layer_names, uniform_split
 from pipeboard.trainer.runtime.stage import Stage
 from pipeboard.trainer.schedule import Kind, build
 
@@ -267,7 +267,7 @@ def _emulate(schedule, modules, lr: float, data) -> list[list[torch.Tensor]]:
     waits for), releasing each weight version after its last use as the runtime does; returns
     every stage's weights at the end."""
     from pipeboard.trainer.schedule import simulate
-    from pipeboard.trainer.schedule.costs import costs_uniform
+    from pipeboard.trainer.schedule.action_costs import costs_uniform
 
     p, stash = schedule.num_stages, not schedule.meta["sync"]
     stages = [Stage(s, m, torch.optim.SGD(m.parameters(), lr=lr, momentum=0.5), is_first=s == 0,
@@ -304,7 +304,7 @@ def _emulate(schedule, modules, lr: float, data) -> list[list[torch.Tensor]]:
 
 def _schedule(name: str, m: int, batched: bool):
     if name == "pipedream-batches":  # one update per 3 microbatches: a W(-1) spans versions
-        from pipeboard.trainer.schedule.pipedream import build_pipedream
+        from pipeboard.trainer.schedule.async_1f1b import build_pipedream
 
         return build_pipedream(3, m, 3, batch_weight_grads=batched)
     return build("1f1b" if name == "zb-h1" and not batched else name, 3, m, batch_weight_grads=batched)

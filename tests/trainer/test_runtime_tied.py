@@ -10,7 +10,7 @@ import pytest
 import torch
 
 from pipeboard.trainer.runtime import RunConfig, run_training
-from pipeboard.trainer.runtime import model as model_mod, tied
+from pipeboard.trainer.runtime import stage_modules, tied
 from pipeboard.trainer.runtime.checkpoint import assemble_model
 from pipeboard.trainer.runtime.config import ConfigError
 from pipeboard.trainer.runtime.layout import resolve
@@ -96,10 +96,10 @@ def max_diff(a: torch.nn.Module, b: torch.nn.Module) -> float:
 
 
 def ties_of(cfg: RunConfig) -> list[tied.Tied]:
-    task = model_mod.load_task(cfg)
+    task = stage_modules.load_task(cfg)
     layout = resolve(cfg)
-    modules = model_mod.build_stages(task.model, task.example_input(cfg.microbatch_size),
-                                     model_mod.stage_layers(cfg, task, layout.virtual_stages))
+    modules = stage_modules.build_stages(task.model, task.example_input(cfg.microbatch_size),
+                                         stage_modules.stage_layers(cfg, task, layout.virtual_stages))
     return tied.find(modules, task.model)
 
 

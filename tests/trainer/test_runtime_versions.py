@@ -7,7 +7,7 @@ import copy
 import pytest
 import torch
 
-from pipeboard.trainer.runtime.model import uniform_split
+from pipeboard.trainer.runtime.stage_modules import uniform_split
 from pipeboard.trainer.runtime.versions import WeightVersions, sgd_out_of_place
 
 

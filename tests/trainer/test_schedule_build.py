@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from pipeboard.trainer.schedule import SCHEDULES, Action, Kind, Schedule, ScheduleError, build
-from pipeboard.trainer.schedule.validate import validate
+from pipeboard.trainer.schedule.validator import validate
 
 CASES = [
     ("gpipe", 4, 6, {}),
@@ -248,7 +248,7 @@ def test_batched_weight_grads_keep_every_microbatch_until_the_w():
                                 {"replicas": [2, 1, 2]}, {"split_backward": True}])
 def test_pipedream_per_update_is_one_build_path(kw):
     """build_pipedream is build("pipedream", per_update=...): same actions, same meta."""
-    from pipeboard.trainer.schedule.pipedream import build_pipedream
+    from pipeboard.trainer.schedule.async_1f1b import build_pipedream
 
     for per_update in (1, 2, 6):
         schedule = build("pipedream", 3, 12, per_update=per_update, **kw)

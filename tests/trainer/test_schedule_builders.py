@@ -21,11 +21,11 @@ import re
 import pytest
 
 from pipeboard.trainer.schedule import Action, Kind, ScheduleError, build, registry
-from pipeboard.trainer.schedule.build import MAX_UNITS
+from pipeboard.trainer.schedule.builder import MAX_UNITS
 from pipeboard.trainer.schedule.flush import batch_weight_grads, update_ops
-from pipeboard.trainer.schedule.pipedream import pipedream_programs
+from pipeboard.trainer.schedule.async_1f1b import pipedream_programs
 from pipeboard.trainer.schedule.topology import replicated
-from pipeboard.trainer.schedule.validate import validate
+from pipeboard.trainer.schedule.validator import validate
 
 UPDATES = (Kind.STEP, Kind.ALLREDUCE)
 SCHEDULES = [

@@ -6,8 +6,8 @@ import pytest
 
 from pipeboard.trainer.schedule import ScheduleError, build
 from pipeboard.trainer.schedule.actions import Kind
-from pipeboard.trainer.schedule.pipedream import build_pipedream
-from pipeboard.trainer.schedule.validate import validate
+from pipeboard.trainer.schedule.async_1f1b import build_pipedream
+from pipeboard.trainer.schedule.validator import validate
 
 COMPUTE = (Kind.FORWARD, Kind.BACKWARD, Kind.BACKWARD_INPUT, Kind.BACKWARD_WEIGHT)
 

@@ -5,11 +5,11 @@ from dataclasses import replace
 import pytest
 
 from pipeboard.trainer.schedule.actions import TimelineEvent
-from pipeboard.trainer.schedule.build import build
-from pipeboard.trainer.schedule.costs import costs_uniform
+from pipeboard.trainer.schedule.builder import build
+from pipeboard.trainer.schedule.action_costs import costs_uniform
 from pipeboard.trainer.schedule.predict import repeat_iterations, steady_step_s
 from pipeboard.trainer.schedule.refit import measured_terms, moved_terms, refit
-from pipeboard.trainer.schedule.simulate import simulate
+from pipeboard.trainer.schedule.simulator import simulate
 
 M = 4
 STEPS = 6

@@ -24,9 +24,9 @@ import pytest
 from pipeboard.trainer.runtime.config import ConfigError, RunConfig
 from pipeboard.trainer.runtime.layout import resolve
 from pipeboard.trainer.schedule import ScheduleError, ScheduleSpec, build, registry, validate
-from pipeboard.trainer.schedule.costs import costs_uniform
+from pipeboard.trainer.schedule.action_costs import costs_uniform
 from pipeboard.trainer.schedule.predict import steady_step_s
-from pipeboard.trainer.schedule.simulate import simulate
+from pipeboard.trainer.schedule.simulator import simulate
 
 ROOT = Path(__file__).resolve().parents[2]
 PLUGIN = ROOT / "tests" / "schedule_plugin.py"
@@ -344,9 +344,9 @@ def test_no_caller_compares_a_schedule_name():
 
 
 def test_the_schedule_modules_import_one_another_without_a_cycle():
-    """build.py dispatches through the registry, whose built-in builders are imported on first
-    use, so no module of trainer/schedule imports one that imports it back (build.py and
-    pipedream.py did)."""
+    """builder.py dispatches through the registry, whose built-in builders are imported on first
+    use, so no module of trainer/schedule imports one that imports it back (builder.py and
+    async_1f1b.py did)."""
     import ast
 
     deps: dict[str, set[str]] = {}

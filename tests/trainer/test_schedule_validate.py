@@ -9,7 +9,7 @@ from dataclasses import replace
 import pytest
 
 from pipeboard.trainer.schedule import Action, Kind, Schedule, ScheduleError, WorkerSpec, build
-from pipeboard.trainer.schedule.validate import validate
+from pipeboard.trainer.schedule.validator import validate
 
 F, B, SA, RA, SG, RG, ST = Kind.FORWARD, Kind.BACKWARD, Kind.SEND_ACT, Kind.RECV_ACT, Kind.SEND_GRAD, Kind.RECV_GRAD, Kind.STEP
 

@@ -9,10 +9,10 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from pipeboard.trainer.schedule import Kind, ScheduleError, build
-from pipeboard.trainer.schedule.costs import StageCosts, costs_from_plan, costs_uniform, plan_replicas
-from pipeboard.trainer.schedule.simulate import simulate
+from pipeboard.trainer.schedule.action_costs import StageCosts, costs_from_plan, costs_uniform, plan_replicas
+from pipeboard.trainer.schedule.simulator import simulate
 from pipeboard.trainer.schedule.stats import summarize
-from pipeboard.trainer.schedule.validate import validate
+from pipeboard.trainer.schedule.validator import validate
 
 FWD, BWD = 1.0, 2.0
 
@@ -229,7 +229,7 @@ def test_batched_weight_gradients_in_pipedream_cover_one_minibatch_each():
 
 
 def test_batched_weight_gradients_in_pipedream_batches_cover_the_batch():
-    from pipeboard.trainer.schedule.pipedream import build_pipedream
+    from pipeboard.trainer.schedule.async_1f1b import build_pipedream
 
     p, m, per_update = 3, 12, 4
     schedule = build_pipedream(p, m, per_update, batch_weight_grads=True)

@@ -126,8 +126,8 @@ def test_pipedream_per_update_mirrors_train_batches(tmp_path):
     """--per-update K --microbatches K*N predicts `train --schedule pipedream --microbatches K` over N
     batches: the schedule build("pipedream", per_update=K) makes, its steps numbered by batch."""
     from pipeboard.trainer.schedule import build
-    from pipeboard.trainer.schedule.costs import costs_uniform
-    from pipeboard.trainer.schedule.simulate import simulate
+    from pipeboard.trainer.schedule.action_costs import costs_uniform
+    from pipeboard.trainer.schedule.simulator import simulate
 
     trace = tmp_path / "t.json"
     res = run("--stages", "3", "--fwd", "1", "--bwd", "2", "--schedule", "pipedream", "--microbatches", "12",

@@ -6,9 +6,9 @@ import pytest
 
 from tests.shared_data import graph_txt
 from pipeboard.trainer.schedule import build
-from pipeboard.trainer.schedule.costs import costs_from_plan, data_parallel_costs_from_plan, plan_replicas
-from pipeboard.trainer.schedule.simulate import simulate
-from pipeboard.trainer.schedule.validate import validate
+from pipeboard.trainer.schedule.action_costs import costs_from_plan, data_parallel_costs_from_plan, plan_replicas
+from pipeboard.trainer.schedule.simulator import simulate
+from pipeboard.trainer.schedule.validator import validate
 from pipeboard.trainer.profile.files import load_profile
 
 

@@ -7,9 +7,9 @@ import json
 import pytest
 
 from pipeboard.trainer.schedule import TimelineEvent, build
-from pipeboard.trainer.schedule.costs import costs_uniform
+from pipeboard.trainer.schedule.action_costs import costs_uniform
 from pipeboard.trainer.schedule.gantt import COLOURS, figure
-from pipeboard.trainer.schedule.simulate import simulate
+from pipeboard.trainer.schedule.simulator import simulate
 from pipeboard.trainer.schedule.trace import merge_traces, to_chrome_trace
 
 

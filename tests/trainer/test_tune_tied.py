@@ -11,7 +11,7 @@ from torch import nn
 from pipeboard.trainer.profile.profiler import profile_model
 from pipeboard.trainer.runtime.config import ConfigError, RunConfig
 from pipeboard.trainer.runtime.layout import resolve
-from pipeboard.trainer.runtime.model import build_stages
+from pipeboard.trainer.runtime.stage_modules import build_stages
 from pipeboard.trainer.runtime import tied
 from pipeboard.trainer.tune import search
 

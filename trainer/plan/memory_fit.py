@@ -58,7 +58,7 @@ def plan_memory(plan: Any, schedule: str, microbatches: int, *, optimizer: str =
                 recompute: list[bool] | None = None) -> MemoryFit:
     """Predicted memory per plan stage when ``plan`` runs ``schedule`` with ``microbatches``."""
     from pipeboard.trainer.schedule.actions import ScheduleError
-    from pipeboard.trainer.schedule.build import build
+    from pipeboard.trainer.schedule.builder import build
     from pipeboard.trainer.schedule.memory_model import worker_memory
 
     data = _plan_dict(plan)

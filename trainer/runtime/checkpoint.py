@@ -172,15 +172,16 @@ def assemble_model(cfg, root: str | Path, step: int | None = None, rank_filter=N
     """The whole model of a run, rebuilt from its checkpoint at ``step`` (default: the latest
     complete one): each stage's weights from the first rank that holds it, or from every rank
     ``rank_filter(rank)`` accepts. Returns (model, {rank: state})."""
-    from pipeboard.trainer.runtime import model as model_mod
+    from pipeboard.trainer.runtime import stage_modules
     from pipeboard.trainer.runtime.layout import resolve
 
     layout = resolve(cfg)
     step = complete_steps(root)[-1] if step is None else step
-    task = model_mod.load_task(cfg)
+    task = stage_modules.load_task(cfg)
     example = task.example_input(cfg.microbatch_size)
-    stages = model_mod.build_stages(task.model, example, model_mod.stage_layers(cfg, task, layout.virtual_stages),
-                                    task.layers, task.varying_dims(cfg.microbatch_size))
+    stages = stage_modules.build_stages(task.model, example,
+                                        stage_modules.stage_layers(cfg, task, layout.virtual_stages),
+                                        task.layers, task.varying_dims(cfg.microbatch_size))
     states = {r: load_rank(root, step, r) for r in range(layout.world) if rank_filter is None or rank_filter(r)}
     loaded = set()
     for r, state in states.items():

@@ -21,7 +21,7 @@ import time
 from typing import Any
 
 from pipeboard.trainer import cpu_matmul
-from pipeboard.trainer.runtime import gpu_share, model as model_mod, shm, stage_memory, tied
+from pipeboard.trainer.runtime import gpu_share, shm, stage_memory, stage_modules, tied
 from pipeboard.trainer.runtime.config import ConfigError, RunConfig
 from pipeboard.trainer.runtime.instrument import memory_source
 from pipeboard.trainer.runtime.layout import resolve
@@ -62,11 +62,11 @@ def run_training(cfg: RunConfig, sink: Sink | None = None) -> dict[str, Any]:
     layout = resolve(cfg)
     # Resolve the task and its stages once, here: a bad task, bad model arguments or a plan that
     # does not fit the model fail before any process starts, and workers need not trace again.
-    task = model_mod.load_task(cfg)
+    task = stage_modules.load_task(cfg)
     check_task(task, cfg.batch_size)
-    layers = model_mod.stage_layers(cfg, task, layout.virtual_stages)
-    modules = model_mod.build_stages(task.model, task.example_input(cfg.microbatch_size), layers, task.layers,
-                                     task.varying_dims(cfg.microbatch_size))
+    layers = stage_modules.stage_layers(cfg, task, layout.virtual_stages)
+    modules = stage_modules.build_stages(task.model, task.example_input(cfg.microbatch_size), layers, task.layers,
+                                         task.varying_dims(cfg.microbatch_size))
     tied.check(cfg, layout, tied.find(modules, task.model))  # pipedream: no tie across workers
     if cfg.target is not None and task.val_data is None:
         raise ConfigError(f"target: task {cfg.model!r} has no val_data to measure a metric on")

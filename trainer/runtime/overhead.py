@@ -163,7 +163,7 @@ def measure_executor_overhead(microbatches: tuple[int, int] = (2, 8), rounds: in
 
     from pipeboard.trainer.runtime.executor import Executor
     from pipeboard.trainer.runtime.instrument import Heartbeat, Recorder, StepReports
-    from pipeboard.trainer.schedule.build import build
+    from pipeboard.trainer.schedule.builder import build
 
     if len(microbatches) != 2 or microbatches[0] == microbatches[1] or rounds < 5:
         raise ValueError(f"two different microbatch counts and >= 5 rounds, got {microbatches}, {rounds}")

@@ -14,7 +14,7 @@ overlaps the computation before its consumer. Whether that is safe depends on th
 
 So under NCCL the lookahead is 0: each receive is posted at its own action, in the order the
 schedule lists it, and the schedules are checked to run when every transfer blocks in that
-order (trainer/schedule/validate.py), which is stricter than NCCL.
+order (trainer/schedule/validator.py), which is stricter than NCCL.
 
 ``issued_transfers`` writes what one worker issues for a lookahead, and ``nccl_outcome`` replays
 every worker's issue order under NCCL's rules (tests/trainer/test_runtime_posting.py and

@@ -19,7 +19,7 @@ from dataclasses import replace
 import torch
 
 from pipeboard.trainer.precision import autocast
-from pipeboard.trainer.runtime import model as model_mod
+from pipeboard.trainer.runtime import stage_modules
 from pipeboard.trainer.runtime.config import RunConfig
 from pipeboard.trainer.runtime.data import TrainStream
 from pipeboard.trainer.runtime.layout import resolve
@@ -34,7 +34,7 @@ def train_sync(cfg: RunConfig, steps: int) -> torch.nn.Module:
     """``steps`` optimizer steps over batches of ``cfg.batch_size``, each the sum of its
     ``cfg.microbatches`` microbatch gradients of loss / M, forwards in ``cfg.precision``.
     Returns the trained model."""
-    task = model_mod.load_task(cfg)
+    task = stage_modules.load_task(cfg)
     model, opt = task.model, task.make_optimizer(task.model.parameters(), cfg.lr)
     stream = TrainStream(task, cfg.batch_size, cfg.microbatches, torch.device("cpu"))
     M = cfg.microbatches
@@ -53,10 +53,11 @@ def emulate_async(cfg: RunConfig, steps: int, stash: bool = True) -> torch.nn.Mo
     """Run the pipedream action lists for ``steps`` batches in one process: one update per batch,
     each microbatch's loss scaled by 1/M (a batch's gradient is the mean over its samples)."""
     layout = resolve(cfg)
-    task = model_mod.load_task(cfg)
+    task = stage_modules.load_task(cfg)
     example = task.example_input(cfg.microbatch_size)
-    stages = model_mod.build_stages(task.model, example, model_mod.stage_layers(cfg, task, layout.virtual_stages),
-                                    task.layers, task.varying_dims(cfg.microbatch_size))
+    stages = stage_modules.build_stages(task.model, example,
+                                        stage_modules.stage_layers(cfg, task, layout.virtual_stages),
+                                        task.layers, task.varying_dims(cfg.microbatch_size))
     S, M = len(stages), cfg.microbatches
     scale = 1.0 / M
     opts = [task.make_optimizer(m.parameters(), cfg.lr) for m in stages]

@@ -25,7 +25,7 @@ from datetime import timedelta
 import torch
 import torch.distributed as dist
 
-from pipeboard.trainer.runtime import model as model_mod
+from pipeboard.trainer.runtime import stage_modules
 from pipeboard.trainer.runtime.config import ConfigError, RunConfig
 from pipeboard.trainer.runtime.instrument import memory_source
 from pipeboard.trainer.runtime.layout import resolve
@@ -84,9 +84,9 @@ def run(cfg: RunConfig, sink: Sink | None = None) -> dict | None:
     others' reports reach it through the store) and returns the summary, the others None."""
     rank, world = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
     cfg.validate()
-    task = model_mod.load_task(cfg)
+    task = stage_modules.load_task(cfg)
     layout = resolve(cfg)
-    cfg = cfg.with_(stages=model_mod.stage_layers(cfg, task, layout.virtual_stages), num_stages=None)
+    cfg = cfg.with_(stages=stage_modules.stage_layers(cfg, task, layout.virtual_stages), num_stages=None)
     layout = resolve(cfg)
     if layout.world != world:
         raise ConfigError(f"workers: the layout needs {layout.world} workers, torchrun started {world}")

@@ -22,7 +22,7 @@ import torch.distributed as dist
 from pipeboard.trainer import cpu_matmul
 from pipeboard.trainer.allocator import keep_freed_memory
 from pipeboard.trainer.precision import autocast
-from pipeboard.trainer.runtime import checkpoint, model as model_mod, tied
+from pipeboard.trainer.runtime import checkpoint, stage_modules, tied
 from pipeboard.trainer.runtime.comm import P2P, node_name, open_channels, p2p_mode
 from pipeboard.trainer.runtime.config import RunConfig
 from pipeboard.trainer.runtime.data import TrainStream, ValStream, token_counter
@@ -125,13 +125,14 @@ def train(cfg: RunConfig, env: WorkerEnv) -> None:
     M = cfg.microbatches
     template = layout.build(M)  # one batch (pipedream: M is a multiple of every replica count)
     me = template.workers[rank]
-    task = model_mod.load_task(cfg)
+    task = stage_modules.load_task(cfg)
     example = task.example_input(cfg.microbatch_size)
     dynamic = task.varying_dims(cfg.microbatch_size)  # sizes that vary by batch: one capture for all
     count_tokens = token_counter(task, dynamic)  # before task.model goes: the mask is found by its name
-    modules = model_mod.build_stages(task.model, example, model_mod.stage_layers(cfg, task, layout.virtual_stages),
-                                    task.layers, dynamic)
-    specs = model_mod.boundary_specs(modules, example, cfg.precision, device.type, dynamic)
+    modules = stage_modules.build_stages(task.model, example,
+                                         stage_modules.stage_layers(cfg, task, layout.virtual_stages),
+                                         task.layers, dynamic)
+    specs = stage_modules.boundary_specs(modules, example, cfg.precision, device.type, dynamic)
     S = len(modules)
     stash = cfg.is_async
     data_parallel = cfg.spec.data_parallel  # DDP: the all-reduce runs inside the backward

@@ -1,21 +1,31 @@
 """Pipeline schedules as data, their validator, simulator and Chrome-trace export.
 
-``build(name, stages, microbatches, ...)`` returns a ``Schedule`` (ordered actions per worker);
-the runtime executes those lists unchanged, ``validate`` checks them and ``simulate`` predicts
-their timeline. The schedules and what each can do are in the registry (``registry.py``:
-``names()``, ``registry.get(name)``, ``register(...)``). See docs/schedules.md.
+The package exports:
 
-Note: the functions ``build``, ``validate`` and ``simulate`` share their names with their modules; import
-other names from the modules with ``from pipeboard.trainer.schedule.simulate import SimResult``.
+- ``build(name, stages, microbatches, ...)`` (``builder.py``): a ``Schedule``, the ordered
+  actions of each worker, which the runtime executes unchanged;
+- ``validate(schedule)`` and ``ValidationReport`` (``validator.py``): whether the lists can run,
+  and what they keep in memory;
+- ``simulate(schedule, costs)`` and ``SimResult`` (``simulator.py``): their predicted timeline;
+- ``StageCosts``, ``costs_uniform``, ``costs_from_plan`` (``action_costs.py``): what each action
+  costs;
+- ``to_chrome_trace`` (``trace.py``);
+- ``Action``, ``Kind``, ``Schedule``, ``ScheduleError``, ``TimelineEvent``, ``WorkerSpec``
+  (``actions.py``);
+- from the registry (``registry.py``), which holds the schedules and what each can do:
+  ``ScheduleSpec``, ``UnknownSchedule``, ``names()``, ``register(...)``, and ``SCHEDULES``
+  (every registered name, read when asked); ``registry.get(name)`` looks one up.
+
+See docs/schedules.md.
 """
 
 from pipeboard.trainer.schedule.actions import Action, Kind, Schedule, ScheduleError, TimelineEvent, WorkerSpec
-from pipeboard.trainer.schedule.build import build
+from pipeboard.trainer.schedule.builder import build
 from pipeboard.trainer.schedule.registry import ScheduleSpec, UnknownSchedule, names, register
-from pipeboard.trainer.schedule.costs import StageCosts, costs_from_plan, costs_uniform
-from pipeboard.trainer.schedule.simulate import SimResult, simulate
+from pipeboard.trainer.schedule.action_costs import StageCosts, costs_from_plan, costs_uniform
+from pipeboard.trainer.schedule.simulator import SimResult, simulate
 from pipeboard.trainer.schedule.trace import to_chrome_trace
-from pipeboard.trainer.schedule.validate import ValidationReport, validate
+from pipeboard.trainer.schedule.validator import ValidationReport, validate
 
 __all__ = [
     "Action",

@@ -2,7 +2,7 @@
 
 Each worker's actions become three flat lists (kind code, data key, duration); a worker walks
 its list as far as it can and parks on the first input that has not been produced yet, and
-producing that input wakes it, so every action is handled once. Timing model: see simulate.py.
+producing that input wakes it, so every action is handled once. Timing model: see simulator.py.
 numpy is imported inside the functions that use it (see stash.py).
 """
 

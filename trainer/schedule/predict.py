@@ -50,9 +50,9 @@ from dataclasses import dataclass, replace
 from pipeboard.trainer.profile.schema import Link, Profile
 from pipeboard.trainer.schedule import registry
 from pipeboard.trainer.schedule.actions import Schedule, ScheduleError
-from pipeboard.trainer.schedule.build import build
-from pipeboard.trainer.schedule.costs import StageCosts
-from pipeboard.trainer.schedule.simulate import simulate
+from pipeboard.trainer.schedule.builder import build
+from pipeboard.trainer.schedule.action_costs import StageCosts
+from pipeboard.trainer.schedule.simulator import simulate
 
 STEADY_ITERATIONS = 4
 

@@ -39,7 +39,7 @@ from statistics import fmean, median
 from typing import Iterable
 
 from pipeboard.trainer.schedule.actions import Kind, TimelineEvent
-from pipeboard.trainer.schedule.costs import StageCosts
+from pipeboard.trainer.schedule.action_costs import StageCosts
 from pipeboard.trainer.schedule.predict import steady_step_s
 
 # a factor within this much of 1 is reported as not moved

@@ -1,7 +1,7 @@
 """The schedule registry: every schedule declared once, with what it can do.
 
 A ``ScheduleSpec`` names a schedule, its builder (the function that writes each worker's
-actions) and its capabilities; ``build(name, ...)`` (build.py) dispatches through it, and the
+actions) and its capabilities; ``build(name, ...)`` (builder.py) dispatches through it, and the
 runtime (trainer/runtime/config.py, layout.py, worker.py), the predictor, the API schemas and
 ``GET /api/v1/schedules``, the CLI's help and the dashboard's new-job form all read it. So no
 caller compares a schedule's name to decide what it can do: it asks the registry
@@ -346,7 +346,7 @@ register("interleaved-1f1b", _lazy("pipeboard.trainer.schedule.interleaved:inter
 register("zb-h1", _lazy("pipeboard.trainer.schedule.zerobubble:zero_bubble_builder"),
          description="1F1B with each backward split into input and weight gradients, the W filling the drain (ZB-H1).",
          weight_grads=(), needs_split_backward=True)
-register("pipedream", _lazy("pipeboard.trainer.schedule.pipedream:pipedream_builder"),
+register("pipedream", _lazy("pipeboard.trainer.schedule.async_1f1b:pipedream_builder"),
          description="Asynchronous 1F1B without a flush: weight stashing, one update per batch (PipeDream).",
          synchronous=False, vertical_sync=True)
 register("dp", _lazy("pipeboard.trainer.schedule.flush:one_f_one_b_builder"),

@@ -1,7 +1,7 @@
 """What a user hands pipeboard to train: a model, its data, its loss, and how to judge it.
 
 A :class:`Task` is plain Python objects; a task *factory* (``package.module:function`` or
-``path/to/file.py:function``, see ``pipeboard.trainer.task.spec``) builds one from model arguments and a
+``path/to/file.py:function``, see ``pipeboard.trainer.task.factory``) builds one from model arguments and a
 data location. The zoo's entries are factories of the same kind, so nothing downstream knows
 whether it got a zoo model or a user's.
 

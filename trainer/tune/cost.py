@@ -86,7 +86,7 @@ def optimizer_of(profile: Profile) -> str:
 @lru_cache(maxsize=512)
 def _memory_schedule(schedule: str, stages: int, microbatches: int, replicas: tuple | None, chunks: int):
     """(Schedule, its action columns) whose memory plan_memory reads, built once per shape."""
-    from pipeboard.trainer.schedule.build import build
+    from pipeboard.trainer.schedule.builder import build
     from pipeboard.trainer.schedule.stash import schedule_columns
 
     if chunks == 1:  # what plan_memory builds

@@ -1,6 +1,6 @@
 """The model zoo: task factories whose data ship with installed packages (no downloads).
 
-Each entry is a task factory like a user's (``pipeboard.trainer.task.spec``): ``names()`` lists them,
+Each entry is a task factory like a user's (``pipeboard.trainer.task.factory``): ``names()`` lists them,
 ``describe()`` says what each is, ``get(name, seed, **model_args)`` builds one as a
 :class:`pipeboard.trainer.Task` through the same ``load_task`` a user's factory goes through.
 """
@@ -99,7 +99,7 @@ def factory(name: str) -> Callable[..., Task]:
 def get(name: str, seed: int = 0, **model_args: Any) -> Task:
     """Build zoo task ``name`` with weights fixed by ``seed``; unknown or mistyped arguments are
     an error naming the argument."""
-    from pipeboard.trainer.task.spec import build_task
+    from pipeboard.trainer.task.factory import build_task
 
     for key, value in model_args.items():  # every integer argument of the zoo is a size or a count
         if isinstance(value, int) and not isinstance(value, bool) and value < 1:

@@ -23,7 +23,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from pipeboard.trainer.schedule.actions import Schedule, ScheduleError, TimelineEvent
-from pipeboard.trainer.schedule.costs import StageCosts
+from pipeboard.trainer.schedule.action_costs import StageCosts
 from pipeboard.trainer.schedule.engine import (
     Program,
     SharedLinks,

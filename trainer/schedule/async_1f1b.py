@@ -30,7 +30,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 from pipeboard.trainer.schedule.actions import Action, Kind, Schedule, ScheduleError
-from pipeboard.trainer.schedule.build import build
+from pipeboard.trainer.schedule.builder import build
 from pipeboard.trainer.schedule.flush import backward_ops, one_f_one_b_order
 from pipeboard.trainer.schedule.topology import Topology
 

@@ -2,7 +2,7 @@
 model and the loss), split its model into layers. Prints one JSON line and exits 0 when the
 answer is known (valid or not), non-zero only when this process itself failed.
 
-    python -m pipeboard.trainer.validate SPEC [--model-args JSON] [--data LOCATION] [--batch-size N]
+    python -m pipeboard.trainer.validate_spec SPEC [--model-args JSON] [--data LOCATION] [--batch-size N]
 
 The service's workers run it in the unpacked code context, with time and memory limits
 (app/services/model_checks.py), so that a user's code never runs in the API process and a
@@ -38,7 +38,8 @@ def validate(spec: str, model_args: dict[str, Any], data: str | None, batch_size
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m pipeboard.trainer.validate", description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(prog="python -m pipeboard.trainer.validate_spec",
+                                     description=__doc__.splitlines()[0])
     parser.add_argument("spec")
     parser.add_argument("--model-args", default="{}", help="JSON object of model arguments")
     parser.add_argument("--data", default=None)
