@@ -22,7 +22,7 @@ from typing import Any
 from pipeboard.trainer.schedule import registry
 
 # The planner method (PipeDream's dynamic program), not the schedule of the same name.
-PIPEDREAM_PLANNER = "pipedream"
+PIPEDREAM_METHOD = "pipedream"
 EVEN_SPLITS = ("time", "uniform", "params")  # the planner's methods that split without replicas
 
 
@@ -79,11 +79,11 @@ def choose_plan(profile_data: dict[str, Any], levels: list[tuple[int, float]], *
     if schedule is None or microbatches is None:
         return chosen
     ranked = ranked_candidates(profile_data, levels, chosen, schedule, microbatches, weight_grads=weight_grads,
-                               chunks=chunks) if method == PIPEDREAM_PLANNER else []
+                               chunks=chunks) if method == PIPEDREAM_METHOD else []
     candidates = [cand for _, cand in ranked] or [chosen]
     if not capped:
         return candidates[0]
-    if method == PIPEDREAM_PLANNER:  # PipeDream's own stash-constrained plan may fit where the others do not
+    if method == PIPEDREAM_METHOD:  # PipeDream's own stash-constrained plan may fit where the others do not
         try:
             candidates.append(plan(profile, levels=levels, memory_bytes=memory_bytes, memory_constraint=True))
         except PlanError:
@@ -181,7 +181,7 @@ def ranked_candidates(profile_data: dict[str, Any], levels: list[tuple[int, floa
     candidates, seen = [], set()
     for method in METHODS:
         try:
-            cand = planned if method == PIPEDREAM_PLANNER else plan(profile, levels=levels, method=method)
+            cand = planned if method == PIPEDREAM_METHOD else plan(profile, levels=levels, method=method)
         except PlanError:
             continue
         d = cand.to_dict()

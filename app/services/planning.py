@@ -12,7 +12,7 @@ from pipeboard.app.services.errors import ServiceError
 from pipeboard.trainer import choose
 # the engine's names, importable from here as before (bench/, tests/, app/services/fidelity.py)
 from pipeboard.trainer.choose import (  # noqa: F401
-    EVEN_SPLITS, PIPEDREAM_PLANNER, chosen_recompute, profile_costs, ranked_candidates, recompute_stages, runtime_schedule, stage_replicas,
+    EVEN_SPLITS, PIPEDREAM_METHOD, chosen_recompute, profile_costs, ranked_candidates, recompute_stages, runtime_schedule, stage_replicas,
     virtual_levels)
 
 # Bandwidth assumed between local worker processes when a job gives `workers` rather than

@@ -6,7 +6,8 @@ import { getMetrics, listJobs } from '../api.js';
 import { barChart, lineChart, series } from '../charts.js';
 import { clear, h, navigate, notice, STAGE_COLORS } from '../util.js';
 
-const label = (j) => `#${j.id} ${j.name} (${j.schedule || '?'}, ${j.spec.layout?.method || '?'})`;
+// Both named: the planner method and the schedule share the name pipedream.
+const label = (j) => `#${j.id} ${j.name} (planner ${j.spec.layout?.method || '?'}, schedule ${j.schedule || '?'})`;
 
 export async function render(container, { ids = '' }) {
   const chosen = new Set(ids.split(',').filter(Boolean).map(Number));
