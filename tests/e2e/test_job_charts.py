@@ -30,8 +30,20 @@ sink.on_events([TimelineEvent(w, w, 0, 0, "F", 0.01 * k + 0.002 * w, 0.01 * k + 
 for first in range(0, steps, 500):
     sink.on_metrics([MetricRecord(step=k + 1, wall_s=0.01 * (k + 1), values={"loss": 1.0, "samples_per_s": 64.0,
                      **({"tokens": 640.0, "tokens_per_s": 640.0} if tokens else {})}) for k in range(first, min(steps, first + 500))])
-with get_sessionmaker()() as s:
-    assert jobs.finish(s, job_id, JobStatus.SUCCEEDED, expected=(JobStatus.RUNNING,))
+if len(sys.argv) < 5 or sys.argv[4] != "running":
+    with get_sessionmaker()() as s:
+        assert jobs.finish(s, job_id, JobStatus.SUCCEEDED, expected=(JobStatus.RUNNING,))
+"""
+
+# More steps of a running job, reported as its run reports them.
+MORE_STEPS = """
+import sys
+from pipeboard.app.services.run_sink import DbSink
+from pipeboard.trainer.sink import MetricRecord
+
+job_id, first, last = int(sys.argv[1]), int(sys.argv[2]), int(sys.argv[3])
+DbSink(job_id, own_group=False).on_metrics([MetricRecord(step=k, wall_s=0.01 * k, values={"loss": 0.5, "samples_per_s": 96.0})
+                                            for k in range(first, last + 1)])
 """
 
 
@@ -40,11 +52,15 @@ def server(start_server):
     return start_server(workers=0)
 
 
-def seeded_job(server, steps: int, tokens: bool) -> int:
-    job = server.api("POST", "/jobs", {**SPEC, "name": f"seeded-{steps}", "priority": 100})
-    done = subprocess.run([sys.executable, "-c", SEEDED, str(job["id"]), str(steps), "1" if tokens else "0"], env=server.env,
-                          capture_output=True, text=True, timeout=300)
+def run_script(server, script: str, *argv: object) -> None:
+    done = subprocess.run([sys.executable, "-c", script, *map(str, argv)], env=server.env, capture_output=True, text=True,
+                          timeout=300)
     assert done.returncode == 0, done.stderr
+
+
+def seeded_job(server, steps: int, tokens: bool, running: bool = False) -> int:
+    job = server.api("POST", "/jobs", {**SPEC, "name": f"seeded-{steps}", "priority": 100})
+    run_script(server, SEEDED, job["id"], steps, "1" if tokens else "0", "running" if running else "finished")
     return job["id"]
 
 
@@ -78,3 +94,29 @@ def test_a_long_jobs_charts_get_a_bounded_number_of_points(server, page) -> None
     # 6,000 steps, at most the page's 1,000 points a series, the last step among them
     assert 500 <= shown["n"] <= 1000
     assert page.evaluate("() => Math.max(...document.getElementById('chart-loss').data[0].x)") == pytest.approx(60.0)
+
+
+def test_a_running_jobs_page_reads_what_is_stored_then_follows_from_there(server, page) -> None:
+    """A long running job's page draws its stored series at once (thinned, as a finished job's) and
+    opens the stream after the event the job was read at, not replaying every event since the start;
+    steps reported afterwards arrive through the stream, once each."""
+    job_id = seeded_job(server, 3000, False, running=True)
+    last_event = server.api("GET", f"/jobs/{job_id}")["last_event_seq"]
+    streams: list[tuple[str, str | None]] = []
+    page.on("request", lambda r: streams.append((r.url, r.headers.get("last-event-id")))
+            if f"/jobs/{job_id}/events" in r.url else None)
+    server.sign_in(page)
+    page.goto(f"{server.url}/#/jobs/{job_id}")
+    page.wait_for_function("() => (document.getElementById('chart-throughput')?.data?.[0]?.x || []).length > 0")
+    shown = page.evaluate(THROUGHPUT)[0]
+    assert 500 <= shown["n"] <= 1000 and shown["last"] == 64  # the stored series, thinned by the server
+    for _ in range(300):  # the stream opens once the first reads are drawn
+        if streams:
+            break
+        page.wait_for_timeout(100)
+    url, header = streams[0]
+    assert last_event > 0 and (header == str(last_event) or url.endswith(f"last_event_id={last_event}")), streams[0]
+    run_script(server, MORE_STEPS, job_id, 3001, 3010)
+    page.wait_for_function("() => document.getElementById('chart-throughput').data[0].y.at(-1) === 96")
+    steps = page.evaluate("() => document.getElementById('chart-loss').data[0].x.length")
+    assert steps == shown["n"] + 10  # the ten new steps, each once

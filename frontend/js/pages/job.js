@@ -22,10 +22,13 @@ const WINDOWS = [[1, 'last step'], [3, 'last 3 steps'], [10, 'last 10 steps'], [
 // across. A finished job's are thinned by the server; a running job's stream is thinned here past twice it.
 const CHART_POINTS = 1000;
 
+// One action of one attempt: what a stream message and a timeline read of the same action share.
+const actionKey = (e) => `${e.attempt ?? 1}/${e.step}/${e.worker}/${e.stage}/${e.replica}/${e.microbatch}/${e.kind}`;
+
 const fromCompact = (r, attempt = 1, hosts = {}) => ({ worker: r[0], stage: r[1], replica: r[2], microbatch: r[3], kind: r[4], start: r[5], end: r[6], step: r[7], attempt, host: hosts[r[0]] });
 
 export async function render(container, { id }) {
-  const state = { job: null, metrics: [], metricSeqs: new Set(), predicted: [], predictedTried: 0, stream: null, closed: false, hosts: {}, fidelity: null };
+  const state = { job: null, metrics: [], metricSeqs: new Set(), readActions: new Set(), predicted: [], predictedTried: 0, stream: null, closed: false, hosts: {}, fidelity: null };
   let job;
   try {
     job = await getJob(id);
@@ -191,9 +194,10 @@ export async function render(container, { id }) {
   }
 
   async function act(fn) {
+    const seen = state.job.last_event_seq || 0; // the page holds the job up to here
     try { await fn(id); } catch (err) { errorBox.prepend(notice('error', err.message)); }
     await refreshJob();
-    if (!FINAL.has(state.job.status) && !state.stream) follow();
+    if (!FINAL.has(state.job.status) && !state.stream) follow(seen);
   }
 
   async function downloadTrace() {
@@ -306,7 +310,9 @@ export async function render(container, { id }) {
         progress.textContent = [d.phase, d.message].filter(Boolean).join(': ');
       }
     }
-    if (events.length) live.add(events);
+    // actions of the window being recorded as the page loaded may come twice: read, then streamed
+    const fresh = state.readActions.size ? events.filter((e) => !state.readActions.has(actionKey(e))) : events;
+    if (fresh.length) live.add(fresh);
     if (statusChanged) await refreshJob(); // first: the summary names the metric
     else drawStats();
     if (events.length || metricsChanged || statusChanged) drawCharts();
@@ -315,9 +321,11 @@ export async function render(container, { id }) {
     if (!state.predicted.length && Date.now() - state.predictedTried > 3000) loadPredicted();
   }
 
-  function follow() {
+  /** The job's stream, after event `after` (0: from its start). */
+  function follow(after = 0) {
     state.stream?.close();
     state.stream = openStream(eventsUrl(id), {
+      lastEventId: after > 0 ? String(after) : null,
       onBatch,
       isTerminal: (m) => m.type === 'end',
       onState: (s) => {
@@ -345,25 +353,24 @@ export async function render(container, { id }) {
 
   state.job = job;
   drawHeader();
-  if (FINAL.has(job.status)) {
-    // Every first request at once, each chart drawn once when its data is in: the metric series (thinned by
-    // the server to CHART_POINTS a series), the newest recorded window's actions, the prediction.
-    const failed = (what) => (err) => errorBox.append(notice('error', `Could not load the ${what}: ${err.message}`));
-    const metricsDone = request('GET', `/jobs/${id}/metrics`, { query: { limit: CHART_POINTS } })
-      .then((m) => { addMetrics(m.points || []); drawCharts(); drawStats(); }, failed('metrics'));
-    // A long job's actions are kept in windows (docs/storage.md): the Gantt opens on the newest one, the
-    // others are a choice away (#detail-window), so the page never reads every window at once.
-    const timelineDone = request('GET', `/jobs/${id}/detail`)
-      .then((w) => { const newest = (w.detail_steps || []).at(-1); return getTimeline(id, newest ? { step_from: newest[0], step_to: newest[1], limit: 100000 } : { limit: 100000 }); })
-      .then((rows) => live.setEvents(rows), (err) => { failed('timeline')(err); return live.setEvents([]); });
-    await Promise.all([loadPredicted(), metricsDone, timelineDone]);
-    // utilisation from the actions once they are in, for a run that reports none
-    if (!utilisationFromMetrics(state.metrics).length) drawUtilisation();
-  } else {
-    await Promise.all([live.setEvents([]), loadPredicted()]);
-    drawCharts();
-    follow();
-  }
+  // Running or finished, the page reads what is stored as it is: every first request at once, each chart
+  // drawn once its data is in: the metric series (thinned by the server to CHART_POINTS a series), the
+  // newest recorded window's actions (a long job keeps actions in windows, docs/storage.md; the others are
+  // a choice away, #detail-window), the prediction. A running job's stream then starts after the event the
+  // job was read at: replaying every event since its start would take as long as the job is old.
+  const resumeAfter = job.last_event_seq || 0;
+  for (const a of job.attempts || []) state.hosts[a.attempt] = a.hosts || {}; // the stream's `attempt` messages come before resumeAfter
+  const failed = (what) => (err) => errorBox.append(notice('error', `Could not load the ${what}: ${err.message}`));
+  const metricsDone = request('GET', `/jobs/${id}/metrics`, { query: { limit: CHART_POINTS } })
+    .then((m) => { addMetrics(m.points || []); drawCharts(); drawStats(); }, failed('metrics'));
+  const timelineDone = request('GET', `/jobs/${id}/detail`)
+    .then((w) => { const newest = (w.detail_steps || []).at(-1); return getTimeline(id, newest ? { step_from: newest[0], step_to: newest[1], limit: 100000 } : { limit: 100000 }); })
+    .then((rows) => { state.readActions = new Set(rows.map(actionKey)); return live.setEvents(rows); },
+      (err) => { failed('timeline')(err); return live.setEvents([]); });
+  await Promise.all([loadPredicted(), metricsDone, timelineDone]);
+  // utilisation from the actions once they are in, for a run that reports none
+  if (!utilisationFromMetrics(state.metrics).length) drawUtilisation();
+  if (!FINAL.has(job.status)) follow(resumeAfter);
   await loadWindows();
   // Durations of a running job tick even when no event arrives.
   const ticker = setInterval(() => { if (!FINAL.has(state.job.status)) drawStats(); }, 1000);
