@@ -353,7 +353,7 @@ def simulate_plan(plan_obj: Any, schedule: str, microbatches: int, *, samples_pe
                                               batch_weight_grads=bool(sched.meta.get("batch_weight_grads")),
                                               replicas=replicas, chunks=chunks, cores=cores)
             if profile_data.get("pilot"):  # what the pilots' steps took beyond their actions
-                from pipeboard.trainer.profile.schema import Pilot
+                from pipeboard.trainer.profile.calibration_records import Pilot
 
                 sim.steady_step_s *= Pilot.from_dict(profile_data["pilot"]).step_factor(
                     len(sched.workers), cores, replicated=any(r > 1 for r in replicas or []),

@@ -5,7 +5,8 @@ from __future__ import annotations
 import pytest
 
 from pipeboard.app.services import planning
-from pipeboard.trainer.profile.schema import Layer, Link, Overhead, Profile
+from pipeboard.trainer.profile.calibration_records import Link, Overhead
+from pipeboard.trainer.profile.schema import Layer, Profile
 
 SAMPLE = {"layers": 1, "last": False, "forward_ms": 0.0, "backward_ms": 0.0, "backward_input_ms": 0.0,
           "weight_call_ms": 0.0, "step_ms": 0.0}
@@ -69,7 +70,8 @@ def test_an_interleaved_plan_has_a_stage_per_chunk_of_every_worker():
     replicated, predicted from the profile; too few layers for them is a 422 naming chunks."""
     from pipeboard.app.services import planning
     from pipeboard.app.services.errors import ServiceError
-    from pipeboard.trainer.profile.schema import Layer, Link, Profile
+    from pipeboard.trainer.profile.calibration_records import Link
+    from pipeboard.trainer.profile.schema import Layer, Profile
 
     layers = [Layer(name=f"l{i}", forward_ms=1.0, backward_ms=2.0, backward_input_ms=1.0, optimizer_ms=0.1,
                     activation_bytes=1000.0, parameter_bytes=4000.0, weight_batched_ms=1.5) for i in range(6)]

@@ -12,7 +12,8 @@ import pytest
 
 from pipeboard.trainer.plan import plan
 from pipeboard.trainer.profile.lengths import LengthCosts, choose_lengths, histogram, interpolate
-from pipeboard.trainer.profile.schema import Layer, Link, Profile, ProfileError
+from pipeboard.trainer.profile.calibration_records import Link
+from pipeboard.trainer.profile.schema import Layer, Profile, ProfileError
 from pipeboard.trainer.schedule.actions import ScheduleError
 from pipeboard.trainer.schedule.predict import predict_step_s
 

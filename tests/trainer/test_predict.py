@@ -7,7 +7,8 @@ import json
 import pytest
 
 from pipeboard.trainer.runtime.links import fit_link
-from pipeboard.trainer.profile.schema import Layer, Link, Profile, ProfileError
+from pipeboard.trainer.profile.calibration_records import Link
+from pipeboard.trainer.profile.schema import Layer, Profile, ProfileError
 from pipeboard.trainer.schedule.actions import ScheduleError
 from pipeboard.trainer.schedule.predict import predict_step_s, repeat_iterations, stage_costs
 from pipeboard.trainer.schedule import build
@@ -199,7 +200,7 @@ OVERHEAD_SAMPLES = [
 
 
 def calibrated(weight_batch_size: int | None = 16) -> Profile:
-    from pipeboard.trainer.profile.schema import Overhead
+    from pipeboard.trainer.profile.calibration_records import Overhead
 
     prof = chain([(0.5, 1.0, 0.25, 0.1), (0.5, 1.0, 0.5, 0.2), (1.0, 3.0, 1.0, 0.3), (0.25, 0.5, 0.5, 0.0)])
     for layer, w in zip(prof.layers, (2.0, 1.0, 6.0, 0.5)):
@@ -217,7 +218,7 @@ def test_overhead_interpolates_by_layer_count_and_kind_of_stage():
     assert prof.overhead.at(5, False)["forward_ms"] == pytest.approx(0.5)
     # only one last-stage sample: it holds for every layer count
     assert prof.overhead.at(4, True)["forward_ms"] == pytest.approx(0.5)
-    from pipeboard.trainer.profile.schema import Overhead
+    from pipeboard.trainer.profile.calibration_records import Overhead
 
     only_last = Overhead(samples=[OVERHEAD_SAMPLES[2]])
     assert only_last.at(2, False)["backward_ms"] == pytest.approx(0.3)  # the other kind's, never measured

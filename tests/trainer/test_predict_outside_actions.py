@@ -8,7 +8,8 @@ import json
 
 import pytest
 
-from pipeboard.trainer.profile.schema import Layer, Link, Overhead, Profile, ProfileError
+from pipeboard.trainer.profile.calibration_records import Link, Overhead
+from pipeboard.trainer.profile.schema import Layer, Profile, ProfileError
 from pipeboard.trainer.schedule.predict import ActionOverhead, predict_step_s, profile_overhead, stage_costs
 
 SAMPLE = {"layers": 1, "last": False, "forward_ms": 0.0, "backward_ms": 0.0, "backward_input_ms": 0.0,

@@ -8,7 +8,7 @@ import os
 
 import pytest
 
-from pipeboard.trainer.profile.schema import Link, Overhead
+from pipeboard.trainer.profile.calibration_records import Link, Overhead
 from pipeboard.trainer.runtime import machine
 
 

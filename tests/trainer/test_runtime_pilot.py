@@ -7,7 +7,8 @@ from dataclasses import asdict
 
 import pytest
 
-from pipeboard.trainer.profile.schema import Layer, Link, Pilot, PilotKind, Profile, ProfileError
+from pipeboard.trainer.profile.calibration_records import Link, Pilot, PilotKind
+from pipeboard.trainer.profile.schema import Layer, Profile, ProfileError
 from pipeboard.trainer.runtime.pilot import even_stages, factors
 from pipeboard.trainer.schedule.actions import TimelineEvent
 from pipeboard.trainer.schedule.predict import stage_costs

@@ -1,7 +1,8 @@
 """Synthetic profiles for the tuner's tests: a chain of Linear-like layers whose times and
 activations scale with the microbatch size, so microbatch counts genuinely trade off."""
 
-from pipeboard.trainer.profile.schema import Layer, Link, Profile
+from pipeboard.trainer.profile.calibration_records import Link
+from pipeboard.trainer.profile.schema import Layer, Profile
 
 
 def chain_profile(batch_size: int, layers: int = 8, *, act_per_sample: float = 4096.0, params: float = 40_000.0,

@@ -31,7 +31,7 @@ import time
 
 import torch
 
-from pipeboard.trainer.profile.schema import Link
+from pipeboard.trainer.profile.calibration_records import Link
 
 DEFAULT_SIZES = (4096, 65536, 1 << 20, 4 << 20)
 ALLREDUCE_SIZES = (4096, 1 << 20, 4 << 20)

@@ -26,7 +26,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from pipeboard.trainer.profile.schema import Link, Overhead
+from pipeboard.trainer.profile.calibration_records import Link, Overhead
 
 
 MEASURED_ON = "cpu"  # links.measure_link and overhead.calibrate time CPU processes and CPU tensors

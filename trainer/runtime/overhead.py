@@ -13,7 +13,7 @@ the ``Executor``'s walk per action, and per step its set-up and the worker's ste
 ``measure_generic_weight_overhead()`` what W adds per non-Linear parameterised layer and microbatch.
 
 ``calibrate()`` measures a few stage shapes (layer counts, last or not) and the executor into the
-profile's ``overhead`` field (``pipeboard.trainer.profile.schema.Overhead``), which
+profile's ``overhead`` field (``pipeboard.trainer.profile.calibration_records.Overhead``), which
 ``Overhead.at(layers, last)`` interpolates for a real stage; ``pipeboard.trainer.schedule.predict``
 adds it to each action's cost, and the per-step part to each stage's step.
 
@@ -29,7 +29,7 @@ from collections import defaultdict
 
 import torch
 
-from pipeboard.trainer.profile.schema import Overhead
+from pipeboard.trainer.profile.calibration_records import Overhead
 from pipeboard.trainer.runtime.stage import Stage
 from pipeboard.trainer.schedule.predict import ActionOverhead
 

@@ -26,7 +26,8 @@ action kind, the factor by which the measured spans exceed the prediction (summe
 the runtime's time between recorded actions per compute action (``gaps``), and for the replicated
 pilot the all-reduce's time beyond its predicted transfer (``allreduce_wait``: the replicas
 waiting for each other). ``predict.stage_costs`` applies the pipeline pilot to stages of one
-replica and the replicated pilot to replicated stages (``pipeboard.trainer.profile.schema.Pilot``).
+replica and the replicated pilot to replicated stages
+(``pipeboard.trainer.profile.calibration_records.Pilot``).
 """
 
 from __future__ import annotations
@@ -39,7 +40,8 @@ from dataclasses import replace
 from statistics import fmean, median
 from typing import Any
 
-from pipeboard.trainer.profile.schema import Pilot, PilotKind, Profile
+from pipeboard.trainer.profile.calibration_records import Pilot, PilotKind
+from pipeboard.trainer.profile.schema import Profile
 from pipeboard.trainer.runtime.config import RunConfig
 from pipeboard.trainer.schedule.predict import profile_overhead, stage_costs, steady_step_s
 from pipeboard.trainer.schedule.refit import measured_terms

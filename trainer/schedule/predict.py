@@ -47,7 +47,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass, replace
 
-from pipeboard.trainer.profile.schema import Link, Profile
+from pipeboard.trainer.profile.calibration_records import Link
+from pipeboard.trainer.profile.schema import Profile
 from pipeboard.trainer.schedule import registry
 from pipeboard.trainer.schedule.actions import Schedule, ScheduleError
 from pipeboard.trainer.schedule.builder import build

@@ -17,7 +17,8 @@ from dataclasses import replace
 from functools import lru_cache
 from typing import Any
 
-from pipeboard.trainer.profile.schema import Link, Profile
+from pipeboard.trainer.profile.calibration_records import Link
+from pipeboard.trainer.profile.schema import Profile
 from pipeboard.trainer.schedule import registry
 from pipeboard.trainer.schedule import predict
 from pipeboard.trainer.schedule.predict import _schedule, profile_overhead, recomputed, stage_costs
