@@ -43,7 +43,7 @@ sys.path.insert(0, str(ROOT))
 
 from tests.app.test_e2e_support import Deployment, free_port, start_up  # noqa: E402
 
-# name -> (zoo model, model args, batch size, microbatches): the matrix
+# name -> (zoo model, model args, batch size, microbatches): the matrix of models the fidelity figures cover
 MODELS = {
     "mlp-digits": ("mlp-digits", {}, 64, 4),
     "cnn-digits": ("cnn-digits", {}, 64, 4),

@@ -1,6 +1,5 @@
 """The prediction's error per step length band: a text task padded per batch, profiled at its
-data's lengths, each step predicted from its own padded length and measured in the runtime
-(issue 35).
+data's lengths, each step predicted from its own padded length and measured in the runtime.
 
 The task (tests/trainer/varlen_tasks.py): a transformers GPT-2 causal LM, per-sample lengths from
 ``--lo`` to ``--hi`` (``--uniform``: uniform; default mostly short, ``lo + (hi - lo) * u**3``, so

@@ -1,4 +1,4 @@
-"""A long job through the service, as a user runs it (issue 36): `pipeboard up` (the API and a real
+"""A long job through the service, as a user runs it: `pipeboard up` (the API and a real
 Celery worker, own data folder) on the embedded SQLite default and on PostgreSQL, one mlp-digits job
 of 4 stages (uniform split) x 16 microbatches (batch 64, 1F1B) for --steps steps, then:
 

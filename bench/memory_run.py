@@ -8,8 +8,8 @@ state, the tensors autograd saved and the microbatches in flight. Error is
 (predicted - measured) / measured, per stage (a worker's stages share its figure: the first of
 them is listed).
 
-Prints (a) the per-stage table under gpipe, 1f1b and pipedream, recompute off (the run-reporting
-issue's table), and (b) median and worst |error| over every model, schedule and recompute setting.
+Prints (a) the per-stage table under gpipe, 1f1b and pipedream, recompute off, and (b) median and
+worst |error| over every model, schedule and recompute setting.
 
     nice -n 19 .venv/bin/python bench/memory_run.py [--models mlp,mlp-digits,cnn-digits,transformer-text,gpt2-text]
         [--schedules gpipe,1f1b,pipedream,zb-h1,interleaved-1f1b] [--workers 2] [--steps 2]

@@ -4,7 +4,7 @@
                                            [--workers 2[,4]] [--steps 30] [--runs 1] [--checkpoints] [--keep DIR]
                                            [--rank SCHEDULE]
 
-For each model (the zoo models of issue 19, each at its job configuration) and worker count it does
+For each model (the zoo models, each at its job configuration) and worker count it does
 what a train job's runner does, step by step: profiles the model in a child process with the
 job's calibration (``python -m pipeboard.app.services.profile_run`` with
 ``profiles.calibration_args``: the microbatch size, the workers' torch threads, the batched weight
@@ -17,7 +17,7 @@ the load average (other processes on a shared machine slow runs down: compare ro
 under similar load). ``--checkpoints`` checkpoints every 20 steps, as a job does. ``--rank
 SCHEDULE`` also runs the three candidates the planner ranks first under SCHEDULE
 (``planning.ranked_candidates``) and says whether the predicted order is the measured one.
-On a machine other sessions load, docs/runtime.md ("Predicting a run's time per step") says how
+On a loaded machine, docs/runtime.md ("Predicting a run's time per step") says how
 its figures were taken.
 """
 
@@ -38,7 +38,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from pipeboard.app.services import planning, profiles  # noqa: E402
 
-# name -> (model arguments, batch size, microbatches): issue 19's matrix (jobs' defaults: batch 32 in 4)
+# name -> (model arguments, batch size, microbatches): the zoo matrix (jobs' defaults: batch 32 in 4)
 MODELS = {
     "mlp-digits": ({}, 32, 4),
     "cnn-digits": ({}, 32, 4),

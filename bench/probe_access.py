@@ -1,5 +1,5 @@
 """Issue 32's findings, re-run against a real server: each request the adversarial probe sent, what
-it got then (from the issue), and what it gets now.
+it got before, and what it gets now.
 
 A fresh data folder, `pipeboard migrate`, tokens made with `pipeboard token create --user` (alice
 and bob write tokens, the admin's), and uvicorn serving the API on a free loopback port; no worker,

@@ -1,5 +1,5 @@
 """Issue 30's findings, re-run against a real server: each job the adversarial probe submitted, what
-it got then (from the issue), and what it gets now; then a valid job, to show that what the
+it got before, and what it gets now; then a valid job, to show that what the
 specification says reaches the run.
 
 A fresh data folder, `pipeboard migrate heads`, a write token (`pipeboard token create`), and what
@@ -37,7 +37,7 @@ def with_(section: str, **fields) -> dict:
     return {**V2, section: {**V2.get(section, {}), **fields}}
 
 
-# (finding, what it got then (issue 30), the body as sent, the start of the 422 expected now)
+# (finding, what it got then, the body as sent, the start of the 422 expected now)
 FINDINGS = [
     ("`machine.device: cuda`, no GPU worker", "201, trained on CPU", json.dumps(with_("machine", device="cuda")),
      "machine.device: device cuda: no live worker reports a GPU"),

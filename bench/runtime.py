@@ -17,13 +17,13 @@ In one invocation, alternating round by round, it measures samples/s of
   same action list: versions, batched weight gradients, steps), both stages concurrently with no
   communication; the simulator then runs the schedule on those measured action times with free
   transfers, which places the bubble exactly;
-- the issue's ceiling, as its own figures define it: two independent processes, each training the
+- the two-process ceiling, as its own figures define it: two independent processes, each training the
   whole model on the microbatches (gradients accumulated, one update per batch), at once, their
   samples/s added, times 1 - the schedule's analytic bubble ((p - 1) / (m + p - 1) for 1f1b and
   gpipe, 0 for pipedream, whose pipeline stays full across updates). It has no stage imbalance:
   each process does every layer's work;
 - one process, one thread, on the full batch;
-and prints medians, every ratio the issue asks for next to its target (paired: the median of the
+and prints medians, every ratio next to its target (paired: the median of the
 per-round ratios of runs made next to each other, or as near as one order allows; and of the
 medians), the instrumentation cost (1f1b with and without event recording), and the simulator's
 predicted step time fed the model's profile next to the measured one (the median run and the
@@ -325,7 +325,7 @@ def whole_label(microbatches: int) -> str:
 
 
 def analytic_bubble(schedule: str, stages: int, microbatches: int) -> float:
-    """The idle fraction the issue's ceiling takes off: (p - 1) / (m + p - 1) for a schedule that
+    """The idle fraction the two-process ceiling takes off: (p - 1) / (m + p - 1) for a schedule that
     drains the pipeline before every update (gpipe, 1f1b); 0 for pipedream, whose pipeline stays
     full across updates."""
     name = schedule.partition(":")[0]
@@ -382,7 +382,7 @@ def main() -> None:
         for r in range(args.rounds):
             # Runs compared directly run next to each other, so load drift hits both alike: the
             # uninstrumented run beside ours 1f1b (torch one further), each schedule beside its
-            # ceiling, and the issue's ceiling (the whole-model processes, measured once per
+            # ceiling, and the two-process ceiling (the whole-model processes, measured once per
             # microbatch count) beside ours pipedream and the one process. Odd rounds run the
             # list backwards, so neither side of a pair always goes first.
             jobs = [("torch Schedule1F1B", lambda: torch_1f1b(steps, **c))]
@@ -391,7 +391,7 @@ def main() -> None:
                     jobs.append(("ours 1f1b uninstrumented", lambda: ours("1f1b", steps, instrument=False, **c)))
                 jobs.append((f"ceiling {s}", lambda s=s: ceiling(steps, s, **c)))
                 jobs.append((f"ours {s}", lambda s=s: ours(s, steps, **c)))
-                if s in anchors:  # the issue's ceiling, before the bubble
+                if s in anchors:  # the two-process ceiling, before the bubble
                     m = microbatches_of(s, c)
                     jobs.append((whole_label(m), lambda m=m: whole_model(steps, STAGES, m, **c)))
                 if s == "pipedream":
@@ -406,15 +406,15 @@ def main() -> None:
 
 def report(name: str, c: dict, steps: int, rounds: int, scheds: list[str], res: dict[str, list[float]],
            predicted: dict[str, tuple[float, float]]) -> None:
-    """Medians, then every ratio the issue asks for next to its target, then the prediction.
+    """Medians, then every ratio next to its target, then the prediction.
 
     A ratio is printed twice: of the two medians, and the median of the per-round ratios of runs
     made next to each other ("paired"), which drift between rounds cannot skew; the targets are
     read on the paired figure."""
-    for s in scheds:  # the issue's ceiling: the whole-model processes' rate less the schedule's bubble
+    for s in scheds:  # the two-process ceiling: the whole-model processes' rate less the schedule's bubble
         m = microbatches_of(s, c)
         keep = 1 - analytic_bubble(s, STAGES, m)
-        res[f"issue's ceiling {s}"] = [v * keep for v in res[whole_label(m)]]
+        res[f"two-process ceiling {s}"] = [v * keep for v in res[whole_label(m)]]
     med = {k: statistics.median(v) for k, v in res.items()}
     print(f"\n({name}) batch {c['batch_size']} in {c['microbatches']} microbatches, {steps} steps per run, "
           f"median of {rounds} alternating rounds (samples/s):")
@@ -432,24 +432,24 @@ def report(name: str, c: dict, steps: int, rounds: int, scheds: list[str], res: 
 
     want_torch = {"1f1b": 1.15, "pipedream": 1.3} if name == "a" else {}
     for s in scheds:
-        target = f"   (issue: >= {want_torch[s]:.2f}x)" if s in want_torch else ""
+        target = f"   (target: >= {want_torch[s]:.2f}x)" if s in want_torch else ""
         show(f"ours {s} / torch 1F1B", f"ours {s}", "torch Schedule1F1B", target)
-        show(f"ours {s} / its ceiling", f"ours {s}", f"ceiling {s}", "   (issue: >= 90%)", pct=True)
-        show(f"ours {s} / the issue's ceiling", f"ours {s}", f"issue's ceiling {s}", "   (issue: >= 90%)", pct=True)
+        show(f"ours {s} / its ceiling", f"ours {s}", f"ceiling {s}", "   (target: >= 90%)", pct=True)
+        show(f"ours {s} / the two-process ceiling", f"ours {s}", f"two-process ceiling {s}", "   (target: >= 90%)", pct=True)
         if s.startswith("pipedream"):
-            target = "   (issue: >= 1.60x)" if name == "b" and s == "pipedream" else ""
+            target = "   (target: >= 1.60x)" if name == "b" and s == "pipedream" else ""
             show(f"ours {s} / one process full batch", f"ours {s}", "one process full batch", target)
-            show(f"the issue's ceiling {s} / one process", f"issue's ceiling {s}", "one process full batch")
+            show(f"the two-process ceiling {s} / one process", f"two-process ceiling {s}", "one process full batch")
     if "ceiling 1f1b" in med:
         show("torch 1F1B / 1f1b ceiling", "torch Schedule1F1B", "ceiling 1f1b", pct=True)
-        show("torch 1F1B / the issue's 1f1b ceiling", "torch Schedule1F1B", "issue's ceiling 1f1b", pct=True)
+        show("torch 1F1B / the two-process 1f1b ceiling", "torch Schedule1F1B", "two-process ceiling 1f1b", pct=True)
     if "ours 1f1b uninstrumented" in med:
         of_medians, paired = ratio("ours 1f1b", "ours 1f1b uninstrumented")
         print(f"  instrumentation cost (1f1b): {1 - paired:+.1%} of throughput paired, "
               f"{1 - of_medians:+.1%} of medians")
     print("  predicted (pipeboard.trainer.schedule.predict fed the profiles, link and per-action overhead: the tiny-stage "
           "one, or the runtime floor) vs measured (median run; and the fastest run, which other work on the "
-          "shared machine slowed least, as bench/predict.py compares), ms per step; issue: within 10%:")
+          "shared machine slowed least, as bench/predict.py compares), ms per step; target: within 10%:")
     for s in scheds:
         meas = c["batch_size"] / med[f"ours {s}"]
         fastest = c["batch_size"] / max(res[f"ours {s}"])

@@ -1,4 +1,4 @@
-"""Users' code closed in, measured (issue 37): upload bombs against /health, what a factory can read
+"""Users' code closed in, measured: upload bombs against /health, what a factory can read
 with the sandbox off and on, a validation whose setsid child never exits, and the sandbox's cost.
 
 Parts (each on real deployments: uvicorn and a Celery worker on a private SQLite database):

@@ -1,4 +1,4 @@
-"""What the sandbox costs a job now that training runs in it too (issue 37), and upload bombs against
+"""What the sandbox costs a job now that training runs in it too, and upload bombs against
 /health.
 
 Parts (each on real deployments: uvicorn and a Celery worker on a private SQLite database):

@@ -1,5 +1,5 @@
 """Tokens/s of a text task padded per batch to its own longest sequence against padded to the
-maximum, in the pipeline runtime (issue 35).
+maximum, in the pipeline runtime.
 
 The task (tests/trainer/varlen_tasks.py): random token sequences of lengths drawn uniformly from
 ``--lo`` to ``--hi`` per sample, a transformers GPT-2 causal LM (``--model encoder``: BERT

@@ -1,5 +1,5 @@
 """Gradients of a text task padded per batch, pipelined, against one process's gradient
-accumulation over the same microbatches (issue 35): per model and schedule, the largest
+accumulation over the same microbatches: per model and schedule, the largest
 difference of any parameter's gradient after one step.
 
 The task (tests/trainer/varlen_tasks.py): sequences of lengths drawn from ``--lo`` to ``--hi`` per

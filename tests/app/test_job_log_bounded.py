@@ -1,4 +1,4 @@
-"""A long job's reads and its event log stay bounded (issue 36): the log holds a batch's seq range, not its
+"""A long job's reads and its event log stay bounded: the log holds a batch's seq range, not its
 points, and the stream puts them back; the metric series is thinned by key; `/detail` says which steps have
 actions without reading any summary.
 

@@ -204,7 +204,7 @@ def test_the_flat_version_1_body_is_stored_as_version_2():
     assert spec.priority == 2 and spec.version == 2
 
 
-# --- the door: what the probe found, each a 422 naming the field, nothing queued --------
+# --- the door: what a probe of the API found, each a 422 naming the field, nothing queued --------
 
 
 def post(client, body: Any, raw: str | None = None):

@@ -1,4 +1,4 @@
-"""A job's training in the sandbox (issue 37): the stage processes, which run the user's factory, find
+"""A job's training in the sandbox: the stage processes, which run the user's factory, find
 neither another user's context, nor the database file, nor the token table, nor the worker's
 settings; the job's own files and data work; and the run's steps still reach the database, on
 SQLite and on PostgreSQL, through the relay outside the sandbox (app/services/run_relay.py)."""

@@ -1,4 +1,4 @@
-"""Step summaries and detail windows through the service: DbSink, /steps, /detail (issue 36).
+"""Step summaries and detail windows through the service: DbSink, /steps, /detail.
 
 On SQLite and, where PIPEBOARD_TEST_POSTGRES_URL answers, PostgreSQL (the live_db fixture)."""
 

@@ -1,4 +1,4 @@
-"""A job's disk use, retention thinning finished jobs' detail, and reclaiming the disk (issue 36).
+"""A job's disk use, retention thinning finished jobs' detail, and reclaiming the disk.
 
 On SQLite and, where PIPEBOARD_TEST_POSTGRES_URL answers, PostgreSQL (the live_db fixture)."""
 

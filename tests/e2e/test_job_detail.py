@@ -1,6 +1,6 @@
 """A long-ish job in Chromium against `pipeboard up`: the job page says which steps have their full
 actions, "Record the next 20 steps" while it runs adds a window, and the Gantt shows a chosen
-window (issue 36). Screenshots `job-record-detail.png`, `job-detail-window.png`."""
+window. Screenshots `job-record-detail.png`, `job-detail-window.png`."""
 
 from __future__ import annotations
 

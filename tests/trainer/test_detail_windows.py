@@ -1,4 +1,4 @@
-"""Every step keeps a compact summary; full actions only inside detail windows (issue 36)."""
+"""Every step keeps a compact summary; full actions only inside detail windows."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""Detail windows in real runs (issue 36): a run whose stage fails keeps the steps before the failure in
+"""Detail windows in real runs: a run whose stage fails keeps the steps before the failure in
 full, and the attempt resumed from its checkpoint records its own first steps; every step of both
 keeps its summary. Real worker processes, not generated reports (tests/trainer/test_detail_windows.py)."""
 

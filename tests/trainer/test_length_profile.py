@@ -1,4 +1,4 @@
-"""A profile measured at the lengths a task's data has (issue 35): it records the lengths measured
+"""A profile measured at the lengths a task's data has: it records the lengths measured
 and the per-batch length histogram it assumed, the plan made from it says so, a step's prediction
 at a length comes from the costs measured at that length, and profiles without lengths still load."""
 

@@ -1,4 +1,4 @@
-"""The built-in validation metrics over text padded per batch (issue 35): microbatches of
+"""The built-in validation metrics over text padded per batch: microbatches of
 different lengths are joined, padded with the ignored index, so the loss and perplexity are means
 per token over the whole split, not means of the batches' means."""
 

@@ -1,4 +1,4 @@
-"""Tokens per step (issue 35): each step's record carries its batch's non-padding tokens
+"""Tokens per step: each step's record carries its batch's non-padding tokens
 (``tokens``, counted by the first stage from the attention mask) and ``tokens_per_s`` over the
 window samples/s uses; a task without a sequence dimension has neither."""
 

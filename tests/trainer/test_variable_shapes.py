@@ -1,7 +1,7 @@
 """Batches whose sequence length varies (text padded per batch to its own longest sequence): one
 capture with a dynamic sequence dimension serves every length, each stage-to-stage message carries
 its own sizes (shared memory and gloo), and the training equals one process's gradient
-accumulation over the same microbatches under every schedule that issue 35 names."""
+accumulation over the same microbatches under gpipe, 1f1b, pipedream and interleaved-1f1b."""
 
 from __future__ import annotations
 

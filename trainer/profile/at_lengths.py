@@ -1,4 +1,4 @@
-"""Profiling a model whose inputs vary in length at the lengths its data has (issue 35).
+"""Profiling a model whose inputs vary in length at the lengths its data has.
 
 ``profile_at_lengths(model, batches, dim, microbatch_size)`` reads the per-batch padded length
 of every given batch (the collated inputs, in the run's order), chooses a few of those lengths

@@ -1,4 +1,4 @@
-"""A profile's costs at the sequence lengths its task's data has (issue 35, docs/variable-shapes.md).
+"""A profile's costs at the sequence lengths its task's data has (docs/variable-shapes.md).
 
 A task padded per batch has one length per batch. The profiler measures every layer at a few
 lengths chosen from the data (``choose_lengths``: the shortest, the longest and quantiles of the
