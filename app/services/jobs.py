@@ -1,4 +1,4 @@
-"""Job lifecycle in the database: submit, list, get, cancel, retry, queue position, reaping.
+"""Job lifecycle in the database: submit, list, get, cancel, retry, reaping.
 
 Every status change is one conditional UPDATE (`... WHERE status = <expected>`) committed with
 the job-log event that announces it, so two actors (a cancel and the worker finishing) can never
@@ -7,6 +7,9 @@ both win, and a stream never sees a status the database does not have.
 Celery runs the work (app/tasks.py -> app/services/runner.py). Priority does not depend on the
 broker: each submit enqueues one task, and a task claims the best queued job when it starts
 (highest priority, then oldest), so the queue order is the database's, on SQLite and Redis alike.
+
+The checks a specification passes at the door are app/services/spec_checks.py's; a job as the
+API shows it (with its queue position) is app/services/job_views.py's.
 """
 
 from __future__ import annotations
@@ -26,11 +29,15 @@ from sqlalchemy.orm import Session
 
 from pipeboard.app.core.config import get_settings
 from pipeboard.app.core.lifetime import group_alive
-from pipeboard.app.models import Job, JobAttempt, JobEvent, JobStatus, Model, ModelStatus, WorkerHeartbeat
-from pipeboard.app.schemas import JobPublic, JobSpec
-from pipeboard.app.schemas.jobspec import stored
-from pipeboard.app.services import attempts, data_paths, events, fidelity, placement
+from pipeboard.app.models import Job, JobAttempt, JobStatus
+from pipeboard.app.schemas import JobSpec
+from pipeboard.app.services import attempts, events, placement
 from pipeboard.app.services.errors import NotFound, ServiceError
+# what the API shows of a job, importable from here as before (app/api/, tests/)
+from pipeboard.app.services.job_views import queue_position, to_public, to_public_many  # noqa: F401
+# the checks at the door, importable from here as before (app/services/plans.py, app/api/, tests/)
+from pipeboard.app.services.spec_checks import (  # noqa: F401
+    check_data_in_context, check_spec, gpu_request, gpu_workers, live_hosts, validate_model, validate_model_args, zoo_args)
 from pipeboard.app.services.tx import begin_write
 
 log = logging.getLogger(__name__)
@@ -40,103 +47,6 @@ FINAL = (JobStatus.SUCCEEDED, JobStatus.FAILED, JobStatus.CANCELLED)
 
 def utcnow() -> datetime:
     return datetime.now(timezone.utc)
-
-
-def validate_model(session: Session, name: str, model_args: dict[str, Any], data: str | None = None) -> None:
-    """Jobs train zoo models with arguments they take, or registered models a worker has
-    validated; 422 naming `model.name`, `model.args.<key>` or `model.data` otherwise, before anything is queued."""
-    from pipeboard.trainer import zoo
-
-    row = session.scalar(select(Model).where(Model.name == name))
-    if row is not None:
-        status = ModelStatus(row.status)
-        if status is ModelStatus.VALIDATING:
-            raise ServiceError(f"model.name: {name!r} is still being validated by a worker (GET /api/v1/models/{name})",
-                               status=422, field="model.name")
-        if status is ModelStatus.FAILED:
-            raise ServiceError(f"model.name: {name!r} failed validation: {row.message}", status=422, field="model.name")
-        if data is not None and row.context_sha256 and not os.path.isabs(data):
-            check_data_in_context(session, row.context_sha256, data)
-        elif data is not None:  # one answer for every path outside the data roots (app/services/data_paths.py)
-            data_paths.check_data_root(data, get_settings().data_roots)
-        return
-    names = list(zoo.names())
-    if name not in names:
-        raise ServiceError(f"model.name: unknown model {name!r}; known: {', '.join(names)}, or a registered model "
-                           "(POST /api/v1/models)", status=422, field="model.name")
-    validate_model_args(name, model_args)
-    if data is not None:
-        # zoo tasks read their data on the worker; the embedded default shares this file system
-        data_paths.check_data_root(data, get_settings().data_roots)
-
-
-def check_data_in_context(session: Session, digest: str, data: str) -> None:
-    """A relative data location must be a file or folder of the model's code context."""
-    from pipeboard.app.services import contexts
-
-    wanted = os.path.normpath(data).replace(os.sep, "/").strip("/")
-    if wanted.startswith("..") or wanted == ".":
-        raise ServiceError(f"model.data: {data!r} must name a file or folder inside the code context", status=422, field="model.data")
-    members = contexts.list_members(bytes(contexts.get(session, digest).content))[1]
-    names = {m.name.rstrip("/").removeprefix("./") for m in members}
-    if wanted not in names and not any(n.startswith(wanted + "/") for n in names):
-        raise ServiceError(f"model.data: {data!r} is not in the model's code context", status=422, field="model.data")
-
-
-@lru_cache(maxsize=1)
-def zoo_args() -> dict[str, frozenset[str]]:
-    """Each zoo model's argument names (from pipeboard.trainer.zoo.describe(), which does not change)."""
-    from pipeboard.trainer import zoo
-
-    return {d["name"]: frozenset(d.get("args") or {}) for d in zoo.describe()}
-
-
-def validate_model_args(name: str, model_args: dict[str, Any], where: str = "model.args") -> None:
-    """422 naming ``<where>.<key>`` for an argument the zoo model does not take."""
-    accepted = zoo_args().get(name, frozenset())
-    for key in model_args:
-        if key not in accepted:
-            takes = ", ".join(sorted(accepted)) or "no arguments"
-            raise ServiceError(f"{where}.{key}: {name} does not take {key!r} (it takes: {takes})", status=422,
-                               field=f"{where}.{key}")
-
-
-def live_hosts(session: Session) -> set[str]:
-    """Hosts with a worker whose heartbeat is fresh."""
-    cutoff = utcnow().timestamp() - get_settings().stale_after_seconds
-    rows = session.execute(select(WorkerHeartbeat.host, WorkerHeartbeat.hostname, WorkerHeartbeat.seen_at)).all()
-    return {host or node for host, node, seen in rows if seen.timestamp() >= cutoff}
-
-
-def gpu_workers(session: Session) -> int:
-    """Live workers that report a GPU (their heartbeats' inventories, app/services/placement.py)."""
-    return placement.gpu_workers(session)
-
-
-def gpu_request(job_id: int, spec: JobSpec) -> placement.GpuRequest:
-    """A cuda job's need on one host: one GPU for each of its processes there, or the
-    `machine.gpus_per_host` GPUs they share (the run's launcher packs its stages onto those)."""
-    return placement.GpuRequest(job_id, spec.layout.processes // spec.layout.nodes, gpus_per_host=spec.machine.gpus_per_host)
-
-
-def check_spec(session: Session, spec: JobSpec, kind: str = "train") -> None:
-    """The checks of a specification that need the database, at the door: the model (and its
-    data), the hosts a job on several hosts needs, a GPU for `cuda`; and the fields against each
-    other and the schedule registry (JobSpec.problems). 422 naming the field."""
-    for field, why in spec.problems():
-        raise ServiceError(f"{field}: {why}", status=422, field=field)
-    if kind == "train":
-        validate_model(session, spec.model.name, spec.model.args, spec.model.data)
-    if spec.machine.device == "cuda":
-        why = placement.refusal(gpu_request(0, spec), placement.live_inventories(session))
-        if why is not None:
-            field = why.split(":", 1)[0]
-            raise ServiceError(why, status=422, field=field)
-    if spec.layout.nodes > 1:
-        hosts = live_hosts(session)
-        if spec.layout.nodes > len(hosts):
-            raise ServiceError(f"layout.nodes: the job needs {spec.layout.nodes} hosts; {len(hosts)} host(s) have a live "
-                               f"worker ({', '.join(sorted(hosts)) or 'none'})", status=422, field="layout.nodes")
 
 
 def submit(session: Session, spec: JobSpec, *, kind: str = "train", enqueue: bool = True,
@@ -251,63 +161,6 @@ def list_jobs(session: Session, *, offset: int, limit: int, status: str | None =
     count = session.scalar(select(func.count()).select_from(Job).where(*where)) or 0
     rows = session.scalars(select(Job).where(*where).order_by(Job.id.desc()).offset(offset).limit(limit)).all()
     return list(rows), count
-
-
-def queue_position(session: Session, job: Job) -> int | None:
-    """1 = the next job a free worker will claim; None unless queued."""
-    if job.status != JobStatus.QUEUED:
-        return None
-    ahead = session.scalar(
-        select(func.count())
-        .select_from(Job)
-        .where(
-            Job.status == JobStatus.QUEUED,
-            or_(Job.priority > job.priority, and_(Job.priority == job.priority, Job.id < job.id)),
-        )
-    )
-    return int(ahead or 0) + 1
-
-
-def to_public(session: Session, job: Job, *, position: int | None | bool = False, last_seq: int | None = None,
-              tries: list[Any] | None = None) -> JobPublic:
-    """``position``/``last_seq``/``tries`` (its attempts) may be precomputed (lists); otherwise they are queried."""
-    tries = attempts.public(session, [job.id])[job.id] if tries is None else tries
-    waiting = next((a.waiting for a in tries if a.attempt == job.attempt), None) if job.status == JobStatus.QUEUED else None
-    return JobPublic(
-        id=job.id,
-        name=job.name,
-        status=job.status.value,
-        priority=job.priority,
-        queue_position=queue_position(session, job) if position is False else position,
-        waiting=waiting,
-        spec=stored(job.spec),
-        attempt=job.attempt,
-        error=job.error,
-        created_at=job.created_at,
-        started_at=job.started_at,
-        finished_at=job.finished_at,
-        heartbeat_at=job.heartbeat_at,
-        worker=job.worker_hostname,
-        submitted_by=job.submitted_by,
-        profile_id=job.profile_id,
-        plan_id=job.plan_id,
-        summary=job.summary,
-        fidelity=fidelity.latest(session, job),
-        last_event_seq=events.last_seq(session, job.id) if last_seq is None else last_seq,
-        attempts=tries,
-    )
-
-
-def to_public_many(session: Session, rows: list[Job]) -> list[JobPublic]:
-    """A page of jobs with a few queries for all positions, sequence numbers and attempts, not some per job."""
-    if not rows:
-        return []
-    queued = session.scalars(select(Job.id).where(Job.status == JobStatus.QUEUED).order_by(Job.priority.desc(), Job.id.asc())).all()
-    positions = {job_id: i + 1 for i, job_id in enumerate(queued)}
-    ids = [j.id for j in rows]
-    seqs = dict(session.execute(select(JobEvent.job_id, func.max(JobEvent.seq)).where(JobEvent.job_id.in_(ids)).group_by(JobEvent.job_id)).all())
-    tries = attempts.public(session, ids)
-    return [to_public(session, j, position=positions.get(j.id), last_seq=seqs.get(j.id, 0), tries=tries[j.id]) for j in rows]
 
 
 def finish(session: Session, job_id: int, status: JobStatus, *, expected: tuple[JobStatus, ...], error: str | None = None, message: str = "", summary: dict[str, Any] | None = None, attempt: int | None = None, **extra: Any) -> bool:
