@@ -11,7 +11,7 @@
 
 A run file (`--config`) is the whole run configuration as one JSON object, the fields of
 pipeboard.trainer.runtime.config.RunConfig (a key it does not have is refused): the service hands
-each job's specification to its run this way (app/services/runner.py), parsed once, here.
+each job's specification to its run this way (app/services/run_setup.py), parsed once, here.
 
 SPEC is a zoo name or a task factory (`package.module:function`, `path/to/file.py:function`)
 returning a pipeboard.trainer.Task; the task is built and checked here, before any worker starts.

@@ -4,7 +4,7 @@ turns it into trainer/runtime/config.py's RunConfig, one file).
 
 It is checked once, here, at the door: unknown fields and non-finite numbers are refused, and the
 fields are checked against each other and against the schedule registry. The checks that need the
-database (the model, the live hosts, a GPU) are `app/services/jobs.py`'s `check_spec`.
+database (the model, the live hosts, a GPU) are `app/services/spec_checks.py`'s `check_spec`.
 
 Sections, as a run's configuration is sectioned: `model` (what trains, on which data, in what
 batches), `layout` (how it is split and scheduled), `length` (when it stops), `optimizer`,
@@ -40,7 +40,7 @@ DEFAULT_STEPS = 50
 @dataclass(frozen=True)
 class Run:
     """Marks a field the run receives as it is: the RunConfig field (trainer/runtime/config.py) it
-    sets. app/services/runner.py's run_config copies every marked field, so an option the run
+    sets. app/services/run_setup.py's run_config copies every marked field, so an option the run
     takes is one field here (and its control in the form)."""
 
     field: str
@@ -222,7 +222,7 @@ class JobSpec(Section):
 
     def problems(self) -> list[tuple[str, str]]:
         """(field, why) for each way the fields disagree with each other or with the schedule
-        registry: checked once, at the door (app/services/jobs.py's check_spec, `pipeboard submit`),
+        registry: checked once, at the door (app/services/spec_checks.py's check_spec, `pipeboard submit`),
         before anything is queued. Not a validator, so that a row stored before a check existed
         still loads."""
         out = []
