@@ -93,7 +93,7 @@ class RunConfig:
     cpu_matmul: str | None = None
     start_method: str | None = None  # default: fork on CPU (no re-import of torch), spawn on CUDA
     master_port: int | None = None  # default: a free port
-    fail_at: dict[str, Any] | None = None  # testing aid: {"rank": r, "step": s[, "mode": "exit"|"kill"|"hang"]}
+    fail_at: dict[str, Any] | None = None  # a failure to inject (runtime/fault_injection.py): {"rank", "step", "mode"}
 
     def with_(self, **changes: Any) -> RunConfig:
         return replace(self, **changes)

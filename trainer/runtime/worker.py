@@ -27,6 +27,7 @@ from pipeboard.trainer.runtime.comm import P2P, node_name, open_channels, p2p_mo
 from pipeboard.trainer.runtime.config import RunConfig
 from pipeboard.trainer.runtime.data import TrainStream, ValStream, token_counter
 from pipeboard.trainer.runtime.executor import Executor
+from pipeboard.trainer.runtime.fault_injection import InjectedFault
 from pipeboard.trainer.runtime.instrument import Heartbeat, Recorder, StepReports
 from pipeboard.trainer.runtime.layout import Layout, resolve
 from pipeboard.trainer.runtime.plan_steps import eval_actions, segment_ends, total_steps
@@ -213,18 +214,13 @@ def train(cfg: RunConfig, env: WorkerEnv) -> None:
 
     reports = StepReports(env.channel, rank)
 
+    fault = InjectedFault.of(cfg.fail_at, rank, device)
+
     def on_step_done(k: int) -> None:
-        failing = bool(cfg.fail_at) and cfg.fail_at.get("rank") == rank and k == cfg.fail_at.get("step")
+        failing = fault is not None and fault.due(k)
         reports.step_done(k, recorder, last_stage, now=failing, tokens=stream.take_tokens(k))
-        if failing:
-            if cfg.fail_at.get("mode") == "hang":
-                while True:
-                    time.sleep(1)
-            if cfg.fail_at.get("mode") == "kill":  # as if killed from outside
-                os.kill(os.getpid(), 9)
-            if cfg.fail_at.get("mode") == "oom":  # a real allocation no device can make (2**50 bytes)
-                torch.empty(2**50, dtype=torch.uint8, device=device)
-            os._exit(3)
+        if failing:  # its report is out first: the failure's window is recorded
+            fault.fire()
 
     freeze_heap()
     # ---- the training loop ------------------------------------------------------------------
