@@ -20,7 +20,7 @@ from pipeboard.app.models import CodeContext, ContextAccess, Model, User
 from pipeboard.app.schemas import ContextPublic, Message, SHA256_PATTERN, ValidationFailed
 from pipeboard.app.services import contexts
 from pipeboard.app.services.errors import ServiceError
-from pipeboard.app.services.tx import begin_write
+from pipeboard.app.services.tx import begin_read_write
 
 router = APIRouter(prefix="/contexts", tags=["contexts"], route_class=ServiceRoute, responses=AUTH_RESPONSES)
 
@@ -72,7 +72,7 @@ def upload_context(session: SessionDep, principal: WriteAccess, response: Respon
     # Whether someone else stored these bytes first is none of this user's business: 201 unless
     # this user had them already.
     if principal.user_id is not None:
-        begin_write(session)
+        begin_read_write(session)  # grant reads, then writes: no commit may come between (SQLite)
         new = ownership.grant_context(session, row.sha256, principal.user_id)
         session.commit()
     if not new:
@@ -106,7 +106,7 @@ def share_context(sha256: Sha256, body: ContextShare, session: SessionDep, princ
     user = session.scalar(select(User).where(User.name == body.user))
     if user is None:
         raise ServiceError(f"user: no user named {body.user!r}", status=422, field="user")
-    begin_write(session)
+    begin_read_write(session)
     shared = ownership.grant_context(session, sha256, user.id, granted_by=principal.user_id)
     session.commit()
     return ContextShared(sha256=sha256, user=user.name, shared=shared)
@@ -132,7 +132,7 @@ def delete_context(sha256: Sha256, session: SessionDep, principal: WriteAccess) 
     names = session.scalars(users_models.order_by(Model.name)).all()
     if names:
         raise ServiceError(f"context: models {', '.join(names)} run from it; delete them first", status=409, field="context")
-    begin_write(session)
+    begin_read_write(session)  # counts what is left, then deletes
     if not ownership.sees_all(principal):
         session.execute(delete(ContextAccess).where(ContextAccess.sha256 == sha256,
                                                     ContextAccess.user_id == principal.user_id))
