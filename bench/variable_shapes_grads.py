@@ -28,8 +28,9 @@ from pipeboard.trainer.hostinfo import cpu_name  # noqa: E402
 from pipeboard.trainer.runtime import RunConfig, run_training  # noqa: E402
 from pipeboard.trainer.runtime.checkpoint import assemble_model  # noqa: E402
 from pipeboard.trainer.runtime.reference import emulate_async, train_sync  # noqa: E402
+from pipeboard.trainer.schedule import registry  # noqa: E402
 
-SCHEDULES = ("gpipe", "1f1b", "pipedream", "interleaved-1f1b")
+SCHEDULES = ("gpipe", "1f1b", "pipedream", "interleaved-1f1b")  # --schedules all: every registered one
 LR = 0.1  # varlen_tasks' SGD
 
 
@@ -42,7 +43,8 @@ def one(model: str, schedule: str, args) -> tuple[float, float]:
     """(largest gradient difference, largest gradient) after ``args.steps`` steps."""
     kw = {"lo": args.lo, "hi": args.hi, "samples": 8 * args.steps, "layers": args.layers, "dim": args.dim}
     with tempfile.TemporaryDirectory() as tmp:
-        cfg = RunConfig(model=f"tests.trainer.varlen_tasks:{model}", model_args=kw, schedule=schedule, num_stages=2,
+        shape = {"workers": 2} if registry.is_data_parallel(schedule) else {"num_stages": 2}
+        cfg = RunConfig(model=f"tests.trainer.varlen_tasks:{model}", model_args=kw, schedule=schedule, **shape,
                         batch_size=8, microbatches=4, steps=args.steps, checkpoint_dir=tmp, eval_at_end=False)
         run_training(cfg)
         trained, _ = assemble_model(cfg, tmp)
@@ -65,8 +67,9 @@ def main() -> int:
           f"microbatches, 2 stages, fp32, {args.steps} step(s)")
     print(f"{'model':10} {'schedule':18} {'max |grad diff|':>16} {'max |grad|':>12}")
     worst = 0.0
+    schedules = registry.names() if args.schedules == "all" else args.schedules.split(",")
     for model in args.models.split(","):
-        for schedule in args.schedules.split(","):
+        for schedule in schedules:
             diff, size = one(model, schedule, args)
             worst = max(worst, diff)
             print(f"{model:10} {schedule:18} {diff:16.2e} {size:12.2e}", flush=True)
