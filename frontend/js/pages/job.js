@@ -365,7 +365,7 @@ export async function render(container, { id }) {
     .then((m) => { addMetrics(m.points || []); drawCharts(); drawStats(); }, failed('metrics'));
   const timelineDone = request('GET', `/jobs/${id}/detail`)
     .then((w) => { const newest = (w.detail_steps || []).at(-1); return getTimeline(id, newest ? { step_from: newest[0], step_to: newest[1], limit: 100000 } : { limit: 100000 }); })
-    .then((rows) => { state.readActions = new Set(rows.map(actionKey)); return live.setEvents(rows); },
+    .then((rows) => { if (!FINAL.has(job.status)) state.readActions = new Set(rows.map(actionKey)); return live.setEvents(rows); },
       (err) => { failed('timeline')(err); return live.setEvents([]); });
   await Promise.all([loadPredicted(), metricsDone, timelineDone]);
   // utilisation from the actions once they are in, for a run that reports none
