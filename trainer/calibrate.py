@@ -60,10 +60,9 @@ def calibrated_profile(source: str, model_args: dict[str, Any], batch_size: int,
     """The Profile of the model at ``batch_size`` with what the module docstring lists. ``task``:
     the loaded task (else loaded from ``source``); ``progress``: profile_model's callback."""
     from pipeboard.trainer.hostinfo import usable_cores
-    from pipeboard.trainer.profile.profiler import profile_model
 
     task = task if task is not None else load_task(source, model_args, batch_size, data)
-    model, example = task.model, task.example_input(batch_size)
+    example = task.example_input(batch_size)
     if optimizer is None and task.optimizer_name != "custom":
         optimizer = task.optimizer_name  # what the runtime will step
     opt = optimizer or "adam"
@@ -72,14 +71,7 @@ def calibrated_profile(source: str, model_args: dict[str, Any], batch_size: int,
     extra = {"progress": progress} if progress is not None else {}
     measure = dict(device=device, warmup=warmup, repeats=repeats, optimizer=opt, layers=task.layers,
                    precision=precision, **extra, **load)
-    lengths = length_batches(task, batch_size, run_batch_size)
-    if lengths is not None:  # batches padded to their own lengths: measured at the lengths the data has
-        from pipeboard.trainer.profile.at_lengths import profile_at_lengths
-
-        dim, batches = lengths
-        prof = profile_at_lengths(model, batches, dim, batch_size, **measure)
-    else:
-        prof = profile_model(model, example, batch_size=batch_size, **measure)
+    prof = profile_task(task, batch_size, run_batch_size, **measure)
     if not prof.model:
         prof.model = source
     # the cores a local run's workers will share (more workers than cores take turns on them)
@@ -96,6 +88,21 @@ def calibrated_profile(source: str, model_args: dict[str, Any], batch_size: int,
 
 
 LENGTH_BATCHES = 256  # the run's first batches whose padded lengths make the profile's length histogram
+
+
+def profile_task(task: Any, batch_size: int, run_batch_size: int | None = None, **measure: Any) -> Any:
+    """The task's model profiled at microbatches of ``batch_size`` (``measure``: profile_model's
+    options): at the lengths its data has when its batches vary in length (``length_batches``,
+    ``profile_at_lengths``), else at its example input."""
+    from pipeboard.trainer.profile.profiler import profile_model
+
+    lengths = length_batches(task, batch_size, run_batch_size)
+    if lengths is None:
+        return profile_model(task.model, task.example_input(batch_size), batch_size=batch_size, **measure)
+    from pipeboard.trainer.profile.at_lengths import profile_at_lengths
+
+    dim, batches = lengths
+    return profile_at_lengths(task.model, batches, dim, batch_size, **measure)
 
 
 def length_batches(task: Any, batch_size: int, run_batch_size: int | None = None) -> tuple[int, list] | None:

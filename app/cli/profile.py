@@ -82,7 +82,6 @@ def measure(spec: str, *, batch_size: int | None, device: str, model_args: dict,
     from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
 
     from pipeboard.trainer import cpu_matmul as matmul
-    from pipeboard.trainer.profile.profiler import profile_model
     from pipeboard.trainer.spec import load_task
     from pipeboard.trainer.task import TaskError, check_task
 
@@ -104,7 +103,6 @@ def measure(spec: str, *, batch_size: int | None, device: str, model_args: dict,
         task = load_task(spec, model_args, data, seed)
         bs = batch_size or task.batch_size
         check_task(task, bs)
-        example = task.example_input(bs)
     except TaskError as exc:
         fail(str(exc))
     try:
@@ -122,15 +120,11 @@ def measure(spec: str, *, batch_size: int | None, device: str, model_args: dict,
                 prof = calibrated_profile(spec, model_args, bs, device, repeats, warmup=warmup, task=task,
                                           progress=progress, precision=precision, **calibration)
             else:
-                from pipeboard.trainer.calibrate import length_batches
-                from pipeboard.trainer.profile.at_lengths import profile_at_lengths
+                from pipeboard.trainer.calibrate import profile_task
 
-                measure = dict(device=device, warmup=warmup, repeats=repeats, progress=progress, model_name=spec,
-                               precision=precision, layers=task.layers,
-                               optimizer=task.optimizer_name if task.optimizer_name != "custom" else "adam")
-                lengths = length_batches(task, bs)  # batches padded to their own lengths: the data's lengths
-                prof = (profile_at_lengths(task.model, lengths[1], lengths[0], bs, **measure) if lengths is not None
-                        else profile_model(task.model, example, batch_size=bs, **measure))
+                prof = profile_task(task, bs, device=device, warmup=warmup, repeats=repeats, progress=progress,
+                                    model_name=spec, precision=precision, layers=task.layers,
+                                    optimizer=task.optimizer_name if task.optimizer_name != "custom" else "adam")
     except (KeyboardInterrupt, typer.Exit):
         raise
     except Exception as exc:  # one line, never a traceback (the message names what failed)
