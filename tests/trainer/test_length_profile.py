@@ -159,7 +159,7 @@ def test_memory_is_predicted_at_the_longest_length_and_time_at_the_expected_cost
     assert max(sim.peak_memory_bytes) > max(sim_expected.peak_memory_bytes)
     result = search([prof], workers=2, batch_size=8, microbatches=(4,), schedules=["1f1b"])
     chosen = next(c for c in result.candidates if not any(c.recompute))
-    filled = cost.at_longest(prof, chosen.plan)
+    filled = cost.at_longest(chosen.plan, cost.longest_activations(prof))
     assert [st["activation_bytes"] for st in filled["stages"]] > [st["activation_bytes"] for st in chosen.plan["stages"]]
     assert chosen.stage_memory_bytes == cost.predict_memory(filled, "1f1b", 4, 1, [False, False], "sgd")
 

@@ -212,7 +212,8 @@ def stage_costs(
             bwd_weight_batched_s=None if w_batched is None else w_batched / 1e3,
             send_act_s=send_act / 1e3, send_grad_s=send_grad / 1e3, allreduce_s=allreduce / 1e3,
             step_s=step / 1e3,
-            activation_bytes=int(sum(layer.activation_total for layer in _layers(longest, stage, k))),
+            activation_bytes=int(sum(layer.activation_total
+                                     for layer in (layers if longest is profile else _layers(longest, stage, k)))),
             weight_bytes=int(sum(layer.parameter_bytes for layer in layers)),
         ))
     return costs

@@ -97,19 +97,27 @@ def _memory_schedule(schedule: str, stages: int, microbatches: int, replicas: tu
     return sched, schedule_columns(sched)[0]
 
 
-def at_longest(profile: Profile, split: dict[str, Any]) -> dict[str, Any]:
+def longest_activations(profile: Profile) -> dict[str, tuple[float, float]] | None:
+    """Per layer, (expected, longest) activation bytes of a profile whose lengths vary (what
+    ``at_longest`` scales by: computed once per profile); None for a profile of one length."""
+    if profile.lengths is None:
+        return None
+    longest = {layer.name: layer.activation_total for layer in profile.at_longest().layers}
+    return {layer.name: (layer.activation_total, longest.get(layer.name, 0.0)) for layer in profile.layers}
+
+
+def at_longest(split: dict[str, Any], activations: dict[str, tuple[float, float]] | None) -> dict[str, Any]:
     """``split`` with each stage's activation bytes (kept and sent) at the profile's longest
     measured length, what memory must fit when lengths vary (the planner's split carries the
     expected bytes, which time is costed on): each stage scaled by its layers' longest over
-    expected activations. ``split`` itself for a profile of one length."""
-    if profile.lengths is None:
+    expected activations (``longest_activations``). ``split`` itself for a profile of one length."""
+    if activations is None:
         return split
-    expected = {layer.name: layer.activation_total for layer in profile.layers}
-    longest = {layer.name: layer.activation_total for layer in profile.at_longest().layers}
     stages = []
     for st in split["stages"]:
-        was = sum(expected.get(name, 0.0) for name in st["layers"])
-        ratio = sum(longest.get(name, 0.0) for name in st["layers"]) / was if was > 0 else 1.0
+        pairs = [activations.get(name, (0.0, 0.0)) for name in st["layers"]]
+        was = sum(e for e, _ in pairs)
+        ratio = sum(n for _, n in pairs) / was if was > 0 else 1.0
         stages.append({**st, "activation_bytes": int(st["activation_bytes"] * ratio),
                        "activation_bytes_out": int(st["activation_bytes_out"] * ratio)})
     return {**split, "stages": stages}
