@@ -178,7 +178,10 @@ def _watch(cfg, procs, channel, heartbeat, reporter: Reporter, layout) -> None:
             pass
         reporter.maybe_flush()  # what came before the workers fell quiet (a hang, a stop) reaches the sink too
         now = time.perf_counter()
-        dead = [r for r, p in enumerate(procs) if p.exitcode not in (None, 0)]
+        # One reading of the exit codes per round: a worker that exits between two readings must
+        # not look alive to one test and gone to the next.
+        exits = [p.exitcode for p in procs]
+        dead = [r for r, code in enumerate(exits) if code not in (None, 0)]
         if failed_at is None and (dead or reporter.errors):
             failed_at = now
         hung = _hung(reporter, heartbeat, world, cfg.hang_timeout_s, now) if failed_at is None else None
@@ -186,18 +189,20 @@ def _watch(cfg, procs, channel, heartbeat, reporter: Reporter, layout) -> None:
             rank, silent = hung
             raise RunFailed(f"{_who(layout, rank, procs)} made no progress for {silent:.1f} s (hung); run stopped",
                             rank, list(layout.stages_of(rank)), lost=True)
-        if failed_at is not None and (now - failed_at > FAILURE_GRACE_S or all(p.exitcode is not None for p in procs)):
+        if failed_at is not None and (now - failed_at > FAILURE_GRACE_S or all(code is not None for code in exits)):
             raise _diagnose(reporter, procs, layout)
-        if all(p.exitcode == 0 for p in procs):
+        if all(code == 0 for code in exits):
             # A worker's last reports can land between the drain above and its exit: go round
             # until every rank's "exit", its last message, is read (all of it is in the pipe once
             # it has exited).
             exited_at = exited_at or now
-            if len(reporter.ended()) == world or now - exited_at > LAST_MESSAGE_GRACE_S:
+            if len(reporter.ended()) == world:
+                return
+            if now - exited_at > LAST_MESSAGE_GRACE_S:
+                if not reporter.ended():
+                    raise RunFailed("workers ended without reporting", lost=True)
                 return
             continue
-        if not any(p.is_alive() for p in procs) and failed_at is None:
-            raise RunFailed("workers ended without reporting", lost=True)
 
 
 def _hung(reporter: Reporter, heartbeat, world: int, timeout: float, now: float) -> tuple[int, float] | None:
