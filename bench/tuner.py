@@ -51,19 +51,13 @@ from pipeboard.trainer.hostinfo import cpu_name  # noqa: E402
 MODEL_ARGS = {"mlp": {"depth": 8, "width": 1024}, "gpt2-text": {}, "llama-text": {}, "bert-text": {}}
 
 
-def profiles_for(model: str, args: dict, sizes: list[int], data: str | None) -> list:
-    """The model's profiles at each microbatch size, with the machine's link and overhead."""
-    from pipeboard.app.cli.profile import measure
-    from pipeboard.trainer.runtime import machine
+def profiles_for(model: str, args: dict, sizes: list[int], data: str | None, workers: int, batch_size: int) -> list:
+    """The model's profiles at each microbatch size, calibrated as `pipeboard tune SPEC` (and a
+    job's profiling phase) calibrates them: link, overhead, concurrent workers, pilot runs."""
+    from pipeboard.app.cli.tune import _profile_spec
 
-    link, overhead, _ = machine.calibration(str(ROOT / "test-artifacts" / "machine"), 86400)
-    out = []
-    for size in sizes:
-        prof = measure(model, batch_size=size, device="cpu", model_args=args, data=data, precision="fp32",
-                       warmup=2, repeats=5, seed=0, threads=1, cpu_matmul=None)
-        prof.link, prof.overhead = link, overhead
-        out.append(prof)
-    return out
+    return _profile_spec(model, sizes, batch_size, workers, args, data, "fp32", "cpu", True,
+                         str(ROOT / "test-artifacts" / "machine"), 86400)
 
 
 def grid_cells(result) -> list:
@@ -115,7 +109,7 @@ def grid(model: str, args: dict, opts) -> None:
     counts = [int(m) for m in opts.microbatches.split(",")]
     sizes = sorted({opts.batch_size // m for m in counts if opts.batch_size % m == 0})
     print(f"{model} {args}: profiling at microbatch sizes {sizes}", flush=True)
-    profs = profiles_for(model, args, sizes, opts.data)
+    profs = profiles_for(model, args, sizes, opts.data, opts.workers, opts.batch_size)
     schedules = None if opts.schedules == "all" else opts.schedules.split(",")
     free = search(profs, workers=opts.workers, batch_size=opts.batch_size, microbatches=counts, schedules=schedules)
     cells = grid_cells(free)

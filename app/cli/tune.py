@@ -52,21 +52,25 @@ def _profiles_of_files(paths: list[str]) -> list:
     return out
 
 
-def _profile_spec(spec: str, sizes: list[int], args: dict, data: str | None, precision: str, device: str,
-                  calibrate: bool, machine_cache: str | None, machine_max_age: float) -> list:
-    from pipeboard.app.cli.profile import measure
+def _profile_spec(spec: str, sizes: list[int], batch_size: int, workers: int, args: dict, data: str | None,
+                  precision: str, device: str, calibrate: bool, machine_cache: str | None,
+                  machine_max_age: float) -> list:
+    """SPEC profiled at each microbatch size. Calibrated (the default), each is the profile the
+    service's tuner reads: what a job's profiling phase measures for a run of ``workers`` on
+    ``batch_size`` samples in ``batch_size // size`` microbatches (the link, the runtime's
+    overhead, the other workers training meanwhile, batched weight gradients and the pilot
+    runs), so `pipeboard tune` and POST /tune rank from the same figures."""
+    from pipeboard.app.cli.profile import calibration_options, measure
 
-    link = overhead = None
-    if calibrate:
-        from pipeboard.trainer.runtime import machine
-
-        link, overhead, _ = machine.calibration(machine_cache, machine_max_age)
     out = []
     for size in sizes:
-        typer.echo(f"profiling {spec} at microbatch size {size}", err=True)
+        typer.echo(f"profiling {spec} at microbatch size {size}" + (" (calibrated)" if calibrate else ""), err=True)
+        calibration = None
+        if calibrate:
+            calibration = calibration_options(spec, size, workers, batch_size // size, "batched", None)
+            calibration.update(machine_cache=machine_cache, machine_max_age_s=machine_max_age, data=data)
         prof = measure(spec, batch_size=size, device=device, model_args=args, data=data, precision=precision,
-                       warmup=2, repeats=5, seed=0, threads=1, cpu_matmul=None)
-        prof.link, prof.overhead = link, overhead
+                       warmup=2, repeats=5, seed=0, threads=1, cpu_matmul=None, calibration=calibration)
         out.append(prof)
     return out
 
@@ -107,7 +111,9 @@ def register(cli: typer.Typer) -> None:
         precision: str = typer.Option("fp32", "--precision", help="SPEC: fp32 or bf16, as the runs will train."),
         device: str = typer.Option("cpu", "--device", help="cpu or cuda: where SPEC is profiled and --verify runs."),
         calibrate: bool = typer.Option(True, "--calibrate/--no-calibrate",
-                                       help="SPEC: measure the link and the runtime's overhead (kept in --machine-cache)."),
+                                       help="SPEC: profile each microbatch size as a job's profiling phase does: the link and the runtime's "
+                                            "overhead (kept in --machine-cache), the other workers training meanwhile, "
+                                            "batched weight gradients, pilot runs."),
         machine_cache: Optional[str] = typer.Option(None, "--machine-cache", help="Folder keeping the machine's calibration."),
         machine_max_age: float = typer.Option(86400.0, "--machine-max-age", help="Seconds a kept calibration is reused."),
     ) -> None:
@@ -141,8 +147,8 @@ def register(cli: typer.Typer) -> None:
             sizes = sorted({batch_size // m for m in counts if batch_size % m == 0})
             if not sizes:
                 fail(f"--microbatches: none of {counts} divides --batch-size {batch_size}")
-            profiles = _profile_spec(spec[0], sizes, args, data, precision, device, calibrate, machine_cache,
-                                     machine_max_age)
+            profiles = _profile_spec(spec[0], sizes, batch_size, workers, args, data, precision, device, calibrate,
+                                     machine_cache, machine_max_age)
             run = {"model": spec[0], "model_args": args, "data": data, "precision": precision}
         run.update(workers=workers, batch_size=batch_size)
         try:

@@ -115,3 +115,33 @@ def test_a_tune_file_is_submitted_as_the_job_that_trains_its_choice(profile_file
     assert layout["split"] == [{"layers": st["layers"], "replicas": st["replicas"]} for st in choice["plan"]["stages"]]
     assert layout["recompute"] == ("all" if all(choice["recompute"]) else "none" if not any(choice["recompute"])
                                    else [i for i, on in enumerate(choice["recompute"]) if on])
+
+
+def test_a_spec_is_profiled_with_the_calibration_the_services_tuner_reads(monkeypatch):
+    """`pipeboard tune SPEC` asks each microbatch size for the calibrated profile that POST /tune
+    finds cached: the what-if profiling job's own flags for that run."""
+    from pipeboard.app.cli import profile as cli_profile
+    from pipeboard.app.schemas import PlanCreate
+    from pipeboard.app.services import plans, profile_run, profiles as profile_service
+
+    asked: dict[int, dict] = {}
+    canned = {p.batch_size: p for p in profiles(32, counts=(2, 4))}
+
+    def fake_measure(spec, *, batch_size, calibration, **_):
+        asked[batch_size] = calibration
+        return canned[batch_size]
+
+    monkeypatch.setattr(cli_profile, "measure", fake_measure)
+    result = invoke("tune", "mlp", "--workers", "2", "--batch-size", "32", "--microbatches", "2,4", "--json")
+    assert result.exit_code == 0, result.output
+    assert sorted(asked) == [8, 16]
+    for size, calibration in asked.items():
+        body = PlanCreate(model="mlp", batch_size=32, levels=[{"workers": 2, "bandwidth": 5e9}], microbatches=32 // size)
+        run = plans.profile_spec(body).calibrate_for
+        flags = profile_service.calibration_args(run.workers, run.batch_size, run.weight_grads,
+                                                 microbatches=run.microbatches)
+        service = profile_run.options_of(profile_run.parser().parse_args(["--source", "mlp", "-o", "-", *flags]))
+        where = ("machine_cache", "machine_max_age_s", "data")  # where figures are kept, not what they are
+        assert {k: v for k, v in calibration.items() if k not in where} == \
+            {k: v for k, v in service.items() if k not in where}
+        assert calibration["pilot_workers"] == 2 and calibration["pilot_microbatches"] == 32 // size
