@@ -26,6 +26,22 @@ def test_counted_inputs_match_a_hand_count():
     assert second.weight_bytes == (8 * 2 + 2) * 4 and second.output_bytes == 0
 
 
+def test_counting_keeps_nothing_of_the_stages_once_they_go():
+    """A launcher counts before every run (tuner --verify, benches: hundreds of runs in one
+    process): the stages, their activations and the graph go with the last reference to them.
+    ReLU saves its own output, which a pack hook returning that tensor would tie into a cycle
+    through autograd's graph that Python's collector cannot see."""
+    import gc
+    import weakref
+
+    stages = two_stages()
+    gone = [weakref.ref(p) for m in stages for p in m.parameters()]
+    measure_stages(stages, torch.randn(3, 4), loss=torch.nn.functional.cross_entropy, target=torch.tensor([0, 1, 1]))
+    del stages
+    gc.collect()
+    assert all(ref() is None for ref in gone)
+
+
 def test_what_the_stage_holds_beyond_autograd_is_counted():
     """Stage 1 ends in a Linear, which saves its input only: the output the stage holds until its
     gradient comes counts too; the last stage's loss saves its log-softmax (the logits' size); a

@@ -74,7 +74,9 @@ def measure_stages(modules: Sequence[nn.Module], example, precision: str = "fp32
             key = _storage_key(t)
             if key not in params:
                 (into if into is not None else saved)[key] = key[1]
-            return t
+            # detached: a saved output holding itself (its grad_fn saves it) is a cycle through
+            # autograd's C++ graph that Python's collector cannot see, and no backward frees it here
+            return t.detach()
 
         grads: dict[tuple[int, int], int] = {}  # the output of each weighted layer: its gradient's size
         layer_inputs: dict[tuple[int, int], int] = {}  # and its input (what dW = g^T x reads)
