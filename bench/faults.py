@@ -49,7 +49,8 @@ from tests.app.test_e2e_support import (  # noqa: E402
     redis_env,
 )
 from tests.app.test_e2e_faults import TWO_HOST_JOB  # noqa: E402
-from tests.conftest import POSTGRES_URL, REDIS_URL, postgres_schema  # noqa: E402
+from tests.conftest import POSTGRES_URL, REDIS_URL  # noqa: E402
+from pipeboard.app.core.db import private_schema  # noqa: E402
 
 
 
@@ -177,7 +178,7 @@ def killed_run(dep: Deployment, spec: dict[str, Any], kill: Callable[[dict[str, 
 
 def stage_case(tmp: Path, schedules: list[str]) -> None:
     tmp.mkdir(parents=True)
-    database_url, drop = postgres_schema(POSTGRES_URL)
+    database_url, drop = private_schema(POSTGRES_URL)
     env = {**redis_env(tmp, REDIS_URL), "PIPEBOARD_DATABASE_URL": database_url}
     try:
         with Deployment(env, tmp).running() as dep:
@@ -261,7 +262,7 @@ def up_cases(tmp: Path, schedules: list[str], cases: list[str]) -> None:
 
 def two_host_case(tmp: Path) -> None:
     tmp.mkdir(parents=True)
-    database_url, drop = postgres_schema(POSTGRES_URL)
+    database_url, drop = private_schema(POSTGRES_URL)
     env = {**redis_env(tmp, REDIS_URL), "PIPEBOARD_DATABASE_URL": database_url, "PIPEBOARD_JOIN_TIMEOUT_S": "60"}
     dep = Deployment(env, tmp)
     hosts = WorkerHosts(env, tmp)

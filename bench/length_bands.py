@@ -1,7 +1,7 @@
 """The prediction's error per step length band: a text task padded per batch, profiled at its
 data's lengths, each step predicted from its own padded length and measured in the runtime.
 
-The task (tests/trainer/varlen_tasks.py): a transformers GPT-2 causal LM, per-sample lengths from
+The task (trainer/zoo/varlen_text.py): a transformers GPT-2 causal LM, per-sample lengths from
 ``--lo`` to ``--hi`` (``--uniform``: uniform; default mostly short, ``lo + (hi - lo) * u**3``, so
 that every third of the range has batches), padded per batch, on ``--stages`` stages under
 ``--schedule`` with immediate weight gradients. Steps:
@@ -48,7 +48,7 @@ from pipeboard.trainer.runtime.links import measure_link  # noqa: E402
 from pipeboard.trainer.runtime.overhead import calibrate, measure_data_load  # noqa: E402
 from pipeboard.trainer.schedule.predict import predict_step_s, profile_overhead  # noqa: E402
 from pipeboard.trainer.sink import ListSink  # noqa: E402
-from tests.trainer.varlen_tasks import causal_lm  # noqa: E402
+from pipeboard.trainer.zoo.varlen_text import causal_lm  # noqa: E402
 
 
 def split(profile, stages: int) -> list[list[str]]:
@@ -147,7 +147,7 @@ def main() -> None:
     print(f"stages: {[len(s) for s in stages]} layers; expected step over the data {flat * 1e3:.1f} ms", flush=True)
 
     sink = ListSink()
-    cfg = RunConfig(model="tests.trainer.varlen_tasks:causal_lm", model_args=model_args, schedule=args.schedule,
+    cfg = RunConfig(model="pipeboard.trainer.zoo.varlen_text:causal_lm", model_args=model_args, schedule=args.schedule,
                     stages=stages, batch_size=args.batch_size, microbatches=args.microbatches, steps=args.steps,
                     eval_at_end=False, weight_grads="immediate")
     run_training(cfg, sink)

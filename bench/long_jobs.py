@@ -32,7 +32,6 @@ import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))  # tests.conftest: a PostgreSQL schema of its own
 STAGES, MICROBATCHES = 4, 16
 
 
@@ -161,9 +160,9 @@ def main() -> None:
     for policy in args.policy.split(","):
         targets = [("sqlite", f"sqlite:///{tempfile.mkdtemp()}/bench.sqlite")]
         if args.postgres_url:
-            from tests.conftest import postgres_schema
+            from pipeboard.app.core.db import private_schema
 
-            targets.append(("postgres", postgres_schema(args.postgres_url, prefix="pblj")[0]))
+            targets.append(("postgres", private_schema(args.postgres_url, prefix="pblj")[0]))
         for name, url in targets:
             r = measure(url, args.steps, policy)
             file_part = f", file {r['file_bytes_per_step']:.0f} B/step" if r["file_bytes_per_step"] else ""

@@ -51,7 +51,6 @@ from pathlib import Path
 import httpx
 
 ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))  # tests.conftest: a PostgreSQL schema of its own
 sys.path.insert(0, str(ROOT / "bench"))
 from service_probe import free_port  # noqa: E402
 
@@ -261,9 +260,9 @@ def served_job(database: str, pg_url: str, steps: int, *, keep_all: bool, shots:
     tmp = Path(tempfile.mkdtemp(prefix=f"pblj-{database}-"))
     url, drop = None, None
     if database == "postgres":
-        from tests.conftest import postgres_schema
+        from pipeboard.app.core.db import private_schema
 
-        url, drop = postgres_schema(pg_url, prefix="pbljs")
+        url, drop = private_schema(pg_url, prefix="pbljs")
     env = {"PIPEBOARD_DETAIL_FIRST_STEPS": str(steps)} if keep_all else {}
     server = Served(tmp, url, env)
     label = f"{database}-{steps}" + ("-all" if keep_all else "")

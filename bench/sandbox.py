@@ -45,7 +45,7 @@ import httpx  # noqa: E402
 
 from pipeboard.app.services import contexts  # noqa: E402
 from tests.app.test_e2e_support import SMALL_JOB, Deployment, embedded_env  # noqa: E402
-from tests.conftest import settings_from_env  # noqa: E402
+from pipeboard.app.core.config import settings_from_env  # noqa: E402
 
 
 def processor() -> str:

@@ -52,7 +52,7 @@ def relayed(dep, job_id: int) -> bool:
     deployment's data folder)."""
     import os
 
-    from tests.conftest import settings_from_env
+    from pipeboard.app.core.config import settings_from_env
 
     data_dir = str(settings_from_env(dep.env).data_dir).encode()
     for entry in os.listdir("/proc"):

@@ -36,7 +36,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from pipeboard.trainer.hostinfo import cpu_name  # noqa: E402
 from pipeboard.trainer.schedule import build  # noqa: E402
-from tests.trainer.torch_schedules import TORCH_CLASSES, our_rows, torch_rows, torch_steps, unit_bubble  # noqa: E402
+from pipeboard.trainer.schedule.torch_reference import TORCH_CLASSES, our_rows, torch_rows, torch_steps, unit_bubble  # noqa: E402
 
 NEW = ("zbv", "dualpipev", "interleaved-zb", "looped-bfs")
 CONFIGS = ((2, 8), (4, 8), (4, 16))

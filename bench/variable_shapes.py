@@ -1,7 +1,7 @@
 """Tokens/s of a text task padded per batch to its own longest sequence against padded to the
 maximum, in the pipeline runtime.
 
-The task (tests/trainer/varlen_tasks.py): random token sequences of lengths drawn uniformly from
+The task (trainer/zoo/varlen_text.py): random token sequences of lengths drawn uniformly from
 ``--lo`` to ``--hi`` per sample, a transformers GPT-2 causal LM (``--model encoder``: BERT
 classifying), trained on ``--stages`` stages under ``--schedule``. Padded per batch, the capture's
 dynamic sequence dimension serves every length; padded to the maximum, every batch is ``--hi``
@@ -29,13 +29,13 @@ import torch  # noqa: E402
 
 from pipeboard.trainer.hostinfo import cpu_name  # noqa: E402
 from pipeboard.trainer.runtime import RunConfig, run_training  # noqa: E402
-from tests.trainer.varlen_tasks import Lengths  # noqa: E402
+from pipeboard.trainer.zoo.varlen_text import Lengths  # noqa: E402
 
 
 def tokens_per_s(args, padding: str) -> float:
     model_args = {"lo": args.lo, "hi": args.hi, "samples": args.batch_size * args.steps, "layers": args.layers,
                   "dim": args.dim, "padding": padding, "skew": args.skew}
-    cfg = RunConfig(model=f"tests.trainer.varlen_tasks:{args.model}", model_args=model_args, schedule=args.schedule,
+    cfg = RunConfig(model=f"pipeboard.trainer.zoo.varlen_text:{args.model}", model_args=model_args, schedule=args.schedule,
                     num_stages=args.stages, batch_size=args.batch_size, microbatches=args.microbatches,
                     steps=args.steps, eval_at_end=False, device=args.device, precision=args.precision)
     summary = run_training(cfg)

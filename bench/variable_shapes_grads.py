@@ -2,7 +2,7 @@
 accumulation over the same microbatches: per model and schedule, the largest
 difference of any parameter's gradient after one step.
 
-The task (tests/trainer/varlen_tasks.py): sequences of lengths drawn from ``--lo`` to ``--hi`` per
+The task (trainer/zoo/varlen_text.py): sequences of lengths drawn from ``--lo`` to ``--hi`` per
 sample, padded per batch to the batch's longest; a transformers GPT-2 causal LM and a BERT encoder
 (small configs, fp32, dropout 0), 2 stages, SGD at lr 0.1. After one step a parameter moved by
 lr x its gradient (plain SGD, the first step), so the pipeline's parameters minus the reference's,
@@ -31,7 +31,7 @@ from pipeboard.trainer.runtime.reference import emulate_async, train_sync  # noq
 from pipeboard.trainer.schedule import registry  # noqa: E402
 
 SCHEDULES = ("gpipe", "1f1b", "pipedream", "interleaved-1f1b")  # --schedules all: every registered one
-LR = 0.1  # varlen_tasks' SGD
+LR = 0.1  # varlen_text's SGD
 
 
 def largest_difference(a: torch.nn.Module, b: torch.nn.Module) -> float:
@@ -44,7 +44,7 @@ def one(model: str, schedule: str, args) -> tuple[float, float]:
     kw = {"lo": args.lo, "hi": args.hi, "samples": 8 * args.steps, "layers": args.layers, "dim": args.dim}
     with tempfile.TemporaryDirectory() as tmp:
         shape = {"workers": 2} if registry.is_data_parallel(schedule) else {"num_stages": 2}
-        cfg = RunConfig(model=f"tests.trainer.varlen_tasks:{model}", model_args=kw, schedule=schedule, **shape,
+        cfg = RunConfig(model=f"pipeboard.trainer.zoo.varlen_text:{model}", model_args=kw, schedule=schedule, **shape,
                         batch_size=8, microbatches=4, steps=args.steps, checkpoint_dir=tmp, eval_at_end=False)
         run_training(cfg)
         trained, _ = assemble_model(cfg, tmp)

@@ -63,7 +63,8 @@ os.environ["PIPEBOARD_DATA_DIR"] = str(SESSION_DIR / "data")
 from sqlalchemy import Engine, text  # noqa: E402  (after the environment is fixed)
 from sqlalchemy.orm import Session  # noqa: E402
 
-from pipeboard.app.core.db import make_engine  # noqa: E402
+from pipeboard.app.core.config import settings_from_env  # noqa: E402,F401  (tests import it from here too)
+from pipeboard.app.core.db import make_engine, private_schema, with_search_path  # noqa: E402,F401
 from pipeboard.app.models import Base  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -133,27 +134,6 @@ def require_redis() -> str:
     return REDIS_URL
 
 
-def with_search_path(url: str, schema: str) -> str:
-    """`url` whose connections use `schema` first (psycopg `options`)."""
-    separator = "&" if "?" in url else "?"
-    return f"{url}{separator}options=-csearch_path%3D{schema}"
-
-
-def postgres_schema(url: str, prefix: str = "pbt") -> tuple[str, Callable[[], None]]:
-    """Create a private schema; returns a URL using it and a function that drops it."""
-    schema = f"{prefix}_{os.getpid()}_{uuid.uuid4().hex[:8]}"
-    admin = make_engine(url)
-    with admin.begin() as connection:
-        connection.exec_driver_sql(f'CREATE SCHEMA "{schema}"')
-
-    def drop() -> None:
-        with admin.begin() as connection:
-            connection.exec_driver_sql(f'DROP SCHEMA IF EXISTS "{schema}" CASCADE')
-        admin.dispose()
-
-    return with_search_path(url, schema), drop
-
-
 @pytest.fixture(scope="session", autouse=True)
 def _remove_session_dir() -> Iterator[None]:
     yield
@@ -167,7 +147,7 @@ def db_url(request: pytest.FixtureRequest) -> Iterator[str]:
         url = f"sqlite:///{SESSION_DIR}/db-{uuid.uuid4().hex[:8]}.sqlite"
         drop = None
     else:
-        url, drop = postgres_schema(require_postgres())
+        url, drop = private_schema(require_postgres())
     engine = make_engine(url)
     Base.metadata.create_all(engine)
     engine.dispose()
@@ -182,7 +162,7 @@ def empty_db_url(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[str
     if request.param == "sqlite":
         yield f"sqlite:///{tmp_path}/empty.sqlite"
         return
-    url, drop = postgres_schema(require_postgres(), prefix="pbm")
+    url, drop = private_schema(require_postgres(), prefix="pbm")
     yield url
     drop()
 
@@ -282,13 +262,6 @@ def sqlite_broker_env(tmp_path: Path) -> dict[str, str]:
 def redis_broker_env(tmp_path: Path) -> dict[str, str]:
     """SQLite database in tmp_path, Redis broker and results under a key prefix of this test's own."""
     return deployment_env(tmp_path, require_redis())
-
-
-def settings_from_env(env: dict[str, str]) -> Any:
-    """`Settings` of a deployment described by PIPEBOARD_* variables (the test's own env aside)."""
-    from pipeboard.app.core.config import Settings
-
-    return Settings(**{k.removeprefix("PIPEBOARD_").lower(): v for k, v in env.items() if k.startswith("PIPEBOARD_")})
 
 
 @dataclass

@@ -224,6 +224,12 @@ class Settings(BaseSettings):
         return found
 
 
+def settings_from_env(env: dict[str, str]) -> Settings:
+    """The Settings of a deployment described by ``env``'s PIPEBOARD_* variables alone (this
+    process's own environment aside): what another process started with ``env`` reads."""
+    return Settings(**{k.removeprefix("PIPEBOARD_").lower(): v for k, v in env.items() if k.startswith("PIPEBOARD_")})
+
+
 def is_loopback(host: str) -> bool:
     return host.strip("[]").lower() in LOOPBACK_HOSTS
 

@@ -7,7 +7,9 @@ at once wait for each other instead of failing with "database is locked".
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+import os
+import uuid
+from collections.abc import Callable, Iterator
 from functools import lru_cache
 from pathlib import Path
 from typing import Any
@@ -87,3 +89,26 @@ def check_database(engine: Engine | None = None) -> None:
     """Raise when the database cannot answer a trivial query."""
     with (engine or get_engine()).connect() as connection:
         connection.execute(text("SELECT 1"))
+
+
+def with_search_path(url: str, schema: str) -> str:
+    """PostgreSQL ``url`` whose connections use ``schema`` first (psycopg's ``options``)."""
+    separator = "&" if "?" in url else "?"
+    return f"{url}{separator}options=-csearch_path%3D{schema}"
+
+
+def private_schema(url: str, prefix: str = "pb") -> tuple[str, Callable[[], None]]:
+    """A new schema of its own on the PostgreSQL server at ``url``, for a deployment that must not
+    see another's tables (tests, benchmarks beside a live service): the URL that uses it, and a
+    function that drops it with everything in it."""
+    schema = f"{prefix}_{os.getpid()}_{uuid.uuid4().hex[:8]}"
+    admin = make_engine(url)
+    with admin.begin() as connection:
+        connection.exec_driver_sql(f'CREATE SCHEMA "{schema}"')
+
+    def drop() -> None:
+        with admin.begin() as connection:
+            connection.exec_driver_sql(f'DROP SCHEMA IF EXISTS "{schema}" CASCADE')
+        admin.dispose()
+
+    return with_search_path(url, schema), drop

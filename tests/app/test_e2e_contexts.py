@@ -14,7 +14,7 @@ import pytest
 import yaml
 
 from tests.app.test_e2e_support import Deployment, embedded_env, redis_env
-from tests.conftest import postgres_schema, require_postgres, require_redis
+from tests.conftest import private_schema, require_postgres, require_redis
 from tests.trainer.test_task_package_names import write_project_with_own_packages
 from tests.trainer.test_task_user_project import _readme_blocks
 
@@ -36,7 +36,7 @@ def embedded(tmp_path_factory):
 def postgres_redis(tmp_path_factory):
     """PostgreSQL (a schema of its own) with Redis as broker."""
     workdir = tmp_path_factory.mktemp("e2e-contexts-postgres")
-    database, drop = postgres_schema(require_postgres())
+    database, drop = private_schema(require_postgres())
     try:
         with Deployment({**redis_env(workdir, require_redis()), "PIPEBOARD_DATABASE_URL": database}, workdir).running() as dep:
             yield dep

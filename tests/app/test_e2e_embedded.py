@@ -182,7 +182,7 @@ def test_a_job_trains_with_a_schedule_file_torch_wrote(deployment, tmp_path):
     """torch's own ZBV (its _dump_csv of ScheduleZBVZeroBubble: two chunks per worker, placed in a
     V) attached from the job YAML by `pipeboard submit`, checked at the door and run as written."""
     from pipeboard.trainer.schedule.torchcsv import dumps
-    from tests.trainer.torch_schedules import torch_rows
+    from pipeboard.trainer.schedule.torch_reference import torch_rows
 
     (tmp_path / "zbv.csv").write_text(dumps(torch_rows("zbv", 2, 4)))
     # depth 3: four layers with parameters, a stage for each of the 2 workers x 2 chunks

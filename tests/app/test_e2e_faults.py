@@ -21,7 +21,7 @@ import pytest
 from tests.app.hosts import WorkerHosts
 from tests.app.test_e2e_support import (FAULT_JOB, Deployment, KillAfterCheckpoint, check_resumed_run, group_alive,
                                         redis_env)
-from tests.conftest import postgres_schema, require_postgres, require_redis
+from tests.conftest import private_schema, require_postgres, require_redis
 
 pytestmark = [pytest.mark.slow, pytest.mark.redis, pytest.mark.postgres]
 
@@ -34,7 +34,7 @@ TWO_HOST_JOB = {**FAULT_JOB, "nodes": 2, "stop": {"target": 0.85}, "hyperparamet
 @pytest.fixture(scope="module")
 def cluster(tmp_path_factory):
     tmp_path = tmp_path_factory.mktemp("e2e-hosts")
-    database_url, drop = postgres_schema(require_postgres())
+    database_url, drop = private_schema(require_postgres())
     env = {**redis_env(tmp_path, require_redis()), "PIPEBOARD_DATABASE_URL": database_url, "PIPEBOARD_JOIN_TIMEOUT_S": "60"}
     dep = Deployment(env, tmp_path)
     hosts = WorkerHosts(env, tmp_path)

@@ -19,7 +19,7 @@ from pipeboard.app.services import planning, runner
 from pipeboard.trainer.runtime.config import ConfigError, RunConfig
 from pipeboard.trainer.schedule.torchcsv import dumps
 from tests.app.test_services_planning import calibrated_chain
-from tests.trainer.torch_schedules import torch_rows
+from pipeboard.trainer.schedule.torch_reference import torch_rows
 
 BASE = {"version": 2, "model": {"name": "mlp-digits", "batch_size": 32},
         "layout": {"workers": 2, "schedule": "1f1b", "microbatches": 4}, "length": {"steps": 20}}

@@ -11,7 +11,7 @@ import pytest
 from pipeboard.app.services import planning, profile_run
 from pipeboard.trainer.profile.schema import Profile
 
-SOURCE = "tests.trainer.varlen_tasks:causal_lm"
+SOURCE = "pipeboard.trainer.zoo.varlen_text:causal_lm"
 ARGS = {"lo": 4, "hi": 160, "samples": 64, "layers": 1, "dim": 32, "skew": True}  # mostly short, as text is
 
 

@@ -10,7 +10,7 @@ import pytest
 from pipeboard.app.core.config import get_settings
 from pipeboard.app.core.db import make_engine, reset_engine
 from pipeboard.app.models import Base, Job
-from tests.conftest import postgres_schema, require_postgres
+from tests.conftest import private_schema, require_postgres
 
 
 @pytest.fixture(params=["sqlite", pytest.param("postgres", marks=pytest.mark.postgres)])
@@ -20,7 +20,7 @@ def live_db(request, tmp_path, monkeypatch) -> Iterator[str]:
     if request.param == "sqlite":
         url = f"sqlite:///{tmp_path}/live.sqlite"
     else:
-        url, drop = postgres_schema(require_postgres(), prefix="pbs")
+        url, drop = private_schema(require_postgres(), prefix="pbs")
     engine = make_engine(url)
     Base.metadata.create_all(engine)
     engine.dispose()

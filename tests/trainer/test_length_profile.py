@@ -108,7 +108,7 @@ def test_profiles_without_lengths_still_load_and_bad_lengths_are_named():
 def test_a_causal_lm_is_profiled_at_its_datas_lengths():
     pytest.importorskip("transformers")
     from pipeboard.trainer.profile.at_lengths import padded_lengths, profile_at_lengths
-    from tests.trainer.varlen_tasks import causal_lm
+    from pipeboard.trainer.zoo.varlen_text import causal_lm
 
     task = causal_lm(lo=4, hi=48, samples=96, layers=1, dim=16)
     batches = [x for x, _ in itertools.islice(task.train_batches(8), 12)]

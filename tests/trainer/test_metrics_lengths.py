@@ -55,7 +55,7 @@ def test_float_targets_of_different_lengths_are_one_line():
 
 def lm_with_val(**kw):
     """The variable-length causal LM with a validation split of 10 sequences, lengths 4..24."""
-    from tests.trainer.varlen_tasks import Lengths, causal_lm
+    from pipeboard.trainer.zoo.varlen_text import Lengths, causal_lm
 
     task = causal_lm(**kw)
     task.val_data = Lengths(10, 4, 24, seed=1)
@@ -66,7 +66,7 @@ def test_the_pipeline_validation_loss_averages_per_token(tmp_path):
     pytest.importorskip("transformers")
     from pipeboard.trainer.runtime import RunConfig, run_training
     from pipeboard.trainer.runtime.checkpoint import assemble_model
-    from tests.trainer.varlen_tasks import next_token_loss
+    from pipeboard.trainer.zoo.varlen_text import next_token_loss
 
     cfg = RunConfig(model="tests.trainer.test_metrics_lengths:lm_with_val", schedule="1f1b", num_stages=2,
                     batch_size=8, microbatches=4, steps=2, checkpoint_dir=str(tmp_path), eval_at_end=True)

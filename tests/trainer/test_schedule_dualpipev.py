@@ -7,7 +7,7 @@ import pytest
 
 from pipeboard.trainer.schedule import ScheduleError, build, costs_uniform, simulate, validate
 from tests.trainer.schedule_runs import runtime_vs_one_process
-from tests.trainer.torch_schedules import our_rows, torch_rows, torch_steps, unit_bubble
+from pipeboard.trainer.schedule.torch_reference import our_rows, torch_rows, torch_steps, unit_bubble
 
 CONFIGS = [(2, 8), (4, 8), (4, 16)]
 UNIT = dict(fwd_s=1.0, bwd_s=2.0, bwd_input_s=1.0, bwd_weight_s=1.0)

@@ -6,7 +6,7 @@ import pytest
 
 from pipeboard.trainer.schedule import build, costs_uniform, simulate, validate
 from tests.trainer.schedule_runs import runtime_vs_one_process
-from tests.trainer.torch_schedules import our_rows, torch_rows, torch_steps, unit_bubble
+from pipeboard.trainer.schedule.torch_reference import our_rows, torch_rows, torch_steps, unit_bubble
 
 CONFIGS = [(2, 8), (4, 8), (4, 16)]
 

@@ -13,7 +13,7 @@ import pytest
 from pipeboard.trainer.schedule import ScheduleError, build, costs_uniform, registry, simulate, validate
 from pipeboard.trainer.schedule.torchcsv import dumps, export_rows, parse, read, register_file
 from tests.trainer.schedule_runs import runtime_vs_one_process
-from tests.trainer.torch_schedules import our_rows, torch_rows, torch_schedule
+from pipeboard.trainer.schedule.torch_reference import our_rows, torch_rows, torch_schedule
 
 ROOT = Path(__file__).resolve().parents[2]
 PIPEBOARD = [sys.executable, "-c", "from pipeboard.app.cli import main; main()"]

@@ -23,9 +23,9 @@ def step_values(sink: ListSink) -> dict[int, dict]:
 @pytest.mark.parametrize("schedule", ["1f1b", "pipedream"])
 def test_a_variable_length_run_reports_the_tokens_of_its_batches(schedule):
     pytest.importorskip("transformers")
-    from tests.trainer.varlen_tasks import causal_lm
+    from pipeboard.trainer.zoo.varlen_text import causal_lm
 
-    cfg = RunConfig(model="tests.trainer.varlen_tasks:causal_lm", schedule=schedule, num_stages=2, batch_size=8,
+    cfg = RunConfig(model="pipeboard.trainer.zoo.varlen_text:causal_lm", schedule=schedule, num_stages=2, batch_size=8,
                     microbatches=4, steps=STEPS, eval_at_end=False)
     sink = ListSink()
     summary = run_training(cfg, sink)
@@ -59,7 +59,7 @@ def test_a_fixed_shape_task_reports_no_tokens():
 
 def test_without_a_mask_tokens_are_the_samples_times_the_length():
     pytest.importorskip("transformers")
-    from tests.trainer.varlen_tasks import causal_lm
+    from pipeboard.trainer.zoo.varlen_text import causal_lm
 
     task = causal_lm()
     count = token_counter(task, {1: 24})
@@ -79,7 +79,7 @@ def test_train_json_gives_tokens_per_s():
 
     from pipeboard.app.cli import cli
 
-    result = CliRunner().invoke(cli, ["train", "--model", "tests.trainer.varlen_tasks:causal_lm", "--stages", "2",
+    result = CliRunner().invoke(cli, ["train", "--model", "pipeboard.trainer.zoo.varlen_text:causal_lm", "--stages", "2",
                                       "--schedule", "1f1b", "--batch-size", "8", "--microbatches", "4", "--steps", "3",
                                       "--json"])
     assert result.exit_code == 0, result.output

@@ -10,7 +10,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from pipeboard.trainer.task import Task
-from tests.trainer.varlen_tasks import IGNORE, Lengths, pad
+from pipeboard.trainer.zoo.varlen_text import IGNORE, Lengths, pad
 
 
 class TinyLM(nn.Module):

@@ -22,7 +22,7 @@ STEPS = 2
 
 def run(tmp_path, model, schedule, **kw):
     p2p = kw.pop("p2p", None)
-    cfg = RunConfig(model=f"tests.trainer.varlen_tasks:{model}", model_args=kw, schedule=schedule, num_stages=2,
+    cfg = RunConfig(model=f"pipeboard.trainer.zoo.varlen_text:{model}", model_args=kw, schedule=schedule, num_stages=2,
                     batch_size=8, microbatches=4, steps=STEPS, checkpoint_dir=str(tmp_path), eval_at_end=False,
                     p2p=p2p)
     run_training(cfg)
@@ -51,7 +51,7 @@ def test_sizes_cross_through_the_process_group(tmp_path, p2p, declare):
 
 
 def test_the_varying_dimension_is_found_or_declared():
-    from tests.trainer.varlen_tasks import causal_lm
+    from pipeboard.trainer.zoo.varlen_text import causal_lm
 
     assert causal_lm(declare=False).varying_dims(2) == {1: None}
     assert causal_lm(declare=True).varying_dims(2) == {1: 24}
@@ -59,7 +59,7 @@ def test_the_varying_dimension_is_found_or_declared():
 
 
 def test_inputs_disagreeing_on_the_length_are_one_line_at_the_first_batch():
-    from tests.trainer.varlen_tasks import causal_lm
+    from pipeboard.trainer.zoo.varlen_text import causal_lm
 
     task = causal_lm()
     inner = task.collate_fn
@@ -77,7 +77,7 @@ def test_inputs_disagreeing_on_the_length_are_one_line_at_the_first_batch():
 
 
 def test_a_length_beyond_the_declared_largest_is_one_line():
-    from tests.trainer.varlen_tasks import causal_lm
+    from pipeboard.trainer.zoo.varlen_text import causal_lm
 
     task = causal_lm(hi=24)
     task.dynamic_dims = {1: 3}
@@ -88,7 +88,7 @@ def test_a_length_beyond_the_declared_largest_is_one_line():
 def test_one_capture_serves_every_length():
     from pipeboard.trainer.partition import run_stages, split_graph, uniform_stages
     from pipeboard.trainer.profile.outline import capture_layers
-    from tests.trainer.varlen_tasks import causal_lm, pad
+    from pipeboard.trainer.zoo.varlen_text import causal_lm, pad
 
     task = causal_lm(hi=40)
     model = task.model.eval()

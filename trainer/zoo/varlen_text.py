@@ -1,8 +1,9 @@
 """Text tasks whose batches vary in length: token sequences of lengths drawn from ``lo`` to
-``hi`` per sample, padded per batch to the batch's own longest (``pad="batch"``) or all to ``hi``
-(``pad="max"``), through a transformers causal LM (GPT-2, next-token loss on the real tokens) or
-an encoder (BERT classifying the sequence). Tests and bench/variable_shapes.py build them by
-factory path (``tests.trainer.varlen_tasks:causal_lm``)."""
+``hi`` per sample, padded per batch to the batch's own longest (``padding="batch"``) or all to
+``hi`` (``padding="max"``), through a transformers causal LM (GPT-2, next-token loss on the real
+tokens) or an encoder (BERT classifying the sequence). Not zoo entries (random tokens have no
+accuracy to reach): factories to name by path, ``pipeboard.trainer.zoo.varlen_text:causal_lm``,
+for trying and measuring variable shapes (docs/variable-shapes.md)."""
 
 from __future__ import annotations
 

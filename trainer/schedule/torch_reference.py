@@ -1,6 +1,8 @@
-"""torch's own schedules as oracles: its schedule classes built on stand-in stages (no process
-group: the classes only read a stage's index, the stage count and the group's size and rank),
-and its unit-step simulator (``_simulate_comms_compute``)."""
+"""torch's own schedules as a reference for ours: its schedule classes built on stand-in stages
+(no process group: the classes only read a stage's index, the stage count and the group's size
+and rank), and its unit-step simulator (``_simulate_comms_compute``). The schedule tests take it
+as their oracle and bench/schedules.py compares bubbles with it; it reads torch's private
+helpers, so it follows the pinned torch."""
 
 from __future__ import annotations
 
