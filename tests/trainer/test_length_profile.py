@@ -91,7 +91,7 @@ def test_profiles_without_lengths_still_load_and_bad_lengths_are_named():
     data = _quadratic_profile().to_dict()
     old = {k: v for k, v in data.items() if k != "lengths"}
     assert Profile.from_dict(old).lengths is None
-    v2_only = ("backward_input_ms", "optimizer_ms", "weight_batched_ms")
+    v2_only = ("backward_input_ms", "optimizer_ms", "weight_batched_ms", "saved_bytes")
     v1 = {**{k: v for k, v in old.items() if k not in ("link", "overhead", "pilot", "weight_batch_size")},
           "version": 1, "layers": [{k: v for k, v in layer.items() if k not in v2_only} for layer in old["layers"]]}
     assert Profile.from_dict(v1).lengths is None
@@ -159,7 +159,7 @@ def test_memory_is_predicted_at_the_longest_length_and_time_at_the_expected_cost
     assert max(sim.peak_memory_bytes) > max(sim_expected.peak_memory_bytes)
     result = search([prof], workers=2, batch_size=8, microbatches=(4,), schedules=["1f1b"])
     chosen = next(c for c in result.candidates if not any(c.recompute))
-    filled = cost.at_longest(chosen.plan, cost.longest_activations(prof))
+    filled = cost.in_flight(prof.at_longest(), chosen.plan)
     assert [st["activation_bytes"] for st in filled["stages"]] > [st["activation_bytes"] for st in chosen.plan["stages"]]
     assert chosen.stage_memory_bytes == cost.predict_memory(filled, "1f1b", 4, 1, [False, False], "sgd")
 

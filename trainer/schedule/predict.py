@@ -104,6 +104,25 @@ def profile_overhead(profile: Profile, stages: list[list[str]]) -> list[ActionOv
     return out
 
 
+def in_flight_bytes(layers, output_bytes: float) -> int:
+    """What one microbatch in flight keeps on a stage of ``layers`` until its backward: what
+    autograd saved in them (``saved_bytes``) and the stage's output, held for the gradient that
+    comes back (on the last stage, its model output: the size of what the loss saves from the
+    logits). From a profile without saved bytes, the layers' outputs stand in."""
+    if any(layer.saved_bytes is None for layer in layers):
+        return int(sum(layer.activation_total for layer in layers))
+    return int(sum(layer.saved_bytes for layer in layers) + output_bytes)
+
+
+def stage_output_bytes(profile: Profile, stages: list[list[str]]) -> list[float]:
+    """Bytes of each stage's output a microbatch holds for its backward: what leaves for later
+    stages, and on the last stage its last layer's output (the model's)."""
+    out = _boundary_bytes(profile, stages)
+    if stages and stages[-1]:
+        out[-1] = _layers(profile, stages[-1], len(stages) - 1)[-1].activation_total
+    return out
+
+
 def _boundary_bytes(profile: Profile, stages: list[list[str]]) -> list[float]:
     """Bytes leaving stage k for later stages, per microbatch (each producer counted once)."""
     where = {n: k for k, st in enumerate(stages) for n in st}
@@ -148,6 +167,7 @@ def stage_costs(
     out_bytes = _boundary_bytes(profile, stages)
     last = len(stages) - 1
     longest = profile.at_longest()  # lengths that vary: time is the expected cost, memory the longest's
+    kept_out = stage_output_bytes(longest, stages)
     costs = []
     for k, stage in enumerate(stages):
         layers = _layers(profile, stage, k)
@@ -212,8 +232,8 @@ def stage_costs(
             bwd_weight_batched_s=None if w_batched is None else w_batched / 1e3,
             send_act_s=send_act / 1e3, send_grad_s=send_grad / 1e3, allreduce_s=allreduce / 1e3,
             step_s=step / 1e3,
-            activation_bytes=int(sum(layer.activation_total
-                                     for layer in (layers if longest is profile else _layers(longest, stage, k)))),
+            activation_bytes=in_flight_bytes(layers if longest is profile else _layers(longest, stage, k),
+                                             kept_out[k]),
             weight_bytes=int(sum(layer.parameter_bytes for layer in layers)),
         ))
     return costs

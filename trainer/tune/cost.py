@@ -21,7 +21,8 @@ from pipeboard.trainer.profile.calibration_records import Link
 from pipeboard.trainer.profile.schema import Profile
 from pipeboard.trainer.schedule import registry
 from pipeboard.trainer.schedule import predict
-from pipeboard.trainer.schedule.predict import _schedule, profile_overhead, recomputed, stage_costs
+from pipeboard.trainer.schedule.predict import (_schedule, in_flight_bytes, profile_overhead, recomputed, stage_costs,
+                                                stage_output_bytes)
 
 
 @lru_cache(maxsize=512)
@@ -97,30 +98,18 @@ def _memory_schedule(schedule: str, stages: int, microbatches: int, replicas: tu
     return sched, schedule_columns(sched)[0]
 
 
-def longest_activations(profile: Profile) -> dict[str, tuple[float, float]] | None:
-    """Per layer, (expected, longest) activation bytes of a profile whose lengths vary (what
-    ``at_longest`` scales by: computed once per profile); None for a profile of one length."""
-    if profile.lengths is None:
-        return None
-    longest = {layer.name: layer.activation_total for layer in profile.at_longest().layers}
-    return {layer.name: (layer.activation_total, longest.get(layer.name, 0.0)) for layer in profile.layers}
-
-
-def at_longest(split: dict[str, Any], activations: dict[str, tuple[float, float]] | None) -> dict[str, Any]:
-    """``split`` with each stage's activation bytes (kept and sent) at the profile's longest
-    measured length, what memory must fit when lengths vary (the planner's split carries the
-    expected bytes, which time is costed on): each stage scaled by its layers' longest over
-    expected activations (``longest_activations``). ``split`` itself for a profile of one length."""
-    if activations is None:
-        return split
-    stages = []
-    for st in split["stages"]:
-        pairs = [activations.get(name, (0.0, 0.0)) for name in st["layers"]]
-        was = sum(e for e, _ in pairs)
-        ratio = sum(n for _, n in pairs) / was if was > 0 else 1.0
-        stages.append({**st, "activation_bytes": int(st["activation_bytes"] * ratio),
-                       "activation_bytes_out": int(st["activation_bytes_out"] * ratio)})
-    return {**split, "stages": stages}
+def in_flight(longest: Profile, split: dict[str, Any]) -> dict[str, Any]:
+    """``split`` with each stage's ``activation_bytes`` what one microbatch in flight keeps on it
+    (predict.in_flight_bytes: what autograd saves in its layers and the stage's output) and its
+    ``activation_bytes_out`` what leaves it, both from ``longest`` (``Profile.at_longest``: the
+    longest measured length, what memory must fit when lengths vary; the profile itself when it
+    has one length). The stage activations the planner's split carries are outputs only."""
+    stages = [st["layers"] for st in split["stages"]]
+    outs = stage_output_bytes(longest, stages)
+    by_name = {layer.name: layer for layer in longest.layers}
+    filled = [{**st, "activation_bytes": in_flight_bytes([by_name[n] for n in st["layers"]], out),
+               "activation_bytes_out": int(out)} for st, out in zip(split["stages"], outs)]
+    return {**split, "stages": filled}
 
 
 def predict_memory(split: dict[str, Any], schedule: str, microbatches: int, chunks: int, recompute: list[bool],

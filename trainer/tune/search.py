@@ -151,7 +151,7 @@ def search(profiles: dict[int, Profile] | list[Profile], *, workers: int, batch_
     for m in usable:
         profile = profiles[batch_size // m]
         optimizer = cost.optimizer_of(profile)
-        activations = cost.longest_activations(profile)
+        longest = profile.at_longest()
         for schedule, chunks, split in _layouts(profile, workers, bandwidth, names):
             label = f"{schedule} {split['method']} mb {m}"
             why = _runnable(split, schedule, batch_size, m, chunks, workers) or _split_ties(profile, split, schedule)
@@ -159,7 +159,7 @@ def search(profiles: dict[int, Profile] | list[Profile], *, workers: int, batch_
                 skipped.append({"candidate": label, "why": why})
                 continue
             n = len(split["stages"])
-            fill = cost.at_longest(split, activations)  # what memory must fit: the longest batch
+            fill = cost.in_flight(longest, split)  # what memory must fit: the longest batch
             try:
                 off = cost.predict_memory(fill, schedule, m, chunks, [False] * n, optimizer)
                 on = cost.predict_memory(fill, schedule, m, chunks, [True] * n, optimizer)
