@@ -12,8 +12,9 @@ machine falls on all of them). The tuner's choice is measured the same way in th
 as a ratio, and whether it is within 5% or within that cell's own spread (max - min of its
 repeats). Then with a cap that rules out the fastest unconstrained candidate (its predicted
 memory less one byte): the capped choice against the best measured cell predicted to fit.
-On a CPU the runtime's measured memory is the process's peak RSS (torch included), printed
-beside the prediction, not compared with the cap.
+The capped choice's measured memory (the run summary's fullest stage: on a CPU the bytes the
+runtime counts, trainer/runtime/memory_count.py; on a GPU the allocator's peak) is compared with
+the cap.
 
 Speed: `pipeboard tune` without --verify, whole process, on profiles of a 48-layer model (the
 synthetic mlp, depth 23) at four microbatch sizes, 8 workers, every schedule, microbatch counts
@@ -145,6 +146,11 @@ def grid(model: str, args: dict, opts) -> None:
         fitting.append(pick)
     print(f"{model}: cap {cap} B per worker (rules out {fastest.label()}):")
     report(f"{model} capped", pick, fitting)
+    held = pick.measured_memory_bytes
+    # the runtime's measured memory per stage: on a GPU the allocator's peak, on a CPU the bytes it
+    # counts (trainer/runtime/memory_count.py), the fullest stage's
+    print(f"{model} capped: the choice's measured peak per stage {held} B against the cap {cap} B: "
+          f"{'fits' if held is not None and held <= cap else 'does NOT fit'}")
 
 
 def one_cell(model: str, cell, run, steps: int) -> None:
