@@ -91,6 +91,16 @@ def test_wall_clock_timer_and_auto_choice():
     assert profile_model(model, x, warmup=0, repeats=1).meta["timer"] == "thread_time"
 
 
+def test_saved_bytes_are_what_autograd_keeps_each_storage_once():
+    """Linear saves its input; ReLU its output, which the next Linear saves again (counted once,
+    to the ReLU); GELU its input, the Linear's output no earlier layer saved. Parameters never."""
+    model = torch.nn.Sequential(torch.nn.Linear(4, 8), torch.nn.ReLU(), torch.nn.Linear(8, 6), torch.nn.GELU())
+    prof = profile_model(model, torch.randn(3, 4), warmup=0, repeats=1, optimizer="sgd")
+    saved = {layer.name: layer.saved_bytes for layer in prof.layers}
+    assert saved == {"input_1": 0.0, "0": 3 * 4 * 4, "1": 3 * 8 * 4, "2": 0.0, "3": 3 * 6 * 4}
+    assert Profile.from_dict(prof.to_dict()).layers[1].saved_bytes == 3 * 4 * 4
+
+
 def test_shared_module_parameters_count_once():
     class Tied(torch.nn.Module):
         def __init__(self):
