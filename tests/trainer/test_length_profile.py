@@ -91,7 +91,8 @@ def test_profiles_without_lengths_still_load_and_bad_lengths_are_named():
     data = _quadratic_profile().to_dict()
     old = {k: v for k, v in data.items() if k != "lengths"}
     assert Profile.from_dict(old).lengths is None
-    v2_only = ("backward_input_ms", "optimizer_ms", "weight_batched_ms", "saved_bytes")
+    v2_only = ("backward_input_ms", "optimizer_ms", "weight_batched_ms", "saved_bytes", "weight_grad_bytes",
+               "weight_input_bytes")
     v1 = {**{k: v for k, v in old.items() if k not in ("link", "overhead", "pilot", "weight_batch_size")},
           "version": 1, "layers": [{k: v for k, v in layer.items() if k not in v2_only} for layer in old["layers"]]}
     assert Profile.from_dict(v1).lengths is None

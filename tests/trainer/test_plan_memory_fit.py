@@ -6,7 +6,7 @@ import pytest
 from pipeboard.trainer.plan.errors import PlanError
 from pipeboard.trainer.plan.memory_fit import choose_under_cap, least_memory, plan_memory, with_recompute
 from pipeboard.trainer.schedule.builder import build
-from pipeboard.trainer.schedule.memory_model import StageMemory, worker_memory
+from pipeboard.trainer.schedule.memory_model import StageMemory, run_schedule, worker_memory
 
 
 def two_stage_plan(method="pipedream", first_act=1000, params=100):
@@ -19,10 +19,14 @@ def two_stage_plan(method="pipedream", first_act=1000, params=100):
 def test_plan_memory_is_memory_model_per_stage():
     fit = plan_memory(two_stage_plan(), "1f1b", 4, optimizer="sgd")
     stages = [StageMemory(100, 1000, 0, 10), StageMemory(100, 50, 10, 0)]
-    expected = [w.total for w in worker_memory(build("1f1b", 2, 4), stages, optimizer="sgd")]
+    expected = [w.total for w in worker_memory(run_schedule("1f1b", 2, 4), stages, optimizer="sgd")]
     assert fit.memory_bytes == expected and fit.recompute == [False, False]
-    # 1f1b: stage 0 holds 2 microbatches of 1000 bytes, plus weights, gradients, momentum, boundary
-    assert fit.memory_bytes[0] == 2 * 1000 + 3 * 100 + 10
+    # 1f1b as a run builds it, its weight pass batched: stage 0 keeps every microbatch's
+    # activations until the one W(-1), plus weights, gradients and momentum
+    assert fit.memory_bytes[0] == 4 * 1000 + 3 * 100
+    # with the weight pass per microbatch: 2 microbatches in flight and the received gradient
+    immediate = [w.total for w in worker_memory(build("1f1b", 2, 4), stages, optimizer="sgd")]
+    assert immediate[0] == 2 * 1000 + 3 * 100 + 10
 
 
 def test_a_stage_over_the_cap_recomputes_and_the_other_does_not():

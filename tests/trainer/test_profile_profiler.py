@@ -99,6 +99,9 @@ def test_saved_bytes_are_what_autograd_keeps_each_storage_once():
     saved = {layer.name: layer.saved_bytes for layer in prof.layers}
     assert saved == {"input_1": 0.0, "0": 3 * 4 * 4, "1": 3 * 8 * 4, "2": 0.0, "3": 3 * 6 * 4}
     assert Profile.from_dict(prof.to_dict()).layers[1].saved_bytes == 3 * 4 * 4
+    # a split backward keeps each Linear's output gradient from BI to W; ReLU and GELU have no weights
+    grads = {layer.name: layer.weight_grad_bytes for layer in prof.layers}
+    assert grads == {"input_1": 0.0, "0": 3 * 8 * 4, "1": 0.0, "2": 3 * 6 * 4, "3": 0.0}
 
 
 def test_shared_module_parameters_count_once():

@@ -50,7 +50,9 @@ def stage_memory(plan: Any) -> list:
         after = float(st.get("activation_bytes_out") or 0.0) if i < len(stages) - 1 else 0.0
         out.append(StageMemory(weight_bytes=int(st.get("parameter_bytes") or 0),
                                activation_bytes=int(st.get("activation_bytes") or 0),
-                               input_bytes=int(before), output_bytes=int(after)))
+                               input_bytes=int(before), output_bytes=int(after),
+                               weight_grad_bytes=int(st.get("weight_grad_bytes") or 0),
+                               weight_input_bytes=int(st.get("weight_input_bytes") or 0)))
     return out
 
 
@@ -58,8 +60,7 @@ def plan_memory(plan: Any, schedule: str, microbatches: int, *, optimizer: str =
                 recompute: list[bool] | None = None) -> MemoryFit:
     """Predicted memory per plan stage when ``plan`` runs ``schedule`` with ``microbatches``."""
     from pipeboard.trainer.schedule.actions import ScheduleError
-    from pipeboard.trainer.schedule.builder import build
-    from pipeboard.trainer.schedule.memory_model import worker_memory
+    from pipeboard.trainer.schedule.memory_model import run_schedule, worker_memory
 
     data = _plan_dict(plan)
     stages = stage_memory(data)
@@ -69,7 +70,7 @@ def plan_memory(plan: Any, schedule: str, microbatches: int, *, optimizer: str =
         raise PlanError(f"recompute: {len(recompute)} entries for a plan of {n} stages")
     replicas = [int(st.get("replicas") or 1) for st in data["stages"]]
     try:
-        sched = build(schedule, n, microbatches, replicas=replicas if any(r > 1 for r in replicas) else None)
+        sched = run_schedule(schedule, n, microbatches, replicas=replicas if any(r > 1 for r in replicas) else None)
         workers = worker_memory(sched, stages, optimizer=optimizer,
                                 recompute=[s for s in range(n) if recompute[s]])
     except ScheduleError as e:

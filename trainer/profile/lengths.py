@@ -22,7 +22,8 @@ from typing import Any, Iterable, Sequence
 
 # The layer fields that change with the length; every other field is the same at every length.
 VARYING = ("forward_ms", "backward_ms", "backward_input_ms", "forward_spread_ms", "backward_spread_ms",
-           "activation_bytes", "saved_bytes")
+           "activation_bytes", "saved_bytes", "weight_grad_bytes",
+           "weight_input_bytes")
 POINTS = 4  # lengths measured by default
 BANDS = 8  # histogram bands by default
 

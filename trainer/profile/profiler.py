@@ -48,7 +48,7 @@ from pipeboard.trainer.profile.capture import CAPTURE_VERSION, as_tuple
 from pipeboard.trainer.profile.layergraph import LayerGraph, LayerNode, flat_tensors
 from pipeboard.trainer.profile.outline import capture_layers
 from pipeboard.trainer.profile.schema import Layer, Profile
-from pipeboard.trainer.profile.saved_bytes import saved_bytes
+from pipeboard.trainer.profile.saved_bytes import LayerBytes, layer_bytes
 from pipeboard.trainer.profile.timed_steps import TIMERS, Clock, measure, owners, synced_now, zero_grads
 
 # Optimizer-state bytes per parameter byte: Adam keeps two moments, SGD with momentum one buffer.
@@ -207,7 +207,8 @@ def profile_model(
         own = {layer.name: _own_parameters(lg, layer, seen_params) for layer in lg.layers if layer.kind == "layer"}
         step_now = clock._now if not clock.cuda else synced_now
         opt_ms = optimizer_ms(own, optimizer, repeats, step_now) if optimizer_steps else {}
-    saved = saved_bytes(lg, owner, inputs, params, dev.type, precision)
+    held = layer_bytes(lg, owner, inputs, params, dev.type, precision)
+    NOTHING = LayerBytes(0, 0, 0)
     zero_grads(params)
     if progress:
         progress(steps, steps, "done")
@@ -216,7 +217,9 @@ def profile_model(
     entries: list[Layer] = []
     for layer in lg.layers:
         entry = Layer(name=layer.name, desc=layer.desc, activation_bytes=_activation_bytes(lg.values[layer.name]),
-                      saved_bytes=float(saved.get(layer.name, 0)))
+                      saved_bytes=float(held.get(layer.name, NOTHING).saved),
+                      weight_grad_bytes=float(held.get(layer.name, NOTHING).weight_grad),
+                      weight_input_bytes=float(held.get(layer.name, NOTHING).weight_input))
         if layer.kind == "layer":
             entry.forward_ms, entry.forward_spread_ms = _stats(fwd_samples[layer.name])
             entry.backward_ms, entry.backward_spread_ms = _stats(bwd_samples[layer.name])

@@ -65,6 +65,10 @@ class Layer:
     # (profile/saved_bytes.py): what a microbatch in flight holds (None: not measured, the
     # output's bytes stand in)
     saved_bytes: float | None = None
+    # what a split backward keeps from BI to W: the gradients of the outputs its ops with a
+    # parameter operand compute (None: not measured)
+    weight_grad_bytes: float | None = None
+    weight_input_bytes: float | None = None  # those ops' other inputs, which W reads (None: not measured)
 
     @property
     def backward_weight_ms(self) -> float | None:
@@ -123,7 +127,8 @@ def _check_layer(raw: dict[str, Any], i: int) -> None:
     for key in ("forward_ms", "backward_ms", "parameter_bytes", "optimizer_bytes", "forward_spread_ms", "backward_spread_ms"):
         if key in raw and not is_size(raw[key]):
             raise ProfileError(f"{where}: field {key!r} must be a finite number >= 0, got {raw[key]!r}")
-    for key in ("backward_input_ms", "optimizer_ms", "weight_batched_ms", "saved_bytes"):
+    for key in ("backward_input_ms", "optimizer_ms", "weight_batched_ms", "saved_bytes", "weight_grad_bytes",
+                "weight_input_bytes"):
         if raw.get(key) is not None and not is_size(raw[key]):
             raise ProfileError(f"{where}: field {key!r} must be a finite number >= 0 or null, got {raw[key]!r}")
     act = raw.get("activation_bytes", 0.0)
@@ -210,7 +215,8 @@ class Profile:
             raise ProfileError("profile JSON: field 'layers' must be a non-empty list")
         # version 1 predates the optional measurements: its layers may not carry them
         known = set(Layer.__dataclass_fields__) - (
-            {"backward_input_ms", "optimizer_ms", "weight_batched_ms", "saved_bytes"} if version == 1 else set())
+            {"backward_input_ms", "optimizer_ms", "weight_batched_ms", "saved_bytes", "weight_grad_bytes",
+             "weight_input_bytes"} if version == 1 else set())
         layers = []
         for i, raw in enumerate(raw_layers):
             if not isinstance(raw, dict) or "name" not in raw:

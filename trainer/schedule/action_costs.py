@@ -29,6 +29,8 @@ class StageCosts:
     step_s: float = 0.0  # optimizer step
     activation_bytes: int = 0  # kept per in-flight microbatch between forward and backward
     weight_bytes: int = 0  # one version of the stage's weights
+    weight_grad_bytes: int = 0  # kept from a microbatch's BI to its W (its weighted outputs' gradients)
+    weight_input_bytes: int = 0  # and the weighted ops' inputs W reads with them
 
     def __post_init__(self) -> None:
         for name, value in asdict(self).items():
@@ -59,6 +61,8 @@ class StageCosts:
             step_s=self.step_s * factor,
             activation_bytes=int(self.activation_bytes * factor),
             weight_bytes=int(self.weight_bytes * factor),
+            weight_grad_bytes=int(self.weight_grad_bytes * factor),
+            weight_input_bytes=int(self.weight_input_bytes * factor),
         )
 
 

@@ -191,4 +191,30 @@ def worker_memory(schedule: Schedule, stages: list[StageMemory], *, optimizer: s
 
 def stage_memory_from_costs(per_stage) -> list[StageMemory]:
     """The memory inputs a list of simulator ``StageCosts`` carries (no boundary sizes)."""
-    return [StageMemory(weight_bytes=c.weight_bytes, activation_bytes=c.activation_bytes) for c in per_stage]
+    return [StageMemory(weight_bytes=c.weight_bytes, activation_bytes=c.activation_bytes,
+                        weight_grad_bytes=c.weight_grad_bytes, weight_input_bytes=c.weight_input_bytes)
+            for c in per_stage]
+
+
+ASYNC_BATCHES = 4  # an asynchronous schedule's batches a memory walk spans: its steady state
+
+
+def run_schedule(name: str, stages: int, microbatches: int, *, replicas: list[int] | None = None, chunks: int = 1,
+                 weight_grads: str = "batched", batches: int = ASYNC_BATCHES) -> Schedule:
+    """The action lists whose memory a run of ``name`` holds, built as the runtime builds them:
+    one batch of a synchronous schedule; ``batches`` of an asynchronous one (pipedream: its first
+    batch holds one weight version where later ones hold several), an update after each; the
+    weight pass batched where the schedule honours ``weight_grads`` (the runtime's default is
+    batched: BI per microbatch, one W(-1) per update, which keeps every microbatch's weighted
+    outputs' gradients and inputs until then). ``stages``: workers (physical stages)."""
+    from pipeboard.trainer.schedule import registry
+    from pipeboard.trainer.schedule.builder import build
+
+    spec = registry.get(name)
+    batched = weight_grads == "batched" and "batched" in spec.weight_grads
+    if not spec.synchronous:
+        return build(name, stages, microbatches * batches, replicas=replicas, per_update=microbatches,
+                     batch_weight_grads=batched)
+    if chunks > 1:
+        return build(name, stages, microbatches, chunks=chunks, batch_weight_grads=batched)
+    return build(name, stages, microbatches, replicas=replicas, batch_weight_grads=batched)

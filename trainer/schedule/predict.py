@@ -225,6 +225,7 @@ def stage_costs(
             step *= f.get("step", 1.0)
             if allreduce and run.allreduce_wait_ms:
                 allreduce += run.allreduce_wait_ms
+        kept_layers = layers if longest is profile else _layers(longest, stage, k)  # memory: the longest's
         costs.append(StageCosts(
             fwd_s=fwd / 1e3, bwd_s=bwd / 1e3,
             bwd_input_s=None if bi is None else bi / 1e3,
@@ -232,8 +233,9 @@ def stage_costs(
             bwd_weight_batched_s=None if w_batched is None else w_batched / 1e3,
             send_act_s=send_act / 1e3, send_grad_s=send_grad / 1e3, allreduce_s=allreduce / 1e3,
             step_s=step / 1e3,
-            activation_bytes=in_flight_bytes(layers if longest is profile else _layers(longest, stage, k),
-                                             kept_out[k]),
+            activation_bytes=in_flight_bytes(kept_layers, kept_out[k]),
+            weight_grad_bytes=int(sum(layer.weight_grad_bytes or 0.0 for layer in kept_layers)),
+            weight_input_bytes=int(sum(layer.weight_input_bytes or 0.0 for layer in kept_layers)),
             weight_bytes=int(sum(layer.parameter_bytes for layer in layers)),
         ))
     return costs

@@ -42,7 +42,8 @@ def steady_step_s(costs: list, schedule: str, microbatches: int, *, batch_weight
                   replicas: list[int] | None, chunks: int, cores: int | None) -> float:
     """``schedule.predict.steady_step_s`` over schedules built once per shape (see ``_built``)."""
     # without bytes the simulator skips its memory model: predict_memory gives that, once
-    costs = [replace(c, activation_bytes=0, weight_bytes=0) for c in costs]
+    costs = [replace(c, activation_bytes=0, weight_bytes=0, weight_grad_bytes=0, weight_input_bytes=0)
+             for c in costs]
     return predict.steady_step_s(costs, schedule, microbatches, batch_weight_grads=batch_weight_grads,
                                  replicas=replicas, chunks=chunks, cores=cores, build_schedule=_reused)
 
@@ -88,27 +89,31 @@ def optimizer_of(profile: Profile) -> str:
 @lru_cache(maxsize=512)
 def _memory_schedule(schedule: str, stages: int, microbatches: int, replicas: tuple | None, chunks: int):
     """(Schedule, its action columns) whose memory plan_memory reads, built once per shape."""
-    from pipeboard.trainer.schedule.builder import build
+    from pipeboard.trainer.schedule.memory_model import run_schedule
     from pipeboard.trainer.schedule.stash import schedule_columns
 
-    if chunks == 1:  # what plan_memory builds
-        sched = build(schedule, stages, microbatches, replicas=list(replicas) if replicas else None)
-    else:
-        sched = build(schedule, stages // chunks, microbatches, chunks=chunks)
+    # what plan_memory builds: the schedule as a run builds it
+    sched = run_schedule(schedule, stages // chunks, microbatches, replicas=list(replicas) if replicas else None,
+                         chunks=chunks)
     return sched, schedule_columns(sched)[0]
 
 
 def in_flight(longest: Profile, split: dict[str, Any]) -> dict[str, Any]:
     """``split`` with each stage's ``activation_bytes`` what one microbatch in flight keeps on it
     (predict.in_flight_bytes: what autograd saves in its layers and the stage's output) and its
-    ``activation_bytes_out`` what leaves it, both from ``longest`` (``Profile.at_longest``: the
+    ``activation_bytes_out`` what leaves it and ``weight_grad_bytes`` what a split backward keeps
+    from BI to W, all from ``longest`` (``Profile.at_longest``: the
     longest measured length, what memory must fit when lengths vary; the profile itself when it
     has one length). The stage activations the planner's split carries are outputs only."""
     stages = [st["layers"] for st in split["stages"]]
     outs = stage_output_bytes(longest, stages)
     by_name = {layer.name: layer for layer in longest.layers}
-    filled = [{**st, "activation_bytes": in_flight_bytes([by_name[n] for n in st["layers"]], out),
-               "activation_bytes_out": int(out)} for st, out in zip(split["stages"], outs)]
+    filled = []
+    for st, out in zip(split["stages"], outs):
+        layers = [by_name[n] for n in st["layers"]]
+        filled.append({**st, "activation_bytes": in_flight_bytes(layers, out), "activation_bytes_out": int(out),
+                       "weight_grad_bytes": int(sum(layer.weight_grad_bytes or 0.0 for layer in layers)),
+                       "weight_input_bytes": int(sum(layer.weight_input_bytes or 0.0 for layer in layers))})
     return {**split, "stages": filled}
 
 
