@@ -41,7 +41,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 
-from tests.app.test_e2e_support import Deployment, free_port, start_up  # noqa: E402
+from service_probe import Served  # noqa: E402  (bench/)
 
 # name -> (zoo model, model args, batch size, microbatches): the matrix of models the fidelity figures cover
 MODELS = {
@@ -66,32 +66,6 @@ def load() -> str:
     return " ".join(f"{x:.2f}" for x in os.getloadavg())
 
 
-class Up:
-    """`pipeboard up --workers 1` on a free port with its data in ``tmp``, as a user starts it."""
-
-    def __init__(self, tmp: Path) -> None:
-        self.url = f"http://127.0.0.1:{free_port()}"
-        self.env = {"PIPEBOARD_DATA_DIR": str(tmp / "data")}
-        self.log = tmp / "up.log"
-        self.process = start_up(int(self.url.rsplit(":", 1)[1]), self.env, tmp, self.log, timeout=180)
-        self.client = Deployment(dict(self.env), tmp)  # an admin token in the deployment's database
-        self.client.url = self.url
-
-    def service_processes(self) -> dict[str, int]:
-        """The service's own processes: `pipeboard up`, its API server and its Celery worker."""
-        out = {"up": self.process.pid}
-        for task in Path(f"/proc/{self.process.pid}/task").glob("*"):
-            for pid in (task / "children").read_text().split():
-                cmdline = Path(f"/proc/{pid}/cmdline").read_bytes().decode(errors="replace")
-                out["api" if "uvicorn" in cmdline else "worker" if "celery" in cmdline else pid] = int(pid)
-        return out
-
-    def stop(self) -> None:
-        if self.process.poll() is None:
-            self.process.terminate()
-            self.process.wait(60)
-
-
 def job_spec(name: str, schedule: str, workers: int, steps: int, method: str = "pipedream") -> dict[str, Any]:
     model, args, batch, micro = MODELS[name]
     spec: dict[str, Any] = {"name": f"fidelity {name} {schedule} x{workers} {method}", "model": model, "model_args": args,
@@ -102,9 +76,9 @@ def job_spec(name: str, schedule: str, workers: int, steps: int, method: str = "
     return spec
 
 
-def run_job(dep: Deployment, spec: dict[str, Any], timeout: float = 1800) -> dict[str, Any]:
+def run_job(dep: Served, spec: dict[str, Any], timeout: float = 1800) -> dict[str, Any]:
     """Submit, follow the stream to its end, return the job (with its plan's shape under `shape`)."""
-    response = dep.http.post(f"{dep.url}/api/v1/jobs", json=spec)
+    response = dep.http.post("/jobs", json=spec)
     if response.status_code >= 400:
         return {"status": "refused", "error": response.json().get("detail")}
     job_id = response.json()["id"]
@@ -137,7 +111,7 @@ def ms(x: float | None) -> str:
     return "-" if x is None else f"{x * 1e3:.2f}"
 
 
-def matrix(dep: Deployment, models: list[str], schedules: list[str], workers: list[int], steps: int) -> None:
+def matrix(dep: Served, models: list[str], schedules: list[str], workers: list[int], steps: int) -> None:
     print(f"\n== matrix: {steps} steps, the planner's plan (method pipedream) ==", flush=True)
     print(f"{'model':18} {'schedule':17} {'w':>2} {'plan':14} {'pred ms':>9} {'meas ms':>9} {'error':>8} "
           f"{'corr ms':>9} {'corr err':>8}", flush=True)
@@ -165,7 +139,7 @@ def matrix(dep: Deployment, models: list[str], schedules: list[str], workers: li
                   f"{within} of {len(xs)} within 10%", flush=True)
 
 
-def ranking(dep: Deployment, models: list[str], workers: int, steps: int, repeats: int) -> None:
+def ranking(dep: Served, models: list[str], workers: int, steps: int, repeats: int) -> None:
     print(f"\n== ranking: per model, the planner's plan and two other distinct candidates, 1f1b, {workers} workers; "
           f"each run {repeats} time(s), in turn, and ordered by its median measured step ==", flush=True)
     for name in models:
@@ -196,8 +170,7 @@ def ranking(dep: Deployment, models: list[str], workers: int, steps: int, repeat
               f"{'AGREE' if by_pred == by_meas else 'DISAGREE'}", flush=True)
 
 
-def overhead(up: Up, tmp: Path, pairs: int, steps: int) -> None:
-    dep = up.client
+def overhead(dep: Served, tmp: Path, pairs: int, steps: int) -> None:
     name, schedule, w = "mlp-8x1024", "1f1b", 2
     print(f"\n== service overhead: {name} {schedule}, {w} workers, {steps} steps; service and `pipeboard train` "
           f"alone, alternating, the same plan ==", flush=True)
@@ -211,7 +184,7 @@ def overhead(up: Up, tmp: Path, pairs: int, steps: int) -> None:
            "--schedule", schedule, "--batch-size", str(batch), "--microbatches", str(micro), "--steps", str(steps), "--json"]
     runs: dict[str, list[float]] = {"service": [], "service, no checkpoint": [], "alone": []}
     cpu: dict[str, list[float]] = {"service's own processes": [], "job": [], "job, no checkpoint": [], "alone": []}
-    procs = up.service_processes()
+    procs = dep.processes()
     for i in range(pairs):
         for variant in ("service", "service, no checkpoint"):
             spec = {**job_spec(name, schedule, w, steps), "name": f"overhead {i} {variant.replace(',', '')}"}
@@ -241,7 +214,7 @@ def overhead(up: Up, tmp: Path, pairs: int, steps: int) -> None:
           + " (job: the train process tree the worker ran; alone: `pipeboard train`'s)", flush=True)
 
 
-def repeatability(dep: Deployment, rows: list[tuple[str, str, int]], repeats: int, steps: int) -> None:
+def repeatability(dep: Served, rows: list[tuple[str, str, int]], repeats: int, steps: int) -> None:
     print(f"\n== repeatability: identical jobs, {repeats} each, {steps} steps; floor: (max - min) / (max + min), the "
           "smallest worst |error| of any one prediction over them ==", flush=True)
     floors, off_median = [], []
@@ -305,16 +278,16 @@ def main() -> None:
     print(f"processor: {processor()}; load average at start {load()}", flush=True)
     with tempfile.TemporaryDirectory(prefix="pipeboard-fidelity-") as tmp_name:
         tmp = Path(tmp_name)
-        up = Up(tmp)
+        up = Served(tmp, timeout=180)
         try:
             if "matrix" not in skip:
-                matrix(up.client, models, schedules, workers, a.steps)
+                matrix(up, models, schedules, workers, a.steps)
             if "ranking" not in skip:
-                ranking(up.client, models, workers[0], a.steps, a.ranking_repeats)
+                ranking(up, models, workers[0], a.steps, a.ranking_repeats)
             if "overhead" not in skip:
                 overhead(up, tmp, a.overhead_pairs, a.overhead_steps)
             if "repeats" not in skip and not a.quick:
-                repeatability(up.client, repeat_rows, a.repeats, a.steps)
+                repeatability(up, repeat_rows, a.repeats, a.steps)
         finally:
             up.stop()
     print(f"load average at the end {load()}", flush=True)

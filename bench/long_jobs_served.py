@@ -39,7 +39,6 @@ import argparse
 import json
 import os
 import re
-import signal
 import statistics
 import subprocess
 import sys
@@ -48,11 +47,10 @@ import threading
 import time
 from pathlib import Path
 
-import httpx
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "bench"))
-from service_probe import free_port  # noqa: E402
+from service_probe import Served  # noqa: E402
 
 from pipeboard.trainer.hostinfo import cpu_name  # noqa: E402
 
@@ -72,52 +70,6 @@ def set_shape(stages: int, microbatches: int) -> None:
     """A smaller pipeline trains many more steps a second; the page's and the store's cost depend on the steps."""
     global STAGES, MICROBATCHES
     STAGES, MICROBATCHES = stages, microbatches
-
-
-class Served:
-    """`pipeboard up --workers 1` in its own data folder (and database, when `database_url`)."""
-
-    def __init__(self, tmp: Path, database_url: str | None, extra_env: dict[str, str], token: str | None = None) -> None:
-        self.data = tmp / "data"
-        self.port = free_port()
-        self.url = f"http://127.0.0.1:{self.port}"
-        env = {k: v for k, v in os.environ.items() if not k.startswith("PIPEBOARD_")}
-        env.update({"PIPEBOARD_DATA_DIR": str(self.data), **extra_env})
-        if database_url:
-            env["PIPEBOARD_DATABASE_URL"] = database_url
-        self.log = tmp / "up.log"
-        self.proc = subprocess.Popen([sys.executable, "-c", "from pipeboard.app.cli import main; main()", "up", "--port", str(self.port),
-                                      "--workers", "1"], cwd=ROOT, env=env, stdout=open(self.log, "wb"), stderr=subprocess.STDOUT,
-                                     start_new_session=True)
-        deadline = time.monotonic() + 180
-        while time.monotonic() < deadline:
-            # a restarted data folder prints no sign-in link: the caller brings a token
-            found = token or (lambda m: m and m.group(1))(re.search(r"/#token=(pb_[A-Za-z0-9_-]+)", self.log.read_text(errors="replace")))
-            try:
-                if found and httpx.get(f"{self.url}/api/v1/health", timeout=5).json().get("workers", 0) >= 1:
-                    self.token = found
-                    self.http = httpx.Client(base_url=f"{self.url}/api/v1", headers={"Authorization": f"Bearer {self.token}"}, timeout=300)
-                    return
-            except httpx.HTTPError:
-                pass
-            if self.proc.poll() is not None:
-                break
-            time.sleep(0.5)
-        self.stop()
-        raise SystemExit(f"pipeboard up did not start:\n{self.log.read_text(errors='replace')[-3000:]}")
-
-    def api(self, method: str, path: str, body: dict | None = None) -> dict:
-        response = self.http.request(method, path, json=body)
-        response.raise_for_status()
-        return response.json()
-
-    def stop(self) -> None:
-        if self.proc.poll() is None:
-            os.killpg(self.proc.pid, signal.SIGTERM)
-            try:
-                self.proc.wait(timeout=60)
-            except subprocess.TimeoutExpired:
-                os.killpg(self.proc.pid, signal.SIGKILL)
 
 
 def follow(server: Served, job_id: int, on_step=None) -> dict:
@@ -279,7 +231,7 @@ def served_job(database: str, pg_url: str, steps: int, *, keep_all: bool, shots:
         took = time.monotonic() - t0
         final = followed["job"]
         if final["status"] != "succeeded":
-            raise SystemExit(f"job {label} {final['status']}: {final.get('error')}\n{server.log.read_text(errors='replace')[-3000:]}")
+            raise SystemExit(f"job {label} {final['status']}: {final.get('error')}\n{server.tail()}")
         summary = final["summary"]
         disk = server.api("GET", f"/jobs/{job['id']}/storage")
         windows = server.http.get(f"/jobs/{job['id']}/steps", params={"limit": 1}).json()["detail_steps"]
