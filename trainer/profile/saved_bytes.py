@@ -20,22 +20,13 @@ from torch import fx
 
 from pipeboard.trainer.precision import autocast
 from pipeboard.trainer.profile.layergraph import LayerGraph
+from pipeboard.trainer.tensors import tensors_in
 
 
 class LayerBytes(NamedTuple):
     saved: int  # autograd's saved tensors, each storage once
     weight_grad: int  # outputs of ops with a parameter operand: their gradients wait for W
     weight_input: int  # those ops' other inputs (x of dW = g^T x), each storage once
-
-
-def _flat(value: Any) -> list[torch.Tensor]:
-    if isinstance(value, torch.Tensor):
-        return [value]
-    if isinstance(value, (tuple, list)):
-        return [t for v in value for t in _flat(v)]
-    if isinstance(value, dict):
-        return [t for v in value.values() for t in _flat(v)]
-    return []
 
 
 class _Attributing(fx.Interpreter):
@@ -56,9 +47,9 @@ class _Attributing(fx.Interpreter):
         inputs wait for the weight pass."""
         name = self.current
         self.weight_grad[name] = self.weight_grad.get(name, 0) + sum(
-            t.numel() * t.element_size() for t in _flat(result)
+            t.numel() * t.element_size() for t in tensors_in(result)
             if t.is_floating_point() and t.requires_grad and t.untyped_storage().data_ptr() not in self.weights)
-        for t in _flat(args):
+        for t in tensors_in(args):
             storage = t.untyped_storage()
             key = (storage.data_ptr(), storage.nbytes())
             if t.is_floating_point() and key[0] not in self.weights and key not in self._inputs_seen:
@@ -70,7 +61,7 @@ class _Attributing(fx.Interpreter):
         value = super().run_node(n)
         if n.op == "call_function" and self.current is not None:
             args, kwargs = self.fetch_args_kwargs_from_env(n)
-            if any(t.untyped_storage().data_ptr() in self.weights for t in _flat((args, kwargs))):
+            if any(t.untyped_storage().data_ptr() in self.weights for t in tensors_in((args, kwargs))):
                 self.weighted((args, kwargs), value)
         return value
 

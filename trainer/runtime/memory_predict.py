@@ -19,19 +19,12 @@ from torch import nn
 from pipeboard.trainer.precision import autocast
 from pipeboard.trainer.schedule.actions import Schedule
 from pipeboard.trainer.schedule.memory_model import StageMemory, WorkerMemory, worker_memory
+from pipeboard.trainer.tensors import tensors_in
 
 
 def _storage_key(t: torch.Tensor) -> tuple[int, int]:
     s = t.untyped_storage()
     return s.data_ptr(), s.nbytes()
-
-
-def _tensors(x: Any) -> list[torch.Tensor]:
-    if isinstance(x, torch.Tensor):
-        return [x]
-    if isinstance(x, (tuple, list)):
-        return [t for item in x for t in _tensors(item)]
-    return []
 
 
 def _bytes(tensors: list[torch.Tensor]) -> int:
@@ -62,7 +55,7 @@ def measure_stages(modules: Sequence[nn.Module], example, precision: str = "fp32
     ``weight_input_bytes`` (among the saved activations without recompute; rebuilt by the BI
     and kept for W with it)."""
     out = []
-    xs = [t.detach() for t in _tensors(example)]
+    xs = [t.detach() for t in tensors_in(example)]
     last = len(modules) - 1
     for index, module in enumerate(modules):
         params = {_storage_key(p) for p in module.parameters()}
@@ -83,10 +76,10 @@ def measure_stages(modules: Sequence[nn.Module], example, precision: str = "fp32
 
         def weighted_output(mod, args, result, grads=grads, layer_inputs=layer_inputs):
             if any(True for _ in mod.parameters(recurse=False)):
-                for t in _tensors(result):
+                for t in tensors_in(result):
                     if t.dtype.is_floating_point:
                         grads[_storage_key(t)] = t.numel() * t.element_size()
-                for t in _tensors(list(args)):
+                for t in tensors_in(list(args)):
                     if t.dtype.is_floating_point:
                         layer_inputs[_storage_key(t)] = t.untyped_storage().nbytes()
 
@@ -96,7 +89,7 @@ def measure_stages(modules: Sequence[nn.Module], example, precision: str = "fp32
                 result = module(*inputs)
         finally:
             handle.remove()
-        outs = _tensors(result)
+        outs = tensors_in(result)
         # the last stage holds its loss, not its outputs (the loss's graph keeps what it saved)
         for t in inputs + (outs if index < last else []):
             key = _storage_key(t)

@@ -33,6 +33,8 @@ import torch
 from torch import fx, nn
 from torch.autograd.graph import GradientEdge, get_gradient_edge
 
+from pipeboard.trainer.tensors import tensors_in
+
 
 @dataclass(eq=False, slots=True)
 class LayerCall:
@@ -62,16 +64,6 @@ class PendingWeights:
 
 def _is_plain_linear(module: nn.Module) -> bool:
     return isinstance(module, nn.Linear) and type(module).forward is nn.Linear.forward
-
-
-def _tensors(value) -> list[torch.Tensor]:
-    if isinstance(value, torch.Tensor):
-        return [value]
-    if isinstance(value, (tuple, list)):
-        return [t for v in value for t in _tensors(v)]
-    if isinstance(value, dict):
-        return [t for v in value.values() for t in _tensors(v)]
-    return []
 
 
 def get_attr_slots(module: nn.Module) -> list[tuple[nn.Module, str]]:
@@ -134,7 +126,7 @@ class CallRecorder:
             if not kept:
                 return
             names, params, weight = [n for n, _ in kept], [p for _, p in kept], -1
-        outs = [output] if isinstance(output, torch.Tensor) else _tensors(output)
+        outs = [output] if isinstance(output, torch.Tensor) else tensors_in(output)
         outs = [o for o in outs if o.grad_fn is not None]
         if not outs:
             return
