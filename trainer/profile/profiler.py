@@ -208,7 +208,6 @@ def profile_model(
         step_now = clock._now if not clock.cuda else synced_now
         opt_ms = optimizer_ms(own, optimizer, repeats, step_now) if optimizer_steps else {}
     held = layer_bytes(lg, owner, inputs, params, dev.type, precision)
-    NOTHING = LayerBytes(0, 0, 0)
     zero_grads(params)
     if progress:
         progress(steps, steps, "done")
@@ -216,10 +215,10 @@ def profile_model(
 
     entries: list[Layer] = []
     for layer in lg.layers:
+        kept = held.get(layer.name, LayerBytes(0, 0, 0))
         entry = Layer(name=layer.name, desc=layer.desc, activation_bytes=_activation_bytes(lg.values[layer.name]),
-                      saved_bytes=float(held.get(layer.name, NOTHING).saved),
-                      weight_grad_bytes=float(held.get(layer.name, NOTHING).weight_grad),
-                      weight_input_bytes=float(held.get(layer.name, NOTHING).weight_input))
+                      saved_bytes=float(kept.saved), weight_grad_bytes=float(kept.weight_grad),
+                      weight_input_bytes=float(kept.weight_input))
         if layer.kind == "layer":
             entry.forward_ms, entry.forward_spread_ms = _stats(fwd_samples[layer.name])
             entry.backward_ms, entry.backward_spread_ms = _stats(bwd_samples[layer.name])

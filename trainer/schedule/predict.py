@@ -104,14 +104,20 @@ def profile_overhead(profile: Profile, stages: list[list[str]]) -> list[ActionOv
     return out
 
 
-def in_flight_bytes(layers, output_bytes: float) -> int:
-    """What one microbatch in flight keeps on a stage of ``layers`` until its backward: what
-    autograd saved in them (``saved_bytes``) and the stage's output, held for the gradient that
-    comes back (on the last stage, its model output: the size of what the loss saves from the
-    logits). From a profile without saved bytes, the layers' outputs stand in."""
+def kept_bytes(layers, output_bytes: float) -> dict[str, int]:
+    """What one microbatch keeps on a stage of ``layers`` (profile layers), as StageCosts and
+    StageMemory name it: ``activation_bytes`` until its backward, what autograd saved in the
+    layers (``saved_bytes``) and the stage's output, held for the gradient that comes back (on the
+    last stage, its model output: the size of what the loss saves from the logits); from a
+    profile without saved bytes, the layers' outputs stand in. ``weight_grad_bytes`` and
+    ``weight_input_bytes``: what a split or batched weight pass keeps from BI to W."""
     if any(layer.saved_bytes is None for layer in layers):
-        return int(sum(layer.activation_total for layer in layers))
-    return int(sum(layer.saved_bytes for layer in layers) + output_bytes)
+        activation = sum(layer.activation_total for layer in layers)
+    else:
+        activation = sum(layer.saved_bytes for layer in layers) + output_bytes
+    return {"activation_bytes": int(activation),
+            "weight_grad_bytes": int(sum(layer.weight_grad_bytes or 0.0 for layer in layers)),
+            "weight_input_bytes": int(sum(layer.weight_input_bytes or 0.0 for layer in layers))}
 
 
 def stage_output_bytes(profile: Profile, stages: list[list[str]]) -> list[float]:
@@ -233,9 +239,7 @@ def stage_costs(
             bwd_weight_batched_s=None if w_batched is None else w_batched / 1e3,
             send_act_s=send_act / 1e3, send_grad_s=send_grad / 1e3, allreduce_s=allreduce / 1e3,
             step_s=step / 1e3,
-            activation_bytes=in_flight_bytes(kept_layers, kept_out[k]),
-            weight_grad_bytes=int(sum(layer.weight_grad_bytes or 0.0 for layer in kept_layers)),
-            weight_input_bytes=int(sum(layer.weight_input_bytes or 0.0 for layer in kept_layers)),
+            **kept_bytes(kept_layers, kept_out[k]),
             weight_bytes=int(sum(layer.parameter_bytes for layer in layers)),
         ))
     return costs

@@ -21,7 +21,7 @@ from pipeboard.trainer.profile.calibration_records import Link
 from pipeboard.trainer.profile.schema import Profile
 from pipeboard.trainer.schedule import registry
 from pipeboard.trainer.schedule import predict
-from pipeboard.trainer.schedule.predict import (_schedule, in_flight_bytes, profile_overhead, recomputed, stage_costs,
+from pipeboard.trainer.schedule.predict import (_schedule, kept_bytes, profile_overhead, recomputed, stage_costs,
                                                 stage_output_bytes)
 
 
@@ -99,21 +99,18 @@ def _memory_schedule(schedule: str, stages: int, microbatches: int, replicas: tu
 
 
 def in_flight(longest: Profile, split: dict[str, Any]) -> dict[str, Any]:
-    """``split`` with each stage's ``activation_bytes`` what one microbatch in flight keeps on it
-    (predict.in_flight_bytes: what autograd saves in its layers and the stage's output) and its
-    ``activation_bytes_out`` what leaves it and ``weight_grad_bytes`` what a split backward keeps
-    from BI to W, all from ``longest`` (``Profile.at_longest``: the
-    longest measured length, what memory must fit when lengths vary; the profile itself when it
-    has one length). The stage activations the planner's split carries are outputs only."""
+    """``split`` with each stage's bytes kept per microbatch (``predict.kept_bytes``: activations
+    in flight, what a weight pass keeps from BI to W) and ``activation_bytes_out`` what leaves it,
+    all from ``longest`` (``Profile.at_longest``: the longest measured length, what memory must
+    fit when lengths vary; the profile itself when it has one length). The stage activations the
+    planner's split carries are outputs only."""
     stages = [st["layers"] for st in split["stages"]]
     outs = stage_output_bytes(longest, stages)
     by_name = {layer.name: layer for layer in longest.layers}
     filled = []
     for st, out in zip(split["stages"], outs):
         layers = [by_name[n] for n in st["layers"]]
-        filled.append({**st, "activation_bytes": in_flight_bytes(layers, out), "activation_bytes_out": int(out),
-                       "weight_grad_bytes": int(sum(layer.weight_grad_bytes or 0.0 for layer in layers)),
-                       "weight_input_bytes": int(sum(layer.weight_input_bytes or 0.0 for layer in layers))})
+        filled.append({**st, **kept_bytes(layers, out), "activation_bytes_out": int(out)})
     return {**split, "stages": filled}
 
 
