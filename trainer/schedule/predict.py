@@ -245,26 +245,30 @@ def stage_costs(
     return costs
 
 
-def recomputed(c: StageCosts, forward_s: float | None = None) -> StageCosts:
+def recomputed(c: StageCosts, forward_s: float | None = None, first: bool = False) -> StageCosts:
     """A stage's costs under activation recompute, as the runtime (trainer/runtime/stage.py) runs it.
 
-    ``forward_s``: the replayed forward (default ``c.fwd_s``). A full backward (B) and an
-    input-gradient backward (BI) first replay the forward through torch.utils.checkpoint: each
-    costs one forward more. A weight-gradient pass (W) of a recomputing stage cannot reuse the
-    BI's graph (it let it go, that is the memory recompute saves): it replays the forward from
-    the kept inputs and backpropagates to the weights, which runs the interior input gradients
-    again, so it costs a forward, a BI and a W; a batched W(-1) replays one microbatch at a time,
-    so it is no cheaper per microbatch."""
+    ``forward_s``: the replayed forward (default ``c.fwd_s``). A full backward (B) first replays
+    the forward through torch.utils.checkpoint: it costs one forward more. A weight-gradient pass
+    (W) of a recomputing stage cannot reuse the BI's graph (it let it go, that is the memory
+    recompute saves): it replays the forward from the kept inputs and backpropagates to the
+    weights, which runs the interior input gradients again, so it costs a forward, a BI and a W;
+    a batched W(-1) replays one microbatch at a time, so it is no cheaper per microbatch. An
+    input-gradient backward (BI) replays the forward and computes the input gradients, except on
+    the ``first`` stage, whose inputs (the data) want none: there it computes nothing, and W does
+    all of the backward."""
     f = c.fwd_s if forward_s is None else forward_s
     w = f + c.bi_s + c.w_s
-    return replace(c, bwd_s=c.bwd_s + f, bwd_input_s=c.bi_s + f, bwd_weight_s=w, bwd_weight_batched_s=w)
+    return replace(c, bwd_s=c.bwd_s + f, bwd_input_s=0.0 if first else c.bi_s + f, bwd_weight_s=w,
+                   bwd_weight_batched_s=w)
 
 
 def recomputed_costs(costs: list[StageCosts], redo) -> list[StageCosts]:
-    """``costs`` with the stages listed in ``redo`` recomputing (``recomputed``)."""
+    """``costs`` (one per virtual stage, the first first) with the stages listed in ``redo``
+    recomputing (``recomputed``)."""
     out = list(costs)
     for st in set(redo or ()):
-        out[st] = recomputed(out[st])
+        out[st] = recomputed(out[st], first=st == 0)
     return out
 
 

@@ -3,8 +3,8 @@
 Time: ``schedule.predict.stage_costs`` (the profile's per-layer forward, input- and weight-
 gradient backward, batched W(-1), optimizer step, the link's transfers and all-reduce, the
 runtime's calibrated overhead, the pilot runs) simulated in steady state by ``steady_step_s``,
-as the service's ``simulate`` does. A recomputed stage reruns its forward in its backward, so
-its layers' forward time is added to its backward (the input-gradient part, which comes first).
+as the service's ``simulate`` does. A recomputed stage reruns its forward in its backward, as
+``schedule.predict.recomputed`` charges it, from its layers' forward time.
 
 Memory: ``plan.memory_fit.plan_memory`` (``schedule.memory_model.worker_memory`` under the
 schedule's own action order) for one worker per stage; for a schedule with chunks the same
@@ -67,7 +67,7 @@ def predict_time(profile: Profile, split: dict[str, Any], schedule: str, microba
         for k, on in enumerate(recompute):
             if on:
                 extra = sum(by_name[n].forward_ms for n in stages[k]) / 1e3
-                costs[k] = recomputed(costs[k], extra)
+                costs[k] = recomputed(costs[k], extra, first=k == 0)
     spec = registry.get(schedule)
     cores = profile.meta.get("cores") if isinstance(profile.meta.get("cores"), int) else None
     step = steady_step_s(costs, schedule, microbatches, batch_weight_grads="batched" in spec.weight_grads,
