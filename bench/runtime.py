@@ -151,7 +151,7 @@ def _stage_work(rank: int, cfg: RunConfig, steps: int, out) -> None:
     ``Stage`` calls on the same action list (weight versions, batched weight gradients, steps and
     version releases included), with every transfer left out (inputs and output gradients are
     fixed tensors). Reports its samples/s and the mean seconds of each action kind."""
-    from pipeboard.trainer.runtime.executor import version_last_use
+    from pipeboard.trainer.schedule.stash import version_last_use
     from pipeboard.trainer.runtime.layout import resolve
     from pipeboard.trainer.runtime.stage import Stage
     from pipeboard.trainer.schedule.actions import Kind

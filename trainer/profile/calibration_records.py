@@ -55,6 +55,11 @@ class Link:
 
 
 OVERHEAD_FIELDS = ("forward_ms", "backward_ms", "backward_input_ms", "weight_call_ms", "step_ms")
+# What activation recompute (torch.utils.checkpoint) adds beyond its replayed compute: to F, to the
+# B and the BI that replay, and to each microbatch a W replays; optional in a sample (older
+# calibrations have none: read as 0).
+RECOMPUTE_FIELDS = ("recompute_forward_ms", "recompute_backward_ms", "recompute_backward_input_ms",
+                    "recompute_weight_ms")
 
 
 @dataclass
@@ -77,6 +82,21 @@ class Overhead:
     # first stage (inputs and targets) and the last stage (targets); None: not measured.
     load_first_ms: float | None = None
     load_last_ms: float | None = None
+    # Weight stashing's copy of a stage's weights before a step that keeps the version it
+    # replaces (runtime/versions.py), as [weight bytes, ms] pairs (measure_stash_copy); None:
+    # not measured.
+    stash_copy: list[list[float]] | None = None
+
+    def stash_copy_ms(self, nbytes: float) -> float:
+        """Milliseconds to copy ``nbytes`` of weights: linear between the measured sizes, from
+        zero below the smallest, the largest two's slope beyond (0 when not measured)."""
+        if not self.stash_copy or nbytes <= 0:
+            return 0.0
+        pts = [(0.0, 0.0), *sorted((float(b), float(ms)) for b, ms in self.stash_copy)]
+        for (b0, m0), (b1, m1) in zip(pts, pts[1:]):
+            if nbytes <= b1 or (b1, m1) == pts[-1]:
+                return max(0.0, m0 + (m1 - m0) * (nbytes - b0) / (b1 - b0)) if b1 > b0 else m1
+        return 0.0
 
     def at(self, layers: int, last: bool) -> dict[str, float]:
         """Milliseconds per action for a stage of ``layers`` parameterised layers: linear in the
@@ -86,8 +106,10 @@ class Overhead:
         pts = same or sorted(self.samples, key=lambda s: s["layers"])
         lo, hi = pts[0], pts[-1]
         out = {}
-        for key in OVERHEAD_FIELDS:
-            if hi["layers"] == lo["layers"]:
+        for key in OVERHEAD_FIELDS + RECOMPUTE_FIELDS:
+            if key not in lo or key not in hi:
+                out[key] = 0.0
+            elif hi["layers"] == lo["layers"]:
                 out[key] = float(lo[key])
             else:
                 slope = (hi[key] - lo[key]) / (hi["layers"] - lo["layers"])
@@ -116,7 +138,10 @@ class Overhead:
             for key in OVERHEAD_FIELDS:
                 if not is_size(s.get(key)):
                     raise ProfileError(f"{where}: field {key!r} must be a finite number >= 0, got {s.get(key)!r}")
-            extra = set(s) - {"layers", "last", *OVERHEAD_FIELDS}
+            for key in RECOMPUTE_FIELDS:
+                if key in s and not is_size(s[key]):
+                    raise ProfileError(f"{where}: field {key!r} must be a finite number >= 0, got {s[key]!r}")
+            extra = set(s) - {"layers", "last", *OVERHEAD_FIELDS, *RECOMPUTE_FIELDS}
             if extra:
                 raise ProfileError(f"{where} has unknown field(s) {sorted(extra)}")
         per_run = {}
@@ -128,6 +153,14 @@ class Overhead:
                 raise ProfileError(f"profile JSON: overhead.{key} must be a finite number >= 0, got {value!r}")
             if key in raw:
                 per_run[key] = float(value)
+        copy = raw.get("stash_copy")
+        if copy is not None:
+            if (not isinstance(copy, list) or not copy
+                    or not all(isinstance(pt, list) and len(pt) == 2 and all(map(is_size, pt)) and pt[0] > 0
+                               for pt in copy)):
+                raise ProfileError("profile JSON: overhead.stash_copy must be a non-empty list of [bytes > 0, ms >= 0] "
+                                   f"pairs, or null; got {copy!r}")
+            per_run["stash_copy"] = [[float(b), float(ms)] for b, ms in copy]
         return cls(samples=[dict(s) for s in raw["samples"]], microbatches=mbs, **per_run)
 
 

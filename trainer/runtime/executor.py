@@ -20,7 +20,6 @@ the same executor runs training, validation and the test emulations.
 from __future__ import annotations
 
 import time
-from collections import defaultdict
 from typing import Callable
 
 import torch
@@ -30,29 +29,9 @@ from pipeboard.trainer.runtime.instrument import Heartbeat, Recorder
 from pipeboard.trainer.runtime.posting import TAGGED_LOOKAHEAD, receive_posts
 from pipeboard.trainer.runtime.stage import Stage
 from pipeboard.trainer.schedule.actions import Action, Kind
+from pipeboard.trainer.schedule.stash import steps_keeping_version, version_last_use
 
-COMPUTE = (Kind.FORWARD, Kind.BACKWARD, Kind.BACKWARD_INPUT, Kind.BACKWARD_WEIGHT)
 RECV = (Kind.RECV_ACT, Kind.RECV_GRAD)
-
-
-def version_last_use(actions: list[Action]) -> tuple[dict[tuple[int, int], int], dict[int, list[tuple[int, int]]]]:
-    """Where each (stage, weight version) is used for the last time, and the versions whose last
-    use each position is. A W(-1) uses the versions of every BI it completes: their weight
-    gradients land on those versions' tensors."""
-    last_use: dict[tuple[int, int], int] = {}
-    awaiting_w: dict[int, set[int]] = defaultdict(set)  # stage -> versions of BIs since its last W(-1)
-    for i, a in enumerate(actions):
-        if a.kind in COMPUTE:
-            last_use[(a.stage, a.version)] = i
-            if a.kind is Kind.BACKWARD_INPUT:
-                awaiting_w[a.stage].add(a.version)
-            elif a.kind is Kind.BACKWARD_WEIGHT and a.microbatch < 0:
-                for v in awaiting_w.pop(a.stage, ()):
-                    last_use[(a.stage, v)] = i
-    releases: dict[int, list[tuple[int, int]]] = defaultdict(list)
-    for key, i in last_use.items():
-        releases[i].append(key)
-    return last_use, releases
 
 
 class _NoRecord:
@@ -118,6 +97,7 @@ class Executor:
 
         # Where each weight version is used for the last time, and each step's last action.
         last_use, releases = version_last_use(actions)
+        keeping = steps_keeping_version(actions, last_use)
         step_end: dict[int, int] = {}
         step_at: list[int] = []  # W(-1), ALLREDUCE, STEP belong to the step of the work before them
         current_step = step_of(0)
@@ -203,8 +183,7 @@ class Executor:
                 stage.allreduce(self.groups[tuple(a.group)])
                 hb.waiting(False)
             elif kind is Kind.STEP:
-                keep = last_use.get((s, stage.versions.current), -1) > i
-                stage.step(a.version, keep)
+                stage.step(a.version, i in keeping)
             rec.record(kind, s, event_mb(mb) if mb >= 0 else -1, t0, rec.mark(), step_at[i])
             for stage_index, version in releases.get(i, ()):
                 self.stages[stage_index].versions.release(version)

@@ -11,6 +11,8 @@ weight-gradient bookkeeping of BI and W(-1).
 the ``Executor``'s walk per action, and per step its set-up and the worker's step report.
 ``measure_data_load(task, ...)`` times a task's own data loading per step, first and last stage.
 ``measure_generic_weight_overhead()`` what W adds per non-Linear parameterised layer and microbatch.
+``measure_stash_copy()`` what weight stashing adds to a step that keeps the version it replaces.
+``measure_recompute_overhead(layers, last)`` what activation recompute's machinery adds per action.
 
 ``calibrate()`` measures a few stage shapes (layer counts, last or not) and the executor into the
 profile's ``overhead`` field (``pipeboard.trainer.profile.calibration_records.Overhead``), which
@@ -36,16 +38,19 @@ from pipeboard.trainer.schedule.predict import ActionOverhead
 # Stage shapes calibrate() measures: the overhead grows with the stage's parameterised layers
 # (each is recorded and, for W(-1), handled on its own), and the last stage adds the loss.
 CALIBRATION_LAYERS = (1, 4)
+# Weight sizes measure_stash_copy times: one that stays in a server's caches, one far past them.
+STASH_COPY_BYTES = (4 << 20, 64 << 20)
 
 
 def _median_s(xs: list[float]) -> float:
     return statistics.median(xs[len(xs) // 5:])
 
 
-def measure_action_overhead(layers: int, last: bool, microbatches: int = 8, rounds: int = 40) -> ActionOverhead:
-    """Seconds the runtime's ``Stage`` adds to each action of a stage of ``layers``
-    parameterised layers (the last stage computes the loss in its forward), over
-    ``microbatches`` microbatches per round (W(-1) batches them all)."""
+def _timed_actions(layers: int, last: bool, microbatches: int, rounds: int, recompute: bool) -> dict[str, float]:
+    """Median seconds of the runtime Stage's F, B, BI, W(-1) over ``microbatches`` and step on a
+    stage of ``layers`` Linear(4, 4)+ReLU layers on one sample (``recompute``: the Stage
+    recomputing), and of the plain module's forward (pF), backward (pB), input-only backward
+    (pBI) and step on the same tensors (pstep)."""
     if layers < 1 or microbatches < 1 or rounds < 1:
         raise ValueError(f"layers, microbatches and rounds must be >= 1, got {layers}, {microbatches}, {rounds}")
 
@@ -57,7 +62,7 @@ def measure_action_overhead(layers: int, last: bool, microbatches: int = 8, roun
     x, y, g = torch.randn(1, 4), torch.randn(1, 4), torch.ones(1, 4)
     mod, opt = tiny()
     stage = Stage(1, mod, opt, is_first=False, is_last=last, loss_fn=torch.nn.functional.mse_loss, stash=False,
-                  loss_scale=1 / microbatches, layer_calls=True)
+                  loss_scale=1 / microbatches, layer_calls=True, recompute=recompute)
     plain, plain_opt = tiny()
     t: dict[str, list[float]] = defaultdict(list)
     clock = time.perf_counter
@@ -93,11 +98,32 @@ def measure_action_overhead(layers: int, last: bool, microbatches: int = 8, roun
         t["pstep"].append(clock() - t0)
         for p in plain.parameters():
             p.grad = None
-    m = {k: _median_s(v) for k, v in t.items()}
+    return {k: _median_s(v) for k, v in t.items()}
+
+
+def measure_action_overhead(layers: int, last: bool, microbatches: int = 8, rounds: int = 40) -> ActionOverhead:
+    """Seconds the runtime's ``Stage`` adds to each action of a stage of ``layers``
+    parameterised layers (the last stage computes the loss in its forward), over
+    ``microbatches`` microbatches per round (W(-1) batches them all)."""
+    m = _timed_actions(layers, last, microbatches, rounds, recompute=False)
     return ActionOverhead(forward_s=max(0.0, m["F"] - m["pF"]), backward_s=max(0.0, m["B"] - m["pB"]),
                           backward_input_s=max(0.0, m["BI"] - m["pBI"]),
                           weight_call_s=max(0.0, m["W"] - (m["pB"] - m["pBI"])),
                           step_s=max(0.0, m["step"] - m["pstep"]))
+
+
+def measure_recompute_overhead(layers: int, last: bool, microbatches: int = 8, rounds: int = 30) -> dict[str, float]:
+    """Seconds a recomputing ``Stage`` adds per action (torch.utils.checkpoint's own machinery)
+    beyond what the cost model charges it (``schedule.predict.recomputed``: the stage's own
+    actions, plus a replayed forward in the B and the BI, and a forward and a backward per
+    microbatch a W(-1) replays), from the same stage measured without recompute. Keys as
+    ``RECOMPUTE_FIELDS`` less ``_ms``."""
+    plain = _timed_actions(layers, last, microbatches, rounds, recompute=False)
+    redo = _timed_actions(layers, last, microbatches, rounds, recompute=True)
+    return {"recompute_forward": max(0.0, redo["F"] - plain["F"]),
+            "recompute_backward": max(0.0, redo["B"] - plain["B"] - plain["F"]),
+            "recompute_backward_input": max(0.0, redo["BI"] - plain["BI"] - plain["F"]),
+            "recompute_weight": max(0.0, redo["W"] / microbatches - plain["F"] - plain["B"])}
 
 
 def measure_generic_weight_overhead(layers: int = 4, microbatches: int = 4, rounds: int = 30) -> float:
@@ -223,6 +249,35 @@ def measure_data_load(task, batch_size: int, microbatches: int, steps: int = 12)
     return out[0], out[1]
 
 
+def measure_stash_copy(sizes: tuple[int, ...] = STASH_COPY_BYTES, rounds: int = 10) -> list[list[float]]:
+    """[weight bytes, ms] per size: what ``WeightVersions.step`` (weight stashing, Adam) adds when
+    it must keep the version it replaces (the weights moved to fresh storage from the version
+    pool, then the update) over the same step in place, alternating the two."""
+    from pipeboard.trainer.runtime.versions import WeightVersions
+
+    out = []
+    for nbytes in sizes:
+        module = torch.nn.Module()
+        for k in range(4):  # a stage's weights come in several tensors
+            module.register_parameter(f"w{k}", torch.nn.Parameter(torch.randn(nbytes // 16)))
+        params = list(module.parameters())
+        versions = WeightVersions(module, torch.optim.Adam(params, lr=1e-4), stash=True)
+        grads = [torch.full_like(p, 1e-3) for p in params]
+        times: dict[bool, list[float]] = {True: [], False: []}
+        for _ in range(rounds):
+            for keep in (True, False):
+                for p, g in zip(params, grads):
+                    p.grad = g
+                old = versions.current
+                t0 = time.perf_counter()
+                versions.step(old + 1, keep)
+                times[keep].append(time.perf_counter() - t0)
+                if keep:  # its last use passed: back to the pool, as the executor releases it
+                    versions.release(old)
+        out.append([float(nbytes), max(0.0, _median_s(times[True]) - _median_s(times[False])) * 1e3])
+    return out
+
+
 def calibrate(layer_counts: tuple[int, ...] = CALIBRATION_LAYERS, microbatches: int = 8, rounds: int = 40) -> Overhead:
     """The runtime's per-action overhead on stages of each of ``layer_counts`` layers, last and
     not last, and the executor's per action and per step, as a profile's ``overhead``
@@ -234,12 +289,15 @@ def calibrate(layer_counts: tuple[int, ...] = CALIBRATION_LAYERS, microbatches: 
         for last in (False, True):
             for n in layer_counts:
                 o = measure_action_overhead(n, last, microbatches=microbatches, rounds=rounds)
+                redo = measure_recompute_overhead(n, last, microbatches=microbatches, rounds=rounds)
                 samples.append({"layers": n, "last": last, "forward_ms": o.forward_s * 1e3,
                                 "backward_ms": o.backward_s * 1e3, "backward_input_ms": o.backward_input_s * 1e3,
-                                "weight_call_ms": o.weight_call_s * 1e3, "step_ms": o.step_s * 1e3})
+                                "weight_call_ms": o.weight_call_s * 1e3, "step_ms": o.step_s * 1e3,
+                                **{f"{k}_ms": v * 1e3 for k, v in redo.items()}})
         per_action, per_step = measure_executor_overhead()
         generic = measure_generic_weight_overhead()
+        stash_copy = measure_stash_copy()
     finally:
         torch.set_num_threads(threads)
     return Overhead(samples=samples, microbatches=microbatches, executor_action_ms=per_action * 1e3,
-                    executor_step_ms=per_step * 1e3, generic_weight_ms=generic * 1e3)
+                    executor_step_ms=per_step * 1e3, generic_weight_ms=generic * 1e3, stash_copy=stash_copy)

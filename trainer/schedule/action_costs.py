@@ -27,6 +27,15 @@ class StageCosts:
     send_grad_s: float = 0.0  # moving the gradient of this stage's input to the previous stage
     allreduce_s: float = 0.0  # all-reduce of this stage's gradients among its replicas
     step_s: float = 0.0  # optimizer step
+    # weight stashing: a STEP whose replaced version is still used later first moves the weights
+    # to fresh storage (runtime/versions.py), a copy of them (stash.steps_keeping_version)
+    stash_copy_s: float = 0.0
+    # activation recompute's own machinery (torch.utils.checkpoint), per action, charged by
+    # predict.recomputed when the stage recomputes: F, the B and BI that replay, each W replay
+    recompute_fwd_extra_s: float = 0.0
+    recompute_bwd_extra_s: float = 0.0
+    recompute_bi_extra_s: float = 0.0
+    recompute_w_extra_s: float = 0.0
     activation_bytes: int = 0  # kept per in-flight microbatch between forward and backward
     weight_bytes: int = 0  # one version of the stage's weights
     weight_grad_bytes: int = 0  # kept from a microbatch's BI to its W (its weighted outputs' gradients)
@@ -59,6 +68,7 @@ class StageCosts:
             bwd_weight_s=None if self.bwd_weight_s is None else self.bwd_weight_s * factor,
             bwd_weight_batched_s=None if self.bwd_weight_batched_s is None else self.bwd_weight_batched_s * factor,
             step_s=self.step_s * factor,
+            stash_copy_s=self.stash_copy_s * factor,
             activation_bytes=int(self.activation_bytes * factor),
             weight_bytes=int(self.weight_bytes * factor),
             weight_grad_bytes=int(self.weight_grad_bytes * factor),

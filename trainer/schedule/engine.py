@@ -15,7 +15,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from pipeboard.trainer.schedule.actions import Kind, Schedule, ScheduleError
-from pipeboard.trainer.schedule.stash import CODES, batched_weight_counts
+from pipeboard.trainer.schedule.stash import CODES, batched_weight_counts, steps_keeping_version
 
 if TYPE_CHECKING:
     import numpy as np
@@ -30,6 +30,7 @@ F, B, BI, W, SA, RA, SG, RG, AR, ST = (
 # the loop relies on this numbering: computes first, then send/recv pairs with odd receives
 assert (F, B, BI, W, SA, RA, SG, RG) == tuple(range(8))
 WB = len(CODES)  # column of the duration table: a batched W's seconds per microbatch covered
+COPY = WB + 1  # and a STEP's copy of the weights when it must keep the version it replaces
 
 
 @contextmanager
@@ -69,13 +70,14 @@ class Trace:
 
 
 def durations(costs) -> np.ndarray:
-    """dur[stage, code] from a list of StageCosts (and dur[stage, WB]: a batched W per microbatch)."""
+    """dur[stage, code] from a list of StageCosts (and dur[stage, WB]: a batched W per microbatch;
+    dur[stage, COPY]: weight stashing's copy before a STEP that keeps the replaced version)."""
     import numpy as np
-    table = np.zeros((len(costs), len(CODES) + 1))
+    table = np.zeros((len(costs), len(CODES) + 2))
     for i, c in enumerate(costs):
         for code, value in ((F, c.fwd_s), (B, c.bwd_s), (BI, c.bi_s), (W, c.w_s), (SA, c.send_act_s),
                             (SG, c.send_grad_s), (AR, c.allreduce_s), (ST, c.step_s),
-                            (WB, c.w_batched_s)):  # fmt: skip
+                            (WB, c.w_batched_s), (COPY, c.stash_copy_s)):  # fmt: skip
             table[i, code] = value
     return table
 
@@ -83,7 +85,8 @@ def durations(costs) -> np.ndarray:
 def compile_programs(schedule: Schedule, cols: list[tuple], sources: list, dur: np.ndarray,
                      overlap_f_b: bool = False) -> list[Program]:
     """The loop's programs from ``cols`` (stash.schedule_columns); ``sources[w][i]`` is worker w's
-    Action at index i wherever that is an ALLREDUCE (its group's size is read). ``overlap_f_b``:
+    Action at index i wherever that is a compute, an ALLREDUCE (its group's size is read) or a
+    STEP (the versions it keeps). ``overlap_f_b``:
     the pairs of ``meta["overlap_f_b"]`` run overlapped (actions.OverlapFB)."""
     import numpy as np
     S = schedule.num_stages
@@ -107,6 +110,9 @@ def compile_programs(schedule: Schedule, cols: list[tuple], sources: list, dur: 
         d = dur[stage, code] if len(code) else np.zeros(0)
         for i, n in batched_weight_counts(code, stage, mb).items():
             d[i] = n * dur[stage[i], WB]
+        if not schedule.meta.get("sync", True):  # only without a flush may a step outlive a version's use
+            for i in steps_keeping_version(acts):
+                d[i] += dur[stage[i], COPY]
         progs.append(
             Program(code, stage, mb, d, code.tolist(), key.tolist(), d.tolist(), stage.tolist())
         )

@@ -15,6 +15,7 @@ registry, read by every `pipeboard` command's help) does not load it.
 
 from __future__ import annotations
 
+from collections import defaultdict
 from operator import attrgetter
 from typing import TYPE_CHECKING
 
@@ -26,6 +27,7 @@ if TYPE_CHECKING:
 CODES = {kind: i for i, kind in enumerate(Kind)}
 F, B, BI, W = (CODES[k] for k in (Kind.FORWARD, Kind.BACKWARD, Kind.BACKWARD_INPUT, Kind.BACKWARD_WEIGHT))
 STEP = CODES[Kind.STEP]
+COMPUTE = (Kind.FORWARD, Kind.BACKWARD, Kind.BACKWARD_INPUT, Kind.BACKWARD_WEIGHT)
 
 
 def columns(acts: list[Action]) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
@@ -104,3 +106,36 @@ def memory_profile(schedule: Schedule, cols: list[tuple] | None = None) -> tuple
         max(peak_versions(c[0], c[1], c[3], s) for s in spec.stages) for spec, c in zip(schedule.workers, cols)
     ]
     return activations, versions
+
+
+def version_last_use(actions: list[Action]) -> tuple[dict[tuple[int, int], int], dict[int, list[tuple[int, int]]]]:
+    """Where each (stage, weight version) is used for the last time, and the versions whose last
+    use each position is. A W(-1) uses the versions of every BI it completes: their weight
+    gradients land on those versions' tensors."""
+    last_use: dict[tuple[int, int], int] = {}
+    awaiting_w: dict[int, set[int]] = defaultdict(set)  # stage -> versions of BIs since its last W(-1)
+    for i, a in enumerate(actions):
+        if a is not None and a.kind in COMPUTE:
+            last_use[(a.stage, a.version)] = i
+            if a.kind is Kind.BACKWARD_INPUT:
+                awaiting_w[a.stage].add(a.version)
+            elif a.kind is Kind.BACKWARD_WEIGHT and a.microbatch < 0:
+                for v in awaiting_w.pop(a.stage, ()):
+                    last_use[(a.stage, v)] = i
+    releases: dict[int, list[tuple[int, int]]] = defaultdict(list)
+    for key, i in last_use.items():
+        releases[i].append(key)
+    return last_use, releases
+
+
+def steps_keeping_version(actions: list[Action | None],
+                          last_use: dict[tuple[int, int], int] | None = None) -> set[int]:
+    """Positions of the STEPs after which the version they replace (the one before the version
+    they produce) is still used by a later action: the runtime must keep it unchanged, so with
+    weight stashing it moves the parameters to fresh storage first (runtime/versions.py: a copy
+    of the stage's weights that the cost model charges). ``actions``: one worker's, in order
+    (None where a column holds no Action: a transfer); ``last_use``: ``version_last_use``'s."""
+    if last_use is None:
+        last_use = version_last_use(actions)[0]
+    return {i for i, a in enumerate(actions)
+            if a is not None and a.kind is Kind.STEP and last_use.get((a.stage, a.version - 1), -1) > i}
