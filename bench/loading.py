@@ -46,7 +46,7 @@ import torch  # noqa: E402
 
 from pipeboard.trainer.hostinfo import cpu_name  # noqa: E402
 from pipeboard.trainer.runtime import RunConfig, run_training  # noqa: E402
-from pipeboard.trainer.runtime.config import SCHEDULES  # noqa: E402
+from pipeboard.trainer.runtime.run_config import SCHEDULES  # noqa: E402
 from pipeboard.trainer.spec import load_task  # noqa: E402
 
 TASKS = str(Path(__file__).resolve().with_name("loading_tasks.py"))

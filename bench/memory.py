@@ -31,7 +31,7 @@ import torch  # noqa: E402
 from torch.utils.data import default_collate  # noqa: E402
 
 from pipeboard.trainer.runtime import stage_modules  # noqa: E402
-from pipeboard.trainer.runtime.config import RunConfig  # noqa: E402
+from pipeboard.trainer.runtime.run_config import RunConfig  # noqa: E402
 from pipeboard.trainer.schedule.stash import version_last_use  # noqa: E402
 from pipeboard.trainer.runtime.layout import resolve  # noqa: E402
 from pipeboard.trainer.runtime.memory_predict import measure_stages, predicted_bytes_per_stage  # noqa: E402

@@ -27,7 +27,7 @@ sys.path[:] = [p for p in sys.path if os.path.abspath(p or ".") != os.path.dirna
 
 from pipeboard.trainer.hostinfo import cpu_name  # noqa: E402
 from pipeboard.trainer.runtime import RunConfig, run_training  # noqa: E402
-from pipeboard.trainer.runtime.config import ConfigError  # noqa: E402
+from pipeboard.trainer.runtime.run_config import ConfigError  # noqa: E402
 from pipeboard.trainer.sink import NullSink  # noqa: E402
 
 MODELS = "mlp,mlp-digits,cnn-digits,transformer-text,gpt2-text"

@@ -45,7 +45,7 @@ import torch  # noqa: E402
 
 from pipeboard.trainer.hostinfo import cpu_name  # noqa: E402
 from pipeboard.trainer.runtime import RunConfig, run_training  # noqa: E402
-from pipeboard.trainer.runtime.config import SCHEDULES  # noqa: E402
+from pipeboard.trainer.runtime.run_config import SCHEDULES  # noqa: E402
 from pipeboard.trainer.sink import ListSink  # noqa: E402
 
 MODELS = {  # zoo name -> (model args, batch size: the task's own)

@@ -32,7 +32,7 @@ def main() -> None:
     ap.add_argument("--steps", type=int, default=4)
     args = ap.parse_args()
     from pipeboard.app.cli.tune import _profile_spec
-    from pipeboard.trainer.runtime.config import RunConfig
+    from pipeboard.trainer.runtime.run_config import RunConfig
     from pipeboard.trainer.runtime.launch import run_training
     from pipeboard.trainer.tune import search
     from pipeboard.trainer.tune.tuned import run_fields

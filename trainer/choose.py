@@ -216,7 +216,7 @@ def runtime_schedule(plan_obj: Any, schedule: str, microbatches: int, *, chunks:
     run executes: batched weight gradients where the runtime batches them (not dp, not zb-h1),
     pipedream's one update per batch, interleaved's chunks over the plan's stages. Raises
     ConfigError or ScheduleError."""
-    from pipeboard.trainer.runtime.config import RunConfig
+    from pipeboard.trainer.runtime.run_config import RunConfig
     from pipeboard.trainer.runtime.layout import resolve
 
     d = plan_obj.to_dict() if hasattr(plan_obj, "to_dict") else plan_obj
@@ -314,7 +314,7 @@ def simulate_plan(plan_obj: Any, schedule: str, microbatches: int, *, samples_pe
     A simulated microbatch costs what the profile measured for one of its batches, so callers
     profile at the microbatch size they will run.
     """
-    from pipeboard.trainer.runtime.config import ConfigError
+    from pipeboard.trainer.runtime.run_config import ConfigError
     from pipeboard.trainer.schedule import ScheduleError
     from pipeboard.trainer.schedule.action_costs import costs_from_plan, data_parallel_costs_from_plan
     from pipeboard.trainer.schedule.simulator import simulate as run_sim

@@ -10,7 +10,7 @@
         [--loader-workers N]
 
 A run file (`--config`) is the whole run configuration as one JSON object, the fields of
-pipeboard.trainer.runtime.config.RunConfig (a key it does not have is refused): the service hands
+pipeboard.trainer.runtime.run_config.RunConfig (a key it does not have is refused): the service hands
 each job's specification to its run this way (app/services/run_setup.py), parsed once, here.
 
 SPEC is a zoo name or a task factory (`package.module:function`, `path/to/file.py:function`)
@@ -157,7 +157,7 @@ def register(cli: typer.Typer) -> None:
                                       "environment; several hosts): rank 0 reports and prints the summary."),
     ) -> None:
         """Train a model (a zoo task or your own) with a pipeline schedule, one process per stage replica."""
-        from pipeboard.trainer.runtime.config import ConfigError, RunConfig
+        from pipeboard.trainer.runtime.run_config import ConfigError, RunConfig
 
         from pipeboard.app.core.lifetime import Terminated
 
@@ -269,7 +269,7 @@ def register(cli: typer.Typer) -> None:
 
 def _recompute_stages(text: str, cfg) -> list[int] | None:
     """--recompute all|none|0,2 as the run's list of virtual stages (ConfigError naming the flag)."""
-    from pipeboard.trainer.runtime.config import ConfigError
+    from pipeboard.trainer.runtime.run_config import ConfigError
 
     word = text.strip().lower()
     if word == "none":

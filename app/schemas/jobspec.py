@@ -1,6 +1,6 @@
 """A job's specification (version 2): what `POST /jobs`, the new-job form and `pipeboard submit`
 fill, what the database stores as it is, and what the run receives whole (app/services/runner.py
-turns it into trainer/runtime/config.py's RunConfig, one file).
+turns it into trainer/runtime/run_config.py's RunConfig, one file).
 
 It is checked once, here, at the door: unknown fields and non-finite numbers are refused, and the
 fields are checked against each other and against the schedule registry. The checks that need the
@@ -39,7 +39,7 @@ DEFAULT_STEPS = 50
 
 @dataclass(frozen=True)
 class Run:
-    """Marks a field the run receives as it is: the RunConfig field (trainer/runtime/config.py) it
+    """Marks a field the run receives as it is: the RunConfig field (trainer/runtime/run_config.py) it
     sets. app/services/run_setup.py's run_config copies every marked field, so an option the run
     takes is one field here (and its control in the form)."""
 

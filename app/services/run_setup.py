@@ -1,4 +1,4 @@
-"""What a job's run is started with: the run file (trainer/runtime/config.py's RunConfig from the
+"""What a job's run is started with: the run file (trainer/runtime/run_config.py's RunConfig from the
 job's specification and plan), the `pipeboard train` command that reads it, the environment of
 the phases' child processes, and where the job's checkpoints live. The job runner
 (app/services/runner.py) and a member host (app/services/member.py) start runs with these.
@@ -65,7 +65,7 @@ EPOCHS_UNDER_A_TIME_RULE = 100000.0
 def run_config(spec: JobSpec, plan: dict[str, Any], source: str | None = None,
                default_args: dict[str, Any] | None = None, *, checkpoint_dir: Path | None = None,
                recorded: int | None = None) -> dict[str, Any]:
-    """The run's configuration (trainer/runtime/config.py's RunConfig, plain) from the job's
+    """The run's configuration (trainer/runtime/run_config.py's RunConfig, plain) from the job's
     specification and its plan: every field of the specification that concerns the run goes here,
     and nowhere else (tests/app/test_jobspec.py fails for one that does not arrive). ``source`` is
     the model's task factory (a registered model's; default the zoo name), with its registered
@@ -74,7 +74,7 @@ def run_config(spec: JobSpec, plan: dict[str, Any], source: str | None = None,
     ``recorded``, the last step the job has measurements of (a lost run may have checkpointed steps
     it never reported: those are trained again)."""
     from pipeboard.trainer.plan.plan_format import Plan
-    from pipeboard.trainer.runtime.config import RunConfig
+    from pipeboard.trainer.runtime.run_config import RunConfig
 
     given: dict[str, Any] = {}
     for section_name in type(spec).model_fields:  # every field marked Run(...) goes as it is
@@ -85,7 +85,7 @@ def run_config(spec: JobSpec, plan: dict[str, Any], source: str | None = None,
         given["epochs"] = EPOCHS_UNDER_A_TIME_RULE
     # the model: a registered model's task factory, its registered arguments under the job's own
     if spec.layout.schedule_file is not None:  # the job's own file, named by its content; the run
-        # registers it from schedule_csv (runtime/config.py), so writing the run file registers nothing here
+        # registers it from schedule_csv (runtime/run_config.py), so writing the run file registers nothing here
         from pipeboard.trainer.schedule.torchcsv import text_schedule_name
 
         given["schedule"] = text_schedule_name(spec.layout.schedule_file)

@@ -16,7 +16,7 @@ from pipeboard.app.models import Job, WorkerHeartbeat
 from pipeboard.app.schemas import JobSpec
 from pipeboard.app.schemas.jobspec import Section
 from pipeboard.app.services import planning, runner
-from pipeboard.trainer.runtime.config import ConfigError, RunConfig
+from pipeboard.trainer.runtime.run_config import ConfigError, RunConfig
 from pipeboard.trainer.schedule.torchcsv import dumps
 from tests.app.test_services_planning import calibrated_chain
 from pipeboard.trainer.schedule.torch_reference import torch_rows
@@ -138,7 +138,7 @@ def test_a_jobs_own_schedule_file_reaches_a_fresh_process_through_the_run_file(t
     spec = JobSpec.model_validate(merged({"layout": CUSTOM}))
     assert spec.problems() == []
     run_file_config(spec, tmp_path)
-    probe = ("import sys; from pipeboard.trainer.runtime.config import RunConfig; "
+    probe = ("import sys; from pipeboard.trainer.runtime.run_config import RunConfig; "
              "from pipeboard.trainer.schedule import build; from pipeboard.trainer.schedule.torchcsv import export_rows, dumps; "
              "cfg = RunConfig.load(sys.argv[1]); cfg.validate(); "
              "print(dumps(export_rows(build(cfg.schedule, 2, cfg.microbatches, chunks=cfg.chunks))), end='')")

@@ -14,7 +14,7 @@ from pipeboard.app.schemas import JobSpec
 from pipeboard.app.services import planning
 from pipeboard.app.services.errors import ServiceError
 from pipeboard.app.services.runner import run_config
-from pipeboard.trainer.runtime.config import ConfigError, RunConfig
+from pipeboard.trainer.runtime.run_config import ConfigError, RunConfig
 from tests.app.test_services_planning import calibrated_chain
 
 BASE = {"version": 2, "model": {"name": "mlp-digits", "batch_size": 32},

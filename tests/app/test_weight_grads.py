@@ -90,7 +90,7 @@ def test_a_job_stored_without_the_field_reads_retries_and_trains_batched(client,
 
 @pytest.mark.parametrize("choice", ["batched", "immediate"])
 def test_the_run_configuration_carries_the_choice(choice):
-    from pipeboard.trainer.runtime.config import RunConfig
+    from pipeboard.trainer.runtime.run_config import RunConfig
 
     spec = JobSpec.model_validate({**JOB, "method": "pipedream", "weight_grads": choice, "hyperparameters": {"seed": 3}})
     cfg = RunConfig.from_dict(run_config(spec, plan_of(spec)))
@@ -182,7 +182,7 @@ def test_simulate_split_backward_means_immediate_and_bad_values_are_named(tmp_pa
 def run_actions(plan: dict, schedule: str, microbatches: int, weight_grads: str) -> list[list[tuple]]:
     """Compute actions per worker of the step `pipeboard train --plan` runs (its layout, built as
     the workers build it)."""
-    from pipeboard.trainer.runtime.config import RunConfig
+    from pipeboard.trainer.runtime.run_config import RunConfig
     from pipeboard.trainer.runtime.layout import resolve
 
     cfg = RunConfig(model="mlp-digits", schedule=schedule, batch_size=8 * microbatches, microbatches=microbatches,

@@ -10,7 +10,7 @@ import torch
 from pipeboard.trainer import cpu_matmul
 from pipeboard.trainer.runtime import RunConfig, run_training
 from pipeboard.trainer.runtime.checkpoint import assemble_model
-from pipeboard.trainer.runtime.config import ConfigError
+from pipeboard.trainer.runtime.run_config import ConfigError
 from pipeboard.trainer.runtime.reference import train_sync
 
 needs_onednn = pytest.mark.skipif(not cpu_matmul.available(), reason="this PyTorch build has no oneDNN")

@@ -15,7 +15,7 @@ import torch.distributed as dist
 
 from pipeboard.trainer.runtime import shm
 from pipeboard.trainer.runtime.comm import P2P, BoundarySpec, TensorSpec, open_channels
-from pipeboard.trainer.runtime.config import ConfigError
+from pipeboard.trainer.runtime.run_config import ConfigError
 from pipeboard.trainer.runtime.launch import free_port, gpu_devices
 
 GIB = 2**30
@@ -154,7 +154,7 @@ def test_stages_whose_memory_cannot_fit_the_gpus_are_refused_before_anything_sta
 
 
 def test_a_worker_takes_the_gpu_the_launcher_assigned_else_its_local_rank(monkeypatch):
-    from pipeboard.trainer.runtime.worker import run_device
+    from pipeboard.trainer.runtime.worker_process import run_device
 
     monkeypatch.setattr(torch.cuda, "device_count", lambda: 2)
     monkeypatch.setenv("LOCAL_RANK", "3")

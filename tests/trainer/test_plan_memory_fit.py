@@ -3,7 +3,7 @@ cap nothing fits gets one line naming the smallest need."""
 
 import pytest
 
-from pipeboard.trainer.plan.errors import PlanError
+from pipeboard.trainer.plan.plan_error import PlanError
 from pipeboard.trainer.plan.memory_fit import choose_under_cap, least_memory, plan_memory, with_recompute
 from pipeboard.trainer.schedule.builder import build
 from pipeboard.trainer.schedule.memory_model import StageMemory, run_schedule, worker_memory
@@ -67,7 +67,7 @@ def test_pipeboard_plan_under_a_cap_recomputes_or_names_the_smallest_need(tmp_pa
 
     from pipeboard.app.cli import cli
     from pipeboard.trainer.plan import Plan
-    from pipeboard.trainer.runtime.config import RunConfig
+    from pipeboard.trainer.runtime.run_config import RunConfig
     from tests.shared_data import graph_txt
 
     def plan(*extra):

@@ -24,7 +24,7 @@ from pipeboard.trainer.plan import recurrence, solve
 from pipeboard.trainer.plan.strategies import all_rows, top_row, two_machine_top
 from pipeboard.trainer.plan.strategies.arrays import ChainArrays, Dense
 from pipeboard.trainer.plan.formulas import LevelSpec, level_specs
-from pipeboard.trainer.plan.errors import PlanError
+from pipeboard.trainer.plan.plan_error import PlanError
 from pipeboard.trainer.plan.pipedream_plan import pipedream_plan
 from pipeboard.trainer.plan.states import state_chain
 

@@ -10,12 +10,12 @@ import pytest
 import torch
 
 from pipeboard.trainer.runtime import checkpoint
-from pipeboard.trainer.runtime.config import ConfigError
+from pipeboard.trainer.runtime.run_config import ConfigError
 from pipeboard.trainer.runtime.data import ValStream
 from pipeboard.trainer.runtime.instrument import Recorder, StepReports
 from pipeboard.trainer.runtime.stage import Stage
 from pipeboard.trainer.runtime.torchrun_entry import check_local_gpus
-from pipeboard.trainer.runtime.worker import run_device
+from pipeboard.trainer.runtime.worker_process import run_device
 from pipeboard.trainer.zoo import get as zoo_get
 
 

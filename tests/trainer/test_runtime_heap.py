@@ -10,7 +10,7 @@ import weakref
 import pytest
 
 from pipeboard.trainer.runtime import RunConfig, run_training
-from pipeboard.trainer.runtime.worker import freeze_heap
+from pipeboard.trainer.runtime.worker_process import freeze_heap
 
 # A loss that fails where the objects alive before training are still walked by every collection
 # (the last stage's worker; the launcher checks the task with it too): the run then fails with its message.

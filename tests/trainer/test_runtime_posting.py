@@ -22,7 +22,7 @@ from pipeboard.trainer.runtime.instrument import Heartbeat, Recorder
 from pipeboard.trainer.runtime.posting import (NCCL_LOOKAHEAD, TAGGED_LOOKAHEAD, Issued, issued_transfers,
                                                lookahead_for, nccl_outcome, receive_posts, run_lookahead)
 from pipeboard.trainer.runtime.stage import Stage
-from pipeboard.trainer.runtime.worker import template_rank_of
+from pipeboard.trainer.runtime.worker_process import template_rank_of
 from pipeboard.trainer.schedule import registry
 from pipeboard.trainer.schedule.actions import Kind, ScheduleError
 from pipeboard.trainer.schedule.builder import build

@@ -5,7 +5,7 @@ import pytest
 
 from pipeboard.trainer.runtime import RunConfig, run_training
 from pipeboard.trainer.runtime.checkpoint import assemble_model
-from pipeboard.trainer.runtime.config import ConfigError
+from pipeboard.trainer.runtime.run_config import ConfigError
 from tests.trainer.params import max_diff
 from tests.trainer.schedule_runs import MLP
 

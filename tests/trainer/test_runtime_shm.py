@@ -225,7 +225,7 @@ def test_too_little_free_shared_memory_keeps_auto_on_gloo_and_fails_shm_clearly(
 
 
 def test_an_unknown_transport_is_a_config_error():
-    from pipeboard.trainer.runtime.config import ConfigError
+    from pipeboard.trainer.runtime.run_config import ConfigError
 
     with pytest.raises(ConfigError, match="p2p"):
         RunConfig(model="mlp", schedule="1f1b", batch_size=16, microbatches=4, p2p="tcp").validate()

@@ -12,7 +12,7 @@ import torch
 from pipeboard.trainer.runtime import RunConfig, run_training
 from pipeboard.trainer.runtime import stage_modules, tied
 from pipeboard.trainer.runtime.checkpoint import assemble_model
-from pipeboard.trainer.runtime.config import ConfigError
+from pipeboard.trainer.runtime.run_config import ConfigError
 from pipeboard.trainer.runtime.layout import resolve
 from pipeboard.trainer.runtime.reference import train_sync
 from pipeboard.trainer.sink import ListSink

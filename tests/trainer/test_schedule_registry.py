@@ -21,7 +21,7 @@ from pathlib import Path
 
 import pytest
 
-from pipeboard.trainer.runtime.config import ConfigError, RunConfig
+from pipeboard.trainer.runtime.run_config import ConfigError, RunConfig
 from pipeboard.trainer.runtime.layout import resolve
 from pipeboard.trainer.schedule import ScheduleError, ScheduleSpec, build, registry, validate
 from pipeboard.trainer.schedule.action_costs import costs_uniform
@@ -371,7 +371,7 @@ def test_the_schedule_modules_import_one_another_without_a_cycle():
 
 
 def test_the_registry_loads_neither_torch_nor_numpy():
-    code = ("import sys, pipeboard.trainer.runtime.config, pipeboard.app.cli; from pipeboard.trainer.schedule import registry; registry.names(); "
+    code = ("import sys, pipeboard.trainer.runtime.run_config, pipeboard.app.cli; from pipeboard.trainer.schedule import registry; registry.names(); "
             "print('torch' in sys.modules, 'numpy' in sys.modules)")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True, cwd=ROOT)
     assert out.stdout.split() == ["False", "False"]

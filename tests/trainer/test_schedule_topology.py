@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 
-from pipeboard.trainer.runtime.config import RunConfig
+from pipeboard.trainer.runtime.run_config import RunConfig
 from pipeboard.trainer.runtime.layout import resolve
 from pipeboard.trainer.schedule import ScheduleError, build, costs_uniform, registry, simulate
 from pipeboard.trainer.schedule.actions import Action, Kind

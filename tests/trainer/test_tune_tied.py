@@ -9,7 +9,7 @@ import torch
 from torch import nn
 
 from pipeboard.trainer.profile.profiler import profile_model
-from pipeboard.trainer.runtime.config import ConfigError, RunConfig
+from pipeboard.trainer.runtime.run_config import ConfigError, RunConfig
 from pipeboard.trainer.runtime.layout import resolve
 from pipeboard.trainer.runtime.stage_modules import build_stages
 from pipeboard.trainer.runtime import tied

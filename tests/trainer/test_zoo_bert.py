@@ -4,7 +4,7 @@ on the zoo's text: masked inputs against the windows, split into pipeline stages
 import torch
 
 from pipeboard.trainer import zoo
-from pipeboard.trainer.runtime.config import RunConfig
+from pipeboard.trainer.runtime.run_config import RunConfig
 from pipeboard.trainer.runtime.launch import run_training
 from pipeboard.trainer.sink import ListSink
 

@@ -10,7 +10,7 @@ from __future__ import annotations
 import math
 
 from pipeboard.trainer.plan.cluster import levels_from_lists, validate_levels
-from pipeboard.trainer.plan.errors import PlanError
+from pipeboard.trainer.plan.plan_error import PlanError
 from pipeboard.trainer.plan.plan_format import Level, LevelStage, Plan, Stage
 from pipeboard.trainer.profile.schema import Profile
 

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import math
 
-from pipeboard.trainer.plan.errors import PlanError
+from pipeboard.trainer.plan.plan_error import PlanError
 
 
 def validate_levels(levels) -> list[tuple[int, float]]:

@@ -87,7 +87,7 @@ class LayerGraph:
         return g
 
     def _check_acyclic(self) -> None:
-        from pipeboard.trainer.plan.errors import PlanError
+        from pipeboard.trainer.plan.plan_error import PlanError
 
         indeg = [len(p) for p in self.pred]
         ready = [i for i, d in enumerate(indeg) if d == 0]

@@ -15,7 +15,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from pipeboard.trainer.plan.errors import PlanError
+from pipeboard.trainer.plan.plan_error import PlanError
 
 
 @dataclass(frozen=True)

@@ -12,7 +12,7 @@ import math
 
 from pipeboard.trainer.plan.cluster import total_workers
 from pipeboard.trainer.plan.formulas import data_parallel_s, level_specs
-from pipeboard.trainer.plan.errors import PlanError
+from pipeboard.trainer.plan.plan_error import PlanError
 from pipeboard.trainer.plan.flat_stages import build_stages
 from pipeboard.trainer.plan.plan_format import Level, LevelStage, Plan, timing_fields
 from pipeboard.trainer.plan.readout import leaves, read_levels

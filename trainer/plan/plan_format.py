@@ -13,7 +13,7 @@ from dataclasses import asdict, dataclass, field, fields
 from pathlib import Path
 from typing import Any
 
-from pipeboard.trainer.plan.errors import PlanError
+from pipeboard.trainer.plan.plan_error import PlanError
 
 PLAN_FORMAT = "pipeboard.plan"
 PLAN_VERSION = 1

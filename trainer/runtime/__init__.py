@@ -5,7 +5,7 @@
 ``pipedream``, ``dp``, and those registered besides) and reports through the sink. See docs/runtime.md. Importing the package is cheap; torch loads with the launcher.
 """
 
-from pipeboard.trainer.runtime.config import ConfigError, RunConfig
+from pipeboard.trainer.runtime.run_config import ConfigError, RunConfig
 
 __all__ = ["ConfigError", "RunConfig", "RunFailed", "run_training"]
 

@@ -43,7 +43,7 @@ import torch
 import torch.distributed as dist
 
 from pipeboard.trainer.runtime import shm
-from pipeboard.trainer.runtime.config import P2P_MODES
+from pipeboard.trainer.runtime.run_config import P2P_MODES
 
 TAG_MB_WINDOW = 4096
 MAX_TENSORS = 16

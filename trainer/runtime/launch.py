@@ -22,11 +22,11 @@ from typing import Any
 
 from pipeboard.trainer import cpu_matmul
 from pipeboard.trainer.runtime import gpu_share, shm, stage_memory, stage_modules, tied
-from pipeboard.trainer.runtime.config import ConfigError, RunConfig
+from pipeboard.trainer.runtime.run_config import ConfigError, RunConfig
 from pipeboard.trainer.runtime.instrument import memory_source
 from pipeboard.trainer.runtime.layout import resolve
 from pipeboard.trainer.runtime.report import LAST_MESSAGE_GRACE_S, Reporter
-from pipeboard.trainer.runtime.worker import WorkerEnv, threads_per_worker, worker_main
+from pipeboard.trainer.runtime.worker_process import WorkerEnv, threads_per_worker, worker_main
 from pipeboard.trainer.sink import NullSink, Sink
 from pipeboard.trainer.task.check import check_task
 

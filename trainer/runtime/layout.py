@@ -7,7 +7,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from pipeboard.trainer.runtime.config import ConfigError, RunConfig
+from pipeboard.trainer.runtime.run_config import ConfigError, RunConfig
 from pipeboard.trainer.schedule import Schedule, build, registry
 from pipeboard.trainer.schedule.topology import chunk_stages
 

@@ -42,7 +42,7 @@ from typing import Any
 
 from pipeboard.trainer.profile.calibration_records import Pilot, PilotKind
 from pipeboard.trainer.profile.schema import Profile
-from pipeboard.trainer.runtime.config import RunConfig
+from pipeboard.trainer.runtime.run_config import RunConfig
 from pipeboard.trainer.schedule.predict import profile_overhead, stage_costs, steady_step_s
 from pipeboard.trainer.schedule.refit import measured_terms
 from pipeboard.trainer.sink import ListSink

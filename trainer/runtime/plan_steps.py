@@ -10,7 +10,7 @@ same steps as an uninterrupted one and follows the same trajectory.
 
 from __future__ import annotations
 
-from pipeboard.trainer.runtime.config import RunConfig
+from pipeboard.trainer.runtime.run_config import RunConfig
 from pipeboard.trainer.schedule.actions import Action, Kind
 
 MAX_SEGMENT = 100

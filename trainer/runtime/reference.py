@@ -20,7 +20,7 @@ import torch
 
 from pipeboard.trainer.precision import autocast
 from pipeboard.trainer.runtime import stage_modules
-from pipeboard.trainer.runtime.config import RunConfig
+from pipeboard.trainer.runtime.run_config import RunConfig
 from pipeboard.trainer.runtime.data import TrainStream
 from pipeboard.trainer.runtime.layout import resolve
 from pipeboard.trainer.schedule.actions import Kind

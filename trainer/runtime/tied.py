@@ -33,7 +33,7 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
-from pipeboard.trainer.runtime.config import ConfigError
+from pipeboard.trainer.runtime.run_config import ConfigError
 from pipeboard.trainer.schedule.actions import Kind
 
 

@@ -26,12 +26,12 @@ import torch
 import torch.distributed as dist
 
 from pipeboard.trainer.runtime import stage_modules
-from pipeboard.trainer.runtime.config import ConfigError, RunConfig
+from pipeboard.trainer.runtime.run_config import ConfigError, RunConfig
 from pipeboard.trainer.runtime.instrument import memory_source
 from pipeboard.trainer.runtime.layout import resolve
 from pipeboard.trainer.runtime.report import LAST_MESSAGE_GRACE_S, Reporter
 from pipeboard.trainer.runtime.sinks import JsonlSink
-from pipeboard.trainer.runtime.worker import WorkerEnv, worker_main
+from pipeboard.trainer.runtime.worker_process import WorkerEnv, worker_main
 from pipeboard.trainer.sink import NullSink, Sink
 
 

@@ -140,7 +140,7 @@ class WorkerSpec:
 
 @dataclass
 class ActionColumns:
-    """One worker's actions as columns, as ``build`` writes them (placement.py, hoist.py).
+    """One worker's actions as columns, as ``build`` writes them (transfers.py, hoist.py).
 
     The simulator reads these columns; making an ``Action`` for each of the hundreds of thousands
     of transfers only to read its fields back cost more than simulating them. ``code`` numbers

@@ -14,7 +14,7 @@ from pipeboard.trainer.schedule.actions import Action, OverlapFB, Schedule, Sche
 from pipeboard.trainer.schedule.engine import gc_paused
 from pipeboard.trainer.schedule.flush import batch_weight_grads as batch_weights
 from pipeboard.trainer.schedule.hoist import hoist_receives
-from pipeboard.trainer.schedule.placement import place
+from pipeboard.trainer.schedule.transfers import place
 from pipeboard.trainer.schedule.registry import BuildContext, ScheduleSpec
 
 MAX_UNITS = 1 << 20  # (virtual stage, microbatch) pairs: ~3 M actions, seconds to build, 1-2 GB

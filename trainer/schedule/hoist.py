@@ -23,11 +23,11 @@ from operator import itemgetter
 from typing import TYPE_CHECKING
 
 from pipeboard.trainer.schedule.actions import ActionColumns, Kind, ScheduleError
-from pipeboard.trainer.schedule.placement import NO_PEER, WIDTH
+from pipeboard.trainer.schedule.transfers import NO_PEER, WIDTH
 from pipeboard.trainer.schedule.stash import CODES
 
 if TYPE_CHECKING:
-    from pipeboard.trainer.schedule.placement import Placement
+    from pipeboard.trainer.schedule.transfers import Placement
 
 
 def _targets(placed: Placement, receives: list[int]) -> list[dict[int, int]]:

@@ -2,7 +2,7 @@
 
 A ``ScheduleSpec`` names a schedule, its builder (the function that writes each worker's
 actions) and its capabilities; ``build(name, ...)`` (builder.py) dispatches through it, and the
-runtime (trainer/runtime/config.py, layout.py, worker.py), the predictor, the API schemas and
+runtime (trainer/runtime/run_config.py, layout.py, worker.py), the predictor, the API schemas and
 ``GET /api/v1/schedules``, the CLI's help and the dashboard's new-job form all read it. So no
 caller compares a schedule's name to decide what it can do: it asks the registry
 (``get(name).chunks``, ``is_async(name)``, ``having(vertical_sync=True)``, ...).
@@ -23,7 +23,7 @@ importing it before the registry is read, or, for the CLI, the service and its w
 naming it in ``PIPEBOARD_SCHEDULES`` (comma-separated module names, ``.py`` paths or paths of
 torch's schedule files, ``.csv``, torchcsv.py; imported on the registry's first query).
 
-Torch- and numpy-free: ``pipeboard.trainer.runtime.config`` and every `pipeboard` command's help import
+Torch- and numpy-free: ``pipeboard.trainer.runtime.run_config`` and every `pipeboard` command's help import
 it. The built-in builders are referred to by ``"module:function"`` and imported on first call.
 """
 

@@ -69,7 +69,7 @@ def _split_ties(profile: Profile, split: dict[str, Any], schedule: str) -> str |
 @lru_cache(maxsize=1024)
 def _refusal(schedule: str, batch_size: int, microbatches: int, chunks: int, workers: int,
              replicas: tuple | None) -> str | None:
-    from pipeboard.trainer.runtime.config import ConfigError, RunConfig
+    from pipeboard.trainer.runtime.run_config import ConfigError, RunConfig
     from pipeboard.trainer.runtime.layout import resolve
 
     cfg = RunConfig(model="", schedule=schedule, batch_size=batch_size, microbatches=microbatches, chunks=chunks)

@@ -17,7 +17,7 @@ from pipeboard.trainer.tune.tuned import run_fields
 def measure(candidate: Candidate, run: dict[str, Any], *, steps: int, device: str = "cpu") -> tuple[float, int | None]:
     """(seconds per step, the most bytes a stage held) of one short run of ``candidate``
     (RunFailed or ConfigError if it cannot run)."""
-    from pipeboard.trainer.runtime.config import RunConfig
+    from pipeboard.trainer.runtime.run_config import RunConfig
     from pipeboard.trainer.runtime.launch import run_training
 
     cfg = RunConfig(**run_fields(candidate, run), steps=steps, eval_at_end=False, device=device)

@@ -24,7 +24,7 @@ from pipeboard.trainer.allocator import keep_freed_memory
 from pipeboard.trainer.precision import autocast
 from pipeboard.trainer.runtime import checkpoint, stage_modules, tied
 from pipeboard.trainer.runtime.comm import P2P, node_name, open_channels, p2p_mode
-from pipeboard.trainer.runtime.config import RunConfig
+from pipeboard.trainer.runtime.run_config import RunConfig
 from pipeboard.trainer.runtime.data import TrainStream, ValStream, token_counter
 from pipeboard.trainer.runtime.executor import Executor
 from pipeboard.trainer.runtime.fault_injection import InjectedFault

@@ -108,7 +108,7 @@ class RunConfig:
         known = {f.name: f for f in fields(cls)}
         unknown = sorted(k for k in data if k not in known)
         if unknown:
-            raise ConfigError(f"{unknown[0]}: not a field of the run configuration (trainer/runtime/config.py)")
+            raise ConfigError(f"{unknown[0]}: not a field of the run configuration (trainer/runtime/run_config.py)")
         missing = [n for n, f in known.items() if f.default is MISSING and f.default_factory is MISSING and n not in data]
         if missing:
             raise ConfigError(f"{missing[0]}: the run configuration needs it")
