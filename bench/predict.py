@@ -172,7 +172,7 @@ class Prediction:
         """Predicted seconds per step: with the tiny-stage overhead, and with the runtime floor."""
         cfg = run_cfg(schedule, steps=1, weight_grads=self.weight_grads, **c)
         torch.set_num_threads(1)
-        zoo = stage_modules.load_zoo(cfg)
+        zoo = stage_modules.load_task(cfg)
         stages = stage_modules.stage_layers(cfg, zoo, STAGES)
         if self.overhead is None:
             modules = stage_modules.build_stages(zoo.model, zoo.example_input(cfg.microbatch_size), stages)
@@ -213,7 +213,7 @@ def main() -> None:
           f"{link.bytes_per_ms * 1e3 / 1e9:.2f} GB/s, posting a send {link.post_ms:.3f} ms")
     names = ["a", "b"] if args.config == "both" else [args.config]
     schedules = args.schedules.split(",")
-    zoo = stage_modules.load_zoo(run_cfg("1f1b", 64, 8, 1, "batched"))
+    zoo = stage_modules.load_task(run_cfg("1f1b", 64, 8, 1, "batched"))
     # (samples measured, samples the other stage's process trains on meanwhile): the microbatch,
     # and the batch (batched weight gradients) while the other stage runs microbatches
     needed = set()

@@ -84,7 +84,7 @@ def ours(schedule: str, steps: int, instrument: bool = True, **c) -> float:
 
 
 def _stage_setup(cfg: RunConfig):
-    zoo = stage_modules.load_zoo(cfg)
+    zoo = stage_modules.load_task(cfg)
     layers = stage_modules.stage_layers(cfg, zoo, STAGES)
     modules = stage_modules.build_stages(zoo.model, zoo.example_input(cfg.microbatch_size), layers)
     return zoo, modules
@@ -113,7 +113,7 @@ def _torch_worker(rank: int, port: int, cfg: RunConfig, steps: int, out) -> None
     module = _Single(modules[rank])
     opt = zoo.make_optimizer(module.parameters())
     stage = PipelineStage(module, rank, STAGES, torch.device("cpu"))
-    sched = Schedule1F1B(stage, cfg.microbatches, loss_fn=zoo.loss_fn)
+    sched = Schedule1F1B(stage, cfg.microbatches, loss_fn=zoo.loss)
     stream = TrainStream(zoo, cfg.batch_size, 1, torch.device("cpu"))
     times = []
     for k in range(steps):
@@ -165,7 +165,7 @@ def _stage_work(rank: int, cfg: RunConfig, steps: int, out) -> None:
                if a.kind.is_compute or a.kind is Kind.STEP]
     last_use, releases = version_last_use(actions)
     stage = Stage(rank, modules[rank], zoo.make_optimizer(modules[rank].parameters()), is_first=rank == 0,
-                  is_last=last, loss_fn=zoo.loss_fn, stash=pipelined, loss_scale=1.0 / M,
+                  is_last=last, loss_fn=zoo.loss, stash=pipelined, loss_scale=1.0 / M,
                   layer_calls=any(a.kind is Kind.BACKWARD_INPUT for a in actions))
     stream = TrainStream(zoo, cfg.batch_size, M, torch.device("cpu"))
     # A real microbatch's activation and output gradient (their magnitudes matter: gradients of
@@ -174,7 +174,7 @@ def _stage_work(rank: int, cfg: RunConfig, steps: int, out) -> None:
     with torch.no_grad():
         act = tuple(modules[0](x0))
     probe = [a.detach().requires_grad_(True) for a in act]
-    (zoo.loss_fn(modules[1](*probe)[0], y0) / M).backward()
+    (zoo.loss(modules[1](*probe)[0], y0) / M).backward()
     grad = None if last else [p.grad for p in probe]
     for module in modules:
         module.zero_grad(set_to_none=True)
@@ -251,14 +251,14 @@ def _whole_model_worker(cfg: RunConfig, steps: int, microbatches: int, start, fi
     the time they all run."""
     torch.set_num_threads(1)
     keep_freed_memory()
-    zoo = stage_modules.load_zoo(cfg)
+    zoo = stage_modules.load_task(cfg)
     opt = zoo.make_optimizer(zoo.model.parameters())
     stream = TrainStream(zoo, cfg.batch_size, microbatches, torch.device("cpu"))
 
     def train_step(k: int) -> None:
         for i in range(microbatches):
             x, y = stream.microbatch(k * microbatches + i)
-            loss = zoo.loss_fn(zoo.model(x), y)
+            loss = zoo.loss(zoo.model(x), y)
             (loss if microbatches == 1 else loss / microbatches).backward()
         opt.step()
         opt.zero_grad(set_to_none=True)
@@ -320,18 +320,6 @@ def whole_model_anchors(schedules: list[str], c: dict) -> set[str]:
     return set(anchors.values())
 
 
-def whole_label(microbatches: int) -> str:
-    return f"{STAGES} whole-model procs, {microbatches} mb"
-
-
-def analytic_bubble(schedule: str, stages: int, microbatches: int) -> float:
-    """The idle fraction the two-process ceiling takes off: (p - 1) / (m + p - 1) for a schedule that
-    drains the pipeline before every update (gpipe, 1f1b); 0 for pipedream, whose pipeline stays
-    full across updates."""
-    name = schedule.partition(":")[0]
-    return 0.0 if name == "pipedream" else (stages - 1) / (microbatches + stages - 1)
-
-
 def _sibling(name: str):
     """A module of bench/ loaded from its file (bench/ stays off the import path, see above)."""
     import importlib.util
@@ -373,6 +361,7 @@ def main() -> None:
           f"weight gradients {WEIGHT_GRADS[0]}, float32 matmul {cpu_matmul.active()}, "
           f"{os.cpu_count()} CPUs (shared machine: noisy), torch {torch.__version__}, no GPU")
     prediction = _sibling("predict").Prediction(WEIGHT_GRADS[0])
+    report_of = _sibling("runtime_report")
     for name in (["a", "b"] if args.config == "both" else [args.config]):
         c = CONFIGS[name]
         steps = args.steps if name == "a" else max(8, args.steps // 2)
@@ -393,7 +382,7 @@ def main() -> None:
                 jobs.append((f"ours {s}", lambda s=s: ours(s, steps, **c)))
                 if s in anchors:  # the two-process ceiling, before the bubble
                     m = microbatches_of(s, c)
-                    jobs.append((whole_label(m), lambda m=m: whole_model(steps, STAGES, m, **c)))
+                    jobs.append((report_of.whole_label(m, STAGES), lambda m=m: whole_model(steps, STAGES, m, **c)))
                 if s == "pipedream":
                     jobs.append(("one process full batch", lambda: single(steps, **c)))
             if "pipedream" not in schedules:
@@ -401,62 +390,8 @@ def main() -> None:
             for label, fn in (jobs if r % 2 == 0 else jobs[::-1]):
                 res.setdefault(label, []).append(fn())
             print(f"  config {name} round {r + 1}/{args.rounds} done", flush=True)
-        report(name, c, steps, args.rounds, schedules, res, predicted)
-
-
-def report(name: str, c: dict, steps: int, rounds: int, scheds: list[str], res: dict[str, list[float]],
-           predicted: dict[str, tuple[float, float]]) -> None:
-    """Medians, then every ratio next to its target, then the prediction.
-
-    A ratio is printed twice: of the two medians, and the median of the per-round ratios of runs
-    made next to each other ("paired"), which drift between rounds cannot skew; the targets are
-    read on the paired figure."""
-    for s in scheds:  # the two-process ceiling: the whole-model processes' rate less the schedule's bubble
-        m = microbatches_of(s, c)
-        keep = 1 - analytic_bubble(s, STAGES, m)
-        res[f"two-process ceiling {s}"] = [v * keep for v in res[whole_label(m)]]
-    med = {k: statistics.median(v) for k, v in res.items()}
-    print(f"\n({name}) batch {c['batch_size']} in {c['microbatches']} microbatches, {steps} steps per run, "
-          f"median of {rounds} alternating rounds (samples/s):")
-    for k, v in med.items():
-        print(f"  {k:28s} {v:9.1f}   rounds: {', '.join(f'{x:.0f}' for x in res[k])}")
-
-    def ratio(top: str, bottom: str) -> tuple[float, float]:
-        paired = statistics.median(a / b for a, b in zip(res[top], res[bottom]))
-        return med[top] / med[bottom], paired
-
-    def show(label: str, top: str, bottom: str, target: str = "", pct: bool = False) -> None:
-        of_medians, paired = ratio(top, bottom)
-        fmt = (lambda v: f"{v:6.1%}") if pct else (lambda v: f"{v:5.2f}x")
-        print(f"  {label:46s} = {fmt(paired)} paired, {fmt(of_medians)} of medians{target}")
-
-    want_torch = {"1f1b": 1.15, "pipedream": 1.3} if name == "a" else {}
-    for s in scheds:
-        target = f"   (target: >= {want_torch[s]:.2f}x)" if s in want_torch else ""
-        show(f"ours {s} / torch 1F1B", f"ours {s}", "torch Schedule1F1B", target)
-        show(f"ours {s} / its ceiling", f"ours {s}", f"ceiling {s}", "   (target: >= 90%)", pct=True)
-        show(f"ours {s} / the two-process ceiling", f"ours {s}", f"two-process ceiling {s}", "   (target: >= 90%)", pct=True)
-        if s.startswith("pipedream"):
-            target = "   (target: >= 1.60x)" if name == "b" and s == "pipedream" else ""
-            show(f"ours {s} / one process full batch", f"ours {s}", "one process full batch", target)
-            show(f"the two-process ceiling {s} / one process", f"two-process ceiling {s}", "one process full batch")
-    if "ceiling 1f1b" in med:
-        show("torch 1F1B / 1f1b ceiling", "torch Schedule1F1B", "ceiling 1f1b", pct=True)
-        show("torch 1F1B / the two-process 1f1b ceiling", "torch Schedule1F1B", "two-process ceiling 1f1b", pct=True)
-    if "ours 1f1b uninstrumented" in med:
-        of_medians, paired = ratio("ours 1f1b", "ours 1f1b uninstrumented")
-        print(f"  instrumentation cost (1f1b): {1 - paired:+.1%} of throughput paired, "
-              f"{1 - of_medians:+.1%} of medians")
-    print("  predicted (pipeboard.trainer.schedule.predict fed the profiles, link and per-action overhead: the tiny-stage "
-          "one, or the runtime floor) vs measured (median run; and the fastest run, which other work on the "
-          "shared machine slowed least, as bench/predict.py compares), ms per step; target: within 10%:")
-    for s in scheds:
-        meas = c["batch_size"] / med[f"ours {s}"]
-        fastest = c["batch_size"] / max(res[f"ours {s}"])
-        tiny, floor = predicted[s]
-        print(f"    {s:12s} measured {meas * 1e3:7.1f}  predicted {tiny * 1e3:7.1f} ({tiny / meas - 1:+.1%}), "
-              f"with the runtime floor {floor * 1e3:7.1f} ({floor / meas - 1:+.1%}); "
-              f"fastest run {fastest * 1e3:7.1f} ({tiny / fastest - 1:+.1%}, {floor / fastest - 1:+.1%})")
+        report_of.report(name, c, steps, args.rounds, schedules, res, predicted,
+                         {s: microbatches_of(s, c) for s in schedules}, STAGES)
 
 
 if __name__ == "__main__":
