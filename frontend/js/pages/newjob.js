@@ -3,15 +3,16 @@
 // service's registry (GET /schedules): the select lists them, and the chunks and vertical-sync
 // fields show for the schedules that take them.
 
-import { ApiError, createJob, createPlan, getJob, getModel, listModels, listSchedules, request, uploadContext } from '../api.js';
+import { ApiError, createJob, getModel, listModels, listSchedules, request, uploadContext } from '../api.js';
 import { drawGantt } from '../gantt.js';
+import { field, listed, markField, modelLabel, num, weightGradsField } from '../jobform.js';
 import { renderWhatIf } from '../planview.js';
 import { chooseForMe, fillForm, tuneBody } from '../tune.js';
 import { clear, debounce, h, navigate, notice, parseArgs } from '../util.js';
+import { planFollowingProfiling } from '../whatif.js';
 
 const METHODS = ['pipedream', 'uniform', 'time', 'params', 'dp'];
 const WEIGHT_GRADS = ['batched', 'immediate']; // `pipeboard train --weight-grads`, the first is its default
-const WEIGHT_GRADS_HINTS = { batched: 'one weight pass per update', immediate: 'in every backward' };
 const WEIGHT_GRADS_TITLE = 'batched: each backward computes input gradients only, and one pass right before the weight '
   + 'update computes the weight gradients of all its microbatches (faster on small microbatches); immediate: each '
   + 'backward computes both. Same gradients.';
@@ -25,77 +26,6 @@ const PRECISIONS = ['fp32', 'bf16']; // machine.precision
 // the hyper-parameters field's keys -> [section, field] of the job specification
 const HYPER_FIELDS = { lr: ['optimizer', 'lr'], seed: ['optimizer', 'seed'], optimizer: ['optimizer', 'name'], eval_every: ['length', 'eval_every'] };
 const LOCAL_BANDWIDTH = 5e9; // what the service assumes between local worker processes
-const PROFILING_POLL_MS = 1000; // how often the what-if looks at its model's profiling job
-
-const wait = (ms, signal) => new Promise((resolve, reject) => {
-  const timer = setTimeout(resolve, ms);
-  signal?.addEventListener('abort', () => { clearTimeout(timer); reject(new DOMException('aborted', 'AbortError')); });
-});
-
-/** A what-if whose model has no cached profile answers 202 with the worker's profiling job: follow
- * it (saying where it is) until it ends, then ask again; the plan comes from the profile it stored. */
-async function planFollowingProfiling(body, signal, say) {
-  let answer = await createPlan(body, signal);
-  while (answer.status === 'profiling') {
-    let job = answer.job;
-    const started = Date.now();
-    while (!['succeeded', 'failed', 'cancelled'].includes(job.status)) {
-      const where = job.status === 'queued' ? `queued${job.queue_position ? `, position ${job.queue_position}` : ''}` : 'running';
-      say(`Profiling ${body.model} on a worker (job #${job.id}, ${where}, ${Math.round((Date.now() - started) / 1000)} s); the plan follows.`);
-      await wait(PROFILING_POLL_MS, signal);
-      job = await getJob(job.id, signal);
-    }
-    if (job.status !== 'succeeded') throw new Error(`profiling ${body.model} (job #${job.id}) ${job.status}: ${job.error || ''}`);
-    answer = await createPlan(body, signal);
-  }
-  return answer;
-}
-// The job specification's field (as error messages name it, e.g. "layout.microbatches") -> the
-// form control to mark and focus; a section alone names the controls that fill it.
-const FIELD_IDS = {
-  name: 'f-name', 'model.name': 'f-model', 'model.loader_workers': 'f-loader-workers', 'model.args': 'f-model-args', 'model.data': 'f-data', 'model.batch_size': 'f-batch',
-  'layout.workers': 'f-workers', 'layout.levels': 'f-levels', 'layout.memory_bytes': 'f-memory', 'layout.method': 'f-method',
-  'layout.schedule': 'f-schedule', 'layout.weight_grads': 'f-weight-grads', 'layout.microbatches': 'f-microbatches',
-  'layout.chunks': 'f-chunks', 'layout.recompute': 'f-recompute', 'layout.vertical_sync': 'f-vertical-sync', layout: 'f-workers', length: 'f-stop-value',
-  'length.eval_every': 'f-hyper', optimizer: 'f-hyper', 'hyper-parameters': 'f-hyper', 'machine.device': 'f-device',
-  'machine.precision': 'f-precision', priority: 'f-priority', source: 'f-import-path', context: 'f-import-archive',
-};
-
-/** Mark the control named at the start of `message` ("layout.microbatches: ...") invalid and focus it. */
-function markField(form, message) {
-  form.querySelectorAll('[aria-invalid]').forEach((el) => el.removeAttribute('aria-invalid'));
-  const named = /^([A-Za-z_.\-]+):/.exec(message || '')?.[1] || '';
-  const parts = named.split('.');
-  const id = FIELD_IDS[parts.slice(0, 2).join('.')] || FIELD_IDS[parts[0]];
-  const el = id && document.getElementById(id);
-  if (!el) return;
-  el.setAttribute('aria-invalid', 'true');
-  el.setAttribute('aria-describedby', 'form-error');
-  el.focus();
-}
-
-function field(id, label, input, hint) {
-  input.id = id;
-  return h('div', {}, h('label', { for: id }, label, hint ? h('span', { class: 'hint' }, ` ${hint}`) : null), input);
-}
-
-/** "a", "a and b", "a, b and c": the names of the schedules a sentence is about, as the API's descriptions write them. */
-const listed = (names) => (names.length < 2 ? names.join('') : `${names.slice(0, -1).join(', ')} and ${names[names.length - 1]}`);
-
-/** The select with a hint under it saying what the chosen value does (the schedules that ignore it: see the title). */
-function weightGradsField(select) {
-  const hint = h('div', { class: 'hint', id: 'f-weight-grads-hint' });
-  const say = () => { hint.textContent = WEIGHT_GRADS_HINTS[select.value] || ''; };
-  select.addEventListener('change', say);
-  say();
-  return h('div', {}, h('label', { for: 'f-weight-grads' }, 'Weight gradients'), select, hint);
-}
-
-const num = (attrs) => h('input', { type: 'number', ...attrs });
-
-/** "name", or "name (context)", "name (import, failed)": what kind of model, and if not ready, why not. */
-const modelLabel = (m) => (m.kind === 'zoo' ? m.name : `${m.name} (${m.kind}${m.status && m.status !== 'ready' ? `, ${m.status}` : ''})`);
-
 export async function render(container) {
   const els = {
     name: h('input', { type: 'text', placeholder: 'optional', autocomplete: 'off' }),
