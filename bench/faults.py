@@ -1,12 +1,14 @@
 """Faults during a running job, measured: what a killed process costs and whether the job is whole.
 
 Cases (each a real deployment; small jobs: mlp-digits on 2 stages, batch 64 in 4 microbatches):
-  stage    SIGKILL of a stage process (rank 1), PostgreSQL + Redis, `pipeboard worker`
+  stage    SIGKILL of a stage process (rank 1), PostgreSQL + Redis, `pipeboard up --workers 0` and a
+           `pipeboard worker`
   worker   SIGKILL of the Celery worker under `pipeboard up` (which restarts it)
   api      SIGKILL of the API server under `pipeboard up` (which restarts it; the job goes on)
   up       SIGKILL of `pipeboard up` itself (its workers stop and hand the job back), then a new `up`
-  2-host   a job on two worker hosts (network namespaces where allowed), uninterrupted to its target,
-           then with one host's worker SIGKILLed (and started again), for the member and the leader
+  2-host   a job on two worker hosts (`pipeboard worker` each, as on two machines; network namespaces
+           where allowed: bench/hosts.py) beside `pipeboard up --workers 0`, uninterrupted to its
+           target, then with one host's worker SIGKILLed (and started again), for the member and the leader
 For each: the job's status and attempt, the step attempt 2 resumed from, the largest loss
 difference against an uninterrupted job of the same spec (every step), whether every step is
 there once, whether an SSE client that reconnected with Last-Event-ID got every event once, whether
@@ -15,6 +17,10 @@ processes reporting where they resume and (2) its first new step. Timings on a s
 are noisy; the processor is printed.
 
     .venv/bin/python bench/faults.py [--cases stage,worker,api,up,2-host] [--schedules gpipe,1f1b]
+        [--postgres-url URL] [--redis-url URL]
+
+PostgreSQL (a schema of its own per deployment, dropped after) and Redis (a key prefix of its own)
+default to PIPEBOARD_TEST_POSTGRES_URL / PIPEBOARD_TEST_REDIS_URL, else the local servers.
 """
 
 from __future__ import annotations
@@ -23,148 +29,126 @@ import argparse
 import os
 import re
 import signal
-import subprocess
 import sys
 import tempfile
 import time
+import uuid
+from contextlib import contextmanager
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any, Callable, Iterator
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
-os.environ.setdefault("PIPEBOARD_TEST_REDIS_URL", "redis://127.0.0.1:6379/15")
 
-import httpx  # noqa: E402
-
-from tests.app.hosts import WorkerHosts  # noqa: E402
-from tests.app.test_e2e_support import (  # noqa: E402
-    start_up,
-    FAULT_JOB,
-    Deployment,
-    check_resumed_run,
-    due_for_kill,
-    free_port,
-    group_alive,
-    losses_by_attempt,
-    redis_env,
-)
-from tests.app.test_e2e_faults import TWO_HOST_JOB  # noqa: E402
-from tests.conftest import POSTGRES_URL, REDIS_URL  # noqa: E402
+from bench.fault_watch import (Watch, attempt_started, events_once, job_losses, latest_step, new_step,  # noqa: E402
+                               past_checkpoint, process_group, resumed_whole)
+from bench.hosts import HostNetwork, WorkerHost, service_ports  # noqa: E402
+from bench.service_probe import Served, processor  # noqa: E402
 from pipeboard.app.core.db import private_schema  # noqa: E402
+from pipeboard.app.core.lifetime import group_alive  # noqa: E402
+
+# mlp-digits on two balanced stages (a real pipeline even for so small a model), long enough to be
+# killed mid-run: the stream shows a step a second or so after the run took it, and the kill waits
+# for a step past the first checkpoint. Attempt 2 trains again the steps attempt 1 showed after its
+# checkpoint, so their losses can be compared.
+FAULT_JOB = {"model": "mlp-digits", "workers": 2, "method": "time", "schedule": "1f1b", "microbatches": 4,
+             "batch_size": 64, "stop": {"steps": 1000}, "checkpoint_every": 100}
+# One stage per host, to a target. Validation only every 400 steps: the target (near step 66 when
+# checked each epoch) cannot end attempt 1 before the kill, made past checkpoint 20.
+TWO_HOST_JOB = {**FAULT_JOB, "nodes": 2, "stop": {"target": 0.85}, "hyperparameters": {"eval_every": 400},
+                "checkpoint_every": 20}
+HOSTS = ("host-a", "host-b")
 
 
-
-def processor() -> str:
-    out = subprocess.run(["lscpu"], capture_output=True, text=True).stdout
-    fields = dict(line.split(":", 1) for line in out.splitlines() if ":" in line)
-    return f"{fields.get('Model name', '?').strip()} (family {fields.get('CPU family', '?').strip()}, " \
-           f"model {fields.get('Model', '?').strip()}), {os.cpu_count()} CPUs"
-
-
-class Watch:
-    """A job's stream, read to its end across reconnections; times are this process's monotonic clock."""
-
-    def __init__(self, dep: Deployment, job_id: int) -> None:
-        self.dep, self.job_id = dep, job_id
-        self.messages: list[dict[str, Any]] = []
-        self.at: list[float] = []
-        self.connections = 0  # streams opened (the first, then one per reconnection with Last-Event-ID)
-
-    def run(self, on_message: Callable[[dict[str, Any]], None] = lambda m: None, timeout: float = 600,
-            hang_up: Callable[[dict[str, Any]], bool] = lambda m: False) -> None:
-        """Read to the end; after a message ``hang_up`` accepts, drop the connection and resume
-        with Last-Event-ID (as a browser does after a network hiccup)."""
-        deadline = time.monotonic() + timeout
-        while time.monotonic() < deadline:
-            last = int(self.messages[-1]["id"]) if self.messages else 0
-            try:
-                for message in self.dep.events(self.job_id, last_id=last, timeout=timeout):
-                    if message["event"] == "open":
-                        self.connections += 1
-                        continue
-                    self.messages.append(message)
-                    self.at.append(time.monotonic())
-                    on_message(message)
-                    if message["event"] == "end":
-                        return
-                    if hang_up(message):
-                        break
-            except httpx.HTTPError:
-                pass
-            time.sleep(0.3)  # the API is coming back
-        raise TimeoutError(f"job {self.job_id} did not end within {timeout} s")
-
-    def first(self, predicate: Callable[[dict[str, Any]], bool], after: float) -> float | None:
-        return next((t for m, t in zip(self.messages, self.at) if t >= after and predicate(m)), None)
+def wait_for_workers(server: Served, count: int, timeout: float = 120) -> None:
+    deadline = time.monotonic() + timeout
+    while not server.healthy(count):
+        if time.monotonic() > deadline:
+            raise SystemExit(f"fewer than {count} workers came up:\n{server.tail()}")
+        time.sleep(0.3)
 
 
-def attempt_started(n: int) -> Callable[[dict[str, Any]], bool]:
-    return lambda m: m["event"] == "attempt" and m["data"]["attempt"] == n
+@contextmanager
+def served_on_postgres(tmp: Path, postgres_url: str, redis_url: str, **settings: str) -> Iterator[Served]:
+    """`pipeboard up --workers 0` (the API alone) on a PostgreSQL schema of its own (dropped after)
+    and Redis under a key prefix of its own, heartbeats every 0.5 s, and ``settings`` (PIPEBOARD_*)."""
+    tmp.mkdir(parents=True)
+    database_url, drop = private_schema(postgres_url, prefix="pbfaults")
+    env = {"PIPEBOARD_BROKER_URL": redis_url, "PIPEBOARD_RESULT_BACKEND": redis_url,
+           "PIPEBOARD_KEY_PREFIX": f"pbfaults-{uuid.uuid4().hex[:12]}:", "PIPEBOARD_HEARTBEAT_SECONDS": "0.5", **settings}
+    server = None
+    try:
+        server = Served(tmp, database_url, env, workers=0)
+        yield server
+    finally:
+        if server is not None:
+            server.stop()
+        drop()
 
 
-def new_step(n: int) -> Callable[[dict[str, Any]], bool]:
-    return lambda m: m["event"] == "metrics" and any(p.get("attempt") == n for p in m["data"]["points"])
-
-
-def job_losses(dep: Deployment, job_id: int) -> dict[int, float]:
-    points = dep.api("GET", f"/jobs/{job_id}/metrics", params={"limit": 100000})["points"]
-    return {p["step"]: p["values"]["loss"] for p in points if "loss" in p["values"]}
-
-
-def reference(dep: Deployment, spec: dict[str, Any]) -> dict[int, float]:
+def reference(server: Served, spec: dict[str, Any]) -> dict[int, float]:
     """The losses of an uninterrupted job of ``spec``."""
-    job_id = dep.api("POST", "/jobs", json=spec)["id"]
-    Watch(dep, job_id).run()
-    assert dep.api("GET", f"/jobs/{job_id}")["status"] == "succeeded", dep.logs()
-    return job_losses(dep, job_id)
+    job_id = server.api("POST", "/jobs", spec)["id"]
+    Watch(server, job_id).run()
+    job = server.api("GET", f"/jobs/{job_id}")
+    if job["status"] != "succeeded":
+        raise SystemExit(f"the uninterrupted job {job['status']}: {job['error']}\n{server.tail()}")
+    return job_losses(server, job_id)
 
 
-def report(case: str, dep: Deployment, watch: Watch, killed_at: float | None, ref: dict[int, float] | None,
-           groups: set[int], attempts: int = 2) -> None:
-    job = dep.api("GET", f"/jobs/{watch.job_id}")
-    row = {"case": case, "status": f"{job['status']} on attempt {job['attempt']}"}
+def checks(server: Served, watch: Watch, attempts: int) -> str:
     try:
         if attempts == 2:
-            check_resumed_run(dep, watch.job_id, watch.messages)
-            row["checks"] = "ok"
-        else:
-            ids = [int(m["id"]) for m in watch.messages]
-            assert ids == list(range(1, len(ids) + 1)), "events not exactly once"
-            row["checks"] = "ok (one attempt)"
+            resumed_whole(server, watch.job_id, watch.messages)
+            return "ok"
+        events_once(watch.messages)
+        return "ok (one attempt)"
     except AssertionError as exc:
-        row["checks"] = f"FAILED: {str(exc).splitlines()[0][:120]}"
-    row["resumed from"] = job["attempts"][-1]["resume_step"]
+        return f"FAILED: {str(exc).splitlines()[0][:120]}"
+
+
+def loss_gap(mine: dict[int, float], ref: dict[int, float]) -> str:
+    """The largest loss difference over the steps both jobs have, and how many those are."""
+    common = sorted(set(mine) & set(ref))
+    gap = f"{max(abs(mine[s] - ref[s]) for s in common):.1e} over {len(common)} steps" if common else "n/a"
+    return gap + (f" (uninterrupted: {len(ref)} steps)" if len(common) != len(ref) else "")
+
+
+def recovery_times(watch: Watch, killed_at: float, attempt: int) -> dict[str, str]:
+    """From the kill to the new attempt's training reporting where it resumes, and to its first step."""
+    resumed, stepped = watch.first(attempt_started(attempt), killed_at), watch.first(new_step(attempt), killed_at)
+    return {"kill -> resumed": f"{resumed - killed_at:.1f} s" if resumed else "-",
+            "kill -> new step": f"{stepped - killed_at:.1f} s" if stepped else "-"}
+
+
+def report(case: str, server: Served, watch: Watch, killed_at: float | None, ref: dict[int, float] | None,
+           groups: set[int | None], attempts: int = 2) -> None:
+    job = server.api("GET", f"/jobs/{watch.job_id}")
+    row = {"case": case, "status": f"{job['status']} on attempt {job['attempt']}",
+           "checks": checks(server, watch, attempts), "resumed from": job["attempts"][-1]["resume_step"]}
     if ref is not None:
-        mine = job_losses(dep, watch.job_id)
-        common = sorted(set(mine) & set(ref))
-        row["max |loss - uninterrupted|"] = f"{max(abs(mine[s] - ref[s]) for s in common):.1e} over {len(common)} steps" \
-            if common else "n/a"
-        if len(common) != len(ref):
-            row["max |loss - uninterrupted|"] += f" (uninterrupted: {len(ref)} steps)"
+        row["max |loss - uninterrupted|"] = loss_gap(job_losses(server, watch.job_id), ref)
     row["sse reconnects"] = watch.connections - 1
-    groups.add(dep.job_row(watch.job_id).pgid)
+    groups.add(process_group(server, watch.job_id))
     time.sleep(0.5)
     row["left running"] = sum(group_alive(g) for g in groups if g)
     if killed_at is not None:
-        up = watch.first(attempt_started(attempts), killed_at)
-        step = watch.first(new_step(attempts), killed_at)
-        row["kill -> resumed"] = f"{up - killed_at:.1f} s" if up else "-"
-        row["kill -> new step"] = f"{step - killed_at:.1f} s" if step else "-"
+        row.update(recovery_times(watch, killed_at, attempts))
     print("  " + "; ".join(f"{k}: {v}" for k, v in row.items()), flush=True)
 
 
-def killed_run(dep: Deployment, spec: dict[str, Any], kill: Callable[[dict[str, Any]], None],
-               due: Callable[[dict[str, Any]], bool] = due_for_kill) -> tuple[Watch, dict[str, Any]]:
+def killed_run(server: Served, spec: dict[str, Any], kill: Callable[[dict[str, Any]], None],
+               due: Callable[[dict[str, Any]], bool] = past_checkpoint(FAULT_JOB["checkpoint_every"]),
+               ) -> tuple[Watch, dict[str, Any]]:
     """Run a job of ``spec`` and call ``kill(state)`` once, at the first message ``due`` accepts;
-    ``state``: the job, its run's pids, leader and process groups so far, then when it was killed."""
-    watch = Watch(dep, dep.api("POST", "/jobs", json=spec)["id"])
-    state: dict[str, Any] = {"killed": None, "groups": set(), "pids": {}, "job_id": watch.job_id}
+    ``state``: the run's stage pids, its leader host and process groups so far, then when it was killed."""
+    watch = Watch(server, server.api("POST", "/jobs", spec)["id"])
+    state: dict[str, Any] = {"killed": None, "groups": set(), "pids": {}}
 
     def on(message: dict[str, Any]) -> None:
         if message["event"] == "progress" and message["data"].get("phase") == "running":
-            row = dep.job_row(watch.job_id)
-            state.update(pids=message["data"]["pids"], leader=row.worker_hostname)
-            state["groups"].add(row.pgid)
+            state.update(pids=message["data"]["pids"], leader=server.api("GET", f"/jobs/{watch.job_id}")["worker"])
+            state["groups"].add(process_group(server, watch.job_id))
         if state["killed"] is None and due(message):
             state["killed"] = time.monotonic()
             kill(state)  # at once: every moment between the step seen and the kill is more steps
@@ -176,144 +160,121 @@ def killed_run(dep: Deployment, spec: dict[str, Any], kill: Callable[[dict[str, 
 # --- cases -----------------------------------------------------------------------------------
 
 
-def stage_case(tmp: Path, schedules: list[str]) -> None:
-    tmp.mkdir(parents=True)
-    database_url, drop = private_schema(POSTGRES_URL)
-    env = {**redis_env(tmp, REDIS_URL), "PIPEBOARD_DATABASE_URL": database_url}
-    try:
-        with Deployment(env, tmp).running() as dep:
+def stage_case(tmp: Path, schedules: list[str], postgres_url: str, redis_url: str) -> None:
+    with served_on_postgres(tmp, postgres_url, redis_url) as server:
+        host = WorkerHost(HOSTS[0], server.env, tmp)
+        try:
+            host.start()
+            wait_for_workers(server, 1)
             for schedule in schedules:
                 spec = {**FAULT_JOB, "schedule": schedule}
-                ref = reference(dep, spec)
-                watch, state = killed_run(dep, spec, lambda st: os.kill(int(st["pids"]["1"]), signal.SIGKILL))
-                report(f"stage SIGKILL, {schedule}", dep, watch, state["killed"], ref, state["groups"])
-    finally:
-        drop()
+                ref = reference(server, spec)
+                watch, state = killed_run(server, spec, lambda st: os.kill(int(st["pids"]["1"]), signal.SIGKILL))
+                report(f"stage SIGKILL, {schedule}", server, watch, state["killed"], ref, state["groups"])
+        finally:
+            host.stop()
 
 
-class Up:
-    """`pipeboard up --workers 1` on a free port, in ``tmp``; a Deployment-like client of it."""
+def kill_api(server: Served, state: dict[str, Any]) -> None:
+    """SIGKILL `pipeboard up`'s API server; return once the one it starts instead answers."""
+    os.kill(server.processes()["api"], signal.SIGKILL)
+    while not server.healthy(0):
+        time.sleep(0.1)
+    state["back"] = time.monotonic()
 
-    def __init__(self, tmp: Path) -> None:
-        tmp.mkdir(parents=True)
-        self.tmp = tmp
-        self.port = free_port()
-        self.url = f"http://127.0.0.1:{self.port}"
-        self.env = {"PIPEBOARD_DATA_DIR": str(tmp / "data"), "PIPEBOARD_HEARTBEAT_SECONDS": "0.5"}
-        self.log = tmp / "up.log"
-        self.client: Deployment | None = None
-        self.start()
 
-    def start(self) -> None:
-        self.process = start_up(self.port, self.env, ROOT, self.log)
-        if self.client is None:
-            self.client = Deployment(dict(self.env), self.tmp)
-            self.client.url = self.url
-
-    def child(self, marker: str) -> int:
-        pids = []
-        for task in Path(f"/proc/{self.process.pid}/task").glob("*"):
-            pids += [int(p) for p in (task / "children").read_text().split()]
-        return next(p for p in pids if marker in Path(f"/proc/{p}/cmdline").read_bytes().decode(errors="replace"))
-
-    def stop(self) -> None:
-        if self.process.poll() is None:
-            self.process.send_signal(signal.SIGTERM)
-            self.process.wait(60)
+def kill_up(server: Served) -> None:
+    """SIGKILL `pipeboard up` (its children get SIGTERM and hand the job back), then start it again."""
+    os.kill(server.proc.pid, signal.SIGKILL)
+    server.proc.wait()
+    time.sleep(2)  # its worker hands the job back
+    server.start()
 
 
 def up_cases(tmp: Path, schedules: list[str], cases: list[str]) -> None:
-    up = Up(tmp)
-    dep = up.client
+    tmp.mkdir(parents=True)
+    server = Served(tmp, extra_env={"PIPEBOARD_HEARTBEAT_SECONDS": "0.5"})
     try:
-        refs = {s: reference(dep, {**FAULT_JOB, "schedule": s}) for s in schedules}
+        refs = {s: reference(server, {**FAULT_JOB, "schedule": s}) for s in schedules}
         for schedule in schedules if "worker" in cases else []:
-            watch, state = killed_run(dep, {**FAULT_JOB, "schedule": schedule}, lambda st: os.kill(up.child("celery"), signal.SIGKILL))
-            report(f"worker SIGKILL (pipeboard up), {schedule}", dep, watch, state["killed"], refs[schedule], state["groups"])
+            watch, state = killed_run(server, {**FAULT_JOB, "schedule": schedule},
+                                      lambda st: os.kill(server.processes()["worker"], signal.SIGKILL))
+            report(f"worker SIGKILL (pipeboard up), {schedule}", server, watch, state["killed"], refs[schedule], state["groups"])
         schedule = schedules[-1]
         if "api" in cases:
-            def kill_api(state: dict[str, Any]) -> None:
-                os.kill(up.child("uvicorn"), signal.SIGKILL)
-                while True:  # until the restarted server answers
-                    try:
-                        httpx.get(f"{up.url}/api/v1/health", timeout=1)
-                        break
-                    except httpx.HTTPError:
-                        time.sleep(0.1)
-                state["back"] = time.monotonic()
-
-            watch, state = killed_run(dep, {**FAULT_JOB, "schedule": schedule}, kill_api)
-            back = re.search(r"the API server is back", up.log.read_text())
-            report(f"API SIGKILL (pipeboard up), {schedule}", dep, watch, None, refs[schedule], state["groups"], attempts=1)
+            watch, state = killed_run(server, {**FAULT_JOB, "schedule": schedule}, lambda st: kill_api(server, st))
+            back = re.search(r"the API server is back", server.log.read_text())
+            report(f"API SIGKILL (pipeboard up), {schedule}", server, watch, None, refs[schedule], state["groups"], attempts=1)
             print(f"    (training never stopped; the API answered again: {bool(back)}, "
                   f"{state['back'] - state['killed']:.1f} s after the kill)", flush=True)
         if "up" in cases:
-            def kill_up(state: dict[str, Any]) -> None:
-                os.kill(up.process.pid, signal.SIGKILL)  # the supervisor and its API; its children get SIGTERM
-                up.process.wait()
-                time.sleep(2)  # its worker hands the job back
-                up.start()
-
-            watch, state = killed_run(dep, {**FAULT_JOB, "schedule": schedule}, kill_up)
-            report(f"pipeboard up SIGKILL + restart, {schedule}", dep, watch, state["killed"], refs[schedule], state["groups"])
+            watch, state = killed_run(server, {**FAULT_JOB, "schedule": schedule}, lambda st: kill_up(server))
+            report(f"pipeboard up SIGKILL + restart, {schedule}", server, watch, state["killed"], refs[schedule], state["groups"])
     finally:
-        up.stop()
+        server.stop()
 
 
-def two_host_case(tmp: Path) -> None:
-    tmp.mkdir(parents=True)
-    database_url, drop = private_schema(POSTGRES_URL)
-    env = {**redis_env(tmp, REDIS_URL), "PIPEBOARD_DATABASE_URL": database_url, "PIPEBOARD_JOIN_TIMEOUT_S": "60"}
-    dep = Deployment(env, tmp)
-    hosts = WorkerHosts(env, tmp)
-    try:
-        dep.start_server()
-        for name in hosts.names:
-            hosts.start(name)
-        while dep.api("GET", "/health")["workers"] < 2:
-            time.sleep(0.3)
-        print(f"  (hosts in network namespaces of their own: {hosts.isolated})", flush=True)
-        started = time.monotonic()
-        first = Watch(dep, dep.api("POST", "/jobs", json=TWO_HOST_JOB)["id"])
-        first.run()
-        job = dep.api("GET", f"/jobs/{first.job_id}")
-        assert job["status"] == "succeeded", f"{job['status']}: {job['error']}\n{hosts.logs()}"
-        hosts_seen = sorted({e["host"] for e in dep.api("GET", f"/jobs/{first.job_id}/timeline", params={"limit": 200000})["events"]})
-        print(f"  2 hosts, uninterrupted: {job['status']}, reached target {job['summary']['reached_target']} "
-              f"({job['summary']['metric_name']} {job['summary']['final_metric']:.3f}) in {job['summary']['steps']} steps, "
-              f"{time.monotonic() - started:.1f} s from submit; timeline hosts {hosts_seen}", flush=True)
-        ref = job_losses(dep, first.job_id)
-        for victim_role in ("member", "leader"):
-            def kill_host(state: dict[str, Any], role: str = victim_role) -> None:
-                leader = state["leader"]
-                victim = leader if role == "leader" else next(n for n in hosts.names if n != leader)
-                hosts.kill(victim)
-                hosts.start(victim)  # what a supervisor does
+def uninterrupted_on_hosts(server: Served, hosts: dict[str, WorkerHost]) -> dict[int, float]:
+    """A two-host job to its target, printed; its losses."""
+    started = time.monotonic()
+    watch = Watch(server, server.api("POST", "/jobs", TWO_HOST_JOB)["id"])
+    watch.run()
+    job = server.api("GET", f"/jobs/{watch.job_id}")
+    if job["status"] != "succeeded":
+        raise SystemExit(f"{job['status']}: {job['error']}\n" + "\n".join(h.tail() for h in hosts.values()))
+    seen = sorted({e["host"] for e in server.api("GET", f"/jobs/{watch.job_id}/timeline?limit=200000")["events"]})
+    summary = job["summary"]
+    print(f"  2 hosts, uninterrupted: {job['status']}, reached target {summary['reached_target']} "
+          f"({summary['metric_name']} {summary['final_metric']:.3f}) in {summary['steps']} steps, "
+          f"{time.monotonic() - started:.1f} s from submit; timeline hosts {seen}", flush=True)
+    return job_losses(server, watch.job_id)
 
-            watch, state = killed_run(dep, TWO_HOST_JOB, kill_host,
-                                      lambda m: m["event"] == "metrics" and max(p["step"] for p in m["data"]["points"]) > 20)
-            report(f"2 hosts, {victim_role}'s worker SIGKILL", dep, watch, state["killed"], ref, state["groups"])
-    finally:
-        hosts.close()
-        dep.close()
-        drop()
+
+def restart_host(hosts: dict[str, WorkerHost], state: dict[str, Any], role: str) -> None:
+    """SIGKILL the leader's worker or the other host's, and start it again, as a supervisor would."""
+    victim = state["leader"] if role == "leader" else next(n for n in hosts if n != state["leader"])
+    hosts[victim].kill()
+    hosts[victim].start()
+
+
+def two_host_case(tmp: Path, postgres_url: str, redis_url: str) -> None:
+    with served_on_postgres(tmp, postgres_url, redis_url, PIPEBOARD_JOIN_TIMEOUT_S="60") as server:
+        network = HostNetwork(service_ports(server.env))
+        hosts = {name: WorkerHost(name, server.env, tmp, network, i) for i, name in enumerate(HOSTS)}
+        try:
+            for host in hosts.values():
+                host.start()
+            wait_for_workers(server, len(hosts))
+            print(f"  (hosts in network namespaces of their own: {network.isolated})", flush=True)
+            ref = uninterrupted_on_hosts(server, hosts)
+            for role in ("member", "leader"):
+                watch, state = killed_run(server, TWO_HOST_JOB, lambda st, role=role: restart_host(hosts, st, role),
+                                          lambda m: latest_step(m) > TWO_HOST_JOB["checkpoint_every"])
+                report(f"2 hosts, {role}'s worker SIGKILL", server, watch, state["killed"], ref, state["groups"])
+        finally:
+            for host in hosts.values():
+                host.stop()
+            network.close()
 
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--cases", default="stage,worker,api,up,2-host")
     ap.add_argument("--schedules", default="gpipe,1f1b")
+    ap.add_argument("--postgres-url", default=os.environ.get("PIPEBOARD_TEST_POSTGRES_URL",
+                                                             "postgresql+psycopg://postgres@127.0.0.1:5432/test"))
+    ap.add_argument("--redis-url", default=os.environ.get("PIPEBOARD_TEST_REDIS_URL", "redis://127.0.0.1:6379/15"))
     args = ap.parse_args()
     cases, schedules = args.cases.split(","), args.schedules.split(",")
     print(f"processor: {processor()}; load average {os.getloadavg()[0]:.1f} (shared machine: timings are noisy)")
     print(f"job: {FAULT_JOB}; on two hosts: {TWO_HOST_JOB}")
     with tempfile.TemporaryDirectory(prefix="pipeboard-faults-") as tmp:
         if "stage" in cases:
-            stage_case(Path(tmp) / "stage", schedules)
+            stage_case(Path(tmp) / "stage", schedules, args.postgres_url, args.redis_url)
         if {"worker", "api", "up"} & set(cases):
             up_cases(Path(tmp) / "up", schedules, cases)
         if "2-host" in cases:
-            two_host_case(Path(tmp) / "hosts")
+            two_host_case(Path(tmp) / "hosts", args.postgres_url, args.redis_url)
 
 
 if __name__ == "__main__":
