@@ -1,16 +1,17 @@
 """What the sandbox costs a job now that training runs in it too, and upload bombs against
 /health.
 
-Parts (each on real deployments: uvicorn and a Celery worker on a private SQLite database):
+Parts (each on real deployments: `pipeboard up --workers 1 --concurrency 1` on a private SQLite
+database, driven over the REST API):
   cost     two deployments, PIPEBOARD_SANDBOX=off and on; each first trains one job that is not
            counted (its profile is then cached, so the counted jobs' start is the plan and the
            training phase's: what the sandbox and its relay change); then 5 alternating pairs
            (off, on) of the same job (mlp-digits, 2 stages, 1f1b, batch 64 in 4 microbatches,
            300 steps): job start (POST to its first measured step) and samples/s (the run's
            summary); medians, per-pair differences and ratios, and the unsandboxed runs' spread
-  bombs    bench/sandbox.py's: a .tar.bz2 of 3 GB of zeros and a .tar.gz of 10 GB (one declared
-           member, and bytes after the archive's end), and archives under the limit, uploaded while
-           GET /health is probed every 0.7 s with a 1 s timeout (its HealthProbe)
+  bombs    bench/sandbox.py's (bench/sandbox_bombs.py): a .tar.bz2 of 3 GB of zeros and a .tar.gz of
+           10 GB (one declared member, and bytes after the archive's end), and archives under the
+           limit, uploaded while GET /health is probed every 0.7 s with a 1 s timeout (its HealthProbe)
 
     .venv/bin/python bench/sandbox_cost.py [--parts cost,bombs] [--pairs 5] [--steps 300]
 """
@@ -18,51 +19,42 @@ Parts (each on real deployments: uvicorn and a Celery worker on a private SQLite
 from __future__ import annotations
 
 import argparse
+import os
 import statistics
 import sys
 import tempfile
-import time
+from contextlib import ExitStack
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-import httpx  # noqa: E402
+from bench.sandbox_bombs import bombs_part  # noqa: E402
+from bench.sandbox_deploy import SMALL_JOB, chosen_parts, deployment, seconds_to_first_step, spread  # noqa: E402
+from bench.service_probe import Served, finished, processor  # noqa: E402
 
-from bench.sandbox import bombs_part, chosen_parts, deployment, processor, spread, wait_job  # noqa: E402
-from tests.app.test_e2e_support import SMALL_JOB  # noqa: E402
 
-
-def timed_job(dep, steps: int) -> tuple[float, float, bool]:
+def timed_job(server: Served, steps: int) -> tuple[float, float, bool]:
     """(seconds from POST to the first measured step, samples/s, trained in the sandbox) of one job."""
-    began = time.monotonic()
-    job = dep.api("POST", "/jobs", json={**SMALL_JOB, "batch_size": 64, "microbatches": 4, "stop": {"steps": steps}})
-    for message in dep.events(job["id"], timeout=600, until="timeline"):
-        if message["event"] == "end":
-            raise RuntimeError(f"job ended early: {message['data']}")
-    start = time.monotonic() - began
-    sandboxed = relayed(dep, job["id"])  # the run is live: its first step is in
-    done = wait_job(dep.http_client, job["id"])
+    job_id, start = seconds_to_first_step(server, {**SMALL_JOB, "batch_size": 64, "microbatches": 4,
+                                                   "stop": {"steps": steps}})
+    sandboxed = relayed(server, job_id)  # the run is live: its first step is in
+    done = finished(server.http, job_id)
     assert done["status"] == "succeeded", done
     return start, float(done["summary"]["samples_per_s"]), sandboxed
 
 
-def relayed(dep, job_id: int) -> bool:
+def relayed(server: Served, job_id: int) -> bool:
     """Whether the job's training runs behind the relay, in bwrap, now (its command line names the
     deployment's data folder)."""
-    import os
-
-    from pipeboard.app.core.config import settings_from_env
-
-    data_dir = str(settings_from_env(dep.env).data_dir).encode()
+    wanted = (b"pipeboard.app.services.run_relay", f"--job-id\0{job_id}\0".encode(), b"bwrap", str(server.data).encode())
     for entry in os.listdir("/proc"):
         try:
             with open(f"/proc/{entry}/cmdline", "rb") as fh:
                 line = fh.read()
         except OSError:
             continue
-        if b"pipeboard.app.services.run_relay" in line and f"--job-id\0{job_id}\0".encode() in line \
-                and b"bwrap" in line and data_dir in line:
+        if all(part in line for part in wanted):
             return True
     return False
 
@@ -70,27 +62,19 @@ def relayed(dep, job_id: int) -> bool:
 def cost_part(tmp: Path, pairs: int, steps: int) -> None:
     print(f"\n## Training in the sandbox: {pairs} alternating pairs (off, on); mlp-digits, 2 stages, 1f1b, "
           f"batch 64 in 4 microbatches, {steps} steps; profiles cached by one uncounted job each")
-    deps = {mode: deployment(tmp, f"train-cost-{mode}", sandbox=mode) for mode in ("off", "on")}
-    managed = [d.running() for d in deps.values()]
-    for m in managed:
-        m.__enter__()
-    try:
-        for dep in deps.values():
-            dep.http_client = httpx.Client(base_url=dep.url + "/api/v1", timeout=60, headers=dep.http.headers)
-        for mode, dep in deps.items():
-            start, sps, inside = timed_job(dep, steps)
+    results: dict[str, list[tuple[float, float, bool]]] = {"off": [], "on": []}
+    with ExitStack() as stack:
+        servers = {mode: stack.enter_context(deployment(tmp, f"train-cost-{mode}", sandbox=mode)) for mode in ("off", "on")}
+        for mode, server in servers.items():
+            start, sps, inside = timed_job(server, steps)
             print(f"- warm-up, sandbox {mode} (not counted): start {start:.2f} s, {sps:.1f} samples/s, "
                   f"trained {'in bwrap behind the relay' if inside else 'unsandboxed'}")
-        results: dict[str, list[tuple[float, float, bool]]] = {"off": [], "on": []}
         for pair in range(pairs):
             for mode in ("off", "on"):
-                results[mode].append(timed_job(deps[mode], steps))
+                results[mode].append(timed_job(servers[mode], steps))
                 start, sps, inside = results[mode][-1]
                 assert inside == (mode == "on"), (mode, inside)
                 print(f"- pair {pair + 1}, sandbox {mode}: start {start:.2f} s, {sps:.1f} samples/s")
-    finally:
-        for m in reversed(managed):
-            m.__exit__(None, None, None)
     starts = {m: [r[0] for r in results[m]] for m in results}
     rates = {m: [r[1] for r in results[m]] for m in results}
     extra = [a - b for a, b in zip(starts["on"], starts["off"])]
