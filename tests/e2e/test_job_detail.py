@@ -27,9 +27,11 @@ def test_a_window_requested_while_the_job_runs_is_recorded_and_shown(start_serve
     shoot(page, "job-record-detail")
     page.wait_for_selector("h1 + .badge.status-succeeded", timeout=300000)
     windows = server.api("GET", f"/jobs/{job['id']}/steps?limit=1")["detail_steps"]
-    requested = [r for r in windows if r[1] - r[0] + 1 == 20]
+    # the requested 20 steps, one window with a periodic one where they meet (a loaded machine
+    # may run the job slowly enough that the click lands on step 500)
+    requested = [r for r in windows if r[1] - r[0] + 1 >= 20]
     assert windows[0] == [0, 4] and requested, windows  # the opening window and the requested 20 steps
-    assert [500, 502] in windows
+    assert all(any(a <= k and k + 2 <= b for a, b in windows) for k in range(500, 3000, 500)), windows
     page.reload()
     page.locator("#detail-window option", has_text=f"steps {requested[0][0]}").wait_for(state="attached")
     page.select_option("#detail-window", f"{requested[0][0]}:{requested[0][1]}")
