@@ -1,7 +1,6 @@
 """Recompute's time in the cost model is what the runtime runs: a forward replayed by B and by BI,
 and a W that replays the forward and backpropagates through the interior layers again."""
 
-import pytest
 import torch
 from torch import nn
 
@@ -26,33 +25,6 @@ def test_the_charge_per_action():
     assert recomputed_costs([c, c], [0])[0] == first
 
 
-def test_the_checkpoint_machinery_is_charged_per_action():
-    c = StageCosts(fwd_s=1.0, bwd_s=2.2, bwd_input_s=1.0, bwd_weight_s=1.2, bwd_weight_batched_s=0.5,
-                   recompute_fwd_extra_s=0.1, recompute_bwd_extra_s=0.2, recompute_bi_extra_s=0.3,
-                   recompute_w_extra_s=0.4)
-    r = recomputed(c)
-    assert (r.fwd_s, r.bwd_s, r.bi_s, r.w_s) == pytest.approx((1.1, 3.4, 2.3, 1.0 + 1.0 + 1.2 + 0.4))
-    assert recomputed(c, first=True).bi_s == 0.0
-
-
-def test_the_calibration_reaches_the_stage_costs():
-    from pipeboard.trainer.profile.calibration_records import Overhead
-    from pipeboard.trainer.profile.schema import Layer, Profile, ProfileError
-    from pipeboard.trainer.schedule.predict import profile_overhead, stage_costs
-
-    sample = {"layers": 1, "last": False, "forward_ms": 0.0, "backward_ms": 0.0, "backward_input_ms": 0.0,
-              "weight_call_ms": 0.0, "step_ms": 0.0, "recompute_forward_ms": 0.1, "recompute_backward_ms": 0.2,
-              "recompute_backward_input_ms": 0.3, "recompute_weight_ms": 0.4}
-    prof = Profile(layers=[Layer(name="l0", forward_ms=1.0, backward_ms=2.0, backward_input_ms=1.0,
-                                 activation_bytes=10.0, parameter_bytes=40.0)], edges=[], model="one", batch_size=2,
-                   overhead=Overhead.from_dict({"samples": [sample]}))
-    c, = stage_costs(prof, [["l0"]], overhead=profile_overhead(prof, [["l0"]]))
-    got = (c.recompute_fwd_extra_s, c.recompute_bwd_extra_s, c.recompute_bi_extra_s, c.recompute_w_extra_s)
-    assert got == pytest.approx((1e-4, 2e-4, 3e-4, 4e-4))
-    with pytest.raises(ProfileError, match="recompute_weight_ms"):
-        Overhead.from_dict({"samples": [{**sample, "recompute_weight_ms": -1}]})
-
-
 def _forwards(split: bool, first: bool = False) -> tuple[int, int, int]:
     """How often the stage's layers run forward in F, in B (or BI), in W, for one microbatch."""
     torch.manual_seed(0)
@@ -75,13 +47,3 @@ def test_the_runtime_replays_as_charged():
     assert _forwards(split=True) == (1, 1, 1)  # BI: one replay; W: another
     assert _forwards(split=False, first=True) == (1, 1, 0)
     assert _forwards(split=True, first=True) == (1, 0, 1)  # the first stage's BI: nothing to replay for
-
-
-def test_the_checkpoint_machinery_is_measured_for_real():
-    from pipeboard.trainer.profile.calibration_records import RECOMPUTE_FIELDS
-    from pipeboard.trainer.runtime.overhead import measure_recompute_overhead
-
-    got = measure_recompute_overhead(1, False, microbatches=4, rounds=10)
-    assert sorted(f"{k}_ms" for k in got) == sorted(RECOMPUTE_FIELDS)
-    assert all(v >= 0 for v in got.values())
-    assert got["recompute_forward"] > 0  # the checkpointed call's own hooks: never free

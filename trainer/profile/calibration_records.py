@@ -55,11 +55,6 @@ class Link:
 
 
 OVERHEAD_FIELDS = ("forward_ms", "backward_ms", "backward_input_ms", "weight_call_ms", "step_ms")
-# What activation recompute (torch.utils.checkpoint) adds beyond its replayed compute: to F, to the
-# B and the BI that replay, and to each microbatch a W replays; optional in a sample (older
-# calibrations have none: read as 0).
-RECOMPUTE_FIELDS = ("recompute_forward_ms", "recompute_backward_ms", "recompute_backward_input_ms",
-                    "recompute_weight_ms")
 
 
 @dataclass
@@ -106,10 +101,8 @@ class Overhead:
         pts = same or sorted(self.samples, key=lambda s: s["layers"])
         lo, hi = pts[0], pts[-1]
         out = {}
-        for key in OVERHEAD_FIELDS + RECOMPUTE_FIELDS:
-            if key not in lo or key not in hi:
-                out[key] = 0.0
-            elif hi["layers"] == lo["layers"]:
+        for key in OVERHEAD_FIELDS:
+            if hi["layers"] == lo["layers"]:
                 out[key] = float(lo[key])
             else:
                 slope = (hi[key] - lo[key]) / (hi["layers"] - lo["layers"])
@@ -138,10 +131,7 @@ class Overhead:
             for key in OVERHEAD_FIELDS:
                 if not is_size(s.get(key)):
                     raise ProfileError(f"{where}: field {key!r} must be a finite number >= 0, got {s.get(key)!r}")
-            for key in RECOMPUTE_FIELDS:
-                if key in s and not is_size(s[key]):
-                    raise ProfileError(f"{where}: field {key!r} must be a finite number >= 0, got {s[key]!r}")
-            extra = set(s) - {"layers", "last", *OVERHEAD_FIELDS, *RECOMPUTE_FIELDS}
+            extra = set(s) - {"layers", "last", *OVERHEAD_FIELDS}
             if extra:
                 raise ProfileError(f"{where} has unknown field(s) {sorted(extra)}")
         per_run = {}

@@ -12,7 +12,6 @@ the ``Executor``'s walk per action, and per step its set-up and the worker's ste
 ``measure_data_load(task, ...)`` times a task's own data loading per step, first and last stage.
 ``measure_generic_weight_overhead()`` what W adds per non-Linear parameterised layer and microbatch.
 ``measure_stash_copy()`` what weight stashing adds to a step that keeps the version it replaces.
-``measure_recompute_overhead(layers, last)`` what activation recompute's machinery adds per action.
 
 ``calibrate()`` measures a few stage shapes (layer counts, last or not) and the executor into the
 profile's ``overhead`` field (``pipeboard.trainer.profile.calibration_records.Overhead``), which
@@ -110,20 +109,6 @@ def measure_action_overhead(layers: int, last: bool, microbatches: int = 8, roun
                           backward_input_s=max(0.0, m["BI"] - m["pBI"]),
                           weight_call_s=max(0.0, m["W"] - (m["pB"] - m["pBI"])),
                           step_s=max(0.0, m["step"] - m["pstep"]))
-
-
-def measure_recompute_overhead(layers: int, last: bool, microbatches: int = 8, rounds: int = 30) -> dict[str, float]:
-    """Seconds a recomputing ``Stage`` adds per action (torch.utils.checkpoint's own machinery)
-    beyond what the cost model charges it (``schedule.predict.recomputed``: the stage's own
-    actions, plus a replayed forward in the B and the BI, and a forward and a backward per
-    microbatch a W(-1) replays), from the same stage measured without recompute. Keys as
-    ``RECOMPUTE_FIELDS`` less ``_ms``."""
-    plain = _timed_actions(layers, last, microbatches, rounds, recompute=False)
-    redo = _timed_actions(layers, last, microbatches, rounds, recompute=True)
-    return {"recompute_forward": max(0.0, redo["F"] - plain["F"]),
-            "recompute_backward": max(0.0, redo["B"] - plain["B"] - plain["F"]),
-            "recompute_backward_input": max(0.0, redo["BI"] - plain["BI"] - plain["F"]),
-            "recompute_weight": max(0.0, redo["W"] / microbatches - plain["F"] - plain["B"])}
 
 
 def measure_generic_weight_overhead(layers: int = 4, microbatches: int = 4, rounds: int = 30) -> float:
@@ -289,11 +274,9 @@ def calibrate(layer_counts: tuple[int, ...] = CALIBRATION_LAYERS, microbatches: 
         for last in (False, True):
             for n in layer_counts:
                 o = measure_action_overhead(n, last, microbatches=microbatches, rounds=rounds)
-                redo = measure_recompute_overhead(n, last, microbatches=microbatches, rounds=rounds)
                 samples.append({"layers": n, "last": last, "forward_ms": o.forward_s * 1e3,
                                 "backward_ms": o.backward_s * 1e3, "backward_input_ms": o.backward_input_s * 1e3,
-                                "weight_call_ms": o.weight_call_s * 1e3, "step_ms": o.step_s * 1e3,
-                                **{f"{k}_ms": v * 1e3 for k, v in redo.items()}})
+                                "weight_call_ms": o.weight_call_s * 1e3, "step_ms": o.step_s * 1e3})
         per_action, per_step = measure_executor_overhead()
         generic = measure_generic_weight_overhead()
         stash_copy = measure_stash_copy()

@@ -30,12 +30,6 @@ class StageCosts:
     # weight stashing: a STEP whose replaced version is still used later first moves the weights
     # to fresh storage (runtime/versions.py), a copy of them (stash.steps_keeping_version)
     stash_copy_s: float = 0.0
-    # activation recompute's own machinery (torch.utils.checkpoint), per action, charged by
-    # predict.recomputed when the stage recomputes: F, the B and BI that replay, each W replay
-    recompute_fwd_extra_s: float = 0.0
-    recompute_bwd_extra_s: float = 0.0
-    recompute_bi_extra_s: float = 0.0
-    recompute_w_extra_s: float = 0.0
     activation_bytes: int = 0  # kept per in-flight microbatch between forward and backward
     weight_bytes: int = 0  # one version of the stage's weights
     weight_grad_bytes: int = 0  # kept from a microbatch's BI to its W (its weighted outputs' gradients)

@@ -72,11 +72,6 @@ class ActionOverhead:
     executor_s: float = 0.0  # the executor's walk past each action it runs (sends included)
     weight_per_microbatch_s: float = 0.0  # W's own cost per microbatch beyond one call (non-Linear layers)
     per_step_s: float = 0.0  # once per step: the executor's set-up, the step report, loading data
-    # what a recomputing stage adds (overhead.measure_recompute_overhead): F, B, BI, per W replay
-    recompute_forward_s: float = 0.0
-    recompute_backward_s: float = 0.0
-    recompute_backward_input_s: float = 0.0
-    recompute_weight_s: float = 0.0
 
 
 def _layers(profile: Profile, stage: list[str], k: int):
@@ -107,11 +102,7 @@ def profile_overhead(profile: Profile, stages: list[list[str]]) -> list[ActionOv
                                   backward_input_s=ms["backward_input_ms"] / 1e3,
                                   weight_call_s=ms["weight_call_ms"] / 1e3, step_s=ms["step_ms"] / 1e3,
                                   executor_s=o.executor_action_ms / 1e3, per_step_s=(o.executor_step_ms + load) / 1e3,
-                                  weight_per_microbatch_s=generic * o.generic_weight_ms / 1e3,
-                                  recompute_forward_s=ms["recompute_forward_ms"] / 1e3,
-                                  recompute_backward_s=ms["recompute_backward_ms"] / 1e3,
-                                  recompute_backward_input_s=ms["recompute_backward_input_ms"] / 1e3,
-                                  recompute_weight_s=ms["recompute_weight_ms"] / 1e3))
+                                  weight_per_microbatch_s=generic * o.generic_weight_ms / 1e3))
     return out
 
 
@@ -251,11 +242,6 @@ def stage_costs(
             bwd_weight_batched_s=None if w_batched is None else w_batched / 1e3,
             send_act_s=send_act / 1e3, send_grad_s=send_grad / 1e3, allreduce_s=allreduce / 1e3,
             step_s=step / 1e3, stash_copy_s=stash_copy_ms(profile, weight_bytes) / 1e3 if overhead is not None else 0.0,
-            **({} if overhead is None else {
-                "recompute_fwd_extra_s": overhead[k].recompute_forward_s,
-                "recompute_bwd_extra_s": overhead[k].recompute_backward_s,
-                "recompute_bi_extra_s": overhead[k].recompute_backward_input_s,
-                "recompute_w_extra_s": overhead[k].recompute_weight_s}),
             **kept_bytes(kept_layers, kept_out[k]),
             weight_bytes=weight_bytes,
         ))
@@ -283,12 +269,10 @@ def recomputed(c: StageCosts, forward_s: float | None = None, first: bool = Fals
     a batched W(-1) replays one microbatch at a time, so it is no cheaper per microbatch. An
     input-gradient backward (BI) replays the forward and computes the input gradients, except on
     the ``first`` stage, whose inputs (the data) want none: there it computes nothing, and W does
-    all of the backward. Each action also pays what torch.utils.checkpoint's machinery adds
-    (``c.recompute_*_extra_s``, from the calibration; 0 without one)."""
+    all of the backward."""
     f = c.fwd_s if forward_s is None else forward_s
-    w = f + c.bi_s + c.w_s + c.recompute_w_extra_s
-    return replace(c, fwd_s=c.fwd_s + c.recompute_fwd_extra_s, bwd_s=c.bwd_s + f + c.recompute_bwd_extra_s,
-                   bwd_input_s=0.0 if first else c.bi_s + f + c.recompute_bi_extra_s, bwd_weight_s=w,
+    w = f + c.bi_s + c.w_s
+    return replace(c, bwd_s=c.bwd_s + f, bwd_input_s=0.0 if first else c.bi_s + f, bwd_weight_s=w,
                    bwd_weight_batched_s=w)
 
 
