@@ -88,10 +88,9 @@ class Overhead:
         if not self.stash_copy or nbytes <= 0:
             return 0.0
         pts = [(0.0, 0.0), *sorted((float(b), float(ms)) for b, ms in self.stash_copy)]
-        for (b0, m0), (b1, m1) in zip(pts, pts[1:]):
-            if nbytes <= b1 or (b1, m1) == pts[-1]:
-                return max(0.0, m0 + (m1 - m0) * (nbytes - b0) / (b1 - b0)) if b1 > b0 else m1
-        return 0.0
+        # the measured segment that holds nbytes, else the last one, extended
+        (b0, m0), (b1, m1) = next(((lo, hi) for lo, hi in zip(pts, pts[1:]) if nbytes <= hi[0]), pts[-2:])
+        return max(0.0, m0 + (m1 - m0) * (nbytes - b0) / (b1 - b0)) if b1 > b0 else m1
 
     def at(self, layers: int, last: bool) -> dict[str, float]:
         """Milliseconds per action for a stage of ``layers`` parameterised layers: linear in the

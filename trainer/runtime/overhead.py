@@ -45,11 +45,10 @@ def _median_s(xs: list[float]) -> float:
     return statistics.median(xs[len(xs) // 5:])
 
 
-def _timed_actions(layers: int, last: bool, microbatches: int, rounds: int, recompute: bool) -> dict[str, float]:
-    """Median seconds of the runtime Stage's F, B, BI, W(-1) over ``microbatches`` and step on a
-    stage of ``layers`` Linear(4, 4)+ReLU layers on one sample (``recompute``: the Stage
-    recomputing), and of the plain module's forward (pF), backward (pB), input-only backward
-    (pBI) and step on the same tensors (pstep)."""
+def measure_action_overhead(layers: int, last: bool, microbatches: int = 8, rounds: int = 40) -> ActionOverhead:
+    """Seconds the runtime's ``Stage`` adds to each action of a stage of ``layers``
+    parameterised layers (the last stage computes the loss in its forward), over
+    ``microbatches`` microbatches per round (W(-1) batches them all)."""
     if layers < 1 or microbatches < 1 or rounds < 1:
         raise ValueError(f"layers, microbatches and rounds must be >= 1, got {layers}, {microbatches}, {rounds}")
 
@@ -61,7 +60,7 @@ def _timed_actions(layers: int, last: bool, microbatches: int, rounds: int, reco
     x, y, g = torch.randn(1, 4), torch.randn(1, 4), torch.ones(1, 4)
     mod, opt = tiny()
     stage = Stage(1, mod, opt, is_first=False, is_last=last, loss_fn=torch.nn.functional.mse_loss, stash=False,
-                  loss_scale=1 / microbatches, layer_calls=True, recompute=recompute)
+                  loss_scale=1 / microbatches, layer_calls=True)
     plain, plain_opt = tiny()
     t: dict[str, list[float]] = defaultdict(list)
     clock = time.perf_counter
@@ -97,14 +96,7 @@ def _timed_actions(layers: int, last: bool, microbatches: int, rounds: int, reco
         t["pstep"].append(clock() - t0)
         for p in plain.parameters():
             p.grad = None
-    return {k: _median_s(v) for k, v in t.items()}
-
-
-def measure_action_overhead(layers: int, last: bool, microbatches: int = 8, rounds: int = 40) -> ActionOverhead:
-    """Seconds the runtime's ``Stage`` adds to each action of a stage of ``layers``
-    parameterised layers (the last stage computes the loss in its forward), over
-    ``microbatches`` microbatches per round (W(-1) batches them all)."""
-    m = _timed_actions(layers, last, microbatches, rounds, recompute=False)
+    m = {k: _median_s(v) for k, v in t.items()}
     return ActionOverhead(forward_s=max(0.0, m["F"] - m["pF"]), backward_s=max(0.0, m["B"] - m["pB"]),
                           backward_input_s=max(0.0, m["BI"] - m["pBI"]),
                           weight_call_s=max(0.0, m["W"] - (m["pB"] - m["pBI"])),
