@@ -4,6 +4,7 @@ times from CUDA events on a GPU, the host clock on CPU."""
 
 from __future__ import annotations
 
+import mmap
 import time
 
 import pytest
@@ -77,8 +78,11 @@ def test_the_cpu_meter_sees_a_peak_inside_the_step_that_is_gone_at_its_end():
         pytest.fail(f"this kernel refused to reset the peak ({meter.source}); the test needs Linux 4.0+")
     meter.take()
     before = meter.take()
-    x = torch.ones(64 * 2**20, dtype=torch.uint8)  # 64 MiB touched, then freed back (large: mmapped)
-    del x
+    # 64 MiB of fresh pages, touched, then unmapped. Not a tensor: in a process whose heap keeps freed memory
+    # (trainer/allocator.py, set by any profile run before in this process) a tensor may reuse resident pages.
+    block = mmap.mmap(-1, 64 * 2**20)
+    block.write(b"\x01" * len(block))
+    block.close()
     peak = meter.take()
     assert peak >= before + 60 * 2**20
     assert meter.take() < peak - 60 * 2**20  # the next step's peak no longer has it
