@@ -286,3 +286,24 @@ def test_a_pilots_step_beyond_its_actions_is_its_step_factor():
     # about PILOT_SECONDS of predicted steps, an even count, never under 16
     n = pilot_steps(prof, stages, [1, 1], 2)
     assert n % 2 == 0 and n >= 16 and n == pytest.approx(0.5 / plain, abs=2) or n in (16, 200)
+
+
+def test_a_whole_backward_is_its_parts_each_corrected_by_the_pilots_own_factor():
+    """Pilots run batched weight gradients: they measure BI and W, never a whole B. Data parallelism's B
+    (and an unsplit run's) is charged BI's part times BI's factor plus the rest times W's, not the whole
+    B times BI's factor (gpt2-text's pilot: BI 1.59, W 0.53; the whole B at 1.59 was 40% over its spans)."""
+    prof = chain(2)
+    whole = [["l0", "l1"]]
+    plain = stage_costs(prof, whole, microbatches=4, replicas=[2])[0]
+    bi, rest = plain.bwd_input_s, plain.bwd_s - plain.bwd_input_s
+    assert bi > 0 and rest > 0
+    pilot = {"forward": 1.0, "backward_input": 1.6, "weight_batched": 0.5}
+    prof.pilot = Pilot(pipeline=None, replicated=PilotKind(1, 2, pilot, gaps_ms=0.2), batch_size=8, microbatches=4,
+                       steps=16)
+    got = stage_costs(prof, whole, microbatches=4, replicas=[2])[0]
+    assert got.bwd_s == pytest.approx(bi * 1.6 + rest * 0.5 + 0.0002)
+    assert got.bwd_input_s == pytest.approx(bi * 1.6 + 0.0002)
+    # a pilot that measured whole backwards applies its own factor to them
+    prof.pilot = Pilot(pipeline=None, replicated=PilotKind(1, 2, {**pilot, "backward": 1.25}, gaps_ms=0.0),
+                       batch_size=8, microbatches=4, steps=16)
+    assert stage_costs(prof, whole, microbatches=4, replicas=[2])[0].bwd_s == pytest.approx(plain.bwd_s * 1.25)

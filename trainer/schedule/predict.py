@@ -25,7 +25,10 @@ which must be the microbatch size here):
 
 - the profile's ``pilot`` (optional): a pilot run's factor per kind of action, the runtime's time
   between actions and a replicated stage's wait in the all-reduce (``pipeboard.trainer.runtime.pilot``),
-  applied to every cost above, the replicated pilot's to replicated stages;
+  applied to every cost above, the replicated pilot's to replicated stages. Pilots run batched weight
+  gradients, so they measure BI and W, not a whole B: a B (data parallelism's, an unsplit run's) is
+  its input-gradient part times BI's factor plus the rest times W's (BI's factor on the whole B
+  over-charged data parallelism where the two factors differ: docs/planner.md has the measurement);
 
 - ``overhead`` (optional, per stage): what the runtime adds to each action beyond the compute
   the profile measures (its Python bookkeeping, the loss on the last stage), measured by the
@@ -225,9 +228,13 @@ def stage_costs(
         if run is not None:  # what the pilot run measured beyond these, per kind of action
             f, gap = run.factors, run.gaps_ms
             fwd = fwd * f.get("forward", 1.0) + gap
-            bwd = bwd * f.get("backward", f.get("backward_input", 1.0)) + gap
+            f_w = f.get("weight", f.get("weight_batched", 1.0))
+            if "backward" in f or bi is None:
+                bwd = bwd * f.get("backward", f.get("backward_input", 1.0)) + gap
+            else:  # pilots split the backward: a whole B is the same work, each part corrected by its own factor
+                bwd = bi * f.get("backward_input", 1.0) + (bwd - bi) * f_w + gap
             bi = None if bi is None else bi * f.get("backward_input", 1.0) + gap
-            w = None if w is None else w * f.get("weight", f.get("weight_batched", 1.0)) + gap
+            w = None if w is None else w * f_w + gap
             if w_batched is not None:
                 w_batched = w_batched * f.get("weight_batched", 1.0) + gap / microbatches
             step *= f.get("step", 1.0)
