@@ -8,7 +8,9 @@ Per model (bench/predict_jobs.py's job configurations): the job's calibrated pro
 (``predict_jobs.profile``), then per schedule the plan a job would run (``planning.make_plan``,
 interleaved-1f1b with 2 chunks) and its predicted steady step (``planning.simulate``'s
 ``steady_step_s``) with recompute ``none`` and ``all`` (its time: trainer.choose.recomputed_costs),
-and data parallelism on the same workers (``data_parallel_step_s``). Measured: ``pipeboard train
+and data parallelism on the same workers (``data_parallel_step_s``), recompute off and on too: each
+pipeline row's order is judged against data parallelism with the same recompute, the one its
+prediction is set against (the whole model recomputes when every stage does). Measured: ``pipeboard train
 --plan`` (``predict_jobs.train``), its summary's ``step_s``; the runs alternate (every
 configuration once, then again, ``--runs`` rounds) and the median counts. It prints each row, the
 median and worst |error|, and per model whether the predicted order of each pipeline against data
@@ -58,10 +60,12 @@ def configs(prof: dict, name: str, workers: int, schedules: list[str]) -> list[d
                                        weight_grads="batched", profile_data=prof, recompute=recompute)
             rows.append({"schedule": schedule, "recompute": recompute, "chunks": chunks, "plan": plan_obj,
                          "predicted_s": sim.steady_step_s, "dp_predicted_s": sim.data_parallel_step_s})
-        if schedule == schedules[0]:  # data parallelism's own run, predicted under the same model
-            _, sim = planning.simulate(plan_obj, "dp", m, weight_grads="batched", profile_data=prof)
-            rows.append({"schedule": "dp", "recompute": "none", "chunks": 1, "plan": plan_obj,
-                         "predicted_s": sim.steady_step_s, "dp_predicted_s": sim.steady_step_s})
+        if schedule == schedules[0]:  # data parallelism's own runs, predicted under the same model
+            for recompute in ("none", "all"):  # a pipeline recomputing every stage is set against dp recomputing
+                _, sim = planning.simulate(plan_obj, "dp", m, weight_grads="batched", profile_data=prof,
+                                           recompute=recompute)
+                rows.append({"schedule": "dp", "recompute": recompute, "chunks": 1, "plan": plan_obj,
+                             "predicted_s": sim.steady_step_s, "dp_predicted_s": sim.steady_step_s})
     return rows
 
 
@@ -92,7 +96,7 @@ def main() -> None:
             for row in rows:
                 try:
                     summary = predict_jobs.train(name, row["schedule"], row["path"], args.steps, row["chunks"], None,
-                                                 recompute=None if row["schedule"] == "dp" else row["recompute"])
+                                                 recompute=row["recompute"])
                 except subprocess.CalledProcessError as exc:  # say why, and leave the row out
                     row["failed"] = (exc.stderr or exc.stdout or "").strip().splitlines()[-1:] or ["?"]
                     continue
@@ -100,8 +104,8 @@ def main() -> None:
         for row in [r for r in rows if not r["measured"]]:
             print(f"  {name} {row['schedule']} recompute {row['recompute']}: failed: {row['failed'][0]}", flush=True)
         rows = [r for r in rows if r["measured"]]
-        dp = next((r for r in rows if r["schedule"] == "dp"), None)
-        dp_meas = statistics.median(dp["measured"]) if dp else None
+        # each row against data parallelism with the same recompute, as the prediction it is set against
+        dp_meas = {r["recompute"]: statistics.median(r["measured"]) for r in rows if r["schedule"] == "dp"}
         agree = []
         for row in rows:
             meas = statistics.median(row["measured"])
@@ -110,10 +114,11 @@ def main() -> None:
             if err is not None:
                 errors.append(abs(err))
             order = ""
-            if dp_meas and row["schedule"] != "dp" and pred and row["dp_predicted_s"]:
-                same = (pred < row["dp_predicted_s"]) == (meas < dp_meas)
+            dp = dp_meas.get(row["recompute"])
+            if dp and row["schedule"] != "dp" and pred and row["dp_predicted_s"]:
+                same = (pred < row["dp_predicted_s"]) == (meas < dp)
                 agree.append(same)
-                order = f"; vs dp predicted {row['dp_predicted_s'] / pred:.2f}x, measured {dp_meas / meas:.2f}x"
+                order = f"; vs dp predicted {row['dp_predicted_s'] / pred:.2f}x, measured {dp / meas:.2f}x"
             print(f"  {name:16s} {row['schedule']:16s} recompute {row['recompute']:4s} predicted "
                   + (f"{pred * 1e3:8.2f}" if pred else "    none") + f" ms, measured {meas * 1e3:8.2f} ms ("
                   + ", ".join(f"{m * 1e3:.2f}" for m in row["measured"]) + ")"
