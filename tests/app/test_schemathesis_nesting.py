@@ -1,8 +1,8 @@
 """Schemathesis's generated JSON bodies, sent again nested too deep: every one is a 422 naming the
 body, never a 5xx (app/api/nesting.py measures nesting before any parser recurses).
 
-For each JSON POST operation schemathesis generates bodies from the schema (the same real app and
-admin token as tests/app/test_schemathesis_api.py); each is sent with its first field nested 33,
+For each JSON POST operation schemathesis generates bodies from the schema (its examples and
+fuzzing phases, on the same real app and admin token as tests/app/test_schemathesis_api.py); each is sent with its first field nested 33,
 500 and 100,000 levels deep, and again whole inside that many arrays.
 """
 
@@ -10,16 +10,24 @@ from __future__ import annotations
 
 import json
 
+import schemathesis
 from fastapi.testclient import TestClient
 from hypothesis import HealthCheck, settings
+from schemathesis.config import SchemathesisConfig
 
 from pipeboard.app.api.nesting import MAX_JSON_DEPTH
 from pipeboard.app.core.config import Settings
-from tests.app.test_schemathesis_api import ADMIN, schema
+from tests.app.test_schemathesis_api import ADMIN
+from tests.app.test_schemathesis_api import schema as api_schema
 
 DEPTHS = (MAX_JSON_DEPTH + 1, 500, 100_000)
 MAX_BODY_BYTES = Settings().max_body_bytes
 TOO_DEEP = f"body: JSON nested more than {MAX_JSON_DEPTH} levels deep"
+# The same app, its documented examples and fuzzed bodies. Not the coverage phase's hundreds of boundary
+# variants of each body (tests/app/test_schemathesis_api.py sends those): nesting is measured before any
+# field is read, so what the fields hold does not matter here, and six requests each made this file a minute.
+NESTING_CONFIG = SchemathesisConfig.from_dict({"phases": {"coverage": {"enabled": False}, "stateful": {"enabled": False}}})
+schema = schemathesis.openapi.from_asgi("/openapi.json", api_schema.app, config=NESTING_CONFIG)
 # The JSON-body POSTs; uploads are multipart, and cancel, retry and revoke take no body (never parsed).
 JSON_POSTS = schema.include(method="POST").exclude(path_regex=r"/(contexts|upload|cancel|retry|revoke)$")
 SENT: dict[str, int] = {}
