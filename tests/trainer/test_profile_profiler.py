@@ -309,4 +309,3 @@ def test_input_gradients_above_an_embedding_of_integer_inputs_are_timed():
     by = {layer.name: layer for layer in prof.layers}
     assert by["emb"].backward_input_ms == 0.0  # fed by the tokens alone: no input gradient
     assert all(by[n].backward_input_ms > 0 for n in ("a", "b"))  # the relu between them runs in b's layer
-    assert all(by[n].backward_input_ms <= by[n].backward_ms * 1.5 for n in ("a", "b"))
