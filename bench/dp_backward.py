@@ -6,8 +6,8 @@ does, and the step; each with the charge a whole B had when it took the input-gr
         [--runs 3] [--steps 20]
 
 Per model (bench/predict_jobs.py's job configurations): the job's calibrated profile, the plan a
-1f1b job would run, and data parallelism on its 2 workers: the cost model's per-action charges
-(``trainer.choose.profile_costs`` with schedule ``dp``) and predicted step (``planning.simulate``).
+1f1b job would run, and data parallelism on its 2 workers (``WORKERS``): the cost model's per-action
+charges (``trainer.choose.profile_costs`` with schedule ``dp``) and predicted step (``planning.simulate``).
 The pilots run batched weight gradients and measure only BI and W; the cost model charges a B as
 its input-gradient part times BI's factor plus the rest times W's. "as BI" is the same profile
 with the replicated pilot given a ``backward`` factor equal to BI's: the whole B at BI's factor.
@@ -21,7 +21,6 @@ import argparse
 import copy
 import json
 import statistics
-import subprocess
 import sys
 import tempfile
 import time
@@ -38,6 +37,7 @@ from pipeboard.trainer.hostinfo import cpu_name  # noqa: E402
 import predict_jobs  # noqa: E402  (bench/ sibling)
 
 sys.path.pop(0)
+WORKERS = 2
 
 
 def charged(prof: dict, plan, m: int) -> tuple[object, float]:
@@ -49,22 +49,18 @@ def charged(prof: dict, plan, m: int) -> tuple[object, float]:
 
 def measured(name: str, plan_path: Path, steps: int, m: int, events: Path) -> tuple[dict[str, float], float]:
     """One dp run: median spans in ms (F, B without and with the all-reduce, step) and its step_s."""
-    _, batch, _ = predict_jobs.MODELS[name]
     events.unlink(missing_ok=True)
-    cmd = [str(Path(sys.executable).with_name("pipeboard")), "train", "--model", name, "--plan", str(plan_path),
-           "--schedule", "dp", "--batch-size", str(batch), "--microbatches", str(m), "--weight-grads", "batched",
-           "--steps", str(steps), "--json", "--events-jsonl", str(events)]
-    done = subprocess.run(cmd, check=True, capture_output=True, text=True)
+    summary = predict_jobs.train(name, "dp", plan_path, steps, 1, None, events=events)
     spans: dict[str, list[float]] = {"F": [], "B": [], "B_sync": [], "step": []}
     for line in events.read_text().splitlines():
         report = json.loads(line)
         for e in report.get("events", []) if report.get("call") == "on_events" else []:
             if e["step"] < steps // 2 or e["kind"] not in ("F", "B", "step"):
                 continue
-            # dp hands each replica every other microbatch; its last one in the step all-reduces
-            sync = e["kind"] == "B" and e["microbatch"] % m >= m - 2
+            # dp deals the step's microbatches to the replicas in turn; each one's last all-reduces
+            sync = e["kind"] == "B" and e["microbatch"] % m >= m - WORKERS
             spans["B_sync" if sync else e["kind"]].append((e["end"] - e["start"]) * 1e3)
-    return {k: statistics.median(v) for k, v in spans.items()}, json.loads(done.stdout.strip().splitlines()[-1])["step_s"]
+    return {k: statistics.median(v) for k, v in spans.items()}, summary["step_s"]
 
 
 def main() -> None:
@@ -75,12 +71,12 @@ def main() -> None:
     args = ap.parse_args()
     keep = Path(tempfile.mkdtemp(prefix="dp_backward_"))
     start = time.monotonic()
-    print(f"{cpu_name()}; /proc/loadavg {open('/proc/loadavg').read().strip()} at start; 2 workers, "
+    print(f"{cpu_name()}; /proc/loadavg {open('/proc/loadavg').read().strip()} at start; {WORKERS} workers, "
           f"{args.steps} steps per run, {args.runs} runs; files in {keep}", flush=True)
     for name in args.models.split(","):
-        _, batch, m = predict_jobs.MODELS[name]
-        prof, _ = predict_jobs.profile(name, 2, keep / f"{name}.profile.json")
-        plan = planning.make_plan(prof, planning.levels_of(None, 2), memory_bytes=None, method="pipedream",
+        _, _, m = predict_jobs.MODELS[name]
+        prof, _ = predict_jobs.profile(name, WORKERS, keep / f"{name}.profile.json")
+        plan = planning.make_plan(prof, planning.levels_of(None, WORKERS), memory_bytes=None, method="pipedream",
                                   schedule="1f1b", microbatches=m)
         plan_path = keep / f"{name}.plan.json"
         plan_path.write_text(json.dumps(plan.to_dict()))

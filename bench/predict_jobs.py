@@ -115,8 +115,9 @@ def rank(prof: dict, name: str, workers: int, schedule: str, steps: int, keep: P
 
 
 def train(name: str, schedule: str, plan_path: Path, steps: int, chunks: int, checkpoints: Path | None,
-          recompute: str | None = None) -> dict:
-    """The summary of ``pipeboard train`` on the plan (the runner's command, less the job)."""
+          recompute: str | None = None, events: Path | None = None) -> dict:
+    """The summary of ``pipeboard train`` on the plan (the runner's command, less the job); with
+    ``events``, every report is appended there as a JSON line (``--events-jsonl``)."""
     args, batch, m = MODELS[name]
     cmd = [str(Path(sys.executable).with_name("pipeboard")), "train", "--model", name]
     for k, v in args.items():
@@ -129,6 +130,8 @@ def train(name: str, schedule: str, plan_path: Path, steps: int, chunks: int, ch
         cmd += ["--recompute", recompute]
     if checkpoints is not None:
         cmd += ["--checkpoint-dir", str(checkpoints), "--checkpoint-every", str(CHECKPOINT_EVERY)]
+    if events is not None:
+        cmd += ["--events-jsonl", str(events)]
     done = subprocess.run(cmd, check=True, capture_output=True, text=True)
     return json.loads(done.stdout.strip().splitlines()[-1])
 
