@@ -55,7 +55,10 @@ class LiveServer:
         self.url = f"http://127.0.0.1:{self.port}"
         self.log_path = data_dir.parent / f"up-{self.port}.log"
         env = {k: v for k, v in os.environ.items() if not k.startswith("PIPEBOARD_") or k.startswith("PIPEBOARD_TEST_")}
-        env.update({"PIPEBOARD_DATA_DIR": str(data_dir), "PIPEBOARD_HEARTBEAT_SECONDS": "1", **(extra_env or {})})
+        # With workers, a 1 s heartbeat finds a lost one within seconds. Without any, nothing heart-beats for
+        # the jobs tests seed as running: 1 s would have the reaper retry them 3 s after their claim, mid-test.
+        heartbeat = "1" if workers else "600"
+        env.update({"PIPEBOARD_DATA_DIR": str(data_dir), "PIPEBOARD_HEARTBEAT_SECONDS": heartbeat, **(extra_env or {})})
         self.env = env
         with open(self.log_path, "wb") as log:
             self.process = subprocess.Popen(

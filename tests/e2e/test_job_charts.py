@@ -49,9 +49,7 @@ DbSink(job_id, own_group=False).on_metrics([MetricRecord(step=k, wall_s=0.01 * k
 
 @pytest.fixture(scope="module")
 def server(start_server):
-    # The seeded "running" job has no worker heart-beating for it: with the suite's 1 s heartbeat the
-    # reaper would retry it 3 s after its claim, in the middle of a test (an extra status event).
-    return start_server(workers=0, extra_env={"PIPEBOARD_HEARTBEAT_SECONDS": "600"})
+    return start_server(workers=0)
 
 
 def run_script(server, script: str, *argv: object) -> None:

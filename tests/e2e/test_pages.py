@@ -17,9 +17,7 @@ SPEC = {"model": "mlp-digits", "workers": 2, "schedule": "1f1b", "microbatches":
 
 @pytest.fixture(scope="module")
 def server(start_server):
-    # Jobs seeded as running here have no worker heart-beating for them: with the suite's 1 s heartbeat
-    # a read 3 s after a claim would have the reaper retry one mid-test (tests/e2e/test_job_charts.py).
-    return start_server(workers=0, extra_env={"PIPEBOARD_HEARTBEAT_SECONDS": "600"})
+    return start_server(workers=0)
 
 
 @pytest.fixture(scope="module")
