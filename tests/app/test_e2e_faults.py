@@ -139,6 +139,8 @@ def test_a_two_host_job_trains_to_target_and_survives_losing_a_host_s_worker(clu
     cutter.thread.join(timeout=5)
     assert cutter.error is None and killed, hosts.logs()
     killed = killed[0]
+    ended = dep.api("GET", f"/jobs/{job_id}")
+    assert ended["status"] == "succeeded", f"{messages[-1]}\n{ended}\n{dep.logs()}{hosts.logs()}"
     job = check_resumed_run(dep, job_id, messages)
     assert job["summary"]["reached_target"] is True and job["summary"]["final_metric"] >= TWO_HOST_JOB["stop"]["target"]
     assert f"host {killed}'s worker pipeboard@{killed}" in job["attempts"][0]["error"] or "train failed" in job["attempts"][0]["error"]

@@ -305,8 +305,8 @@ def check_resumed_run(dep: Deployment, job_id: int, messages: list[dict[str, Any
     ids = [int(m["id"]) for m in messages if m["event"] != "open"]
     assert ids == list(range(1, len(ids) + 1)), "every event exactly once, across attempts and reconnections"
     job = dep.api("GET", f"/jobs/{job_id}")
-    total_steps = total_steps or job["summary"]["steps"]
     assert job["status"] == "succeeded" and job["attempt"] == 2, f"{job}\n{dep.logs()}"
+    total_steps = total_steps or job["summary"]["steps"]
     first, second = job["attempts"]
     assert first["status"] == "failed" and (second["trigger"], second["status"]) == ("auto", "succeeded")
     resume = second["resume_step"]
