@@ -243,6 +243,10 @@ class KillAfterCheckpoint:
             finally:
                 engine.dispose()
         try:
+            # Attempt 1's run, not a next one: had attempt 1 ended for another reason first (a
+            # heartbeat missed under load), a kill now would spend the job's last attempt.
+            job = self.dep.api("GET", f"/jobs/{self.job_id}")
+            assert job["attempt"] == 1 and job["status"] == "running", f"attempt 1 ended before the kill: {job}"
             self.kill()
             self.killed_at = time.monotonic()
         except BaseException as exc:  # noqa: BLE001 - the test reads it
