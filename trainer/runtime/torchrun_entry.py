@@ -5,8 +5,9 @@
 ``run.json`` holds ``RunConfig`` fields (``pipeboard train --torchrun`` builds the same from its
 options and calls ``run`` with its sinks: that is how the service runs a job on several hosts). torchrun supplies RANK, WORLD_SIZE, MASTER_ADDR and
 MASTER_PORT; the world size must equal the layout's worker count. Workers' reports reach rank 0
-through a TCPStore mailbox on MASTER_PORT + 1 (kept apart from the training process group, so
-reporting never waits on a pipeline transfer); rank 0 feeds them to a Reporter and prints the
+through a mailbox under a key prefix of the store on MASTER_PORT (a connection of its own, apart
+from the training process group's, so reporting never waits on a pipeline transfer; no second
+port, which something else on the host could hold); rank 0 feeds them to a Reporter and prints the
 summary as one JSON line. Failure handling across nodes is torchrun's (it tears the job down when
 a worker exits non-zero); a hung peer surfaces as the process group's timeout.
 """
@@ -69,6 +70,17 @@ def drain(store, world: int, reporter: Reporter, stop: threading.Event) -> None:
             time.sleep(0.05)
 
 
+def mailbox_store(rank: int, world: int, timeout: timedelta) -> dist.Store:
+    """The reports' mailbox: the store on MASTER_ADDR:MASTER_PORT under a prefix of its own. Under
+    torchrun's agent store (TORCHELASTIC_USE_AGENT_STORE) the agent hosts it and every rank is a
+    client, as torch's own env:// rendezvous is; otherwise rank 0 hosts it, multi-tenant, so the
+    process group's rendezvous on rank 0 shares its server rather than bind the port again."""
+    agent_hosts_it = os.environ.get("TORCHELASTIC_USE_AGENT_STORE") == "True"
+    store = dist.TCPStore(os.environ["MASTER_ADDR"], int(os.environ["MASTER_PORT"]), world,
+                          is_master=rank == 0 and not agent_hosts_it, timeout=timeout, multi_tenant=True)
+    return dist.PrefixStore("pipeboard/reports/", store)
+
+
 def check_local_gpus(device: str, local_workers: int, gpus: int) -> None:
     """Before any rendezvous: on ``cuda`` each of this host's workers needs a GPU of its own
     (``cuda:LOCAL_RANK``; NCCL refuses two ranks of one group on one device). ConfigError names
@@ -91,8 +103,7 @@ def run(cfg: RunConfig, sink: Sink | None = None) -> dict | None:
     if layout.world != world:
         raise ConfigError(f"workers: the layout needs {layout.world} workers, torchrun started {world}")
     check_local_gpus(cfg.device, int(os.environ.get("LOCAL_WORLD_SIZE", world)), torch.cuda.device_count())
-    store = dist.TCPStore(os.environ["MASTER_ADDR"], int(os.environ["MASTER_PORT"]) + 1, world, rank == 0,
-                          timeout=timedelta(seconds=cfg.hang_timeout_s + 60))
+    store = mailbox_store(rank, world, timedelta(seconds=cfg.hang_timeout_s + 60))
     channel = StoreChannel(store, rank)
     reporter = thread = None
     stop = threading.Event()
