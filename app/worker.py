@@ -37,7 +37,7 @@ REDIS_VISIBILITY_TIMEOUT_S = 7 * 24 * 3600
 
 
 def _task_modules() -> list[str]:
-    # The worker imports these at start; `pipeboard.app.tasks` arrives with the jobs issue.
+    # The worker imports these at start (a deployment without the task module still starts).
     return [name for name in ("pipeboard.app.tasks",) if importlib.util.find_spec(name) is not None]
 
 

@@ -1,5 +1,7 @@
-"""Issue 32's findings, re-run against a real server: each request the adversarial probe sent, what
-it got before, and what it gets now.
+"""An adversarial probe of access and malformed requests, re-run against a real server: each
+request it sends (no token, one user acting on another's jobs and contexts, a model's source
+climbing out of its context, bodies nested too deep or truncated, bad `Last-Event-ID` headers),
+what an unguarded server answered, and what this one answers.
 
 A fresh data folder, `pipeboard migrate`, tokens made with `pipeboard token create --user` (alice
 and bob write tokens, the admin's), and uvicorn serving the API on a free loopback port; no worker,

@@ -1,5 +1,6 @@
-"""Issue 30's findings, re-run against a real server: each job the adversarial probe submitted, what
-it got before, and what it gets now; then a valid job, to show that what the
+"""An adversarial probe of job specifications, re-run against a real server: each job it submits
+(fields out of range, dropped, or contradicting one another or the cluster), what an unchecked
+server did with it, and what this one answers; then a valid job, to show that what the
 specification says reaches the run.
 
 A fresh data folder, `pipeboard migrate heads`, a write token (`pipeboard token create`), and what

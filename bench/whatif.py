@@ -1,6 +1,6 @@
 """Two what-ifs at once, one for a slow model with no cached profile: does the other wait? And where
-does the slow model's code run? (Issue 30: the API process profiled inline, and a factory that
-sleeps 30 s delayed another user's what-if to 30.2 s.)
+does the slow model's code run? (Profiled inline in the API process, a factory that sleeps 30 s
+delayed another user's what-if to 30.2 s.)
 
 Against what `pipeboard up` serves after its migrations (the API, and one Celery worker, each its own
 process) in a fresh data folder:
