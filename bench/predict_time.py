@@ -10,7 +10,11 @@ interleaved-1f1b with 2 chunks) and its predicted steady step (``planning.simula
 ``steady_step_s``) with recompute ``none`` and ``all`` (its time: trainer.choose.recomputed_costs),
 and data parallelism on the same workers (``data_parallel_step_s``), recompute off and on too: each
 pipeline row's order is judged against data parallelism with the same recompute, the one its
-prediction is set against (the whole model recomputes when every stage does). Measured: ``pipeboard train
+prediction is set against (the whole model recomputes when every stage does). Where the plan a job
+would run is data parallelism's own layout (one stage, a replica per worker: the cost model
+predicted no split faster), the row has no pipeline to order against data parallelism and is not
+counted; the fastest predicted split into stages (``choose.ranked_candidates``) is measured
+beside it as ``SCHEDULE split``, whose order is. Measured: ``pipeboard train
 --plan`` (``predict_jobs.train``), its summary's ``step_s``; the runs alternate (every
 configuration once, then again, ``--runs`` rounds) and the median counts. It prints each row, the
 median and worst |error|, and per model whether the predicted order of each pipeline against data
@@ -34,6 +38,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 sys.path.insert(0, str(Path(__file__).resolve().parent))  # predict_jobs, imported by path below
 
 from pipeboard.app.services import planning  # noqa: E402
+from pipeboard.trainer import choose  # noqa: E402
 from pipeboard.trainer.hostinfo import cpu_name  # noqa: E402
 
 import predict_jobs  # noqa: E402  (bench/ sibling)
@@ -43,8 +48,24 @@ DEFAULT_MODELS = "mlp-digits,cnn-digits,transformer-text,gpt2-text"
 SCHEDULES = "gpipe,1f1b,pipedream,zb-h1,interleaved-1f1b"
 
 
+def dp_layout(plan_obj, workers: int) -> bool:
+    """The plan is data parallelism's layout: one stage, a replica on every worker."""
+    stages = plan_obj.to_dict()["stages"]
+    return len(stages) == 1 and int(stages[0].get("replicas") or 1) == workers
+
+
+def best_split(prof: dict, plan_obj, schedule: str, m: int, workers: int, chunks: int):
+    """The fastest predicted candidate of several stages for ``schedule`` (``choose.ranked_candidates``),
+    None if none: what a pipeline would run where the plan chose data parallelism's layout."""
+    ranked = choose.ranked_candidates(prof, planning.levels_of(None, workers), plan_obj, schedule, m,
+                                      weight_grads="batched", chunks=chunks)
+    return next((cand for _, cand in ranked if not dp_layout(cand, workers)), None)
+
+
 def configs(prof: dict, name: str, workers: int, schedules: list[str]) -> list[dict]:
-    """One row per (schedule, recompute), and data parallelism: its plan, its prediction."""
+    """One row per (schedule, recompute), and data parallelism: its plan, its prediction. Where
+    the plan a job would run is data parallelism's layout (no pipeline to set against data
+    parallelism), also the fastest predicted split into stages, labelled ``split``."""
     _, batch, m = predict_jobs.MODELS[name]
     rows = []
     for schedule in schedules:
@@ -55,17 +76,26 @@ def configs(prof: dict, name: str, workers: int, schedules: list[str]) -> list[d
         except Exception as exc:  # a schedule that cannot run this model's plans: say so, go on
             print(f"  {schedule}: no plan ({exc})", flush=True)
             continue
-        for recompute in ("none", "all"):
-            _, sim = planning.simulate(plan_obj, schedule, m, samples_per_microbatch=max(1, batch // m), chunks=chunks,
-                                       weight_grads="batched", profile_data=prof, recompute=recompute)
-            rows.append({"schedule": schedule, "recompute": recompute, "chunks": chunks, "plan": plan_obj,
-                         "predicted_s": sim.steady_step_s, "dp_predicted_s": sim.data_parallel_step_s})
+        plans = [(schedule, plan_obj)]
+        if dp_layout(plan_obj, workers):
+            split = best_split(prof, plan_obj, schedule, m, workers, chunks)
+            if split is not None:
+                plans.append((f"{schedule} split", split))
+        for label, plan in plans:
+            for recompute in ("none", "all"):
+                _, sim = planning.simulate(plan, schedule, m, samples_per_microbatch=max(1, batch // m),
+                                           chunks=chunks, weight_grads="batched", profile_data=prof,
+                                           recompute=recompute)
+                rows.append({"label": label, "schedule": schedule, "recompute": recompute, "chunks": chunks,
+                             "plan": plan, "dp_layout": dp_layout(plan, workers), "predicted_s": sim.steady_step_s,
+                             "dp_predicted_s": sim.data_parallel_step_s})
         if schedule == schedules[0]:  # data parallelism's own runs, predicted under the same model
             for recompute in ("none", "all"):  # a pipeline recomputing every stage is set against dp recomputing
                 _, sim = planning.simulate(plan_obj, "dp", m, weight_grads="batched", profile_data=prof,
                                            recompute=recompute)
-                rows.append({"schedule": "dp", "recompute": recompute, "chunks": 1, "plan": plan_obj,
-                             "predicted_s": sim.steady_step_s, "dp_predicted_s": sim.steady_step_s})
+                rows.append({"label": "dp", "schedule": "dp", "recompute": recompute, "chunks": 1, "plan": plan_obj,
+                             "dp_layout": True, "predicted_s": sim.steady_step_s,
+                             "dp_predicted_s": sim.steady_step_s})
     return rows
 
 
@@ -89,7 +119,7 @@ def main() -> None:
         print(f"{name}: profiled in {took:.1f} s", flush=True)
         rows = configs(prof, name, args.workers, args.schedules.split(","))
         for row in rows:
-            row["path"] = keep / f"{name}-{row['schedule']}.plan.json"
+            row["path"] = keep / f"{name}-{row['label'].replace(' ', '-')}.plan.json"
             row["path"].write_text(json.dumps(row["plan"].to_dict()))
             row["measured"] = []
         for _ in range(args.runs):  # alternating: every configuration once per round
@@ -102,7 +132,7 @@ def main() -> None:
                     continue
                 row["measured"].append(summary["step_s"])
         for row in [r for r in rows if not r["measured"]]:
-            print(f"  {name} {row['schedule']} recompute {row['recompute']}: failed: {row['failed'][0]}", flush=True)
+            print(f"  {name} {row['label']} recompute {row['recompute']}: failed: {row['failed'][0]}", flush=True)
         rows = [r for r in rows if r["measured"]]
         # each row against data parallelism with the same recompute, as the prediction it is set against
         dp_meas = {r["recompute"]: statistics.median(r["measured"]) for r in rows if r["schedule"] == "dp"}
@@ -116,17 +146,19 @@ def main() -> None:
             order = ""
             dp = dp_meas.get(row["recompute"])
             if dp and row["schedule"] != "dp" and pred and row["dp_predicted_s"]:
-                same = (pred < row["dp_predicted_s"]) == (meas < dp)
-                agree.append(same)
                 order = f"; vs dp predicted {row['dp_predicted_s'] / pred:.2f}x, measured {dp / meas:.2f}x"
-            print(f"  {name:16s} {row['schedule']:16s} recompute {row['recompute']:4s} predicted "
+                if row["dp_layout"]:  # the same layout as data parallelism: no order to predict
+                    order += " (the plan is dp's layout: not counted)"
+                else:
+                    agree.append((pred < row["dp_predicted_s"]) == (meas < dp))
+            print(f"  {name:16s} {row['label']:22s} recompute {row['recompute']:4s} predicted "
                   + (f"{pred * 1e3:8.2f}" if pred else "    none") + f" ms, measured {meas * 1e3:8.2f} ms ("
                   + ", ".join(f"{m * 1e3:.2f}" for m in row["measured"]) + ")"
                   + (f", error {err:+6.1%}" if err is not None else "") + order, flush=True)
         if agree:
             orders.append((name, sum(agree), len(agree)))
             print(f"  {name}: predicted order pipeline against data parallel matches the measured one in "
-                  f"{sum(agree)} of {len(agree)} rows", flush=True)
+                  f"{sum(agree)} of {len(agree)} rows of a pipeline (plans of dp's layout not counted)", flush=True)
     if errors:
         print(f"{len(errors)} rows: median |error| {statistics.median(errors):.1%}, worst {max(errors):.1%}")
     for name, ok, n in orders:
