@@ -267,12 +267,17 @@ def data_parallel_workers(plan_dict: dict[str, Any]) -> int:
 
 
 def data_parallel_step_s(plan_obj: Any, microbatches: int, *, profile_data: dict[str, Any] | None,
-                         weight_grads: str = "batched", recompute: str | list[int] | None = None) -> float | None:
+                         weight_grads: str = "batched", recompute: str | list[int] | None = None,
+                         chunks: int = 1) -> float | None:
     """Predicted seconds per step of data parallelism on the plan's workers, the whole model on
     each (schedule ``dp``), under the same cost model as the plan's own prediction: the one
-    comparison against data parallelism. None without the profile cost model."""
+    comparison against data parallelism. None without the profile cost model. With ``chunks``,
+    the plan's workers are virtual (chunks on each of the run's): dp gets the run's workers."""
+    d = plan_obj.to_dict() if hasattr(plan_obj, "to_dict") else dict(plan_obj)
+    if chunks > 1:
+        d = {**d, "total_workers": data_parallel_workers(d) // chunks}
     redo = "all" if recompute == "all" else None  # dp's one stage recomputes only when every stage does
-    _, sim = simulate_plan(plan_obj, "dp", microbatches, weight_grads=weight_grads, profile_data=profile_data,
+    _, sim = simulate_plan(d, "dp", microbatches, weight_grads=weight_grads, profile_data=profile_data,
                            recompute=redo, compare_data_parallel=False)
     return sim.steady_step_s
 
@@ -360,7 +365,8 @@ def simulate_plan(plan_obj: Any, schedule: str, microbatches: int, *, samples_pe
                     stages=len(replicas) if replicas else len(sched.workers))
             if compare_data_parallel and not registry.is_data_parallel(schedule):
                 sim.data_parallel_step_s = data_parallel_step_s(plan_obj, microbatches, profile_data=profile_data,
-                                                                weight_grads=weight_grads, recompute=recompute)
+                                                                weight_grads=weight_grads, recompute=recompute,
+                                                                chunks=chunks)
             elif registry.is_data_parallel(schedule):
                 sim.data_parallel_step_s = sim.steady_step_s
         return sched, sim

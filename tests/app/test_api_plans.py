@@ -282,3 +282,23 @@ def test_the_comparison_against_data_parallel_is_the_steps_own_cost_model(client
     assert predicted["speedup_vs_data_parallel"] == pytest.approx(dp.steady_step_s / predicted["steady_step_s"])
     assert predicted["speedup_vs_data_parallel"] != pytest.approx(
         predicted["data_parallel_time_per_minibatch_s"] / predicted["planner_time_per_minibatch_s"])
+
+
+def test_an_interleaved_plan_is_set_against_data_parallelism_on_the_runs_workers(client):
+    """An interleaved plan's stages sit on virtual workers (chunks on each of the run's): the
+    comparison is data parallelism on the run's 2 workers, not on its 4 virtual ones."""
+    from pipeboard.trainer import choose
+    from tests.app.test_services_planning import calibrated_chain
+
+    data = calibrated_chain(4)
+    pid = upload_json(client, data)
+    made = plan(client, profile_id=pid, levels=[{"workers": 2, "bandwidth": 5e9}], schedule="interleaved-1f1b",
+                microbatches=4, chunks=2, timeline_limit=0)
+    assert made.status_code == 201, made.text
+    predicted = made.json()["predicted"]
+    dp_plan = choose.choose_plan(data, [(2, 5e9)], memory_bytes=None, method="uniform")
+    _, on_two = choose.simulate_plan(dp_plan, "dp", 4, profile_data=data)
+    _, on_four = choose.simulate_plan(choose.choose_plan(data, [(4, 5e9)], memory_bytes=None, method="uniform"),
+                                      "dp", 4, profile_data=data)
+    assert on_two.steady_step_s != pytest.approx(on_four.steady_step_s)  # the two would tell apart
+    assert predicted["data_parallel_step_s"] == pytest.approx(on_two.steady_step_s)

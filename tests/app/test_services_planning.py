@@ -12,18 +12,20 @@ SAMPLE = {"layers": 1, "last": False, "forward_ms": 0.0, "backward_ms": 0.0, "ba
           "weight_call_ms": 0.0, "step_ms": 0.0}
 
 
-def calibrated_chain() -> dict:
-    """Linear, ReLU, Linear, ReLU, Linear, ReLU: each Linear F 1 ms, B 2 ms (BI 1), optimizer 0.1 ms;
-    a ReLU 0.01 ms each way and no parameters; a measured link and runtime overhead."""
+def calibrated_chain(linears: int = 3) -> dict:
+    """Linear, ReLU, Linear, ReLU, ... (``linears`` of each): each Linear F 1 ms, B 2 ms (BI 1),
+    optimizer 0.1 ms; a ReLU 0.01 ms each way and no parameters; a measured link and runtime
+    overhead."""
     layers = []
-    for i in range(6):
+    for i in range(2 * linears):
         linear = i % 2 == 0
         layers.append(Layer(name=f"l{i}", desc="Linear(in_features=8)" if linear else "ReLU()",
                             forward_ms=1.0 if linear else 0.01, backward_ms=2.0 if linear else 0.01,
                             backward_input_ms=1.0 if linear else 0.01, optimizer_ms=0.1 if linear else 0.0,
                             weight_batched_ms=1.0 if linear else 0.0, activation_bytes=256.0,
                             parameter_bytes=4096.0 if linear else 0.0))
-    prof = Profile(layers=layers, edges=[(f"l{i}", f"l{i + 1}") for i in range(5)], model="chain", batch_size=4,
+    prof = Profile(layers=layers, edges=[(f"l{i}", f"l{i + 1}") for i in range(2 * linears - 1)], model="chain",
+                   batch_size=4,
                    link=Link(latency_ms=0.05, bytes_per_ms=1e6, allreduce_latency_ms=0.2, allreduce_bytes_per_ms=1e5),
                    overhead=Overhead(samples=[dict(SAMPLE)], executor_action_ms=0.01, executor_step_ms=0.1))
     prof.weight_batch_size = 16
