@@ -20,6 +20,7 @@ from __future__ import annotations
 from typing import Any
 
 from pipeboard.trainer.schedule import registry
+from pipeboard.trainer.predicted_memory import steady_state_memory, with_profile_bytes
 
 # The planner method (PipeDream's dynamic program), not the schedule of the same name.
 PIPEDREAM_METHOD = "pipedream"
@@ -231,12 +232,12 @@ def runtime_schedule(plan_obj: Any, schedule: str, microbatches: int, *, chunks:
 
 
 def profile_costs(plan_obj: Any, schedule: str, microbatches: int, profile_data: dict[str, Any] | None,
-                  chunks: int = 1) -> list[Any] | None:
+                  chunks: int = 1, *, bytes_only: bool = False) -> list[Any] | None:
     """StageCosts from the plan's profile through trainer.schedule.predict.stage_costs (forward,
     input- and weight-gradient backward, batched W(-1), optimizer step, transfers over the
     measured link, the runtime's per-action overhead), or None when the profile does not carry
-    what that needs (an imported graph.txt: no input-gradient split, no optimizer step, no link)
-    or the schedule is dp (one replicated stage: the planner's own costs)."""
+    what that needs (an imported graph.txt: no input-gradient split, no optimizer step, no link).
+    ``bytes_only``: for the costs' memory fields alone, which need none of that."""
     from pipeboard.trainer.profile.schema import Profile, ProfileError
     from pipeboard.trainer.schedule.predict import profile_overhead, stage_costs
 
@@ -248,8 +249,8 @@ def profile_costs(plan_obj: Any, schedule: str, microbatches: int, profile_data:
         prof = Profile.from_dict(profile_data)
     except ProfileError:
         return None
-    if prof.link is None or any(layer.backward_input_ms is None or layer.optimizer_ms is None
-                                for layer in prof.layers if layer.parameter_bytes > 0):
+    if not bytes_only and (prof.link is None or any(layer.backward_input_ms is None or layer.optimizer_ms is None
+                                                    for layer in prof.layers if layer.parameter_bytes > 0)):
         return None
     d = plan_obj.to_dict() if hasattr(plan_obj, "to_dict") else plan_obj
     stages = [list(st.get("layers") or []) for st in d.get("stages") or []]
@@ -259,7 +260,7 @@ def profile_costs(plan_obj: Any, schedule: str, microbatches: int, profile_data:
     if registry.is_data_parallel(schedule):  # the whole model, replicated on every worker the plan has
         stages, replicas = [[name for st in stages for name in st]], [data_parallel_workers(d)]
     return stage_costs(prof, stages, microbatches=microbatches, replicas=replicas,
-                       overhead=profile_overhead(prof, stages))
+                       overhead=None if bytes_only else profile_overhead(prof, stages))
 
 
 def data_parallel_workers(plan_dict: dict[str, Any]) -> int:
@@ -331,6 +332,9 @@ def simulate_plan(plan_obj: Any, schedule: str, microbatches: int, *, samples_pe
             # dp: the whole model on every worker, all-reduce as the planner costs it.
             costs = (data_parallel_costs_from_plan(plan_obj)[0] if registry.is_data_parallel(schedule)
                      else costs_from_plan(plan_obj))
+            # memory needs no link nor timing: the profile's bytes where it has them
+            costs = with_profile_bytes(costs, profile_costs(plan_obj, schedule, microbatches, profile_data, chunks,
+                                                            bytes_only=True))
         sched = runtime_schedule(plan_obj, schedule, microbatches, chunks=chunks, vertical_sync=vertical_sync,
                                  weight_grads=weight_grads)
         if recompute in (None, "none") and chunks == 1 and not registry.is_data_parallel(schedule):
@@ -342,6 +346,9 @@ def simulate_plan(plan_obj: Any, schedule: str, microbatches: int, *, samples_pe
         if len(set(redo)) != len(redo):
             raise ChoiceError("recompute", f"stage numbers repeat: {list(recompute)}")
         sim = run_sim(sched, costs, samples_per_microbatch=samples_per_microbatch, recompute=redo, optimizer=optimizer)
+        if not registry.get(schedule).synchronous:
+            steady_state_memory(sim, sched, costs, schedule, microbatches, stage_replicas(plan_obj), weight_grads,
+                                redo, optimizer)
         sim.cost_model, sim.recompute = cost_model, sorted(redo)
         if cost_model == "profile":
             from pipeboard.trainer.schedule.predict import steady_step_s

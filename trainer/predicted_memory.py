@@ -1,0 +1,42 @@
+"""The memory per stage that every view shows (``choose.simulate_plan``: `pipeboard plan`, POST
+/plans, the plan page, the new-job card, a cap's check), counted as the tuner and ``plan_memory``
+count it: from the profile's bytes, over the schedule as a run holds it."""
+
+from __future__ import annotations
+
+from dataclasses import replace
+from typing import Any
+
+# StageCosts' memory fields: what a stage keeps, none of them a time
+BYTE_FIELDS = ("activation_bytes", "weight_bytes", "weight_grad_bytes", "weight_input_bytes")
+
+
+def with_profile_bytes(costs: list[Any], from_profile: list[Any] | None) -> list[Any]:
+    """``costs`` (the plan's own, where the profile lacks what the time model needs: a link, the
+    input-gradient split) with the memory fields of ``from_profile`` (the profile's saved and
+    weight-pass bytes, ``predict.kept_bytes``), not the plan's stage outputs: what crosses a cut
+    is not what a stage keeps (a decoder block of the zoo's small causal LM saves 16 x its output)."""
+    if from_profile is None or len(from_profile) != len(costs):
+        return costs
+    return [replace(c, **{f: getattr(p, f) for f in BYTE_FIELDS}) for c, p in zip(costs, from_profile)]
+
+
+def steady_state_memory(sim: Any, sched: Any, costs: list[Any], schedule: str, microbatches: int,
+                        replicas: list[int], weight_grads: str, redo: list[int], optimizer: str) -> None:
+    """An asynchronous schedule's memory in ``sim`` as its steady state holds it: one step of it
+    stashes no weight version (its update follows every microbatch of the step), a run keeps one
+    per batch in flight. The walk is ``memory_model.run_schedule``'s over several batches, the
+    one the tuner and ``plan_memory`` read; ``sim`` is left as it is when the walk lays the stages
+    on the workers otherwise than ``sched``."""
+    from pipeboard.trainer.schedule.memory_model import run_schedule, stage_memory_from_costs, worker_memory
+    from pipeboard.trainer.schedule.simulator import stage_costs
+
+    if sim.peak_memory_bytes is None:
+        return
+    walk = run_schedule(schedule, len(replicas), microbatches,
+                        replicas=replicas if any(r > 1 for r in replicas) else None, weight_grads=weight_grads)
+    if [w.stages for w in walk.workers] != [w.stages for w in sched.workers]:
+        return
+    parts = worker_memory(walk, stage_memory_from_costs(stage_costs(walk, costs)), optimizer=optimizer, recompute=redo)
+    sim.peak_memory_bytes = [w.total for w in parts]
+    sim.extra["memory"] = [w.as_dict() for w in parts]
