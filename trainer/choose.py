@@ -20,7 +20,7 @@ from __future__ import annotations
 from typing import Any
 
 from pipeboard.trainer.schedule import registry
-from pipeboard.trainer.predicted_memory import steady_state_memory, with_profile_bytes
+from pipeboard.trainer.predicted_memory import stage_memory_inputs, steady_state_memory, with_profile_bytes
 
 # The planner method (PipeDream's dynamic program), not the schedule of the same name.
 PIPEDREAM_METHOD = "pipedream"
@@ -345,10 +345,12 @@ def simulate_plan(plan_obj: Any, schedule: str, microbatches: int, *, samples_pe
         costs = recomputed_costs(costs, redo)
         if len(set(redo)) != len(redo):
             raise ChoiceError("recompute", f"stage numbers repeat: {list(recompute)}")
-        sim = run_sim(sched, costs, samples_per_microbatch=samples_per_microbatch, recompute=redo, optimizer=optimizer)
+        memory = stage_memory_inputs(costs, plan_obj, profile_data) if len(costs) == sched.num_stages else None
+        sim = run_sim(sched, costs, samples_per_microbatch=samples_per_microbatch, recompute=redo, optimizer=optimizer,
+                      memory=memory)
         if not registry.get(schedule).synchronous:
             steady_state_memory(sim, sched, costs, schedule, microbatches, stage_replicas(plan_obj), weight_grads,
-                                redo, optimizer)
+                                redo, optimizer, memory)
         sim.cost_model, sim.recompute = cost_model, sorted(redo)
         if cost_model == "profile":
             from pipeboard.trainer.schedule.predict import steady_step_s

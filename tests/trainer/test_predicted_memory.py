@@ -23,9 +23,10 @@ def saving_profile(saved_per_output: float = 6.0, link: bool = True):
     return prof if link else replace(prof, link=None)
 
 
-def shown(prof, split, schedule: str, m: int = 4) -> list[int]:
+def shown(prof, split, schedule: str, m: int = 4, recompute=None) -> list[int]:
     plan = split_plan(prof, split["stages"], 2, 5e9)
-    sched, sim = choose.simulate_plan(plan, schedule, m, profile_data=prof.to_dict(), optimizer="adam")
+    sched, sim = choose.simulate_plan(plan, schedule, m, profile_data=prof.to_dict(), optimizer="adam",
+                                      recompute=recompute)
     return choose.stage_memory(sched, sim)
 
 
@@ -33,8 +34,10 @@ def shown(prof, split, schedule: str, m: int = 4) -> list[int]:
 def test_the_memory_shown_is_the_tuners(schedule):
     prof = saving_profile()
     for split in splits.pipeline_splits(prof, 2, 5e9):
-        assert shown(prof, split, schedule) == cost.predict_memory(cost.in_flight(prof, split), schedule, 4, 1,
-                                                                   [False, False], "adam")
+        for redo in ([False, False], [True, False], [False, True], [True, True]):
+            asked = [s for s, on in enumerate(redo) if on] or None
+            assert shown(prof, split, schedule, recompute=asked) == cost.predict_memory(
+                cost.in_flight(prof, split), schedule, 4, 1, redo, "adam"), (split, redo)
 
 
 def test_pipedreams_memory_counts_the_weight_versions_its_steady_state_stashes():
