@@ -8,8 +8,13 @@ state, the tensors autograd saved and the microbatches in flight. Error is
 (predicted - measured) / measured, per stage (a worker's stages share its figure: the first of
 them is listed).
 
+Beside it, the prediction made before any run, from the model's profile (`pipeboard profile` at
+the microbatch size): the one `pipeboard plan`, `POST /plans`, the plan page and the new-job card
+show (``choose.simulate_plan``'s memory per stage, ``choose.stage_memory``) for the run's own
+stages, schedule, recompute and the task's optimizer.
+
 Prints (a) the per-stage table under gpipe, 1f1b and pipedream, recompute off, and (b) median and
-worst |error| over every model, schedule and recompute setting.
+worst |error| over every model, schedule and recompute setting, for each prediction.
 
     nice -n 19 .venv/bin/python bench/memory_run.py [--models mlp,mlp-digits,cnn-digits,transformer-text,gpt2-text]
         [--schedules gpipe,1f1b,pipedream,zb-h1,interleaved-1f1b] [--workers 2] [--steps 2]
@@ -18,9 +23,13 @@ worst |error| over every model, schedule and recompute setting.
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import statistics
+import subprocess
 import sys
+import tempfile
+from pathlib import Path
 
 # bench/profile.py would shadow the standard library's profile (torch.export imports cProfile)
 sys.path[:] = [p for p in sys.path if os.path.abspath(p or ".") != os.path.dirname(os.path.abspath(__file__))]
@@ -36,7 +45,8 @@ TABLE_A = ("gpipe", "1f1b", "pipedream")
 MODEL_ARGS = {"mlp": {"depth": 4, "width": 512, "samples": 512}}  # others: their zoo defaults
 
 
-def run(model: str, schedule: str, workers: int, recompute: bool, args) -> tuple[list[dict], str]:
+def run(model: str, schedule: str, workers: int, recompute: bool, args, profile: dict) -> tuple[list[dict], str]:
+    """The run's memory entries, each with ``before_bytes``: the profile's prediction for its stage."""
     chunks = 2 if schedule == "interleaved-1f1b" else 1
     cfg = RunConfig(model=model, model_args=MODEL_ARGS.get(model, {}), schedule=schedule, num_stages=workers,
                     chunks=chunks, batch_size=args.batch_size, microbatches=args.microbatches, steps=args.steps,
@@ -48,7 +58,45 @@ def run(model: str, schedule: str, workers: int, recompute: bool, args) -> tuple
         return [], "?"
     if s.get("memory_predicted_error"):
         print(f"  {model} {schedule}: not predicted: {s['memory_predicted_error']}")
+    before = before_run(cfg, profile, workers * chunks, chunks, recompute)
+    for row in s["memory"]:
+        row["before_bytes"] = before[row["stage"]] if before and row["stage"] < len(before) else None
     return s["memory"], s["memory_source"]
+
+
+def profile_of(model: str, microbatch_size: int) -> dict:
+    """The model's profile at the microbatch size, as `pipeboard profile` writes it."""
+    with tempfile.TemporaryDirectory() as tmp:
+        out = Path(tmp) / "profile.json"
+        margs = [a for k, v in MODEL_ARGS.get(model, {}).items() for a in ("--model-arg", f"{k}={v}")]
+        subprocess.run([str(Path(sys.executable).with_name("pipeboard")), "profile", model, "--batch-size",
+                        str(microbatch_size), *margs, "-o", str(out)], check=True, capture_output=True)
+        return json.loads(out.read_text())
+
+
+def before_run(cfg: RunConfig, profile: dict, stages: int, chunks: int, recompute: bool) -> list[int] | None:
+    """Per (virtual) stage, the bytes the plan's prediction gives for the run's split: the stages
+    the runtime cut (stage_modules.stage_layers), as a given split (trainer.tune.given), simulated
+    as `pipeboard plan` simulates a plan."""
+    from pipeboard.trainer.choose import simulate_plan, stage_memory
+    from pipeboard.trainer.profile.schema import Profile
+    from pipeboard.trainer.runtime import stage_modules
+    from pipeboard.trainer.tune.given import split_plan
+
+    task = stage_modules.load_task(cfg)
+    layers = stage_modules.stage_layers(cfg, task, stages)
+    optimizer = task.optimizer if isinstance(task.optimizer, str) else "adam"
+    prof = Profile.from_dict(profile)
+    where = {name: k for k, names in enumerate(layers) for name in names}
+    for name in prof.layer_names():  # the profile's input layers: on the stage of what reads them
+        if name not in where:
+            readers = [where[b] for a, b in prof.edges if a == name and b in where]
+            layers[min(readers, default=0)].insert(0, name)
+    plan = split_plan(prof, [{"layers": names, "replicas": 1} for names in layers], stages, 1e10)
+    sched, sim = simulate_plan(plan, cfg.schedule, cfg.microbatches, chunks=chunks, profile_data=profile,
+                               recompute="all" if recompute else None, optimizer=optimizer,
+                               compare_data_parallel=False)
+    return stage_memory(sched, sim)
 
 
 def pct(x: float) -> str:
@@ -75,46 +123,57 @@ def main() -> None:
     args = ap.parse_args()
     print(f"processor: {cpu_name()}; load average {os.getloadavg()[0]:.2f}; {args.workers} workers, "
           f"batch {args.batch_size} in {args.microbatches} microbatches, {args.steps} steps")
-    results = []  # (model, schedule, recompute, stage, predicted, measured)
+    results = []  # (model, schedule, recompute, stage, runtime's prediction, profile's prediction, measured)
     sources = set()
     for model in args.models.split(","):
+        profile = profile_of(model, args.batch_size // args.microbatches)
         for schedule in args.schedules.split(","):
             for recompute in (False, True):
-                rows, source = run(model, schedule, args.workers, recompute, args)
+                rows, source = run(model, schedule, args.workers, recompute, args, profile)
                 if rows:
                     sources.add(source)
                 for r in rows:
-                    results.append((model, schedule, recompute, r["stage"], r["predicted_bytes"], r["measured_bytes"]))
+                    results.append((model, schedule, recompute, r["stage"], r["predicted_bytes"], r["before_bytes"],
+                                    r["measured_bytes"]))
     print(f"memory_source: {', '.join(sorted(s or '?' for s in sources))}")
 
     def err(p, m):
         return (p - m) / m if p and m else None
 
-    print(f"\n(a) per stage, recompute off{' (and on)' if args.all_rows else ''}")
-    print(f"{'model':<17} {'schedule':<10} {'rc':>3} {'stage':>5} {'predicted MiB':>14} {'measured MiB':>13} {'error':>8}")
-    table_a = []
-    for model, schedule, recompute, stage, p, m in results:
+    print(f"\n(a) per stage, recompute off{' (and on)' if args.all_rows else ''}: the runtime's prediction from its "
+          "stage modules, the profile's before the run, the measured")
+    print(f"{'model':<17} {'schedule':<10} {'rc':>3} {'stage':>5} {'runtime MiB':>12} {'error':>8} "
+          f"{'profile MiB':>12} {'error':>8} {'measured MiB':>13}")
+    table_a: dict[int, list[float]] = {4: [], 5: []}
+    for row in results:
+        model, schedule, recompute, stage, p, b, m = row
         if (recompute and not args.all_rows) or schedule not in TABLE_A:
             continue
-        e = err(p, m)
-        if e is not None and not recompute:
-            table_a.append(e)
-        print(f"{model:<17} {schedule:<10} {'on' if recompute else 'off':>3} {stage:>5} {(p or 0) / 2**20:>14.2f} {(m or 0) / 2**20:>13.2f} "
-              f"{pct(e) if e is not None else '-':>8}")
-    print(summary("(a) gpipe, 1f1b, pipedream, recompute off", table_a))
+        for i in table_a:
+            if err(row[i], m) is not None and not recompute:
+                table_a[i].append(err(row[i], m))
+        print(f"{model:<17} {schedule:<10} {'on' if recompute else 'off':>3} {stage:>5} "
+              + " ".join(f"{(x or 0) / 2**20:>12.2f} {pct(err(x, m)) if err(x, m) is not None else '-':>8}" for x in (p, b))
+              + f" {(m or 0) / 2**20:>13.2f}")
+    for i, label in ((4, "the runtime's"), (5, "the profile's")):
+        print(summary(f"(a) {label} prediction, gpipe, 1f1b, pipedream, recompute off", table_a[i]))
 
-    print("\n(b) every schedule, recompute off and on")
-    for model in args.models.split(","):
+    for i, label in ((4, "the runtime's prediction (from its stage modules)"),
+                     (5, "the profile's prediction (before the run: plan, plan page, new-job card)")):
+        print(f"\n(b) {label}, every schedule, recompute off and on")
+
+        def errors(keep) -> list[float]:
+            return [e for e in (err(r[i], r[6]) for r in results if keep(r)) if e is not None]
+
+        for model in args.models.split(","):
+            for recompute in (False, True):
+                print("  " + summary(f"{model:<17} recompute {'on ' if recompute else 'off'}",
+                                     errors(lambda r: r[0] == model and r[2] == recompute)))
+        for schedule in args.schedules.split(","):
+            print("  " + summary(f"{schedule:<17}", errors(lambda r: r[1] == schedule)))
         for recompute in (False, True):
-            es = [err(p, m) for mo, _, rc, _, p, m in results if mo == model and rc == recompute]
-            print("  " + summary(f"{model:<17} recompute {'on ' if recompute else 'off'}", [e for e in es if e is not None]))
-    for schedule in args.schedules.split(","):
-        es = [err(p, m) for _, sc, _, _, p, m in results if sc == schedule]
-        print("  " + summary(f"{schedule:<17}", [e for e in es if e is not None]))
-    for recompute in (False, True):
-        es = [err(p, m) for _, _, rc, _, p, m in results if rc == recompute]
-        print(summary(f"(b) recompute {'on ' if recompute else 'off'}", [e for e in es if e is not None]))
-    print(summary("(b) overall", [e for e in (err(p, m) for *_, p, m in results) if e is not None]))
+            print(summary(f"(b) recompute {'on ' if recompute else 'off'}", errors(lambda r: r[2] == recompute)))
+        print(summary("(b) overall", errors(lambda r: True)))
     print(f"load average {os.getloadavg()[0]:.2f}")
 
 
