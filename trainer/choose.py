@@ -20,6 +20,7 @@ from __future__ import annotations
 from typing import Any
 
 from pipeboard.trainer.schedule import registry
+from pipeboard.trainer.schedule.tied_splits import tied_refusal
 from pipeboard.trainer.predicted_memory import stage_memory_inputs, steady_state_memory, with_profile_bytes
 
 # The planner method (PipeDream's dynamic program), not the schedule of the same name.
@@ -168,7 +169,8 @@ def ranked_candidates(profile_data: dict[str, Any], levels: list[tuple[int, floa
                       microbatches: int, *, weight_grads: str = "batched", chunks: int = 1) -> list[tuple[float, Any]]:
     """(predicted steady seconds per step, plan) of PipeDream's plan (``planned``) and each
     baseline's distinct one (even splits by layers, time or parameters; data parallel) whose
-    every stage has parameters, fastest first, as ``simulate_plan`` predicts them for ``schedule``
+    every stage has parameters and, under an asynchronous schedule, that keeps tied layers on
+    one stage (``schedule.tied_splits``), fastest first, as ``simulate_plan`` predicts them for ``schedule``
     (the profile cost model); PipeDream's first among equals. Empty when the profile lacks what
     that model needs (then the planner's own objective stands) or no candidate can run the
     schedule."""
@@ -187,8 +189,10 @@ def ranked_candidates(profile_data: dict[str, Any], levels: list[tuple[int, floa
             continue
         d = cand.to_dict()
         key = tuple((tuple(st.get("layers") or []), int(st.get("replicas") or 1)) for st in d.get("stages") or [])
-        # a stage without parameters cannot train (its optimizer would have none to step)
-        if key in seen or any(not weighted.intersection(layers) for layers, _ in key):
+        # a stage without parameters cannot train (its optimizer would have none to step); an
+        # asynchronous schedule cannot keep tied weights on two stages (the runtime refuses it)
+        if key in seen or any(not weighted.intersection(layers) for layers, _ in key) or \
+                tied_refusal(profile.meta.get("tied"), [list(layers) for layers, _ in key], schedule):
             continue
         if chunks > 1 and not one_worker_per_stage(cand, levels[0][0], profile):  # levels: virtual_levels
             continue

@@ -17,6 +17,7 @@ from typing import Any, Iterable
 from pipeboard.trainer.profile.schema import Profile
 from pipeboard.trainer.schedule import registry
 from pipeboard.trainer.schedule.actions import ScheduleError
+from pipeboard.trainer.schedule.tied_splits import tied_refusal
 from pipeboard.trainer.tune import cost, splits
 from pipeboard.trainer.tune.candidate import Candidate, TuneError
 
@@ -52,18 +53,8 @@ def _runnable(split: dict[str, Any], schedule: str, batch_size: int, microbatche
 
 
 def _split_ties(profile: Profile, split: dict[str, Any], schedule: str) -> str | None:
-    """Why an asynchronous schedule cannot run this split of a model with tied weights (the
-    profile's ``meta["tied"]``: layers sharing a parameter), or None: one update per stage clock
-    cannot keep the copies on two workers one parameter (``runtime.tied.check`` refuses it)."""
-    if registry.get(schedule).synchronous:
-        return None
-    stage_of = {name: i for i, st in enumerate(split["stages"]) for name in st["layers"]}
-    for group in profile.meta.get("tied") or []:
-        stages = sorted({stage_of[name] for name in group if name in stage_of})
-        if len(stages) > 1:
-            return (f"{schedule}: layers {', '.join(group)} share a parameter (tied weights) and sit on stages "
-                    f"{', '.join(map(str, stages))}")
-    return None
+    """Why an asynchronous schedule cannot run this split of a model with tied weights, or None."""
+    return tied_refusal(profile.meta.get("tied"), [st["layers"] for st in split["stages"]], schedule)
 
 
 @lru_cache(maxsize=1024)
