@@ -89,7 +89,7 @@ export function tuneTable(result, onPick) {
   const fitting = result.candidates.filter((c) => c.fits).length;
   const cap = result.memory_per_worker_bytes;
   const summary = `${result.candidates.length} candidates, ${fitting} fit${cap ? ` under ${mib(cap)} per worker` : ''}`
-    + `${result.skipped.length ? `; ${result.skipped.length} combinations cannot run (e.g. ${result.skipped[0].candidate}: ${result.skipped[0].why})` : ''}.`
+    + `${result.skipped.length ? `; ${result.skipped.length} ${result.skipped.length === 1 ? 'combination' : 'combinations'} cannot run (e.g. ${result.skipped[0].candidate}: ${result.skipped[0].why})` : ''}.`
     + ' Click a row to fill the form.';
   return h('div', { id: 'tune-result' },
     h('p', { class: 'hint' }, summary),

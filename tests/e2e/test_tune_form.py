@@ -56,5 +56,12 @@ def test_choose_for_me_shows_the_ranked_table_and_a_row_fills_the_form(start_ser
     recompute = page.input_value("#f-recompute")
     assert recompute == cells[4] or recompute == "[" + cells[4] + "]"
     assert "picked" in (second.get_attribute("class") or "")
+    # ... and the card's what-if (after its debounce) shows the row's own prediction: one time per
+    # step, whether the tuner or the plan gives it
+    picked = server.api("POST", "/tune", {**body, "memory_per_worker_bytes": float(page.input_value("#f-memory")) * 1e9})
+    row = picked["candidates"][1]
+    assert [row["schedule"], str(row["microbatches"])] == [cells[1].split(" (")[0], cells[3]]
+    step = page.evaluate("async (s) => (await import('/js/util.js')).fmtSeconds(s)", row["predicted_step_s"])
+    page.locator("#stat-step .value", has_text=step).wait_for(timeout=60000)
     shoot(page, "new-job-tuned")
     assert not page.errors, page.errors
