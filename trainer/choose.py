@@ -19,9 +19,9 @@ from __future__ import annotations
 
 from typing import Any
 
+from pipeboard.trainer.predicted_memory import stage_memory_inputs, steady_state_memory, with_profile_bytes
 from pipeboard.trainer.schedule import registry
 from pipeboard.trainer.schedule.tied_splits import tied_refusal
-from pipeboard.trainer.predicted_memory import stage_memory_inputs, steady_state_memory, with_profile_bytes
 
 # The planner method (PipeDream's dynamic program), not the schedule of the same name.
 PIPEDREAM_METHOD = "pipedream"

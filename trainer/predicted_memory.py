@@ -15,7 +15,7 @@ def with_profile_bytes(costs: list[Any], from_profile: list[Any] | None) -> list
     """``costs`` (the plan's own, where the profile lacks what the time model needs: a link, the
     input-gradient split) with the memory fields of ``from_profile`` (the profile's saved and
     weight-pass bytes, ``predict.kept_bytes``), not the plan's stage outputs: what crosses a cut
-    is not what a stage keeps (a decoder block of the zoo's small causal LM saves 16 x its output)."""
+    is not what a stage keeps (a block of the zoo's transformer-text saves 16 x its output)."""
     if from_profile is None or len(from_profile) != len(costs):
         return costs
     return [replace(c, **{f: getattr(p, f) for f in BYTE_FIELDS}) for c, p in zip(costs, from_profile)]
